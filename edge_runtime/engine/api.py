@@ -1,0 +1,103 @@
+"""Request-level types shared by the engine, the CLI, the service, the voice loop and the benchmarks.
+
+Only data here: the engine (edge_runtime/engine/engine.py) implements the behaviour. Validation of
+user-supplied values happens in `SamplingParams.__post_init__` and raises `RequestError`, so every
+front end (CLI, HTTP, voice) gets the same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edge_runtime.errors import RequestError
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    n: int = 1  # parallel samples, forked from the prompt's pages
+    beam_width: int = 1  # beam search when > 1 (greedy, length-normalised like transformers)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise RequestError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+            )
+        if not 1 <= self.n <= 16:
+            raise RequestError(f"n must be between 1 and 16, got {self.n}")
+        if not 1 <= self.beam_width <= 4:
+            raise RequestError(f"beam_width must be between 1 and 4, got {self.beam_width}")
+        if self.beam_width > 1 and self.n > 1:
+            raise RequestError("use either n > 1 (sampling) or beam_width > 1, not both")
+
+
+@dataclass
+class RequestTimings:
+    """Seconds, measured with time.perf_counter() from the moment the request was added."""
+
+    queue_s: float = 0.0  # added -> first scheduled
+    first_token_s: float = 0.0  # added -> first generated token
+    total_s: float = 0.0  # added -> finished
+
+
+@dataclass
+class Completion:
+    """One generated continuation (a request with n > 1 or beams has several)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # one of FINISH_REASONS
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    prompt_tokens: int
+    cached_prompt_tokens: int  # prompt tokens whose K/V came from the prefix cache
+    completions: list[Completion]
+    timings: RequestTimings = field(default_factory=RequestTimings)
+
+    @property
+    def text(self) -> str:
+        return self.completions[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.completions[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.completions[0].finish_reason
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.completions)
+
+
+@dataclass
+class TokenEvent:
+    """What a streaming consumer receives: new text for one completion, or the final result."""
+
+    request_id: str
+    index: int  # which completion (0 unless n > 1)
+    token_ids: list[int]
+    text: str  # detokenized delta (may be empty while a multi-byte character is incomplete)
+    result: GenerationResult | None = None  # set on the last event of the request

@@ -1,0 +1,1 @@
+"""AWQ quantization (AutoAWQ GEMM format); installed as edge_runtime.quant."""
