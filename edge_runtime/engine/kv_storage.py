@@ -1,0 +1,149 @@
+"""The K/V tensors: the page pool and the inline arena, allocated once and touched at start.
+
+Layout (docs/interfaces.md):
+  k_pages, v_pages: [num_pages, num_layers, page_tokens, num_kv_heads, head_dim]
+      int8 (with k_scales, v_scales: [num_pages, num_layers, page_tokens, num_kv_heads] fp16),
+      or fp16 / fp32 without scales (reference runs).
+  k_inline, v_inline (+ scales): the same with num_slots / slot_tokens.
+A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` in the arena).
+
+Invariants:
+- The tensors are never reallocated: kernels and block tables address them by page id forever.
+- A page id addresses all layers, and a page's bytes are contiguous, so a range of page ids is a
+  contiguous byte range of each tensor. `release_pages` gives such a range back to the OS with
+  madvise(MADV_DONTNEED) (CPU only: RSS really falls; whole OS pages inside the range read back as zeros, the
+  unaligned edges keep their old bytes);
+  `regrow_pages` touches them again. On CUDA device memory cannot be handed back piecewise, so
+  there `release_pages` returns 0 and the memory guard falls back to evict/preempt.
+- The caller (the memory guard through the engine) only releases pages that hold no live or cached
+  K/V; this module does not know page states.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass
+
+import torch
+
+KV_DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
+_MADV_DONTNEED = 4
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """One layer of one store, as the kernels see it."""
+
+    k_cache: torch.Tensor  # [N, P, Hkv, D]
+    v_cache: torch.Tensor  # [N, P, Hkv, D]
+    k_scale: torch.Tensor | None  # [N, P, Hkv] fp16 (int8 only)
+    v_scale: torch.Tensor | None
+
+
+class _Store:
+    """One paged tensor set (the pool or the arena)."""
+
+    def __init__(self, num_blocks, num_layers, block_tokens, num_kv_heads, head_dim, dtype, device):
+        shape = (num_blocks, num_layers, block_tokens, num_kv_heads, head_dim)
+        self.block_tokens = block_tokens
+        self.num_blocks = num_blocks
+        # Filled with zeros: allocating and touching every byte now, not on first use.
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_scale = self.v_scale = None
+        if dtype == torch.int8:
+            self.k_scale = torch.ones(shape[:-1], dtype=torch.float16, device=device)
+            self.v_scale = torch.ones(shape[:-1], dtype=torch.float16, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+
+    def view(self, layer: int) -> StoreView:
+        ks = self.k_scale[:, layer] if self.k_scale is not None else None
+        vs = self.v_scale[:, layer] if self.v_scale is not None else None
+        return StoreView(self.k[:, layer], self.v[:, layer], ks, vs)
+
+    def index(self, flat_start: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = torch.arange(flat_start, flat_start + num_tokens)
+        return flat // self.block_tokens, flat % self.block_tokens
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+class KVStorage:
+    """Pool + arena tensors for one model."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_pages: int,
+                 page_tokens: int, num_inline_slots: int = 0, inline_tokens: int = 0,
+                 kv_dtype: str = "int8", device: str | torch.device = "cpu"):
+        assert kv_dtype in KV_DTYPES, kv_dtype
+        dtype = KV_DTYPES[kv_dtype]
+        self.kv_dtype = kv_dtype
+        self.device = torch.device(device)
+        self.pool = _Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
+        self.inline = None
+        if num_inline_slots > 0:
+            self.inline = _Store(num_inline_slots, num_layers, inline_tokens, num_kv_heads,
+                                 head_dim, dtype, device)
+        self.released: set[int] = set()
+
+    def store(self, name: str) -> _Store:
+        assert name in ("pages", "inline"), name
+        st = self.pool if name == "pages" else self.inline
+        assert st is not None, f"store {name!r} is not allocated"
+        return st
+
+    def view(self, name: str, layer: int) -> StoreView:
+        return self.store(name).view(layer)
+
+    def nbytes(self) -> int:
+        return self.pool.nbytes() + (self.inline.nbytes() if self.inline else 0)
+
+    def copy(self, op) -> None:
+        """Execute a CopyOp: num_tokens tokens (all layers, K, V and scales) from src to dst."""
+        src, dst = self.store(op.src_store), self.store(op.dst_store)
+        sp, so = src.index(op.src_slot_start, op.num_tokens)
+        dp, do = dst.index(op.dst_slot_start, op.num_tokens)
+        for s_t, d_t in zip(src.tensors(), dst.tensors()):
+            # s_t[sp, :, so]: [num_tokens, num_layers, ...]
+            d_t[dp, :, do] = s_t[sp, :, so]
+
+    def release_pages(self, start: int, end: int) -> int:
+        """Give pages [start, end) back to the OS; returns the bytes released (0 on CUDA)."""
+        assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
+        if self.device.type != "cpu" or start == end:
+            return 0
+        released = sum(_madvise_dontneed(t, start, end) for t in self.pool.tensors())
+        self.released.update(range(start, end))
+        return released
+
+    def regrow_pages(self, start: int, end: int) -> None:
+        """Make pages [start, end) resident again (zeros), after release_pages."""
+        assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
+        for t in self.pool.tensors():
+            t[start:end].zero_()
+        self.released.difference_update(range(start, end))
+
+
+def _madvise_dontneed(t: torch.Tensor, start: int, end: int) -> int:
+    """madvise(MADV_DONTNEED) on the whole OS pages inside t[start:end]'s bytes."""
+    assert t.is_contiguous()
+    row = t[0].numel() * t.element_size()
+    lo = t.data_ptr() + start * row
+    hi = t.data_ptr() + end * row
+    page = mmap.PAGESIZE
+    lo_aligned = (lo + page - 1) // page * page  # round inward: never touch a neighbour's bytes
+    hi_aligned = hi // page * page
+    if hi_aligned <= lo_aligned:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    rc = libc.madvise(ctypes.c_void_p(lo_aligned), ctypes.c_size_t(hi_aligned - lo_aligned),
+                      _MADV_DONTNEED)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"madvise(MADV_DONTNEED) failed: {os.strerror(err)}")
+    return hi_aligned - lo_aligned
