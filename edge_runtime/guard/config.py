@@ -1,0 +1,67 @@
+"""`guard:` section of the budget YAML -> frozen GuardConfig (see docs/interfaces.md).
+
+Invariants: 0 < high < critical <= 1, 0 <= hysteresis < high; unknown keys are errors (a typo in a
+threshold must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from edge_runtime.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    enabled: bool = True
+    poll_interval_s: float = 0.5
+    high_used_fraction: float = 0.85
+    critical_used_fraction: float = 0.93
+    hysteresis: float = 0.03
+    preempt_on_critical: int = 1
+    shrink_chunks_on_critical: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.high_used_fraction < self.critical_used_fraction <= 1:
+            raise ConfigError(
+                "guard: need 0 < high_used_fraction < critical_used_fraction <= 1, got "
+                f"{self.high_used_fraction} and {self.critical_used_fraction}"
+            )
+        if not 0 <= self.hysteresis < self.high_used_fraction:
+            raise ConfigError(f"guard: hysteresis must be in [0, high), got {self.hysteresis}")
+        if self.poll_interval_s <= 0:
+            raise ConfigError(f"guard: poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if self.preempt_on_critical < 0 or self.shrink_chunks_on_critical < 0:
+            raise ConfigError("guard: preempt_on_critical and shrink_chunks_on_critical must be >= 0")
+
+    @classmethod
+    def from_dict(cls, section: dict | None) -> "GuardConfig":
+        return cls(**_checked(cls, section or {}, "guard"))
+
+
+def _checked(cls, section: dict, name: str) -> dict:
+    """Keys of `section` that are fields of `cls`, converted to the field's type."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"{name}: must be a mapping, got {type(section).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(section) - set(known))
+    if unknown:
+        raise ConfigError(f"{name}: unknown keys {unknown}; known keys are {sorted(known)}")
+    out = {}
+    for key, value in section.items():
+        default = getattr(cls, key)
+        kind = type(default)
+        try:
+            if kind is bool:
+                if not isinstance(value, bool):
+                    raise TypeError
+                out[key] = value
+            elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError
+            else:
+                out[key] = kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{name}.{key}: expected {kind.__name__}, got {value!r}"
+            ) from None
+    return out

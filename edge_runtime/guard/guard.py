@@ -1,0 +1,151 @@
+"""Memory guard: telemetry -> ok/high/critical with hysteresis -> actions on the engine.
+
+Invariants:
+- State rises as soon as `used_fraction` reaches a threshold (ok -> critical may skip high) and
+  falls only once it is `hysteresis` below that threshold, so a value hovering at a threshold does
+  not flap.
+- Every transition is logged and counted in `transitions[(from, to)]`; every action's effect
+  (pages evicted, sequences preempted, chunks released/regrown) is summed in `action_counts`.
+- high: admission paused (new requests wait, none is dropped) and cached pages evicted.
+  critical: additionally, each poll preempts the newest sequences and returns pool chunks to the OS.
+  Back to ok: admission resumes and the pool regrows toward the budget. No action drops a request.
+- `poll()` is synchronous and cheap; the service calls it from a timer, tests call it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Protocol
+
+from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard.telemetry import MemorySample
+
+log = logging.getLogger(__name__)
+STATES = ("ok", "high", "critical")
+
+
+class GuardActions(Protocol):
+    """What the guard needs from the engine (docs/interfaces.md, "Memory guard hooks")."""
+
+    def set_admission_paused(self, paused: bool) -> None: ...
+    def evict_cached(self, max_pages: int | None) -> int: ...
+    def preempt_newest(self, k: int) -> int: ...
+    def shrink_pool(self, n_chunks: int) -> int: ...
+    def grow_pool(self) -> int: ...
+
+
+class MemoryGuard:
+    def __init__(self, config: GuardConfig, source, actions: GuardActions | None) -> None:
+        self.config = config
+        self.source = source
+        self.actions = actions
+        self.state = "ok"
+        self.reason = ""
+        self.last_sample: MemorySample | None = None
+        self.transitions: Counter[tuple[str, str]] = Counter()
+        self.action_counts: Counter[str] = Counter()
+        self.polls = 0
+        self._lock = threading.Lock()
+
+    @property
+    def source_name(self) -> str:
+        return getattr(self.source, "name", type(self.source).__name__)
+
+    def classify(self, used: float) -> str:
+        """The state for `used`, given the current state (hysteresis on the way down)."""
+        c = self.config
+        if used >= c.critical_used_fraction:
+            return "critical"
+        if self.state == "critical" and used >= c.critical_used_fraction - c.hysteresis:
+            return "critical"
+        if used >= c.high_used_fraction:
+            return "high"
+        if self.state != "ok" and used >= c.high_used_fraction - c.hysteresis:
+            return "high"
+        return "ok"
+
+    def poll(self) -> str:
+        """Read the source once, update the state, run this state's actions; returns the state."""
+        with self._lock:
+            sample = self.source.read()
+            self.last_sample = sample
+            self.polls += 1
+            used = sample.used_fraction
+            new = self.classify(used)
+            if new != self.state:
+                self._transition(new, used)
+            self._act()
+            return self.state
+
+    def _transition(self, new: str, used: float) -> None:
+        old = self.state
+        self.transitions[(old, new)] += 1
+        self.state = new
+        self.reason = "" if new == "ok" else (
+            f"memory {used:.1%} used >= {new} threshold "
+            f"{self.config.high_used_fraction if new == 'high' else self.config.critical_used_fraction:.0%}"
+            f" ({self.source_name})"
+        )
+        log.warning("memory guard: %s -> %s at %.1f%% used (%s)", old, new, used * 100,
+                    self.source_name)
+        if self.actions is None:
+            return
+        if new == "ok":
+            self.actions.set_admission_paused(False)
+            self.action_counts["resumed"] += 1
+            self.action_counts["chunks_regrown"] += self.actions.grow_pool()
+        elif old == "ok":
+            self.actions.set_admission_paused(True)
+            self.action_counts["paused"] += 1
+
+    def _act(self) -> None:
+        """Actions repeated on every poll while under pressure (pressure may keep rising)."""
+        if self.actions is None or self.state == "ok":
+            return
+        self.action_counts["pages_evicted"] += self.actions.evict_cached(None)
+        if self.state == "critical":
+            c = self.config
+            if c.shrink_chunks_on_critical:
+                self.action_counts["chunks_released"] += self.actions.shrink_pool(
+                    c.shrink_chunks_on_critical)
+            if c.preempt_on_critical:
+                self.action_counts["preempted"] += self.actions.preempt_newest(
+                    c.preempt_on_critical)
+
+    def snapshot(self) -> dict:
+        """JSON-able state for /health, /metrics and /v1/stats."""
+        s = self.last_sample
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "source": self.source_name,
+            "polls": self.polls,
+            "used_fraction": s.used_fraction if s else None,
+            "available_bytes": s.available_bytes if s else None,
+            "total_bytes": s.total_bytes if s else None,
+            "gpu_shared_bytes": s.gpu_shared_bytes if s else None,
+            "swap_used_bytes": s.swap_used_bytes if s else None,
+            "transitions": {f"{a}->{b}": n for (a, b), n in sorted(self.transitions.items())},
+            "actions": dict(self.action_counts),
+        }
+
+
+def run_guard_thread(guard: MemoryGuard, stop: threading.Event) -> threading.Thread:
+    """Poll `guard` every poll_interval_s in a daemon thread until `stop` is set."""
+
+    def loop() -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                guard.poll()
+            except Exception:  # a failing read must be visible, and must not kill the service
+                log.exception("memory guard poll failed")
+                guard.action_counts["poll_errors"] += 1
+            stop.wait(max(guard.config.poll_interval_s - (time.monotonic() - t0), 0.0))
+
+    thread = threading.Thread(target=loop, name="memory-guard", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,188 @@
+"""Memory telemetry sources for the guard: jtop, /proc/meminfo + cgroup, and a scripted source.
+
+Invariants:
+- Every source returns a `MemorySample` in bytes; `used_fraction` is the single pressure number the
+  guard compares with its thresholds: max(1 - MemAvailable/MemTotal, cgroup current/max), so a
+  service capped by MemoryMax= feels pressure from its cgroup before the device runs out.
+- `open_source()` prefers jtop only when its service answers (on a Jetson, RAM.shared = NvMap, the
+  GPU's share of the unified RAM); any failure falls back to /proc/meminfo, and the chosen source's
+  `name` is reported in /metrics and /health.
+- Reading a source never raises for a missing cgroup file: the cgroup part is simply absent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a huge number near 2**63
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    total_bytes: int
+    available_bytes: int
+    swap_used_bytes: int = 0
+    gpu_shared_bytes: int = 0  # NvMap on Jetson (jtop RAM.shared / NvMapMemUsed); 0 elsewhere
+    cgroup_current_bytes: int | None = None
+    cgroup_max_bytes: int | None = None
+    temperatures_c: dict[str, float] = field(default_factory=dict)
+    power_mw: float | None = None
+
+    @property
+    def used_fraction(self) -> float:
+        assert self.total_bytes > 0, self.total_bytes
+        frac = 1.0 - self.available_bytes / self.total_bytes
+        if self.cgroup_current_bytes is not None and self.cgroup_max_bytes:
+            frac = max(frac, self.cgroup_current_bytes / self.cgroup_max_bytes)
+        return min(max(frac, 0.0), 1.0)
+
+
+class ScriptedSource:
+    """Returns the given used fractions (or samples) in order, then repeats the last one. Tests."""
+
+    name = "scripted"
+
+    def __init__(self, values, total_bytes: int = 8 << 30) -> None:
+        self.values = list(values)
+        assert self.values, "a scripted source needs at least one value"
+        self.total_bytes = total_bytes
+        self.reads = 0
+
+    def push(self, value) -> None:
+        self.values.append(value)
+
+    def read(self) -> MemorySample:
+        value = self.values[min(self.reads, len(self.values) - 1)]
+        self.reads += 1
+        if isinstance(value, MemorySample):
+            return value
+        avail = int(self.total_bytes * (1.0 - float(value)))
+        return MemorySample(total_bytes=self.total_bytes, available_bytes=avail)
+
+
+class ProcMeminfoSource:
+    """/proc/meminfo MemAvailable plus the cgroup's (v2 or v1) current usage and limit."""
+
+    name = "proc-meminfo"
+
+    def __init__(self, meminfo: str = "/proc/meminfo", cgroup_root: str = "/sys/fs/cgroup",
+                 proc_cgroup: str = "/proc/self/cgroup") -> None:
+        self.meminfo = Path(meminfo)
+        self.cgroup_files = _find_cgroup_files(Path(cgroup_root), Path(proc_cgroup))
+        if self.cgroup_files:
+            self.name = f"proc-meminfo+cgroup-{self.cgroup_files[0]}"
+
+    def read(self) -> MemorySample:
+        info = parse_meminfo(self.meminfo.read_text())
+        current = limit = None
+        if self.cgroup_files:
+            _, cur_path, max_path = self.cgroup_files
+            current = _read_int(cur_path)
+            limit = _read_int(max_path)
+            if limit is not None and limit >= _UNLIMITED:
+                limit = None
+        return MemorySample(
+            total_bytes=info["MemTotal"],
+            available_bytes=info.get("MemAvailable", info.get("MemFree", 0)),
+            swap_used_bytes=info.get("SwapTotal", 0) - info.get("SwapFree", 0),
+            gpu_shared_bytes=info.get("NvMapMemUsed", 0),
+            cgroup_current_bytes=current,
+            cgroup_max_bytes=limit,
+        )
+
+
+class JtopSource:
+    """jtop (jetson-stats) client; RAM values are KiB in jtop, converted to bytes here."""
+
+    name = "jtop"
+
+    def __init__(self, jetson) -> None:
+        self.jetson = jetson  # a started jtop.jtop instance
+
+    @classmethod
+    def connect(cls) -> "JtopSource":
+        from jtop import jtop  # jetson-stats; raises JtopException when the service is down
+
+        jetson = jtop()
+        jetson.start()
+        return cls(jetson)
+
+    def read(self) -> MemorySample:
+        self.jetson.ok(spin=True)
+        mem = self.jetson.memory
+        ram, swap = mem["RAM"], mem.get("SWAP", {})
+        used_kib = ram["used"]
+        temps = {k: float(v["temp"]) for k, v in (self.jetson.temperature or {}).items()
+                 if v.get("online", True) and v.get("temp", -256) > -256}
+        power = (self.jetson.power or {}).get("tot", {}).get("power")
+        return MemorySample(
+            total_bytes=ram["tot"] * 1024,
+            available_bytes=max(ram["tot"] - used_kib, 0) * 1024,
+            swap_used_bytes=swap.get("used", 0) * 1024,
+            gpu_shared_bytes=ram.get("shared", 0) * 1024,
+            temperatures_c=temps,
+            power_mw=float(power) if power is not None else None,
+        )
+
+    def close(self) -> None:
+        self.jetson.close()
+
+
+def open_source(prefer_jtop: bool = True):
+    """jtop if its service answers, else /proc/meminfo (+cgroup). Logs which one is used."""
+    if prefer_jtop and os.path.exists("/run/jtop.sock"):
+        try:
+            source = JtopSource.connect()
+            source.read()
+            log.info("memory guard telemetry: jtop")
+            return source
+        except Exception as exc:  # jtop raises JtopException, OSError, version mismatches...
+            log.warning("jtop service present but unusable (%s); using /proc/meminfo", exc)
+    source = ProcMeminfoSource()
+    log.info("memory guard telemetry: %s", source.name)
+    return source
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo -> {key: bytes} (values there are KiB; HugePages_* counts are kept as is)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts:
+            continue
+        value = int(parts[0])
+        out[key] = value * 1024 if len(parts) > 1 and parts[1] == "kB" else value
+    return out
+
+
+def _find_cgroup_files(root: Path, proc_cgroup: Path):
+    """(version, current_file, max_file) of our memory cgroup, or None."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hier, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if hier == "0" and (root / "cgroup.controllers").exists():
+            for d in (root / rel, root):
+                if (d / "memory.current").exists():
+                    return ("v2", d / "memory.current", d / "memory.max")
+        if "memory" in controllers.split(","):
+            for d in (root / "memory" / rel, root / "memory"):
+                if (d / "memory.usage_in_bytes").exists():
+                    return ("v1", d / "memory.usage_in_bytes", d / "memory.limit_in_bytes")
+    return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text == "max" else int(text)

@@ -1,0 +1,120 @@
+"""Memory guard state machine with a scripted telemetry source: every transition and action."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from edge_runtime.errors import ConfigError
+from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard.guard import MemoryGuard
+from edge_runtime.guard.telemetry import MemorySample, ScriptedSource
+
+CFG = GuardConfig(high_used_fraction=0.80, critical_used_fraction=0.90, hysteresis=0.05,
+                  preempt_on_critical=2, shrink_chunks_on_critical=1)
+
+
+class RecordingActions:
+    """Records calls; returns plausible amounts so counters can be checked."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.paused = False
+
+    def set_admission_paused(self, paused):
+        self.paused = paused
+        self.calls.append(("paused", paused))
+
+    def evict_cached(self, max_pages):
+        self.calls.append(("evict", max_pages))
+        return 3
+
+    def preempt_newest(self, k):
+        self.calls.append(("preempt", k))
+        return k
+
+    def shrink_pool(self, n):
+        self.calls.append(("shrink", n))
+        return n
+
+    def grow_pool(self):
+        self.calls.append(("grow",))
+        return 4
+
+
+def _run(values):
+    actions = RecordingActions()
+    guard = MemoryGuard(CFG, ScriptedSource(values), actions)
+    states = [guard.poll() for _ in values]
+    return guard, actions, states
+
+
+def test_every_transition_with_hysteresis():
+    values = [0.5, 0.81, 0.78, 0.74, 0.91, 0.87, 0.84, 0.79, 0.70, 0.95, 0.60]
+    guard, actions, states = _run(values)
+    assert states == ["ok", "high", "high", "ok", "critical", "critical", "high", "high", "ok",
+                      "critical", "ok"]
+    assert guard.transitions == {("ok", "high"): 1, ("high", "ok"): 2, ("ok", "critical"): 2,
+                                 ("critical", "high"): 1, ("critical", "ok"): 1}
+
+
+def test_actions_of_each_state():
+    guard, actions, _ = _run([0.5, 0.82, 0.92, 0.5])
+    assert actions.calls == [
+        ("paused", True), ("evict", None),                       # ok -> high
+        ("evict", None), ("shrink", 1), ("preempt", 2),          # high -> critical
+        ("paused", False), ("grow",),                            # critical -> ok
+    ]
+    assert not actions.paused
+    assert guard.action_counts == {"paused": 1, "pages_evicted": 6, "chunks_released": 1,
+                                   "preempted": 2, "resumed": 1, "chunks_regrown": 4}
+
+
+def test_critical_keeps_acting_while_pressure_lasts():
+    guard, actions, _ = _run([0.95, 0.96, 0.97])
+    assert [c[0] for c in actions.calls].count("shrink") == 3
+    assert guard.action_counts["preempted"] == 6
+    assert actions.calls[0] == ("paused", True)  # paused once, not on every poll
+
+
+def test_snapshot_reports_source_and_reason():
+    guard, _, _ = _run([0.5, 0.93])
+    snap = guard.snapshot()
+    assert snap["state"] == "critical" and snap["source"] == "scripted"
+    assert "critical threshold 90%" in snap["reason"]
+    assert snap["transitions"] == {"ok->critical": 1}
+
+
+def test_cgroup_limit_dominates_when_tighter():
+    s = MemorySample(total_bytes=100, available_bytes=90, cgroup_current_bytes=95,
+                     cgroup_max_bytes=100)
+    guard = MemoryGuard(CFG, ScriptedSource([s]), None)
+    assert guard.poll() == "critical"  # device is 10% used, but the cgroup is at 95%
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40))
+def test_state_always_consistent_with_thresholds(values):
+    guard = MemoryGuard(CFG, ScriptedSource(values), RecordingActions())
+    for v in values:
+        state = guard.poll()
+        if v >= CFG.critical_used_fraction:
+            assert state == "critical"
+        elif v >= CFG.high_used_fraction:
+            assert state in ("high", "critical")
+        elif v < CFG.high_used_fraction - CFG.hysteresis:
+            assert state == "ok"
+    assert sum(guard.transitions.values()) <= len(values)
+    assert guard.actions.paused == (guard.state != "ok")
+
+
+@pytest.mark.parametrize("section", [
+    {"high_used_fraction": 0.95, "critical_used_fraction": 0.9},
+    {"hysteresis": -0.1},
+    {"poll_interval_s": 0},
+    {"treshold": 0.5},
+    {"preempt_on_critical": 1.5},
+    {"enabled": "yes"},
+])
+def test_bad_config_is_a_config_error(section):
+    with pytest.raises(ConfigError):
+        GuardConfig.from_dict(section)
