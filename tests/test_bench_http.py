@@ -1,0 +1,111 @@
+"""bench.http_client against a tiny local OpenAI-compatible aiohttp server (TCP and Unix socket)."""
+
+import asyncio
+import json
+import random
+
+import pytest
+from aiohttp import web
+
+from edge_runtime.bench.http_client import OpenAIChatBackend, TargetError, parse_sse_line, parse_target
+from edge_runtime.errors import InputError
+
+
+def _make_app(words, send_usage, seen):
+    async def chat(request):
+        body = await request.json()
+        seen.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        n = min(body["max_tokens"], len(words))
+        for i, w in enumerate(words[:n]):
+            chunk = {"choices": [{"index": 0, "delta": {"content": w},
+                                  "finish_reason": "length" if i == n - 1 else None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if send_usage:
+            usage = {"prompt_tokens": 17, "completion_tokens": n,
+                     "prompt_tokens_details": {"cached_tokens": 11}}
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def broken(request):
+        return web.Response(status=503, text="overloaded")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/bad/v1/chat/completions", broken)
+    return app
+
+
+async def _serve_and_call(app, target_of, messages, max_tokens):
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site, target = target_of(runner)
+    await site.start()
+    backend = OpenAIChatBackend(target(site))
+    try:
+        return await backend.complete("0", messages, max_tokens)
+    finally:
+        await backend.close()
+        await runner.cleanup()
+
+
+def _tcp(runner):
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    return site, lambda s: f"http://127.0.0.1:{s._server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.parametrize("send_usage", [True, False])
+def test_stream_over_tcp(send_usage):
+    rng = random.Random(3)
+    words = [f"w{rng.randint(0, 999)} " for _ in range(9)]
+    seen = []
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "turn on"}]
+    out = asyncio.run(_serve_and_call(_make_app(words, send_usage, seen), _tcp, msgs, 6))
+    assert out.text == "".join(words[:6])
+    assert out.output_tokens == 6 and out.finish_reason == "length"
+    assert out.first_token_t is not None and out.first_token_t <= out.end_t
+    assert (out.prompt_tokens, out.cached_prompt_tokens) == ((17, 11) if send_usage else (None, None))
+    assert seen[0]["messages"] == msgs and seen[0]["stream"] is True
+    assert seen[0]["temperature"] == 0.0 and seen[0]["max_tokens"] == 6
+
+
+def test_stream_over_unix_socket(tmp_path):
+    path = str(tmp_path / "s.sock")
+
+    def unix(runner):
+        return web.UnixSite(runner, path), lambda s: f"unix:{path}"
+
+    out = asyncio.run(_serve_and_call(_make_app(["a", "b", "c"], True, []), unix,
+                                      [{"role": "user", "content": "x"}], 8))
+    assert out.text == "abc" and out.output_tokens == 3
+
+
+def test_http_error_and_unreachable():
+    def bad(runner):
+        site, url = _tcp(runner)
+        return site, lambda s: url(s) + "/bad"
+
+    with pytest.raises(TargetError, match="HTTP 503"):
+        asyncio.run(_serve_and_call(_make_app([], False, []), bad, [], 1))
+    async def unreachable():
+        backend = OpenAIChatBackend("unix:/nonexistent/edge.sock")
+        try:
+            await backend.complete("0", [], 1)
+        finally:
+            await backend.close()
+
+    with pytest.raises(TargetError, match="cannot reach"):
+        asyncio.run(unreachable())
+
+
+def test_parse_helpers():
+    assert parse_target("unix:/run/a.sock") == ("/run/a.sock", "http://localhost")
+    assert parse_target("http://127.0.0.1:8080/") == (None, "http://127.0.0.1:8080")
+    with pytest.raises(InputError):
+        parse_target("ftp://x")
+    assert parse_sse_line("data: [DONE]") is None and parse_sse_line(": ping") is None
+    assert parse_sse_line('data: {"a": 1}') == {"a": 1}
+    with pytest.raises(TargetError):
+        parse_sse_line("data: {oops")
