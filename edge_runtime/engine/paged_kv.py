@@ -1,0 +1,130 @@
+"""A KVContext over the paged storage for one engine step (edge_runtime/model/kv_interface.py).
+
+A sequence's KV is two segments (design.md): the shared prefix `[0, p)` in pool pages (read-only,
+the last may be partial) and the private tail `[p, L)` starting at slot 0 of an inline slot or of
+its first private page. Per layer, `attend` writes the new tokens' K/V into the tail (write_kv), then
+runs paged_attention once per segment kind over the whole flattened batch and merges the results
+by log-sum-exp:
+
+  call "prefix":      pool,  row = the sequence's prefix pages,  kv_len = p
+  call "tail_pages":  pool,  row = its private tail pages,        kv_len = pos + 1 - p
+  call "tail_inline": arena, row = [its slot],                   kv_len = pos + 1 - p
+
+A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away).
+
+Invariants:
+- Every new token's position is >= its sequence's prefix length (new tokens are never in the
+  shared prefix), and the tail storage was reserved (KVManager.reserve) before the step.
+- All index tensors (block tables, seq_idx, kv_lens, slot mappings) are built once per step in
+  `PagedKVContext.__init__`, never per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence's share of a step: new tokens at positions [start, start + num_new)."""
+
+    prefix_pages: tuple[int, ...]
+    prefix_len: int
+    tail_kind: str  # "inline" | "pages"
+    tail_ids: tuple[int, ...]  # (slot id,) or private page ids
+    start: int
+    num_new: int
+
+    @classmethod
+    def from_segments(cls, seg, start: int, num_new: int) -> "SeqStep":
+        tail_ids = seg.tail_ids if isinstance(seg.tail_ids, (list, tuple)) else (seg.tail_ids,)
+        return cls(tuple(seg.prefix_pages), int(seg.prefix_len), seg.tail_kind,
+                   tuple(int(i) for i in tail_ids), start, num_new)
+
+
+@dataclass
+class _Call:
+    store: str
+    block_table: torch.Tensor  # int32 [rows, max_blocks]
+    seq_idx: torch.Tensor  # int32 [T]
+    kv_lens: torch.Tensor  # int32 [T]
+
+
+def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
+    width = max(1, max((len(r) for r in rows), default=1))
+    table = torch.zeros(len(rows), width, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        table[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+    return table
+
+
+class PagedKVContext:
+    """Per-step view of the paged storage; pass to CausalLM.forward as `kv`."""
+
+    def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float):
+        self.storage = storage
+        self.sm_scale = sm_scale
+        self.num_tokens = sum(s.num_new for s in seqs)
+        self.calls: list[_Call] = []
+        self.slot_mapping: dict[str, torch.Tensor] = {}
+        self._build(seqs)
+
+    def _build(self, seqs: list[SeqStep]) -> None:
+        num_tokens = self.num_tokens
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(len(seqs)), torch.tensor([s.num_new for s in seqs])
+        )  # [T]
+        positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in seqs])  # [T]
+        prefix_len = torch.tensor([s.prefix_len for s in seqs])[seq_of_token]  # [T]
+        assert bool((positions >= prefix_len).all()), "a new token lies inside the shared prefix"
+        tail_pos = positions - prefix_len  # [T] offset inside the tail
+        tail_len = (tail_pos + 1).to(torch.int32)
+        has_prefix = [s.prefix_len > 0 for s in seqs]
+        if any(has_prefix):
+            lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
+            self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
+                                    seq_of_token.to(torch.int32), lens))
+        for kind in ("pages", "inline"):
+            member = torch.tensor([s.tail_kind == kind for s in seqs])
+            if not bool(member.any()):
+                continue
+            token_in = member[seq_of_token]  # [T] bool
+            rows = [list(s.tail_ids) if s.tail_kind == kind else [] for s in seqs]
+            table = _pad_rows(rows)
+            block = self.storage.store(kind).block_tokens
+            self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
+                                    torch.where(token_in, tail_len, 0).to(torch.int32)))
+            block_id = table.long()[seq_of_token, (tail_pos // block).clamp(max=table.shape[1] - 1)]
+            assert bool((tail_pos[token_in] // block < torch.tensor(
+                [len(s.tail_ids) for s in seqs])[seq_of_token][token_in]).all()), \
+                "tail storage not reserved for every new token"
+            slots = block_id * block + tail_pos % block
+            self.slot_mapping[kind] = torch.where(token_in, slots, -1).to(torch.int64)
+        assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == num_tokens
+
+    def to(self, device: torch.device) -> "PagedKVContext":
+        for c in self.calls:
+            c.block_table, c.seq_idx, c.kv_lens = (
+                c.block_table.to(device), c.seq_idx.to(device), c.kv_lens.to(device))
+        self.slot_mapping = {k: v.to(device) for k, v in self.slot_mapping.items()}
+        return self
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H, D] in q's dtype."""
+        assert q.shape[0] == self.num_tokens, (q.shape, self.num_tokens)
+        for store, slots in self.slot_mapping.items():
+            view = self.storage.view(store, layer)
+            write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots)
+        outs, lses = [], []
+        for call in self.calls:
+            view = self.storage.view(call.store, layer)
+            out, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
+                                       call.block_table, call.seq_idx, call.kv_lens, self.sm_scale)
+            outs.append(out)
+            lses.append(lse)
+        return merge_attention(outs, lses).to(q.dtype)

@@ -1,0 +1,91 @@
+"""PagedKVContext vs dense causal attention on random data: shared prefix (partial last page),
+private tail pages, inline tail, prefill with cached prefix + decode mixed in one step, GQA."""
+
+import pytest
+import torch
+
+from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kernels.kv_write import write_kv_ref
+from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
+
+H, HKV, D, LAYERS, P, SLOT = 6, 2, 16, 2, 8, 24
+
+
+def _dense(q, k, v, start):
+    """q: [n, H, D] at positions start..; k, v: [L, HKV, D] all tokens -> [n, H, D]."""
+    g = H // HKV
+    kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q, kk) / D**0.5
+    pos = torch.arange(start, start + q.shape[0]).unsqueeze(1)
+    scores = scores.masked_fill(torch.arange(k.shape[0]).unsqueeze(0) > pos, float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), vv)
+
+
+def _fake(x, kv_dtype):
+    if kv_dtype != "int8":
+        return x
+    return dequantize_int8(*quantize_int8(x))
+
+
+def _write(storage, store, layer, k, v, slots):
+    view = storage.view(store, layer)
+    write_kv_ref(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
+                 torch.tensor(slots, dtype=torch.int64))
+
+
+def _slots(step_like, positions, block):
+    return [step_like.tail_ids[(p - step_like.prefix_len) // block] * block
+            + (p - step_like.prefix_len) % block for p in positions]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
+def test_paged_context_matches_dense(kv_dtype):
+    torch.manual_seed(0)
+    st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=3,
+                   inline_tokens=SLOT, kv_dtype=kv_dtype)
+    # (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens)
+    specs = [
+        ((3, 5), 13, "pages", (9, 2, 11), 4, 12),  # prefill on top of prefix + some tail
+        ((), 0, "inline", (1,), 0, 7),  # cold short prompt in an inline slot
+        ((3, 5), 13, "inline", (0,), 10, 1),  # decode: prefix + inline tail
+        ((7,), 8, "pages", (4, 6), 9, 1),  # decode: full-page prefix + tail over two pages
+        ((), 0, "pages", (12, 13, 14), 0, 20),  # cold long prefill spanning pages
+    ]
+    hist = {}  # (layer, seq) -> dense k, v of all tokens so far
+    prefix_kv = {}
+    for layer in range(LAYERS):
+        for pages, plen in {(s[0], s[1]) for s in specs if s[1]}:
+            k, v = torch.randn(plen, HKV, D), torch.randn(plen, HKV, D)
+            slots = [pages[i // P] * P + i % P for i in range(plen)]
+            _write(st, "pages", layer, k, v, slots)
+            prefix_kv[(layer, pages)] = (k, v)
+    steps = []
+    for i, (pages, plen, kind, ids, cached, new) in enumerate(specs):
+        step = SeqStep(pages, plen, kind, ids, plen + cached, new)
+        steps.append(step)
+        block = P if kind == "pages" else SLOT
+        for layer in range(LAYERS):
+            k, v = torch.randn(cached, HKV, D), torch.randn(cached, HKV, D)
+            _write(st, kind, layer, k, v, _slots(step, range(plen, plen + cached), block))
+            pk, pv = prefix_kv.get((layer, pages), (torch.zeros(0, HKV, D),) * 2)
+            hist[(layer, i)] = (torch.cat([pk, k]), torch.cat([pv, v]))
+    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5)
+    total = sum(s.num_new for s in steps)
+    for layer in range(LAYERS):
+        q, k, v = torch.randn(total, H, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
+        out = ctx.attend(layer, q, k, v)
+        at = 0
+        for i, s in enumerate(steps):
+            hk, hv = hist[(layer, i)]
+            kk = _fake(torch.cat([hk, k[at:at + s.num_new]]), kv_dtype)
+            vv = _fake(torch.cat([hv, v[at:at + s.num_new]]), kv_dtype)
+            ref = _dense(q[at:at + s.num_new], kk, vv, s.start)
+            torch.testing.assert_close(out[at:at + s.num_new], ref, atol=2e-5, rtol=1e-4)
+            at += s.num_new
+
+
+def test_unreserved_tail_is_refused():
+    st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, kv_dtype="fp32")
+    with pytest.raises(AssertionError):
+        PagedKVContext(st, [SeqStep((), 0, "pages", (1,), 0, P + 1)], sm_scale=1.0)
