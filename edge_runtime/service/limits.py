@@ -1,0 +1,66 @@
+"""`service:` section of the budget YAML -> frozen ServiceLimits (see docs/interfaces.md).
+
+Invariants: every limit is positive (max_prompt_tokens 0 means "the model's context - 1");
+unknown keys are errors. Values derived from the model (the effective prompt limit) are computed
+by `prompt_limit()`, never written back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_runtime.errors import ConfigError
+from edge_runtime.guard.config import GuardConfig, _checked
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    socket: str = "/run/edge-runtime.sock"
+    max_body_bytes: int = 1 << 20
+    max_tokens: int = 1024
+    max_prompt_tokens: int = 0
+    max_concurrent_sequences: int = 8
+    max_queue: int = 32
+    retry_after_s: int = 1
+    shutdown_deadline_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_tokens", "max_concurrent_sequences", "retry_after_s"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_prompt_tokens < 0 or self.max_queue < 0 or self.shutdown_deadline_s < 0:
+            raise ConfigError("service.max_prompt_tokens, max_queue, shutdown_deadline_s must be >= 0")
+
+    @classmethod
+    def from_dict(cls, section: dict | None) -> "ServiceLimits":
+        return cls(**_checked(cls, section or {}, "service"))
+
+    @property
+    def max_in_flight(self) -> int:
+        """Requests accepted at once: running plus waiting; one more gets 429."""
+        return self.max_concurrent_sequences + self.max_queue
+
+    def prompt_limit(self, context_len: int) -> int:
+        """Longest prompt accepted: the configured cap, never past the model's context - 1."""
+        assert context_len > 1, context_len
+        cap = context_len - 1
+        return min(self.max_prompt_tokens, cap) if self.max_prompt_tokens else cap
+
+
+def load_sections(config_path: str | None) -> tuple[ServiceLimits, GuardConfig]:
+    """Read `service:` and `guard:` from a budget YAML (both optional)."""
+    if not config_path:
+        return ServiceLimits(), GuardConfig()
+    import yaml
+
+    path = Path(config_path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; pass --config configs/orin/<device>.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping at the top level")
+    return ServiceLimits.from_dict(data.get("service")), GuardConfig.from_dict(data.get("guard"))

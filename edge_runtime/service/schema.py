@@ -1,0 +1,203 @@
+"""OpenAI-compatible request bodies -> validated `ApiRequest`, or `ApiError` (a 4xx JSON error).
+
+Invariants:
+- `parse_body` + `parse_completion`/`parse_chat` raise only `ApiError` for any input bytes, so a
+  bad request can never crash a handler (property-tested in tests/test_service_schema.py).
+- A returned ApiRequest holds a valid `SamplingParams` with max_tokens <= ServiceLimits.max_tokens.
+- Unknown top-level keys are ignored (as OpenAI-compatible servers do: SDKs send extras), but a
+  known key with a wrong type or an unsupported value is an error naming the key (`param`).
+Prompt length and the model name need the tokenizer and the model: the app checks those.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.errors import RequestError
+
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+DEFAULT_MAX_TOKENS = 256
+
+
+class ApiError(RequestError):
+    """An HTTP error answered as {"error": {"message", "type", "code", "param"}}."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.type = type_
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code,
+                          "param": self.param}}
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    kind: str  # "completion" | "chat"
+    model: str | None
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    prompt: str | tuple[int, ...] | None = None  # completion: text or token ids
+    messages: tuple[dict, ...] | None = None  # chat: [{"role", "content": str}]
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"request body is not valid UTF-8 (byte {exc.start})",
+                       "invalid_utf8") from None
+    try:
+        body = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    return body
+
+
+def parse_completion(body: dict, max_tokens_cap: int) -> ApiRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        if any(t < 0 for t in prompt):
+            raise _bad("prompt", "token ids must be >= 0")
+        prompt = tuple(prompt)
+    elif not isinstance(prompt, str):
+        raise _bad("prompt", "must be a string, a list of one string, or a list of token ids "
+                   "(batches of prompts are not supported: send one request each)")
+    for key, allowed in (("echo", (None, False)), ("logprobs", (None, 0)), ("suffix", (None, ""))):
+        if body.get(key) not in allowed:
+            raise _unsupported(key)
+    if body.get("best_of") not in (None, body.get("n", 1)):
+        raise _unsupported("best_of")
+    return ApiRequest("completion", _model(body), _params(body, max_tokens_cap), *_stream(body),
+                      prompt=prompt)
+
+
+def parse_chat(body: dict, max_tokens_cap: int) -> ApiRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "must be a non-empty list of {role, content} objects")
+    parsed = tuple(_message(i, m) for i, m in enumerate(messages))
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+        raise _unsupported("logprobs")
+    for key in ("tools", "functions", "response_format"):
+        if body.get(key) not in (None, [], {"type": "text"}):
+            raise _unsupported(key)
+    return ApiRequest("chat", _model(body), _params(body, max_tokens_cap), *_stream(body),
+                      messages=parsed)
+
+
+def _message(i: int, m) -> dict:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise _bad(param, "must be an object with role and content")
+    role, content = m.get("role"), m.get("content")
+    if role not in CHAT_ROLES:
+        raise _bad(f"{param}.role", f"must be one of {list(CHAT_ROLES)}")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}]
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise _bad(f"{param}.content", "only text parts ({type: text, text}) are supported")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise _bad(f"{param}.content", "must be a string or a list of text parts")
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _params(body: dict, cap: int) -> SamplingParams:
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise _bad("max_tokens", f"must be a positive integer, got {max_tokens!r}")
+    if max_tokens > cap:
+        raise _bad("max_tokens", f"is {max_tokens}, above this server's limit of {cap}")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if _num(body, key, 0.0, -2.0, 2.0) != 0.0:
+            raise _unsupported(key, "only 0 is supported; use repetition_penalty")
+    if body.get("logit_bias") not in (None, {}):
+        raise _unsupported("logit_bias")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _bad("seed", "must be an integer")
+    top_k = body.get("top_k", 0)
+    if not _is_int(top_k) or top_k < -1:
+        raise _bad("top_k", "must be an integer >= -1 (-1 or 0: off)")
+    n = body.get("n", 1)
+    if not _is_int(n) or not 1 <= n <= 16:
+        raise _bad("n", "must be an integer between 1 and 16")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos", "must be a boolean")
+    temperature = _num(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _num(body, "top_p", 1.0, 1e-9, 1.0)
+    repetition_penalty = _num(body, "repetition_penalty", 1.0, 1e-9, 10.0)
+    stop = _stop(body.get("stop"))
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
+            repetition_penalty=repetition_penalty, seed=seed, stop=stop, n=n,
+            ignore_eos=ignore_eos)
+    except RequestError as exc:
+        raise ApiError(400, str(exc), "invalid_value") from None
+
+
+def _stop(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if (not isinstance(stop, list) or len(stop) > 4
+            or not all(isinstance(s, str) and s for s in stop)):
+        raise _bad("stop", "must be a non-empty string or a list of up to 4 of them")
+    return tuple(stop)
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("stream", "must be a boolean")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise _bad("stream_options", "must be {\"include_usage\": true|false}")
+    return stream, bool(options.get("include_usage", False))
+
+
+def _model(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", "must be a string")
+    return model
+
+
+def _num(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise _bad(key, f"must be a number in [{lo:g}, {hi:g}], got {value!r}")
+    return float(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"'{param}' {message}", "invalid_value", param)
+
+
+def _unsupported(param: str, why: str = "is not supported by this server") -> ApiError:
+    return ApiError(400, f"'{param}' {why}", "unsupported_parameter", param)

@@ -1,0 +1,115 @@
+"""Request schema: examples of each error, and a property-based fuzz (never anything but ApiError)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from edge_runtime.service.schema import ApiError, ApiRequest, parse_body, parse_chat, parse_completion
+
+CAP = 512
+
+
+def test_valid_chat_and_completion():
+    chat = parse_chat({"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "you"}]}],
+        "max_tokens": 7, "temperature": 0, "stop": "\n", "stream": True,
+        "stream_options": {"include_usage": True}, "seed": 3, "unknown_extra": 1}, CAP)
+    assert chat.messages == ({"role": "system", "content": "be brief"},
+                             {"role": "user", "content": "hi you"})
+    assert chat.params.max_tokens == 7 and chat.params.temperature == 0.0
+    assert chat.params.stop == ("\n",) and chat.stream and chat.include_usage
+    comp = parse_completion({"prompt": [5, 6, 7], "max_completion_tokens": 3, "top_k": -1}, CAP)
+    assert comp.prompt == (5, 6, 7) and comp.params.max_tokens == 3 and comp.params.top_k == 0
+    assert parse_completion({"prompt": ["one"]}, CAP).prompt == "one"
+
+
+@pytest.mark.parametrize("raw,code", [
+    (b"{not json", "invalid_json"),
+    (b"[1, 2]", "invalid_json"),
+    (b'{"prompt": "\xff\xfe"}', "invalid_utf8"),
+    (b"[" * 100000, "invalid_json"),
+])
+def test_bad_bodies(raw, code):
+    with pytest.raises(ApiError) as e:
+        parse_body(raw)
+    assert e.value.status == 400 and e.value.code == code
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": CAP + 1}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": True}, "max_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "temperature": float("nan")}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "n": 17}, "n"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "model": 3}, "model"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [1, -2]}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_bad_completion_fields_name_the_param(body, param):
+    with pytest.raises(ApiError) as e:
+        parse_completion(body, CAP)
+    assert e.value.status == 400 and e.value.param == param
+    assert set(e.value.body()["error"]) == {"message", "type", "code", "param"}
+
+
+@pytest.mark.parametrize("messages", [None, [], "hi", [{"role": "robot", "content": "x"}],
+                                      [{"role": "user", "content": 5}],
+                                      [{"role": "user", "content": [{"type": "image_url"}]}], [3]])
+def test_bad_chat_messages(messages):
+    with pytest.raises(ApiError):
+        parse_chat({"messages": messages}, CAP)
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12)
+_keys = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+                         "temperature", "top_p", "top_k", "n", "seed", "stop", "stream",
+                         "stream_options", "presence_penalty", "frequency_penalty", "logprobs",
+                         "echo", "best_of", "ignore_eos", "repetition_penalty", "logit_bias",
+                         "tools", "response_format", "suffix", "role", "content"])
+_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
+                                            "content": _json_values}), max_size=3)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_keys, _json_values | _messages, max_size=8), st.booleans())
+def test_fuzz_schema_only_raises_api_error(body, chat):
+    raw = json.dumps(body).encode()
+    try:
+        req = (parse_chat if chat else parse_completion)(parse_body(raw), CAP)
+    except ApiError as exc:
+        assert 400 <= exc.status < 500 and exc.message
+        json.dumps(exc.body())
+        return
+    assert isinstance(req, ApiRequest)
+    assert 1 <= req.params.max_tokens <= CAP
+    assert 0 <= req.params.temperature <= 2 and 0 < req.params.top_p <= 1
+    if chat:
+        assert req.messages and all(isinstance(m["content"], str) for m in req.messages)
+    else:
+        assert isinstance(req.prompt, (str, tuple))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64))
+def test_fuzz_raw_bytes(raw):
+    try:
+        parse_completion(parse_body(raw), CAP)
+    except ApiError as exc:
+        assert exc.status == 400
