@@ -1,0 +1,68 @@
+"""Backend choice per op: Triton on CUDA tensors, the torch reference elsewhere.
+
+`describe_backends()` reports what a call on this machine would use, for `edge-runtime plan` and
+/metrics: op -> "triton" | "torch-reference". The choice per call follows the tensors' device, so
+CPU tensors on a CUDA machine still take the reference.
+"""
+import torch
+
+from edge_runtime.kernels import awq_gemm as _awq
+from edge_runtime.kernels import kv_write as _kv
+from edge_runtime.kernels import paged_attention as _pa
+
+OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm")
+
+
+def triton_available() -> bool:
+    """True when triton imports and a CUDA device is visible."""
+    return _kv.triton is not None and torch.cuda.is_available()
+
+
+def _use_triton(t: torch.Tensor, op: str) -> bool:
+    return t.is_cuda and _kv.triton is not None and hasattr(_IMPLS[op], "triton")
+
+
+class _Impl:
+    def __init__(self, ref, triton_fn=None):
+        self.ref = ref
+        if triton_fn is not None:
+            self.triton = triton_fn
+
+
+_IMPLS = {
+    "write_kv": _Impl(_kv.write_kv_ref, getattr(_kv, "write_kv_triton", None)),
+    "paged_attention": _Impl(_pa.paged_attention_ref, getattr(_pa, "paged_attention_triton", None)),
+    "merge_attention": _Impl(_pa.merge_attention_ref, getattr(_pa, "merge_attention_triton", None)),
+    "awq_gemm": _Impl(_awq.awq_gemm_ref, getattr(_awq, "awq_gemm_triton", None)),
+}
+
+
+def _pick(op: str, t: torch.Tensor):
+    impl = _IMPLS[op]
+    return impl.triton if _use_triton(t, op) else impl.ref
+
+
+def write_kv(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
+    _pick("write_kv", k)(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+
+
+def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale):
+    return _pick("paged_attention", q)(q, k_cache, v_cache, k_scale, v_scale, block_table,
+                                       seq_idx, kv_lens, sm_scale)
+
+
+def merge_attention(outs, lses):
+    return _pick("merge_attention", outs[0])(outs, lses)
+
+
+def awq_gemm(x, qweight, qzeros, scales, group_size):
+    return _pick("awq_gemm", x)(x, qweight, qzeros, scales, group_size)
+
+
+def describe_backends(device=None) -> dict:
+    """op -> backend name that a call with tensors on `device` (default: cuda if present) uses."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_cuda = torch.device(device).type == "cuda" and _kv.triton is not None
+    return {op: ("triton" if on_cuda and hasattr(_IMPLS[op], "triton") else "torch-reference")
+            for op in OPS}

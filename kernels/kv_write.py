@@ -1,0 +1,112 @@
+"""KV write: quantize new K/V (int8 caches) and scatter them into pages/slots by slot_mapping.
+
+Layout (docs/interfaces.md): caches `[N, P, Hkv, D]` (one layer's strided view of the pool),
+scales `[N, P, Hkv]` fp16 (int8 caches only), `slot_mapping` int64 `[T]` with
+`flat slot = page * P + offset`. A negative slot means "do not write" (padding rows), for both
+implementations. Float caches (fp16/fp32 reference runs) store the values cast, no scales.
+"""
+import torch
+
+from edge_runtime.kernels.quantize import quantize_int8
+
+try:  # triton is optional on CPU machines
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on machines without triton
+    triton = None
+
+
+def _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
+    if k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(f"k and v must both be [T, Hkv, D]; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must both be [N, P, Hkv, D]; got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if tuple(k_cache.shape[2:]) != tuple(k.shape[1:]):
+        raise ValueError(f"cache heads/head_dim {tuple(k_cache.shape[2:])} do not match k {tuple(k.shape[1:])}")
+    if slot_mapping.shape != (k.shape[0],) or slot_mapping.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"slot_mapping must be int64 [T={k.shape[0]}]; got {slot_mapping.dtype} "
+                         f"{tuple(slot_mapping.shape)}")
+    if k_cache.dtype == torch.int8:
+        if k_scale is None or v_scale is None:
+            raise ValueError("int8 caches need k_scale and v_scale tensors [N, P, Hkv] fp16")
+        if k_scale.shape != k_cache.shape[:3] or v_scale.shape != k_cache.shape[:3]:
+            raise ValueError(f"scales must be [N, P, Hkv]={tuple(k_cache.shape[:3])}; got "
+                             f"{tuple(k_scale.shape)} and {tuple(v_scale.shape)}")
+        if k_scale.dtype != torch.float16 or v_scale.dtype != torch.float16:
+            raise ValueError(f"scales must be float16; got {k_scale.dtype} and {v_scale.dtype}")
+    if k_cache.stride(-1) != 1:
+        raise ValueError("the cache's last dimension (head_dim) must be contiguous")
+
+
+def write_kv_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
+    """Torch reference. k, v: [T, Hkv, D] float; writes caches (and scales) in place."""
+    _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+    num_pages, page_tokens = k_cache.shape[:2]
+    keep = slot_mapping >= 0  # [T]
+    slots = slot_mapping[keep].long()
+    page, off = slots // page_tokens, slots % page_tokens
+    assert slots.numel() == 0 or int(page.max()) < num_pages, f"slot beyond the cache: {int(slots.max())}"
+    if k_cache.dtype == torch.int8:
+        for x, cache, scale in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
+            q, s = quantize_int8(x)  # q: [T', Hkv, D] int8, s: [T', Hkv] fp16
+            cache[page, off] = q
+            scale[page, off] = s
+    else:
+        k_cache[page, off] = k[keep].to(k_cache.dtype)
+        v_cache[page, off] = v[keep].to(v_cache.dtype)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _kv_write_kernel(x_ptr, cache_ptr, scale_ptr, slot_ptr,
+                         stride_xt, stride_xh,
+                         stride_cn, stride_cp, stride_ch,
+                         stride_sn, stride_sp, stride_sh,
+                         page_tokens, D: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr):
+        # one program per (token, kv head): x[t, h, :] -> cache[page, off, h, :] (+ scale)
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            page = slot // page_tokens
+            off = slot % page_tokens
+            d = tl.arange(0, BLOCK_D)
+            dmask = d < D
+            x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d, mask=dmask, other=0.0).to(tl.float32)
+            dst = cache_ptr + page * stride_cn + off * stride_cp + h * stride_ch + d
+            if QUANT:
+                amax = tl.max(tl.abs(x), axis=0)
+                scale = tl.where(amax > 0, amax / 127.0, 1.0).to(tl.float16)
+                q = x / scale.to(tl.float32)
+                q = tl.extra.cuda.libdevice.rint(q)
+                q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+                tl.store(dst, q.to(tl.int8), mask=dmask)
+                tl.store(scale_ptr + page * stride_sn + off * stride_sp + h * stride_sh, scale)
+            else:
+                tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=dmask)
+
+
+def _launch(x, cache, scale, slot_mapping) -> None:
+    tokens, heads, head_dim = x.shape
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    quant = cache.dtype == torch.int8
+    s = scale if quant else cache  # any pointer; unused when QUANT is False
+    s_strides = (scale.stride(0), scale.stride(1), scale.stride(2)) if quant else (0, 0, 0)
+    _kv_write_kernel[(tokens, heads)](
+        x, cache, s, slot_mapping,
+        x.stride(0), x.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
+        *s_strides,
+        cache.shape[1], D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), QUANT=quant)
+
+
+def write_kv_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
+    """Triton kernel with the reference's signature and semantics."""
+    _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+    assert triton is not None, "triton is not installed"
+    if k.shape[0] == 0:
+        return
+    _launch(k, k_cache, k_scale, slot_mapping)
+    _launch(v, v_cache, v_scale, slot_mapping)

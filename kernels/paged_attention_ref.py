@@ -1,0 +1,108 @@
+"""Torch reference of paged attention (decode and prefill) and the log-sum-exp segment merge.
+
+Semantics (docs/interfaces.md): query token t attends to the first `kv_lens[t]` tokens of block-table
+row `seq_idx[t]`; token j of a row lives at page `block_table[row, j // P]`, offset `j % P`.
+`kv_lens[t] == 0` gives out 0 and lse -inf. GQA: head h reads kv head `h // (H // Hkv)`.
+`lse` is the natural-log log-sum-exp of the scaled scores, so segments merge exactly.
+
+Efficiency on CPU (the engine runs on this in CI): no per-token Python loop. Rows with a single
+query (decode) are attended in one batched pass; rows with several queries (prefill) are attended
+one row at a time, each gathering its pages once, with queries chunked to bound the score memory.
+Block-table entries past a row's length are never read for results (they are clamped and masked).
+"""
+import torch
+
+_MAX_SCORE_ELEMENTS = 1 << 25  # score-tensor budget per chunk (128 MiB of fp32)
+
+
+def _gather(cache, scale, page_ids):
+    """page_ids: long [B, np] -> (float32 [B, L=np*P, Hkv, D], scale float32 [B, Hkv, L] or None).
+
+    The per-token scale is not applied here: it factors out of q.k and out of p.v, so applying it
+    to the [.., L] scores/probs is D/g times cheaper than dequantizing the [.., L, D] values.
+    """
+    x = cache[page_ids]  # [B, np, P, Hkv, D]
+    b, npg, p, hkv, d = x.shape
+    x = x.reshape(b, npg * p, hkv, d).float()
+    if cache.dtype != torch.int8:
+        return x, None
+    s = scale[page_ids].reshape(b, npg * p, hkv).float().permute(0, 2, 1)  # [B, Hkv, L]
+    return x, s
+
+
+def _attend(qb, lens, k, v, sm_scale):
+    """qb: [B, Tq, H, D] float32, lens: [B, Tq], k/v: (values [B, L, Hkv, D], scale [B, Hkv, L] | None)
+    -> out [B, Tq, H, D], lse [B, Tq, H]."""
+    (k, k_scale), (v, v_scale) = k, v
+    b, tq, h, d = qb.shape
+    hkv, length = k.shape[2], k.shape[1]
+    g = h // hkv
+    q5 = qb.reshape(b, tq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * tq, d) * sm_scale
+    scores = torch.matmul(q5, k.permute(0, 2, 3, 1))  # [B, Hkv, g*Tq, L]
+    if k_scale is not None:
+        scores = scores * k_scale.unsqueeze(2)
+    scores = scores.view(b, hkv, g, tq, length)
+    valid = torch.arange(length, device=qb.device).view(1, 1, length) < lens.unsqueeze(-1)  # [B, Tq, L]
+    scores = scores.masked_fill(~valid.view(b, 1, 1, tq, length), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, Hkv, g, Tq]
+    probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).min))
+    probs = probs.view(b, hkv, g * tq, length)
+    if v_scale is not None:
+        probs = probs * v_scale.unsqueeze(2)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [B, Hkv, g*Tq, D]
+    out = out.view(b, hkv, g, tq, d).permute(0, 3, 1, 2, 4).reshape(b, tq, h, d)
+    lse = lse.permute(0, 3, 1, 2).reshape(b, tq, h)
+    return out, lse
+
+
+def _run_rows(q, k_cache, v_cache, k_scale, v_scale, bt_rows, lens, sm_scale):
+    """q: [B, Tq, H, D]; bt_rows: [B, max_pages]; lens: [B, Tq] (max > 0) -> out, lse."""
+    page_tokens = k_cache.shape[1]
+    num_pages = (int(lens.max()) + page_tokens - 1) // page_tokens
+    page_ids = bt_rows[:, :num_pages].long().clamp_(0, k_cache.shape[0] - 1)  # [B, np]
+    k = _gather(k_cache, k_scale, page_ids)
+    v = _gather(v_cache, v_scale, page_ids)
+    return _attend(q.float(), lens, k, v, sm_scale)
+
+
+def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale):
+    """q: [T, H, D] -> (out float32 [T, H, D], lse float32 [T, H])."""
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.full((num_tokens, num_heads), float("-inf"), dtype=torch.float32, device=q.device)
+    active = (kv_lens > 0).nonzero().flatten()  # [T'] token ids with something to attend to
+    if active.numel() == 0:
+        return out, lse
+    rows = seq_idx[active].long()
+    uniq, counts = torch.unique(rows, return_counts=True)
+    single = uniq[counts == 1]
+    is_single = torch.isin(rows, single)
+    toks = active[is_single]  # decode-style rows: one query each, one batched pass
+    if toks.numel():
+        o, s = _run_rows(q[toks].unsqueeze(1), k_cache, v_cache, k_scale, v_scale,
+                         block_table[seq_idx[toks].long()], kv_lens[toks].unsqueeze(1), sm_scale)
+        out[toks], lse[toks] = o[:, 0], s[:, 0]
+    for row in uniq[counts > 1].tolist():  # prefill rows: one gather per row
+        toks = active[rows == row]
+        chunk = max(1, _MAX_SCORE_ELEMENTS // (num_heads * int(kv_lens[toks].max())))
+        for start in range(0, toks.numel(), chunk):
+            part = toks[start:start + chunk]
+            o, s = _run_rows(q[part].unsqueeze(0), k_cache, v_cache, k_scale, v_scale,
+                             block_table[row:row + 1], kv_lens[part].unsqueeze(0), sm_scale)
+            out[part], lse[part] = o[0], s[0]
+    return out, lse
+
+
+def merge_attention_ref(outs, lses):
+    """Merge per-segment results by log-sum-exp. outs: list of [T, H, D], lses: list of [T, H]."""
+    assert len(outs) == len(lses) and outs, f"need matching non-empty lists, got {len(outs)}/{len(lses)}"
+    if len(outs) == 1:
+        return outs[0].float()
+    lse = torch.stack([x.float() for x in lses])  # [S, T, H]
+    top = lse.max(dim=0).values
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    weight = torch.exp(lse - top)  # [S, T, H]; -inf segments weigh 0
+    denom = weight.sum(dim=0)  # [T, H]
+    num = (torch.stack([x.float() for x in outs]) * weight.unsqueeze(-1)).sum(dim=0)
+    return torch.where(denom.unsqueeze(-1) > 0, num / denom.clamp_min(1e-30).unsqueeze(-1),
+                       torch.zeros_like(num))
