@@ -1,9 +1,197 @@
 """Paged attention over int8 (or float) pages read through a block table; decode and prefill.
 
-The torch reference and the segment merge live in paged_attention_ref.py (re-exported here).
+One Triton program handles one query token, one KV head (all its GQA query heads, padded to 16
+rows for tl.dot) and one split of the sequence. It walks the block table directly: token j of the
+row lives at page `block_table[row, j // P]`, offset `j % P`, so any page size (pool pages, inline
+slots with a one-column table) and any split boundary work. int8 K/V are read as int8 and converted
+in registers; the per-token scales factor out of q.k and p.v, so they multiply the [G, BLOCK_N]
+score/probability tiles instead of the [BLOCK_N, D] values. Online softmax in base 2; lse is
+returned in natural log so segments merge with `merge_attention`.
+
+Prefill uses the same walk: each new token is a query with its own causal kv_len. Splits along the
+sequence are merged by a second kernel. The torch reference and the merge live in
+paged_attention_ref.py (re-exported here with the same signatures).
 """
+import torch
+
 from edge_runtime.kernels.paged_attention_ref import merge_attention_ref, paged_attention_ref
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 32  # tokens per inner step
+
+if triton is not None:
+
+    @triton.jit
+    def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, len_ptr, out_ptr, lse_ptr,
+                           qk_scale, page_tokens, chunk_tokens,
+                           s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
+                           s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt,
+                           s_ot, s_oh, s_os, s_lt, s_lh,
+                           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
+                           FP16_DOT: tl.constexpr):
+        t = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        row = tl.load(seq_ptr + t).to(tl.int64)
+        kv_len = tl.load(len_ptr + t)
+        start = split * chunk_tokens
+        end = tl.minimum(kv_len, start + chunk_tokens)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        heads = kvh * GROUP + g  # [BLOCK_G]
+        gmask = g < GROUP
+        dmask = d < D
+        q = tl.load(q_ptr + t * s_qt + heads[:, None] * s_qh + d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32) * qk_scale
+        if FP16_DOT:
+            q = q.to(tl.float16)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            nmask = n < end
+            page = tl.load(bt_ptr + row * s_bt + n // page_tokens, mask=nmask, other=0).to(tl.int64)
+            off = (n % page_tokens).to(tl.int64)
+            kvmask = nmask[:, None] & dmask[None, :]
+            k = tl.load(k_ptr + (page * s_kn + off * s_kp + kvh * s_kh)[:, None] + d[None, :],
+                        mask=kvmask, other=0)
+            if FP16_DOT:
+                s = tl.dot(q, tl.trans(k.to(tl.float16)))  # [BLOCK_G, BLOCK_N]
+            else:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            if QUANT:
+                ks = tl.load(ks_ptr + page * s_ksn + off * s_ksp + kvh * s_ksh, mask=nmask, other=0.0)
+                s = s * ks.to(tl.float32)[None, :]
+            s = tl.where(nmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + (page * s_vn + off * s_vp + kvh * s_vh)[:, None] + d[None, :],
+                        mask=kvmask, other=0)
+            if QUANT:
+                vs = tl.load(vs_ptr + page * s_vsn + off * s_vsp + kvh * s_vsh, mask=nmask, other=0.0)
+                p = p * vs.to(tl.float32)[None, :]
+            if FP16_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            m_i = m_new
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+        tl.store(out_ptr + t * s_ot + heads[:, None] * s_oh + split * s_os + d[None, :], out,
+                 mask=gmask[:, None] & dmask[None, :])
+        tl.store(lse_ptr + t * s_lt + heads * s_lh + split, lse, mask=gmask)
+
+    @triton.jit
+    def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, num_splits,
+                             s_pt, s_ph, s_ps, s_plt, s_plh, s_ot, s_oh, s_lt, s_lh,
+                             D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        # partial out [T, H, S, D] and lse [T, H, S] -> out [T, H, D], lse [T, H]
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        sp = tl.arange(0, BLOCK_S)
+        d = tl.arange(0, BLOCK_D)
+        smask = sp < num_splits
+        lse = tl.load(pl_ptr + t * s_plt + h * s_plh + sp, mask=smask, other=float("-inf"))
+        top = tl.max(lse, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - top))  # [BLOCK_S]
+        denom = tl.sum(w, axis=0)
+        o = tl.load(po_ptr + t * s_pt + h * s_ph + sp[:, None] * s_ps + d[None, :],
+                    mask=smask[:, None] & (d < D)[None, :], other=0.0)
+        num = tl.sum(o * w[:, None], axis=0)
+        res = tl.where(denom > 0, num / tl.where(denom > 0, denom, 1.0), 0.0)
+        tl.store(out_ptr + t * s_ot + h * s_oh + d, res, mask=d < D)
+        tl.store(lse_ptr + t * s_lt + h * s_lh,
+                 tl.where(denom > 0, top + tl.log(tl.where(denom > 0, denom, 1.0)), float("-inf")))
+
+
+def _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be [T, H, D]; got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache and v_cache must be [N, P, Hkv, D] of one dtype; got "
+                         f"{tuple(k_cache.shape)} {k_cache.dtype} and {tuple(v_cache.shape)} {v_cache.dtype}")
+    t, h, d = q.shape
+    hkv = k_cache.shape[2]
+    if k_cache.shape[3] != d or h % hkv:
+        raise ValueError(f"q heads/head_dim ({h}, {d}) do not fit cache ({hkv}, {k_cache.shape[3]}): "
+                         f"H must be a multiple of Hkv and head_dim must match")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("q and the caches need a contiguous last (head_dim) dimension")
+    if k_cache.dtype == torch.int8 and (k_scale is None or v_scale is None
+                                        or k_scale.shape != k_cache.shape[:3] or v_scale.shape != k_cache.shape[:3]):
+        raise ValueError(f"int8 caches need k_scale/v_scale of shape [N, P, Hkv]={tuple(k_cache.shape[:3])}")
+    if block_table.dim() != 2 or block_table.dtype != torch.int32 or block_table.stride(1) != 1:
+        raise ValueError(f"block_table must be a row-contiguous int32 [B, max_pages]; got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    for name, x in (("seq_idx", seq_idx), ("kv_lens", kv_lens)):
+        if x.shape != (t,) or x.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32 [T={t}]; got {x.dtype} {tuple(x.shape)}")
+
+
+def _num_splits(tokens, kv_heads, max_len, device) -> int:
+    """Enough programs to fill the GPU twice over, but each split at least 4 inner steps."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = -(-2 * sms // max(1, tokens * kv_heads))
+    return max(1, min(want, -(-max_len // (4 * BLOCK_N)), 64))
+
+
+def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
+                           *, num_splits=None):
+    """Triton kernel with the reference's signature; `num_splits` overrides the sequence split."""
+    _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens)
+    assert triton is not None, "triton is not installed"
+    t, h, d = q.shape
+    hkv, page_tokens = k_cache.shape[2], k_cache.shape[1]
+    group = h // hkv
+    max_len = block_table.shape[1] * page_tokens  # an upper bound: no device sync for kv_lens.max()
+    splits = num_splits or _num_splits(t, hkv, max_len, q.device)
+    chunk = -(-max(1, max_len) // splits)
+    chunk = -(-chunk // BLOCK_N) * BLOCK_N
+    splits = -(-max(1, max_len) // chunk)
+    out = torch.empty(t, h, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
+    if t == 0:
+        return out, lse
+    if splits == 1:
+        p_out, p_lse = out.unsqueeze(2), lse.unsqueeze(2)  # [T, H, 1, D], [T, H, 1]
+    else:
+        p_out = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
+        p_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
+    quant = k_cache.dtype == torch.int8
+    ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
+    s_ks = (ks.stride(0), ks.stride(1), ks.stride(2))
+    s_vs = (vs.stride(0), vs.stride(1), vs.stride(2))
+    fp16_dot = quant or k_cache.dtype == torch.float16 or q.dtype != torch.float32
+    _paged_attn_kernel[(t, hkv, splits)](
+        q, k_cache, v_cache, ks, vs, block_table, seq_idx, kv_lens, p_out, p_lse,
+        float(sm_scale) * LOG2E, page_tokens, chunk,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *s_ks, *s_vs,
+        block_table.stride(0), p_out.stride(0), p_out.stride(1), p_out.stride(2),
+        p_lse.stride(0), p_lse.stride(1),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=BLOCK_N, QUANT=quant, FP16_DOT=fp16_dot)
+    if splits > 1:
+        _merge_splits_kernel[(t, h)](
+            p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),
+            p_lse.stride(0), p_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(d))
+    return out, lse
+
 
 merge_attention = merge_attention_ref
 
-__all__ = ["paged_attention_ref", "merge_attention", "merge_attention_ref"]
+__all__ = ["paged_attention_ref", "paged_attention_triton", "merge_attention", "merge_attention_ref"]

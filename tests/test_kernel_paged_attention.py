@@ -1,0 +1,92 @@
+"""Triton paged attention (under TRITON_INTERPRET=1 on CPU) against the torch reference.
+
+Tolerances: int8 and fp16 caches run the dots in fp16 (q rounded to fp16): atol 2e-2 on outputs of
+magnitude ~1, 2e-2 on lse; fp32 caches run IEEE fp32 dots: 1e-4.
+"""
+import pytest
+import torch
+
+from kernel_helpers import HAVE_TRITON, default_scale, make_cache, random_block_table
+from edge_runtime.kernels.paged_attention import (merge_attention, paged_attention_ref,
+                                                  paged_attention_triton)
+
+pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
+
+TOL = {torch.int8: 2e-2, torch.float16: 2e-2, torch.float32: 1e-4}
+
+
+def _compare(args, dtype, **kw):
+    out, lse = paged_attention_triton(*args, **kw)
+    want_out, want_lse = paged_attention_ref(*args)
+    tol = TOL[dtype]
+    assert torch.allclose(out, want_out, atol=tol, rtol=tol), float((out - want_out).abs().max())
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite], want_lse[finite], atol=tol, rtol=tol)
+    return out, lse
+
+
+@pytest.mark.parametrize("heads,kv_heads,dtype,splits", [
+    (4, 4, torch.int8, 1), (6, 2, torch.int8, 3), (8, 2, torch.int8, 2),
+    (6, 2, torch.float32, 2), (4, 1, torch.float16, 1)])
+def test_decode_ragged_lengths(heads, kv_heads, dtype, splits):
+    gen = torch.Generator().manual_seed(heads + 7 * kv_heads)
+    d, page_tokens = 16, 8
+    k_cache, v_cache, k_scale, v_scale = make_cache(16, page_tokens, kv_heads, d, dtype, gen)
+    bt = random_block_table(4, 6, 16, gen)
+    seq_idx = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    kv_lens = torch.tensor([1, 8, 9, 45], dtype=torch.int32)  # length 1, a full page, one past, ragged
+    q = torch.randn(4, heads, d, generator=gen)
+    _compare((q, k_cache, v_cache, k_scale, v_scale, bt, seq_idx, kv_lens, default_scale(d)), dtype,
+             num_splits=splits)
+
+
+def test_kv_len_zero_and_prefill_rows():
+    gen = torch.Generator().manual_seed(11)
+    d, page_tokens = 16, 4
+    k_cache, v_cache, k_scale, v_scale = make_cache(10, page_tokens, 1, d, torch.int8, gen)
+    bt = random_block_table(2, 5, 10, gen)
+    # row 1: a causal prefill of 4 new tokens after 5 cached ones; row 0: a kv_len 0 query
+    seq_idx = torch.tensor([0, 1, 1, 1, 1], dtype=torch.int32)
+    kv_lens = torch.tensor([0, 6, 7, 8, 9], dtype=torch.int32)
+    q = torch.randn(5, 3, d, generator=gen)
+    out, lse = _compare((q, k_cache, v_cache, k_scale, v_scale, bt, seq_idx, kv_lens, 0.3), torch.int8,
+                        num_splits=2)
+    assert float(out[0].abs().max()) == 0.0 and bool(torch.isneginf(lse[0]).all())
+
+
+def test_shared_partial_page_and_inline_tail_merge():
+    """Two sequences share a 6-token prefix (second page partial); each has an inline-slot tail."""
+    gen = torch.Generator().manual_seed(5)
+    d, heads, kv_heads = 32, 6, 2
+    pool = make_cache(6, 4, kv_heads, d, torch.int8, gen)
+    arena = make_cache(3, 8, kv_heads, d, torch.int8, gen)  # inline slots of 8 tokens
+    q = torch.randn(2, heads, d, generator=gen)
+    seq_idx = torch.tensor([0, 1], dtype=torch.int32)
+    prefix_bt = torch.tensor([[3, 1], [3, 1]], dtype=torch.int32)
+    prefix_lens = torch.tensor([6, 6], dtype=torch.int32)
+    tail_bt = torch.tensor([[2], [0]], dtype=torch.int32)  # one column: the slot id
+    tail_lens = torch.tensor([3, 8], dtype=torch.int32)
+    sc = default_scale(d)
+    o1, l1 = _compare((q, *pool, prefix_bt, seq_idx, prefix_lens, sc), torch.int8)
+    o2, l2 = _compare((q, *arena, tail_bt, seq_idx, tail_lens, sc), torch.int8, num_splits=1)
+    merged = merge_attention([o1, o2], [l1, l2])
+    r1, rl1 = paged_attention_ref(q, *pool, prefix_bt, seq_idx, prefix_lens, sc)
+    r2, rl2 = paged_attention_ref(q, *arena, tail_bt, seq_idx, tail_lens, sc)
+    want = merge_attention([r1, r2], [rl1, rl2])
+    assert torch.allclose(merged, want, atol=2e-2)
+
+
+def test_wrapper_rejects_bad_inputs():
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache, k_scale, v_scale = make_cache(4, 4, 2, 16, torch.int8, gen)
+    q = torch.randn(2, 5, 16)
+    bt = torch.zeros(2, 2, dtype=torch.int32)
+    idx = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, bt, idx, idx, 0.25)
+    with pytest.raises(ValueError, match="k_scale"):
+        paged_attention_triton(torch.randn(2, 4, 16), k_cache, v_cache, None, None, bt, idx, idx, 0.25)
+    with pytest.raises(ValueError, match="block_table"):
+        paged_attention_triton(torch.randn(2, 4, 16), k_cache, v_cache, k_scale, v_scale, bt.long(), idx,
+                               idx, 0.25)
