@@ -1,0 +1,175 @@
+"""`ModelConfig`: the architecture facts our forward needs, read once from a HF config.json.
+
+Invariants (checked in `__post_init__`):
+- `architecture` is one of SUPPORTED_ARCHITECTURES; Llama, Qwen2 and Mistral share one forward
+  (edge_runtime/model/llama.py) and differ only in the flags recorded here.
+- `num_heads % num_kv_heads == 0` (grouped-query attention), `head_dim` is even (rotary).
+- `rope_scaling` is None (plain RoPE) or a `RopeScaling` of type "llama3" or "linear"; anything
+  else (dynamic NTK, YaRN, longrope...) is refused with a `ModelLoadError`.
+- `max_position_embeddings` is the longest sequence we accept. For models with a sliding window
+  (Mistral v0.1, Qwen2 with use_sliding_window) it is capped at the window, because within the window
+  full causal attention equals sliding-window attention and we implement only the former.
+
+Both config dialects are read: transformers < 5 (`rope_theta` + `rope_scaling`) and transformers 5
+(`rope_parameters`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge_runtime.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_MODEL_TYPE_TO_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    rope_type: str  # "llama3" | "linear"
+    factor: float
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 only
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections (Qwen2; Llama with attention_bias)
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    o_proj_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # informational: max_position_embeddings is capped to it
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"unsupported architecture {self.architecture!r}; supported: "
+                + ", ".join(SUPPORTED_ARCHITECTURES)
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            if int(getattr(self, name)) <= 0:
+                raise ModelLoadError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(
+                f"config.json: num_attention_heads ({self.num_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ModelLoadError(f"config.json: head_dim must be even for rotary, got {self.head_dim}")
+
+    @property
+    def kv_bytes_per_token_fp32(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
+
+    @classmethod
+    def from_hf(cls, cfg: dict, generation_config: dict | None = None) -> "ModelConfig":
+        """Build from a parsed config.json (and optionally generation_config.json for EOS ids)."""
+        arch = _architecture(cfg)
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ModelLoadError(f"config.json: hidden_act {act!r} is not supported (only silu)")
+        rope_theta, rope_scaling = _rope(cfg)
+        qkv_bias = arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
+        o_bias = arch == "LlamaForCausalLM" and bool(cfg.get("attention_bias", False))
+        window = _sliding_window(cfg, arch)
+        max_pos = int(cfg.get("max_position_embeddings", 2048))
+        if window is not None:
+            max_pos = min(max_pos, window)
+        return cls(
+            architecture=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            max_position_embeddings=max_pos,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=qkv_bias,
+            eos_token_ids=_eos_ids(cfg, generation_config),
+            bos_token_id=cfg.get("bos_token_id"),
+            o_proj_bias=o_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            sliding_window=window,
+        )
+
+
+def _architecture(cfg: dict) -> str:
+    archs = cfg.get("architectures") or []
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch
+    if not archs and cfg.get("model_type") in _MODEL_TYPE_TO_ARCH:
+        return _MODEL_TYPE_TO_ARCH[cfg["model_type"]]
+    found = ", ".join(archs) or repr(cfg.get("model_type"))
+    raise ModelLoadError(
+        f"unsupported architecture {found}; supported: " + ", ".join(SUPPORTED_ARCHITECTURES)
+    )
+
+
+def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
+    params = dict(cfg.get("rope_parameters") or {})
+    legacy = cfg.get("rope_scaling") or {}
+    params = {**legacy, **params}
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(
+            f"config.json: rope scaling {rope_type!r} is not supported; supported: "
+            + ", ".join(SUPPORTED_ROPE_TYPES)
+        )
+    if rope_type == "default":
+        return theta, None
+    scaling = RopeScaling(
+        rope_type=rope_type,
+        factor=float(params["factor"]),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+    )
+    return theta, scaling
+
+
+def _sliding_window(cfg: dict, arch: str) -> int | None:
+    window = cfg.get("sliding_window")
+    if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+        return None
+    return int(window) if window else None
+
+
+def _eos_ids(cfg: dict, generation_config: dict | None) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (cfg, generation_config or {}):
+        eos = source.get("eos_token_id")
+        for i in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)

@@ -1,0 +1,88 @@
+"""Convert a GGUF file ONCE into a Hugging Face folder in the user's cache, so later starts are fast.
+
+Reading a GGUF goes through transformers + gguf (dequantizing every tensor to float32, ~20 s for
+SmolLM2-135M); the converted folder (config.json, model.safetensors in float32, tokenizer files and
+chat template) then loads in well under a second.
+
+Invariants:
+- The cache folder is `$XDG_CACHE_HOME/edge-runtime/models/<stem>-<key>` (default `~/.cache`), where
+  `<key>` hashes the GGUF's resolved path, size, mtime and CONVERT_VERSION: a changed file or a new
+  converter gets a new folder.
+- A folder exists only when complete: everything is written into a temporary sibling and renamed
+  into place (atomic on one file system). A concurrent converter that loses the race discards its copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from edge_runtime.errors import ModelLoadError
+
+CONVERT_VERSION = 1
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "edge-runtime" / "models"
+
+
+def cached_folder_for(gguf_path: Path) -> Path:
+    st = gguf_path.stat()
+    ident = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{CONVERT_VERSION}"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:12]
+    return cache_root() / f"{gguf_path.stem}-{key}"
+
+
+def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Return the cached HF folder for `gguf_path`, converting it first if needed."""
+    target = cached_folder_for(gguf_path)
+    if (target / "config.json").is_file():
+        return target
+    if progress:
+        progress(f"converting {gguf_path.name} to {target} (once; about 20-30 s)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        _convert(gguf_path, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(gguf_path: Path, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except (ValueError, OSError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {exc}") from exc
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)  # the weights are dequantized: a plain float32 folder
+    cfg.pop("_model_name_or_path", None)
+    cfg["architectures"] = [type(model).__name__]
+    cfg["dtype"] = "float32"
+    cfg["edge_runtime_source"] = str(gguf_path.resolve())
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(str(out))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(str(out))

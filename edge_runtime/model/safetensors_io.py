@@ -1,0 +1,55 @@
+"""Read the weights of a Hugging Face folder: one or several (sharded) .safetensors files.
+
+Every failure a user can cause (no weights, a truncated or corrupt file, an index that names a missing
+shard) becomes a `ModelLoadError` naming the file. Tensors are converted to the requested dtype as
+they are read, except integer tensors (AWQ qweight/qzeros) which keep theirs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from edge_runtime.errors import ModelLoadError
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as exc:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: {exc}") from exc
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise ModelLoadError(f"{index} names shard {f.name}, which is missing from {folder}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        other = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+        hint = f" (found {', '.join(other)}: convert to safetensors first)" if other else ""
+        raise ModelLoadError(f"no *.safetensors weights in {folder}{hint}")
+    return files
+
+
+def load_state_dict(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu"
+                    ) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError, safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for path in weight_files(folder):
+        try:
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                for name in f.keys():
+                    tensor = f.get_tensor(name)
+                    if tensor.is_floating_point():
+                        tensor = tensor.to(dtype)
+                    state[name] = tensor
+        except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
+            raise ModelLoadError(
+                f"cannot read {path} (truncated or corrupt safetensors file?): {exc}"
+            ) from exc
+    return state
