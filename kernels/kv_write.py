@@ -60,6 +60,13 @@ def write_kv_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None
 if triton is not None:
 
     @triton.jit
+    def _round_half_even(x):
+        # torch.round's rule; libdevice.rint would do, but the interpreter cannot run libdevice
+        r = tl.floor(x + 0.5)
+        odd = r * 0.5 != tl.floor(r * 0.5)
+        return tl.where((r - x == 0.5) & odd, r - 1.0, r)
+
+    @triton.jit
     def _kv_write_kernel(x_ptr, cache_ptr, scale_ptr, slot_ptr,
                          stride_xt, stride_xh,
                          stride_cn, stride_cp, stride_ch,
@@ -80,7 +87,7 @@ if triton is not None:
                 amax = tl.max(tl.abs(x), axis=0)
                 scale = tl.where(amax > 0, amax / 127.0, 1.0).to(tl.float16)
                 q = x / scale.to(tl.float32)
-                q = tl.extra.cuda.libdevice.rint(q)
+                q = _round_half_even(q)
                 q = tl.minimum(tl.maximum(q, -127.0), 127.0)
                 tl.store(dst, q.to(tl.int8), mask=dmask)
                 tl.store(scale_ptr + page * stride_sn + off * stride_sp + h * stride_sh, scale)
