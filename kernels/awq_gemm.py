@@ -59,3 +59,87 @@ def awq_gemm_ref(x, qweight, qzeros, scales, group_size) -> torch.Tensor:
     check_awq_args(x, qweight, qzeros, scales, group_size)
     w = dequantize_awq(qweight, qzeros, scales, group_size)  # [K, N]
     return (x.float() @ w).to(x.dtype)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _awq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, y_ptr, M, N, K, group_size,
+                         s_xm, s_qwk, s_qzg, s_scg, s_ys, s_ym,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         SPLIT_K: tl.constexpr):
+        # y[split, m, n] = sum over this split's k tiles of x[m, k] * W[k, n]; BLOCK_K divides G
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = m < M
+        nmask = n < N
+        c = n % 8
+        shifts = ((c % 2) * 4 + c // 2) * 4  # bit offset of column c: 4 * AWQ_REVERSE_ORDER[c]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for kt in range(pid_k, K // BLOCK_K, SPLIT_K):
+            k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=mmask[:, None], other=0.0)
+            qw = tl.load(qw_ptr + k[:, None] * s_qwk + (n // 8)[None, :], mask=nmask[None, :], other=0)
+            grp = (kt * BLOCK_K) // group_size
+            qz = tl.load(qz_ptr + grp * s_qzg + n // 8, mask=nmask, other=0)
+            sc = tl.load(sc_ptr + grp * s_scg + n, mask=nmask, other=0.0).to(tl.float16)
+            zero = (qz >> shifts) & 0xF  # [BLOCK_N]
+            w = (((qw >> shifts[None, :]) & 0xF) - zero[None, :]).to(tl.float16) * sc[None, :]
+            acc += tl.dot(x.to(tl.float16), w)
+        ptrs = y_ptr + pid_k * s_ys + m[:, None] * s_ym + n[None, :]
+        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+    @triton.jit
+    def _sum_splits_kernel(p_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+        # y[i] = sum_s p[s, i] (p: [SPLIT_K, M*N] fp32 contiguous), cast to y's dtype
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < numel
+        acc = tl.zeros([BLOCK], tl.float32)
+        for s in range(SPLIT_K):
+            acc += tl.load(p_ptr + s * numel + i, mask=mask, other=0.0)
+        tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _config(m, n, k, group_size, device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K): GEMV-like M splits K to fill the GPU."""
+    block_k = min(group_size, 128)
+    while group_size % block_k or block_k & (block_k - 1):
+        block_k //= 2
+    if m > 16:
+        return 64, 64, block_k, 1
+    block_n = 64
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    tiles = -(-n // block_n)
+    split = max(1, min(k // block_k, -(-2 * sms // tiles), 16))
+    return 16, block_n, block_k, split
+
+
+def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None):
+    """Triton W4A16 GEMM with the reference's signature; `split_k` overrides the K split."""
+    check_awq_args(x, qweight, qzeros, scales, group_size)
+    assert triton is not None, "triton is not installed"
+    if group_size < 16:
+        raise ValueError(f"group_size {group_size} is below the kernel's minimum of 16")
+    for name, t in (("x", x), ("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} needs a contiguous last dimension; call .contiguous() first")
+    m, k = x.shape
+    n = qweight.shape[1] * 8
+    bm, bn, bk, split = _config(m, n, k, group_size, x.device)
+    split = split_k or split
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    part = y.unsqueeze(0) if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
+    _awq_gemm_kernel[grid](x, qweight, qzeros, scales, part, m, n, k, group_size,
+                           x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
+                           part.stride(0), part.stride(1),
+                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split)
+    if split > 1:
+        numel = m * n
+        _sum_splits_kernel[(triton.cdiv(numel, 1024),)](part, y, numel, SPLIT_K=split, BLOCK=1024)
+    return y

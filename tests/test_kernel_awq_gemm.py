@@ -1,0 +1,49 @@
+"""Triton W4A16 GEMM (under TRITON_INTERPRET=1) against dequantize + matmul, and the reference.
+
+Tolerance: the kernel multiplies in fp16 (x and the dequantized weight rounded to fp16) with fp32
+accumulation: rtol/atol 1e-2 relative to the output's scale. The reference is fp32 throughout: 1e-4.
+"""
+import pytest
+import torch
+
+from kernel_helpers import HAVE_TRITON, pack_awq_int4, random_awq
+from edge_runtime.kernels.awq_gemm import (awq_gemm_ref, awq_gemm_triton, dequantize_awq,
+                                           unpack_awq_int4)
+
+pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
+
+
+def test_unpack_inverts_pack():
+    vals = torch.randint(0, 16, (5, 24), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(unpack_awq_int4(pack_awq_int4(vals)), vals.to(torch.int32))
+
+
+@pytest.mark.parametrize("m,n,k,group,split", [(1, 64, 128, 32, None), (3, 40, 64, 64, 2),
+                                               (16, 72, 128, 64, 1), (20, 24, 64, 16, None)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_matches_dense(m, n, k, group, split, dtype):
+    gen = torch.Generator().manual_seed(m * 100 + n)
+    qweight, qzeros, scales, w = random_awq(k, n, group, gen)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    y = awq_gemm_triton(x, qweight, qzeros, scales, group, split_k=split)
+    want = x.float() @ w
+    assert y.dtype == dtype and y.shape == (m, n)
+    scale = float(want.abs().max())
+    assert torch.allclose(y.float(), want, atol=1e-2 * scale, rtol=1e-2), float((y.float() - want).abs().max())
+    ref = awq_gemm_ref(x, qweight, qzeros, scales, group)
+    assert torch.allclose(ref.float(), want, atol=1e-3 * scale, rtol=1e-3)
+
+
+def test_dequantize_matches_encoded_weight():
+    gen = torch.Generator().manual_seed(9)
+    qweight, qzeros, scales, w = random_awq(64, 32, 32, gen)
+    assert torch.allclose(dequantize_awq(qweight, qzeros, scales, 32), w)
+
+
+def test_rejects_bad_inputs():
+    gen = torch.Generator().manual_seed(1)
+    qweight, qzeros, scales, _ = random_awq(64, 16, 32, gen)
+    with pytest.raises(ValueError, match="contiguous"):
+        awq_gemm_triton(torch.randn(64, 2).t(), qweight, qzeros, scales, 32)
+    with pytest.raises(ValueError, match="int32"):
+        awq_gemm_triton(torch.randn(2, 64), qweight.long(), qzeros, scales, 32)
