@@ -1,0 +1,62 @@
+"""systemd units: rendered by tools/install-service.sh, then `systemd-analyze verify` must be clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(sys.executable).parent.parent
+
+
+def _render(out: Path, *extra: str) -> None:
+    subprocess.run([str(ROOT / "tools/install-service.sh"), "--render", str(out),
+                    "--venv", str(VENV), *extra], check=True, capture_output=True, timeout=60)
+
+
+def _verify(folder: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("systemd-analyze")
+    assert exe, "systemd-analyze missing: install the Debian package 'systemd' (tools/bootstrap.sh)"
+    return subprocess.run([exe, "verify", "--man=no", "./edge-runtime.socket",
+                           "./edge-runtime.service"], cwd=folder, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _unit_messages(stderr: str) -> list[str]:
+    # verify may also print notes about the host's own units; only ours matter
+    return [line for line in stderr.splitlines() if "edge-runtime." in line]
+
+
+def test_rendered_units_verify_clean(tmp_path):
+    _render(tmp_path, "--memory-high", "3G", "--memory-max", "3500M")
+    service = (tmp_path / "edge-runtime.service").read_text()
+    assert f"ExecStart={VENV}/bin/edge-runtime serve --config" in service
+    assert "MemoryHigh=3G" in service and "MemoryMax=3500M" in service
+    assert "Type=notify" in service and "WatchdogSec=" in service
+    settings = [line.split("=", 1)[0] for line in service.splitlines() if not line.startswith("#")]
+    assert "MemoryDenyWriteExecute" not in settings  # Triton and CUDA JIT need W+X pages
+    assert "ProcSubset" not in settings  # would hide /proc/meminfo from the memory guard
+    proc = _verify(tmp_path)
+    assert proc.returncode == 0 and not _unit_messages(proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("old,new", [("Type=notify", "Type=notfy"),
+                                     ("WantedBy=", "WatnedBy="),
+                                     ("ListenStream=", "ListenStrem=")])
+def test_verify_catches_a_broken_unit(tmp_path, old, new):
+    _render(tmp_path)
+    for name in ("edge-runtime.service", "edge-runtime.socket"):
+        p = tmp_path / name
+        p.write_text(p.read_text().replace(old, new, 1))
+    proc = _verify(tmp_path)
+    assert proc.returncode != 0 or _unit_messages(proc.stderr)
+
+
+def test_socket_unit_hands_over_a_0660_listening_socket():
+    text = (ROOT / "systemd/edge-runtime.socket").read_text()
+    assert "SocketMode=0660" in text and "Accept=no" in text
+    assert "ListenStream=/run/edge-runtime.sock" in text
