@@ -1,8 +1,12 @@
 """Backend choice per op: Triton on CUDA tensors, the torch reference elsewhere.
 
 `describe_backends()` reports what a call on this machine would use, for `edge-runtime plan` and
-/metrics: op -> "triton" | "torch-reference". The choice per call follows the tensors' device, so
-CPU tensors on a CUDA machine still take the reference.
+/metrics: op -> "triton" | "torch-reference" | "torch-int4pack-cpu". The choice per call follows the
+tensors' device, so CPU tensors on a CUDA machine still take the reference.
+
+W4A16 on CPU: `AWQLinear` (quant/awq_linear.py) repacks its weights once for torch's CPU int4 op
+and calls that directly; `awq_gemm` here (the dequantizing reference) is only its fallback, so
+`describe_backends` names "torch-int4pack-cpu" for awq_gemm on CPU when torch has that op.
 """
 import torch
 
@@ -64,5 +68,13 @@ def describe_backends(device=None) -> dict:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     on_cuda = torch.device(device).type == "cuda" and _kv.triton is not None
-    return {op: ("triton" if on_cuda and hasattr(_IMPLS[op], "triton") else "torch-reference")
-            for op in OPS}
+    names = {op: ("triton" if on_cuda and hasattr(_IMPLS[op], "triton") else "torch-reference")
+             for op in OPS}
+    if not on_cuda and cpu_int4pack_available():
+        names["awq_gemm"] = "torch-int4pack-cpu"
+    return names
+
+
+def cpu_int4pack_available() -> bool:
+    ops = torch.ops.aten
+    return hasattr(ops, "_convert_weight_to_int4pack_for_cpu") and hasattr(ops, "_weight_int4pack_mm_for_cpu")

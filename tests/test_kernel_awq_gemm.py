@@ -47,3 +47,19 @@ def test_rejects_bad_inputs():
         awq_gemm_triton(torch.randn(64, 2).t(), qweight, qzeros, scales, 32)
     with pytest.raises(ValueError, match="int32"):
         awq_gemm_triton(torch.randn(2, 64), qweight.long(), qzeros, scales, 32)
+
+
+def test_agrees_with_quant_packing():
+    """Cross-check with the AWQ engineer's independent pack/dequantize (quant/awq_pack.py)."""
+    awq_pack = pytest.importorskip("edge_runtime.quant.awq_pack")
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randint(0, 16, (64, 48), generator=gen)
+    z = torch.randint(0, 16, (2, 48), generator=gen)
+    s = (torch.rand(2, 48, generator=gen) * 0.05 + 0.01).to(torch.float16)
+    qweight, qzeros = awq_pack.pack_int4(q), awq_pack.pack_int4(z)
+    assert torch.equal(qweight, pack_awq_int4(q))
+    want = awq_pack.dequantize(qweight, qzeros, s, 32)
+    assert torch.equal(dequantize_awq(qweight, qzeros, s, 32), want)
+    x = torch.randn(2, 64, generator=gen)
+    y = awq_gemm_triton(x, qweight, qzeros, s, 32)
+    assert torch.allclose(y, x @ want, atol=1e-2 * float((x @ want).abs().max()))
