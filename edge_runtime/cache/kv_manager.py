@@ -1,0 +1,316 @@
+"""KVManager: the one facade the engine and the simulator use for KV bookkeeping (no torch).
+
+Life of a sequence: `admit` maps the longest cached prefix (ref += 1 on each page) and picks the
+tail storage (an idle cached tail page taken over, an inline slot, or pages later); `reserve` gives
+storage for the tokens about to be written and returns the CopyOps the engine must run first
+(copy-on-write of a page or slot it does not own, an inline tail that outgrows its slot);
+`commit` records the written tokens (first token of a page indexes it in the prefix cache, so a
+concurrent request can already share it); `finish` moves an inline tail into a page (CopyOp) so the
+next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
+reference. Pages whose count reaches 0 stay CACHED when they hold committed tokens and the prefix
+cache is on; committed tokens are K/V already written, so they are complete by definition.
+
+Invariants (`check_invariants`, after every step in tests, `check_leaks` when idle):
+- pool: free + cached + live == total; ref count of each page == number of block tables holding it.
+- only a page's (or slot's) owner writes into it, at its end; every block table's view of a page
+  equals that page's tokens over the positions it uses (what attention reads is what was written).
+- prefix pages are aligned and all but the last fully used; the tail starts at prefix_len.
+- a failed admit/reserve (OutOfPages) changes nothing.
+"""
+
+from __future__ import annotations
+
+from edge_runtime.cache.inline_arena import InlineArena
+from edge_runtime.cache.kv_checks import check_manager, manager_stats
+from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
+from edge_runtime.cache.observability import LOG, EventLog, KVCounters, dump_state
+from edge_runtime.cache.page_pool import CACHED, ROOT, PagePool
+from edge_runtime.cache.prefix_cache import Match, PrefixCache
+from edge_runtime.errors import OutOfPages, RequestError
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVManager:
+    def __init__(self, num_pages: int, page_tokens: int, num_inline_slots: int = 0,
+                 inline_tokens: int = 0, enable_prefix_cache: bool = True,
+                 enable_inline: bool = True, debug: bool | None = None,
+                 dump_below_free: int = 0):
+        assert page_tokens > 0 and inline_tokens <= page_tokens, (page_tokens, inline_tokens)
+        self.page_tokens = page_tokens
+        self.inline_tokens = inline_tokens
+        self.enable_prefix_cache = enable_prefix_cache
+        self.enable_inline = enable_inline and num_inline_slots > 0 and inline_tokens > 0
+        self.log = EventLog(debug)
+        self.pool = PagePool(num_pages, on_evict=self._on_evict, on_event=self.log)
+        self.prefix = PrefixCache(self.pool, page_tokens)
+        self.arena = InlineArena(num_inline_slots if self.enable_inline else 0, inline_tokens)
+        self.seqs: dict[object, SeqKV] = {}
+        self.counters = KVCounters()
+        self.dump_below_free = dump_below_free
+        self._dumped = False
+
+    def _on_evict(self, page) -> None:
+        self.prefix.unregister(page)
+
+    # -- admission ----------------------------------------------------------------------------
+    def admit(self, seq_id, prompt_ids, max_new_tokens: int) -> SeqKV:
+        """Map the cached prefix and choose the tail; OutOfPages (nothing changed) if the
+        uncached prompt cannot get storage now."""
+        assert seq_id not in self.seqs, f"sequence {seq_id!r} already admitted"
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise RequestError("the prompt is empty; send at least one token")
+        m = self.prefix.match(prompt[:-1]) if self.enable_prefix_cache else Match()
+        seq = SeqKV(seq_id, len(prompt), max_new_tokens, m.num_cached, list(m.prefix_pages),
+                    m.prefix_len, PAGES, list(m.tail_pages), None, prompt[:m.num_cached])
+        uncached = len(prompt) - m.num_cached
+        use_inline = (self.enable_inline and not m.tail_pages and self.arena.num_free > 0
+                      and uncached + max_new_tokens <= self.inline_tokens)
+        if not use_inline:
+            pinned = sum(self.pool.pages[p].state == CACHED for p in seq.all_pages())
+            n_new, _ = self._pages_needed(seq, len(prompt), owns_last=m.take_over)
+            if n_new > self.pool.num_available - pinned:
+                self.counters.failed_allocations += 1
+                raise OutOfPages(f"prompt of {len(prompt)} tokens ({m.num_cached} cached) needs "
+                                 f"{n_new} new KV pages, {self.pool.num_available - pinned} "
+                                 f"are free or evictable")
+        for pid in seq.all_pages():
+            self.pool.incref(pid, seq_id)
+        if m.take_over:
+            last = self.pool.pages[seq.tail_pages[-1]]
+            assert last.owner is None, last
+            last.owner = seq_id
+            self.counters.take_overs += 1
+        if use_inline:
+            seq.tail_kind, seq.inline_slot = INLINE, self.arena.allocate(seq_id)
+        self.seqs[seq_id] = seq
+        self._update_capacity(seq)
+        self.counters.admitted += 1
+        self.counters.prompt_tokens += len(prompt)
+        self.counters.cached_prompt_tokens += m.num_cached
+        self.log("admit", seq_id, prompt=len(prompt), cached=m.num_cached, tail=seq.tail_kind)
+        return seq
+
+    def _pages_needed(self, seq: SeqKV, target: int, owns_last: bool) -> tuple[int, bool]:
+        """(new pages, copy-on-write of the last tail page) to hold positions [0, target)."""
+        P, p, have = self.page_tokens, seq.prefix_len, len(seq.tail_pages)
+        used = seq.num_tokens - p  # committed tail tokens
+        cow = have > 0 and target > seq.num_tokens and used < have * P and not owns_last
+        return max(0, _ceil_div(target - p, P) - have) + int(cow), cow
+
+    def _update_capacity(self, seq: SeqKV) -> None:
+        p, P = seq.prefix_len, self.page_tokens
+        if seq.tail_kind == INLINE:
+            owns = self.arena.owner[seq.inline_slot] == seq.seq_id
+            seq.capacity = p + self.inline_tokens if owns else seq.num_tokens
+            return
+        have = len(seq.tail_pages)
+        owns = have and self.pool.pages[seq.tail_pages[-1]].owner == seq.seq_id
+        seq.capacity = p + have * P if owns else max(seq.num_tokens, p + (have - 1) * P, p)
+        if have and seq.num_tokens - p == have * P:
+            seq.capacity = p + have * P  # last page full: nothing more to write into it
+
+    # -- growth -------------------------------------------------------------------------------
+    def reserve(self, seq_id, num_new_tokens: int) -> list[CopyOp]:
+        """Storage for positions [num_tokens, num_tokens + n); returns copies to run first."""
+        seq = self.seqs[seq_id]
+        target = seq.num_tokens + num_new_tokens
+        if target <= seq.capacity:
+            return []
+        if seq.tail_kind == INLINE:
+            if target - seq.prefix_len <= self.inline_tokens and self.arena.num_free:
+                return self._copy_slot(seq)
+            return self._inline_to_pages(seq, target)
+        return self._grow_pages(seq, target)
+
+    def _check_available(self, n: int, seq_id) -> None:
+        if n > self.pool.num_available:
+            self.counters.failed_allocations += 1
+            raise OutOfPages(f"sequence {seq_id!r} needs {n} more KV pages, "
+                             f"{self.pool.num_available} are free or evictable")
+
+    def _allocate(self, n: int, seq_id) -> list[int]:
+        ids = self.pool.allocate(n, seq_id)
+        if self.pool.num_free < self.dump_below_free and not self._dumped:
+            self._dumped = True
+            LOG.warning("free KV pages below %d:\n%s", self.dump_below_free, self.dump())
+        elif self.pool.num_free >= self.dump_below_free:
+            self._dumped = False
+        return ids
+
+    def _new_tail_page(self, seq: SeqKV, pid: int, tokens: list[int]) -> None:
+        page = self.pool.pages[pid]
+        page.owner, page.start = seq.seq_id, seq.prefix_len + len(seq.tail_pages) * self.page_tokens
+        if seq.tail_pages:
+            page.parent = seq.tail_pages[-1]
+        else:
+            page.parent = seq.prefix_pages[-1] if seq.prefix_pages else ROOT
+        page.tokens = list(tokens)
+        seq.tail_pages.append(pid)
+        if tokens and self.enable_prefix_cache:
+            self.prefix.register(page)
+
+    def _copied(self, op: CopyOp) -> CopyOp:
+        self.counters.copies += 1
+        self.counters.copied_tokens += op.num_tokens
+        self.log("copy", None, src=(op.src_store, op.src_slot_start),
+                 dst=(op.dst_store, op.dst_slot_start), n=op.num_tokens)
+        return op
+
+    def _grow_pages(self, seq: SeqKV, target: int) -> list[CopyOp]:
+        P, p = self.page_tokens, seq.prefix_len
+        n_new, cow = self._pages_needed(seq, target, owns_last=False)
+        self._check_available(n_new, seq.seq_id)
+        new_ids, copies = self._allocate(n_new, seq.seq_id), []
+        if cow:
+            src = self.pool.pages[seq.tail_pages.pop()]
+            used = seq.num_tokens - p - len(seq.tail_pages) * P
+            dst = new_ids.pop(0)
+            copies.append(self._copied(CopyOp(PAGES, src.page_id * P, PAGES, dst * P, used)))
+            self._new_tail_page(seq, dst, src.tokens[:used])
+            self.pool.decref(src.page_id, seq.seq_id)
+        for pid in new_ids:
+            self._new_tail_page(seq, pid, [])
+        self._update_capacity(seq)
+        return copies
+
+    def _copy_slot(self, seq: SeqKV) -> list[CopyOp]:
+        """Copy-on-write of a shared inline slot into a new slot of our own."""
+        S, old = self.inline_tokens, seq.inline_slot
+        used = seq.num_tokens - seq.prefix_len
+        new = self.arena.allocate(seq.seq_id)
+        self.arena.num_tokens[new] = used
+        self.arena.decref(old, seq.seq_id)
+        seq.inline_slot = new
+        self._update_capacity(seq)
+        return [self._copied(CopyOp(INLINE, old * S, INLINE, new * S, used))] if used else []
+
+    def _inline_to_pages(self, seq: SeqKV, target: int) -> list[CopyOp]:
+        P, S, p = self.page_tokens, self.inline_tokens, seq.prefix_len
+        n = _ceil_div(target - p, P)
+        self._check_available(n, seq.seq_id)
+        ids, used, slot = self._allocate(n, seq.seq_id), seq.num_tokens - p, seq.inline_slot
+        copies = [self._copied(CopyOp(INLINE, slot * S, PAGES, ids[0] * P, used))] if used else []
+        seq.tail_kind, seq.inline_slot = PAGES, None
+        self.arena.decref(slot, seq.seq_id)
+        self._new_tail_page(seq, ids[0], seq.token_ids[p:])
+        for pid in ids[1:]:
+            self._new_tail_page(seq, pid, [])
+        self.counters.inline_to_pages += 1
+        self._update_capacity(seq)
+        return copies
+
+    def commit(self, seq_id, token_ids) -> None:
+        """The K/V of these tokens (positions num_tokens...) are now written."""
+        seq, P = self.seqs[seq_id], self.page_tokens
+        p = seq.prefix_len
+        for tok in token_ids:
+            pos = seq.num_tokens
+            assert pos < seq.capacity, f"commit past reserved storage: {seq_id!r} pos {pos}"
+            if seq.tail_kind == INLINE:
+                self.arena.append(seq.inline_slot, seq_id, 1)
+            else:
+                page = self.pool.pages[seq.tail_pages[(pos - p) // P]]
+                assert page.owner == seq_id and len(page.tokens) == (pos - p) % P, (seq_id, page)
+                page.tokens.append(int(tok))
+                if len(page.tokens) == 1 and self.enable_prefix_cache:
+                    self.prefix.register(page)
+            seq.token_ids.append(int(tok))
+
+    # -- sharing and the end of a sequence -----------------------------------------------------
+    def fork(self, parent_id, child_id) -> SeqKV:
+        """The child shares every page (and the inline slot) of the parent; it copies on write."""
+        assert child_id not in self.seqs, f"sequence {child_id!r} already admitted"
+        par = self.seqs[parent_id]
+        used_pages = _ceil_div(par.num_tokens - par.prefix_len, self.page_tokens)
+        child = SeqKV(child_id, par.prompt_len, par.max_new_tokens, par.num_cached_tokens,
+                      list(par.prefix_pages), par.prefix_len, par.tail_kind,
+                      list(par.tail_pages[:used_pages]) if par.tail_kind == PAGES else [],
+                      par.inline_slot, list(par.token_ids))
+        for pid in child.all_pages():
+            self.pool.incref(pid, child_id)
+        if child.tail_kind == INLINE:
+            self.arena.incref(child.inline_slot)
+        self.seqs[child_id] = child
+        self._update_capacity(child)
+        self.log("fork", child_id, parent=parent_id)
+        return child
+
+    def finish(self, seq_id) -> list[CopyOp]:
+        """Done: keep the K/V cached for the next turn; returns copies to run now (an inline
+        tail moved into a page), then drops every reference."""
+        seq, copies = self.seqs[seq_id], []
+        if (seq.tail_kind == INLINE and self.enable_prefix_cache and seq.num_tokens > seq.prefix_len
+                and self.arena.owner[seq.inline_slot] in (seq_id, None)
+                and self.pool.num_available > 0):
+            pid = self._allocate(1, seq_id)[0]
+            used = seq.num_tokens - seq.prefix_len
+            copies.append(self._copied(CopyOp(INLINE, seq.inline_slot * self.inline_tokens,
+                                              PAGES, pid * self.page_tokens, used)))
+            self.arena.decref(seq.inline_slot, seq_id)
+            seq.tail_kind, seq.inline_slot = PAGES, None
+            self._new_tail_page(seq, pid, seq.token_ids[seq.prefix_len:])
+            self.counters.inline_to_pages += 1
+        self.counters.finished += 1
+        self._drop(seq)
+        return copies
+
+    def release(self, seq_id) -> None:
+        """Cancel: drop every reference. Committed K/V in pages stays cached (it is complete);
+        an inline tail is dropped."""
+        self.counters.cancelled += 1
+        self._drop(self.seqs[seq_id])
+
+    def preempt(self, seq_id) -> None:
+        """Free the sequence's storage for others; its committed pages stay cached, so on resume
+        (admit again with prompt + generated tokens) it recomputes only what was evicted."""
+        self.counters.preemptions += 1
+        self._drop(self.seqs[seq_id])
+
+    def _drop(self, seq: SeqKV) -> None:
+        # deepest first, so leaves enter the LRU before (older than) their parents
+        for pid in reversed(seq.all_pages()):
+            self.pool.decref(pid, seq.seq_id)
+        if seq.inline_slot is not None:
+            self.arena.decref(seq.inline_slot, seq.seq_id)
+        del self.seqs[seq.seq_id]
+        self.log("drop", seq.seq_id, tokens=seq.num_tokens)
+
+    def evict(self, max_pages: int | None = None) -> int:
+        """Evict up to max_pages cached pages (all when None); returns how many."""
+        return self.pool.evict(max_pages)
+
+    # -- addressing ---------------------------------------------------------------------------
+    def segments(self, seq_id) -> Segments:
+        return self.seqs[seq_id].segments()
+
+    def slot_of(self, seq_id, position: int) -> tuple[str, int]:
+        """(store, flat slot) of a position with storage: "pages" page*P+off or "inline"."""
+        seq, P = self.seqs[seq_id], self.page_tokens
+        assert 0 <= position < seq.capacity, (seq_id, position, seq.capacity)
+        if position < seq.prefix_len:
+            return PAGES, seq.prefix_pages[position // P] * P + position % P
+        off = position - seq.prefix_len
+        if seq.tail_kind == INLINE:
+            return INLINE, seq.inline_slot * self.inline_tokens + off
+        return PAGES, seq.tail_pages[off // P] * P + off % P
+
+    # -- observability ------------------------------------------------------------------------
+    def dump(self) -> str:
+        return dump_state(self.pool, self.seqs, self.arena)
+
+    def check_invariants(self) -> None:
+        check_manager(self)
+
+    def check_leaks(self) -> None:
+        """When idle: no live page, no inline slot in use, all invariants hold."""
+        assert not self.seqs, f"check_leaks with running sequences: {list(self.seqs)}"
+        self.check_invariants()
+        assert self.pool.num_live == 0 and self.arena.num_used == 0, \
+            "KV leak: references held with no sequence running\n" + self.dump()
+
+    def stats(self) -> dict:
+        return manager_stats(self)
