@@ -1,0 +1,72 @@
+"""`EngineConfig`: the engine's settings, one frozen dataclass validated once.
+
+Derived values (the page count when not given) are computed by `resolve_num_pages`, never written
+back into the config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from edge_runtime.engine.kv_storage import KV_DTYPES
+from edge_runtime.errors import ConfigError
+
+DEFAULT_POOL_TOKENS = 8192  # when neither num_pages nor a memory plan is given
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kv_dtype: str = "int8"  # int8 | fp16 | fp32 (the float ones are for reference runs)
+    page_tokens: int = 512
+    num_pages: int | None = None  # None: from the memory plan, else DEFAULT_POOL_TOKENS worth
+    num_inline_slots: int = 8
+    inline_tokens: int = 128
+    enable_prefix_cache: bool = True
+    enable_inline: bool = True
+    max_num_seqs: int = 8  # sequences running at once (n > 1 and beams count each sequence)
+    max_batch_tokens: int = 1024  # tokens per step (decode first, then prefill chunks)
+    device: str = "cpu"
+    check_invariants_every_step: bool = False  # tests: KVManager.check_invariants after each step
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
+        for name in ("page_tokens", "max_num_seqs", "max_batch_tokens"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ConfigError(f"num_pages must be a positive integer, got {self.num_pages!r}")
+        if self.enable_inline and (self.num_inline_slots < 1 or self.inline_tokens < 1):
+            raise ConfigError("inline slots need num_inline_slots >= 1 and inline_tokens >= 1 "
+                              "(or set enable_inline to false)")
+        if self.max_batch_tokens < self.max_num_seqs:
+            raise ConfigError(f"max_batch_tokens ({self.max_batch_tokens}) must be at least "
+                              f"max_num_seqs ({self.max_num_seqs}) so every sequence can decode")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown engine setting(s): {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def from_plan(cls, plan, **overrides) -> "EngineConfig":
+        """Take page size and count from a MemoryPlan (edge_runtime/plan.py) when it has them."""
+        values = {}
+        for ours, theirs in (("num_pages", "num_pages"), ("page_tokens", "page_tokens"),
+                             ("kv_dtype", "kv_dtype"), ("num_inline_slots", "num_inline_slots"),
+                             ("inline_tokens", "inline_tokens"), ("max_num_seqs", "max_num_seqs")):
+            if getattr(plan, theirs, None) is not None:
+                values[ours] = getattr(plan, theirs)
+        values.update(overrides)
+        return cls.from_dict(values)
+
+
+def resolve_num_pages(config: EngineConfig) -> int:
+    if config.num_pages is not None:
+        return config.num_pages
+    return max(2, math.ceil(DEFAULT_POOL_TOKENS / config.page_tokens))

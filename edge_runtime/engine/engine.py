@@ -1,0 +1,292 @@
+"""The Engine: requests in, one batched forward per `step()`, token events out (docs/interfaces.md).
+
+One step = scheduler decision -> CopyOps on the tensors -> one forward over the flattened varlen
+batch through a PagedKVContext -> commit written tokens to the KVManager -> sample -> stop checks.
+
+Invariants:
+- `add_request`, `cancel`, `step` and the memory-guard hooks take one lock, so they can be called
+  from any thread; guard hooks queued from another thread run between steps, never inside one.
+- Every request ends with exactly one event whose `.result` is set; no request is dropped
+  (preempted ones resume; one that cannot fit even alone ends with finish_reason "error").
+- When no work is left the KVManager's invariants are checked (leak check): a failure raises.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+
+import torch
+
+from edge_runtime.cache.kv_manager import KVManager
+from edge_runtime.engine import beam
+from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
+from edge_runtime.engine.config import EngineConfig, resolve_num_pages
+from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.engine.sampler import SamplerRow, make_generator, sample
+from edge_runtime.engine.scheduler import Scheduler
+from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
+from edge_runtime.engine.stop import StopChecker
+from edge_runtime.errors import RequestError
+
+
+class Engine:
+    def __init__(self, loaded_model, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.loaded = loaded_model
+        self.model = loaded_model.model
+        self.tokenizer = loaded_model.tokenizer
+        mc = self.model_config = loaded_model.config
+        cfg = self.config
+        self.num_pages = resolve_num_pages(cfg)
+        slots = cfg.num_inline_slots if cfg.enable_inline else 0
+        self.storage = KVStorage(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.num_pages,
+                                 cfg.page_tokens, slots, cfg.inline_tokens, cfg.kv_dtype, cfg.device)
+        self.kv = KVManager(self.num_pages, cfg.page_tokens, slots, cfg.inline_tokens,
+                            enable_prefix_cache=cfg.enable_prefix_cache,
+                            enable_inline=cfg.enable_inline)
+        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
+                                   admission_gate=self.admission_gate)
+        self.sm_scale = mc.head_dim ** -0.5
+        self.requests: dict[str, Request] = {}
+        self._arrival = itertools.count()
+        self._lock = threading.RLock()
+        self._hooks: deque = deque()  # guard actions queued from other threads
+        self._events: list[TokenEvent] = []  # produced outside step() (cancel)
+        self._admission_paused = False
+        self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
+                             requests_failed=0, requests_cancelled=0)
+
+    # --- public API -------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, stream_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        prompt_ids = [int(t) for t in prompt_ids]
+        self._validate(prompt_ids, params)
+        with self._lock:
+            rid = request_id or f"req-{next(self._arrival)}"
+            if rid in self.requests:
+                raise RequestError(f"request id {rid!r} is already in use; pick another")
+            req = Request(rid, prompt_ids, params, stream_id)
+            self.requests[rid] = req
+            first = self._new_seq(req, 0, list(prompt_ids))
+            if req.is_beam:
+                beam.start(self, req)
+            else:
+                self.scheduler.add(first)
+            return rid
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self.scheduler.has_work() or self._events or self._hooks)
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            req = self.requests.get(request_id)
+            if req is None or req.result is not None:
+                return
+            for seq in req.seqs:
+                if seq.status is SeqStatus.FINISHED:
+                    continue
+                self._drop_seq(seq, cached=False)
+                delta = seq.stop.finish_cancelled()
+                self._events.append(TokenEvent(request_id, seq.index, [], delta))
+            self.counters["requests_cancelled"] += 1
+            self._finish_request(req, self._events)
+
+    def step(self) -> list[TokenEvent]:
+        with self._lock:
+            while self._hooks:
+                self._hooks.popleft()()
+            events, self._events = self._events, []
+            out = self.scheduler.schedule()
+            for seq, message in out.failed:
+                self._fail_seq(seq, message, events)
+            for _, op in out.copies:
+                self.storage.copy(op)
+            if out.scheduled:
+                self._run_batch(out.scheduled, events)
+                self.counters["steps"] += 1
+            if not self.scheduler.has_work():
+                self.kv.check_leaks()  # idle: no live page, no slot in use
+            elif self.config.check_invariants_every_step:
+                self.kv.check_invariants()
+            return events
+
+    def generate(self, prompts: list[list[int]], params=None) -> list[GenerationResult]:
+        plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        assert len(plist) == len(prompts), (len(plist), len(prompts))
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while any(self.requests[r].result is None for r in ids):
+            self.step()
+        return [self.requests.pop(r).result for r in ids]
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self.counters, preemptions=self.scheduler.num_preemptions,
+                        running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                        kv_dtype=self.config.kv_dtype, page_tokens=self.config.page_tokens,
+                        num_pages=self.num_pages, kv_bytes=self.storage.nbytes(),
+                        kv=self.kv.stats())
+
+    # --- memory-guard hooks (docs/interfaces.md) --------------------------------------------
+    def admission_gate(self) -> bool:
+        return not self._admission_paused
+
+    def set_admission_paused(self, paused: bool) -> None:
+        self._admission_paused = bool(paused)
+
+    def preempt_newest(self, k: int) -> int:
+        with self._lock:
+            return len(self.scheduler.preempt_newest(k))
+
+    def evict_cached(self, max_pages: int | None = None) -> int:
+        with self._lock:
+            return self.kv.evict(max_pages)
+
+    # --- one step ---------------------------------------------------------------------------
+    def _run_batch(self, scheduled: list[tuple[Sequence, int]], events: list[TokenEvent]) -> None:
+        now = time.perf_counter()
+        ids, steps, last_rows, sampled = [], [], [], []
+        for seq, n in scheduled:
+            if seq.request.first_scheduled_at is None:
+                seq.request.first_scheduled_at = now
+            start = seq.num_computed
+            ids += seq.token_ids[start:start + n]
+            steps.append(SeqStep.from_segments(self.kv.segments(seq.seq_id), start, n))
+            if start + n == len(seq.token_ids):
+                last_rows.append(len(ids) - 1)
+                sampled.append(seq)
+            counter = "decode_tokens" if n == 1 and seq.num_generated > 0 else "prefill_tokens"
+            self.counters[counter] += n
+        logits = self._forward(ids, steps, last_rows)
+        for seq, n in scheduled:
+            start = seq.num_computed
+            self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
+            seq.num_computed += n
+        self._sample_and_emit(sampled, logits, events)
+
+    def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
+        device = self.storage.device
+        positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in steps])
+        ctx = PagedKVContext(self.storage, steps, self.sm_scale).to(device)
+        with torch.inference_mode():
+            logits = self.model(torch.tensor(ids, dtype=torch.long, device=device),
+                                positions.to(device), ctx,
+                                torch.tensor(last_rows, dtype=torch.long, device=device))
+        return logits.float().cpu()  # [B, vocab]
+
+    def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
+                         events: list[TokenEvent]) -> None:
+        plain_rows, plain_seqs = [], []
+        beam_groups: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
+        for seq, row in zip(seqs, logits):
+            if seq.request.is_beam:
+                beam_groups.setdefault(seq.request.request_id, []).append((seq, row))
+                continue
+            for s in self._fork_children(seq):  # n > 1: children share the prompt's pages
+                plain_rows.append(row)
+                plain_seqs.append(s)
+            plain_rows.append(row)
+            plain_seqs.append(seq)
+        if plain_seqs:
+            rows = [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs]
+            tokens = sample(torch.stack(plain_rows), rows)
+            for seq, tok in sorted(zip(plain_seqs, tokens), key=lambda x: x[0].index):
+                self._append_token(seq, tok, events)
+        for rid, group in beam_groups.items():
+            beam.step(self, self.requests[rid], group, events)
+
+    def _fork_children(self, parent: Sequence) -> list[Sequence]:
+        req = parent.request
+        if req.params.n == 1 or len(req.seqs) > 1 or parent.num_generated > 0:
+            return []
+        children = []
+        for i in range(1, req.params.n):
+            child = self._new_seq(req, i, list(parent.token_ids), seed_offset=i)
+            self.kv.fork(parent.seq_id, child.seq_id)
+            child.num_computed = parent.num_computed
+            self.scheduler.add_running(child)
+            children.append(child)
+        return children
+
+    def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent]) -> None:
+        req = seq.request
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        seq.token_ids.append(int(token))
+        delta, reason = seq.stop.append(int(token))
+        if reason is None and len(seq.token_ids) >= self.model_config.max_position_embeddings:
+            delta += seq.stop.finish_cancelled()
+            seq.stop.finish_reason = reason = "length"
+        events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta))
+        if reason is not None:
+            self._drop_seq(seq, cached=True)
+            if all(s.status is SeqStatus.FINISHED for s in req.seqs):
+                self.counters["requests_finished"] += 1
+                self._finish_request(req, events)
+
+    # --- bookkeeping helpers ----------------------------------------------------------------
+    def _new_seq(self, req: Request, index: int, token_ids: list[int], seed_offset: int = 0):
+        p = req.params
+        seed = None if p.seed is None else p.seed + seed_offset
+        seq = Sequence(f"{req.request_id}/{index}", req, index, token_ids, next(self._arrival),
+                       make_generator(seed),
+                       StopChecker(self.tokenizer, p, tuple(self.model_config.eos_token_ids)))
+        req.seqs.append(seq)
+        return seq
+
+    def _drop_seq(self, seq: Sequence, cached: bool) -> None:
+        """Take a sequence out of the scheduler and give its KV back (cached or not)."""
+        if seq.status is SeqStatus.RUNNING:
+            if cached:
+                for op in self.kv.finish(seq.seq_id):  # an inline tail moved into a page
+                    self.storage.copy(op)
+            else:
+                self.kv.release(seq.seq_id)
+        self.scheduler.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def _fail_seq(self, seq: Sequence, message: str, events: list[TokenEvent]) -> None:
+        req = seq.request
+        for s in req.seqs:
+            if s.status is not SeqStatus.FINISHED:
+                self._drop_seq(s, cached=False)
+                s.stop.finish_cancelled()
+                s.stop.finish_reason = "error"
+        req.error = message
+        self.counters["requests_failed"] += 1
+        self._finish_request(req, events)
+
+    def _finish_request(self, req: Request, events: list[TokenEvent],
+                        completions: list[Completion] | None = None) -> None:
+        if req.result is not None:
+            return
+        req.finished_at = time.perf_counter()
+        comps = completions or [
+            Completion(s.stop.text, s.token_ids[s.num_prompt:], s.stop.finish_reason)
+            for s in sorted(req.seqs, key=lambda s: s.index) if s.index < max(1, req.params.n)
+        ]
+        req.result = GenerationResult(req.request_id, len(req.prompt_ids),
+                                      req.cached_prompt_tokens, comps, req.timings())
+        events.append(TokenEvent(req.request_id, 0, [], "", result=req.result))
+
+    def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise RequestError("the prompt is empty; give at least one token")
+        limit = self.model_config.max_position_embeddings
+        if len(prompt_ids) >= limit:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this model accepts "
+                               f"at most {limit - 1}")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        need = len(prompt_ids) + params.max_tokens
+        capacity = self.num_pages * self.config.page_tokens
+        if need > capacity:
+            raise RequestError(f"prompt + max_tokens = {need} tokens, but the KV pool holds "
+                               f"{capacity}; lower max_tokens or raise num_pages")

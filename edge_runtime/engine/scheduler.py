@@ -1,0 +1,195 @@
+"""Continuous batching: decide, each step, which sequences compute how many tokens.
+
+Policy (one `schedule()` call per engine step):
+1. Every running sequence that is decoding (one pending token) is scheduled first, oldest first,
+   so prefills never starve decode. Each takes one token of the step's token budget.
+2. Running sequences still in prefill get chunks of what is left of the budget (chunked prefill).
+3. Waiting sequences are admitted in FIFO order (preempted ones sit at the head, oldest first)
+   while there is budget, a free sequence slot, the admission gate allows it (memory guard) and the
+   KVManager can plan their KV. Admission never skips ahead of a request that does not fit now.
+4. When storage for a scheduled token cannot be reserved (OutOfPages), the newest running
+   sequence is preempted (its private storage released, full pages stay cached) and put back at
+   the head of the queue; on resume it recomputes only what is no longer cached. No request is
+   dropped, unless it cannot fit even alone (then it fails with a RequestError message).
+
+Beam groups (a beam-search request's sequences) move together: admitted all-or-nothing, never
+chunked, preempted together, so every beam has its logits in the same step.
+
+Invariants: a sequence is in at most one of `waiting` / `running`; the KVManager holds a plan for
+exactly the running sequences. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from edge_runtime.engine.sequence import Sequence, SeqStatus
+from edge_runtime.errors import OutOfPages
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, num_new_tokens)
+    copies: list = field(default_factory=list)  # (seq, CopyOp) to run before the forward
+    preempted: list[Sequence] = field(default_factory=list)
+    failed: list[tuple[Sequence, str]] = field(default_factory=list)  # can never fit: error
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv_manager, max_num_seqs: int, max_batch_tokens: int,
+                 admission_gate: Callable[[], bool] | None = None):
+        assert max_batch_tokens >= max_num_seqs, (max_batch_tokens, max_num_seqs)
+        self.kv = kv_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_batch_tokens = max_batch_tokens
+        self.admission_gate = admission_gate or (lambda: True)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # --- queue management -------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked sequence: its KV plan already exists in the KVManager."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- the step ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_batch_tokens
+        for seq in sorted(self.running, key=lambda s: s.arrival):
+            if seq.num_pending == 1 and seq.status is SeqStatus.RUNNING:
+                budget -= self._reserve_or_preempt(seq, 1, out)
+        for seq in sorted(self.running, key=lambda s: s.arrival):
+            if seq.num_pending > 1 and seq.status is SeqStatus.RUNNING and budget > 0:
+                n = seq.num_pending if seq.request.is_beam else min(seq.num_pending, budget)
+                budget -= self._reserve_or_preempt(seq, n, out)
+        self._admit(out, budget)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and self.admission_gate():
+            group = self._waiting_group(self.waiting[0])
+            if self.running and len(self.running) + self._width(group[0]) > self.max_num_seqs:
+                return
+            admitted = self._admit_group(group, budget, out)
+            if admitted is None:
+                return
+            budget -= admitted
+
+    def _admit_group(self, group: list[Sequence], budget: int, out: SchedulerOutput) -> int | None:
+        """Plan KV for every sequence of the group, or for none. Returns tokens scheduled."""
+        planned, used, copies = [], 0, []
+        try:
+            for seq in group:
+                plan = self.kv.admit(seq.seq_id, list(seq.token_ids), seq.max_new_remaining)
+                planned.append(seq)
+                seq.num_computed = plan.num_cached_tokens
+                n = seq.num_pending if seq.request.is_beam else min(seq.num_pending, budget - used)
+                copies += [(seq, op) for op in self.kv.reserve(seq.seq_id, n)]
+                used += n
+        except OutOfPages as exc:
+            for seq in planned:
+                self.kv.release(seq.seq_id)
+                seq.num_computed = 0
+            if not self.running:  # nothing will ever free pages for it
+                for seq in group:
+                    self.waiting.remove(seq)
+                    out.failed.append((seq, f"the KV pool cannot hold this request ({exc})"))
+                return 0
+            return None
+        for seq in group:
+            self.waiting.remove(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            req = seq.request
+            if seq.index == 0 and req.first_scheduled_at is None:
+                req.cached_prompt_tokens = min(seq.num_computed, len(req.prompt_ids))
+        out.copies += copies
+        remaining = budget
+        for seq in group:
+            n = seq.num_pending if seq.request.is_beam else min(seq.num_pending, remaining)
+            out.scheduled.append((seq, n))
+            remaining -= n
+        return used
+
+    def _reserve_or_preempt(self, seq: Sequence, n: int, out: SchedulerOutput) -> int:
+        """Reserve storage for n tokens of a running seq, preempting newer ones if needed."""
+        while True:
+            try:
+                out.copies += [(seq, op) for op in self.kv.reserve(seq.seq_id, n)]
+                out.scheduled.append((seq, n))
+                return n
+            except OutOfPages as exc:
+                victim = max(self.running, key=lambda s: s.arrival)
+                if victim.request is seq.request and len(self._running_groups()) == 1:
+                    self._preempt_group(victim, out)
+                    for s in self._waiting_group(seq):
+                        self.waiting.remove(s)
+                        out.failed.append((s, f"the KV pool cannot hold this request ({exc})"))
+                    return 0
+                self._preempt_group(victim, out)
+                if seq.status is not SeqStatus.RUNNING:
+                    return 0
+
+    def preempt_newest(self, k: int) -> list[Sequence]:
+        """Memory-guard hook: preempt the k newest running groups."""
+        out = SchedulerOutput()
+        for _ in range(k):
+            if not self.running:
+                break
+            self._preempt_group(max(self.running, key=lambda s: s.arrival), out)
+        return out.preempted
+
+    def _preempt_group(self, victim: Sequence, out: SchedulerOutput) -> None:
+        group = [s for s in self.running if s.request is victim.request] \
+            if victim.request.is_beam else [victim]
+        for seq in group:
+            self.kv.preempt(seq.seq_id)
+            self.running.remove(seq)
+            seq.status = SeqStatus.WAITING
+            seq.num_computed = 0
+            out.scheduled = [(s, n) for s, n in out.scheduled if s is not seq]
+            out.copies = [(s, op) for s, op in out.copies if s is not seq]
+            out.preempted.append(seq)
+            seq.request.num_preemptions += 1
+            self.num_preemptions += 1
+        # back to the head of the queue, oldest first among the preempted
+        for seq in sorted(group, key=lambda s: s.arrival, reverse=True):
+            self.waiting.appendleft(seq)
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _waiting_group(self, seq: Sequence) -> list[Sequence]:
+        if not seq.request.is_beam:
+            return [seq]
+        return [s for s in self.waiting if s.request is seq.request]
+
+    def _running_groups(self) -> set[int]:
+        return {id(s.request) for s in self.running}
+
+    @staticmethod
+    def _width(seq: Sequence) -> int:
+        p = seq.request.params
+        if seq.num_computed == 0 and not seq.request.seqs[1:]:
+            return max(p.n, p.beam_width)  # children will be forked after the prompt
+        return 1
+
