@@ -103,22 +103,33 @@ if triton is not None:
         tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _config(m, n, k, group_size, device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K): GEMV-like M splits K to fill the GPU."""
-    block_k = min(group_size, 128)
+# Launch defaults for M <= 16 ("gemv") and larger M ("gemm"); tools/gpu_check.py sweeps alternatives.
+TUNE = {"gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3},
+        "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}}
+
+
+def _config(m, n, k, group_size, device, tune) -> dict:
+    """Block sizes, SPLIT_K and launch options; GEMV-like M splits K to give every SM work."""
+    kind = "gemv" if m <= 16 else "gemm"
+    cfg = {**TUNE[kind], **(tune or {})}
+    block_k = min(group_size, cfg["block_k"])
     while group_size % block_k or block_k & (block_k - 1):
         block_k //= 2
-    if m > 16:
-        return 64, 64, block_k, 1
-    block_n = 64
+    cfg["block_k"] = block_k
+    if kind == "gemm":
+        cfg["split_k"] = cfg.get("split_k") or 1
+        return cfg
+    cfg["block_m"] = 16
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    tiles = -(-n // block_n)
-    split = max(1, min(k // block_k, -(-2 * sms // tiles), 16))
-    return 16, block_n, block_k, split
+    tiles = -(-n // cfg["block_n"])
+    want = -(-cfg["programs_per_sm"] * sms // tiles)
+    cfg["split_k"] = cfg.get("split_k") or max(1, min(k // block_k, want, 32))
+    return cfg
 
 
-def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None):
-    """Triton W4A16 GEMM with the reference's signature; `split_k` overrides the K split."""
+def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None, tune=None):
+    """Triton W4A16 GEMM with the reference's signature; `split_k` overrides the K split and `tune`
+    (keys of TUNE[...]) the launch configuration."""
     check_awq_args(x, qweight, qzeros, scales, group_size)
     assert triton is not None, "triton is not installed"
     if group_size < 16:
@@ -128,8 +139,8 @@ def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None):
             raise ValueError(f"{name} needs a contiguous last dimension; call .contiguous() first")
     m, k = x.shape
     n = qweight.shape[1] * 8
-    bm, bn, bk, split = _config(m, n, k, group_size, x.device)
-    split = split_k or split
+    cfg = _config(m, n, k, group_size, x.device, dict(tune or {}, split_k=split_k))
+    bm, bn, bk, split = cfg["block_m"], cfg["block_n"], cfg["block_k"], cfg["split_k"]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -138,7 +149,8 @@ def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None):
     _awq_gemm_kernel[grid](x, qweight, qzeros, scales, part, m, n, k, group_size,
                            x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
                            part.stride(0), part.stride(1),
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split)
+                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         numel = m * n
         _sum_splits_kernel[(triton.cdiv(numel, 1024),)](part, y, numel, SPLIT_K=split, BLOCK=1024)

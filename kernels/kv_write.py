@@ -86,7 +86,8 @@ if triton is not None:
             if QUANT:
                 amax = tl.max(tl.abs(x), axis=0)
                 scale = tl.where(amax > 0, amax / 127.0, 1.0).to(tl.float16)
-                q = x / scale.to(tl.float32)
+                # IEEE division, as torch's: a plain `/` is approximate on CUDA and could flip a tie
+                q = tl.math.div_rn(x, tl.zeros_like(x) + scale.to(tl.float32))
                 q = _round_half_even(q)
                 q = tl.minimum(tl.maximum(q, -127.0), 127.0)
                 tl.store(dst, q.to(tl.int8), mask=dmask)

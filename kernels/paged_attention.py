@@ -23,7 +23,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 LOG2E = 1.4426950408889634
-BLOCK_N = 32  # tokens per inner step
+# Launch defaults; tools/gpu_check.py sweeps alternatives (tune=...) and docs/perf-gpu.md records why.
+TUNE = {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
 
 if triton is not None:
 
@@ -140,27 +141,30 @@ def _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens)
             raise ValueError(f"{name} must be int32 [T={t}]; got {x.dtype} {tuple(x.shape)}")
 
 
-def _num_splits(tokens, kv_heads, max_len, device) -> int:
-    """Enough programs to fill the GPU twice over, but each split at least 4 inner steps."""
+def _num_splits(tokens, kv_heads, max_len, device, tune) -> int:
+    """Enough programs to give each SM `programs_per_sm`, but each split at least 4 inner steps."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-2 * sms // max(1, tokens * kv_heads))
-    return max(1, min(want, -(-max_len // (4 * BLOCK_N)), 64))
+    want = -(-tune["programs_per_sm"] * sms // max(1, tokens * kv_heads))
+    return max(1, min(want, -(-max_len // (4 * tune["block_n"])), 64))
 
 
 def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
-                           *, num_splits=None):
-    """Triton kernel with the reference's signature; `num_splits` overrides the sequence split."""
+                           *, num_splits=None, tune=None):
+    """Triton kernel with the reference's signature; `num_splits` overrides the sequence split and
+    `tune` (keys of TUNE) the launch configuration."""
     _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens)
     assert triton is not None, "triton is not installed"
     t, h, d = q.shape
     hkv, page_tokens = k_cache.shape[2], k_cache.shape[1]
     group = h // hkv
     max_len = block_table.shape[1] * page_tokens  # an upper bound: no device sync for kv_lens.max()
-    splits = num_splits or _num_splits(t, hkv, max_len, q.device)
+    tune = {**TUNE, **(tune or {})}
+    block_n = tune["block_n"]
+    splits = num_splits or _num_splits(t, hkv, max_len, q.device, tune)
     chunk = -(-max(1, max_len) // splits)
-    chunk = -(-chunk // BLOCK_N) * BLOCK_N
+    chunk = -(-chunk // block_n) * block_n
     splits = -(-max(1, max_len) // chunk)
     out = torch.empty(t, h, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
@@ -183,7 +187,8 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
         block_table.stride(0), p_out.stride(0), p_out.stride(1), p_out.stride(2),
         p_lse.stride(0), p_lse.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=BLOCK_N, QUANT=quant, FP16_DOT=fp16_dot)
+        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n, QUANT=quant, FP16_DOT=fp16_dot,
+        num_warps=tune["num_warps"], num_stages=tune["num_stages"])
     if splits > 1:
         _merge_splits_kernel[(t, h)](
             p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),
@@ -192,6 +197,27 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
     return out, lse
 
 
+def merge_attention_triton(outs, lses):
+    """Segment merge on the GPU: stack to [T, H, S, D] and reuse the split-merge kernel."""
+    assert triton is not None, "triton is not installed"
+    if len(outs) != len(lses) or not outs:
+        raise ValueError(f"need matching non-empty lists of outs and lses; got {len(outs)} and {len(lses)}")
+    if len(outs) == 1:
+        return outs[0].float()
+    p_out = torch.stack([o.float() for o in outs], dim=2)  # [T, H, S, D]
+    p_lse = torch.stack([x.float() for x in lses], dim=2)  # [T, H, S]
+    t, h, splits, d = p_out.shape
+    out = torch.empty(t, h, d, dtype=torch.float32, device=p_out.device)
+    lse = torch.empty(t, h, dtype=torch.float32, device=p_out.device)
+    if t:
+        _merge_splits_kernel[(t, h)](
+            p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),
+            p_lse.stride(0), p_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(d))
+    return out
+
+
 merge_attention = merge_attention_ref
 
-__all__ = ["paged_attention_ref", "paged_attention_triton", "merge_attention", "merge_attention_ref"]
+__all__ = ["paged_attention_ref", "paged_attention_triton", "merge_attention", "merge_attention_ref",
+           "merge_attention_triton"]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kernel_helpers import HAVE_TRITON, default_scale, make_cache, random_block_table
-from edge_runtime.kernels.paged_attention import (merge_attention, paged_attention_ref,
-                                                  paged_attention_triton)
+from edge_runtime.kernels.paged_attention import (merge_attention, merge_attention_triton,
+                                                  paged_attention_ref, paged_attention_triton)
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 
@@ -70,7 +70,7 @@ def test_shared_partial_page_and_inline_tail_merge():
     sc = default_scale(d)
     o1, l1 = _compare((q, *pool, prefix_bt, seq_idx, prefix_lens, sc), torch.int8)
     o2, l2 = _compare((q, *arena, tail_bt, seq_idx, tail_lens, sc), torch.int8, num_splits=1)
-    merged = merge_attention([o1, o2], [l1, l2])
+    merged = merge_attention_triton([o1, o2], [l1, l2])
     r1, rl1 = paged_attention_ref(q, *pool, prefix_bt, seq_idx, prefix_lens, sc)
     r2, rl2 = paged_attention_ref(q, *arena, tail_bt, seq_idx, tail_lens, sc)
     want = merge_attention([r1, r2], [rl1, rl2])
@@ -90,3 +90,15 @@ def test_wrapper_rejects_bad_inputs():
     with pytest.raises(ValueError, match="block_table"):
         paged_attention_triton(torch.randn(2, 4, 16), k_cache, v_cache, k_scale, v_scale, bt.long(), idx,
                                idx, 0.25)
+
+
+def test_merge_kernel_matches_reference_with_empty_segments():
+    gen = torch.Generator().manual_seed(8)
+    outs = [torch.randn(3, 2, 20, generator=gen) for _ in range(3)]
+    lses = [torch.randn(3, 2, generator=gen) * 3 for _ in range(3)]
+    lses[1][0] = float("-inf")  # token 0: segment 1 empty
+    for x in lses:
+        x[2, 1] = float("-inf")  # token 2, head 1: every segment empty -> 0
+    got = merge_attention_triton(outs, lses)
+    assert torch.allclose(got, merge_attention(outs, lses), atol=1e-5)
+    assert float(got[2, 1].abs().max()) == 0.0
