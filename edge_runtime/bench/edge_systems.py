@@ -1,0 +1,196 @@
+"""The systems the trace benchmark compares, built from one model: edge, edge-noshare, edge-fp16kv.
+
+- `edge`: the engine as shipped: int8 KV pages, prefix cache, inline path.
+- `edge-noshare`: the same engine with the prefix cache and the inline path off (every request
+  prefills its whole prompt into private pages).
+- `edge-fp16kv`: int8 -> fp16 KV, everything else as `edge`.
+And the `hf` baseline (bench/hf_backend.py) on the same converted fp32 weights.
+
+KV bytes held, sampled after every engine step (the step is wrapped, so each sample sees a
+consistent state from the engine's own thread): live pages (ref > 0) + inline slots in use, times
+their bytes (all layers, K+V, and the int8 scales). Cached pages (ref 0, evictable) are reported
+separately as `peak_kv_cached_bytes`: they cost no new memory (the pool is allocated at start) and
+are reclaimed on demand.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from edge_runtime.bench.monitor import Timeline
+from edge_runtime.bench.replay import Outcome
+
+SYSTEM_FLAGS = {  # system -> (kv_dtype, prefix cache, inline path)
+    "edge": ("int8", True, True),
+    "edge-noshare": ("int8", False, False),
+    "edge-fp16kv": ("fp16", True, True),
+}
+
+
+def _progress(msg: str) -> None:
+    print(f"edge-runtime: {msg}", file=sys.stderr, flush=True)
+
+
+def load(model: str, weights: str = "fp32"):
+    import torch
+
+    from edge_runtime.model.loader import load_model
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[weights]
+    return load_model(model, dtype=dtype, progress=_progress)
+
+
+def load_hf_backend(model: str, model_path: str | None = None):
+    from edge_runtime.bench.hf_backend import HFBackend
+    from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
+
+    folder = resolve_model_folder(model_path or model, _progress)
+    return HFBackend(folder, load_tokenizer(folder))
+
+
+def kv_bytes_per_token(model_config, kv_dtype: str) -> int:
+    """Bytes of one token's K+V over all layers (+ fp16 scales per token and head for int8)."""
+    elt = {"int8": 1, "fp16": 2, "fp32": 4}[kv_dtype]
+    scale = 2 if kv_dtype == "int8" else 0
+    per_head = model_config.head_dim * elt + scale
+    return model_config.num_layers * 2 * model_config.num_kv_heads * per_head
+
+
+def build_engine(loaded, system: str, kv_dtype: str | None = None, num_pages: int = 32,
+                 page_tokens: int | None = None, max_batch: int = 8, max_tokens: int = 0):
+    """An Engine configured as `system`; `kv_dtype` overrides the system's KV dtype."""
+    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.engine import Engine
+
+    dtype, share, inline = SYSTEM_FLAGS[system]
+    extra = {"page_tokens": page_tokens} if page_tokens else {}
+    cfg = EngineConfig(kv_dtype=kv_dtype or dtype, enable_prefix_cache=share, enable_inline=inline,
+                       num_pages=num_pages, max_num_seqs=max(8, max_batch), **extra)
+    engine = Engine(loaded, cfg)
+    need = max_batch * -(-max_tokens // cfg.page_tokens)
+    assert need <= engine.num_pages, f"pool of {engine.num_pages} pages < {need} needed"
+    return engine
+
+
+class KVProbe:
+    """KV bytes held by an engine, from its stats: live pages + inline slots in use."""
+
+    def __init__(self, engine) -> None:
+        cfg = engine.config
+        per_token = kv_bytes_per_token(engine.loaded.config, cfg.kv_dtype)
+        self.page_bytes = per_token * cfg.page_tokens
+        self.slot_bytes = per_token * cfg.inline_tokens
+        self.engine = engine
+
+    def read(self, kv_stats: dict | None = None) -> tuple[int, int, float]:
+        """(held bytes, cached-page bytes, page utilization) right now."""
+        s = kv_stats if kv_stats is not None else self.engine.kv.stats()
+        held = s["pages_live"] * self.page_bytes + s["inline_slots_used"] * self.slot_bytes
+        return held, s["pages_cached"] * self.page_bytes, s["page_utilization"]
+
+
+class EdgeBackend:
+    """`Backend` for bench.replay: the Engine stepped by one driver thread, events to asyncio.
+
+    The bench drives the engine itself rather than through AsyncEngine so that it can sample the
+    KV state after every step, in the engine's thread, at no cost to the step it measures.
+    """
+
+    def __init__(self, loaded, system: str, engine) -> None:
+        import threading
+
+        self.name = system
+        self.loaded = loaded
+        self.engine = engine
+        self.probe = KVProbe(engine)
+        self.kv = Timeline()
+        self.kv_cached = Timeline()
+        self.utilization: list[float] = []
+        self._queues: dict = {}  # request id -> (loop, asyncio.Queue)
+        self._wake = threading.Event()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"bench-{system}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def create(cls, model: str, system: str, opts: dict) -> "EdgeBackend":
+        loaded = load(model, opts.get("weights", "fp32"))
+        engine = build_engine(loaded, system, num_pages=opts.get("num_pages") or 32,
+                              page_tokens=opts.get("page_tokens"))
+        return cls(loaded, system, engine)
+
+    def _sample(self) -> None:
+        held, cached, util = self.probe.read(self.engine.stats()["kv"])
+        now = time.perf_counter()
+        self.kv.add(held, now)
+        self.kv_cached.add(cached, now)
+        if held or cached:
+            self.utilization.append(util)
+
+    def _loop(self) -> None:
+        try:
+            while not self._closed:
+                if not self.engine.has_unfinished():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                events = self.engine.step()
+                self._sample()
+                for ev in events:
+                    loop, queue = self._queues[ev.request_id]
+                    loop.call_soon_threadsafe(queue.put_nowait, (time.perf_counter(), ev))
+        except BaseException as exc:  # surfaced to every waiting request, never swallowed
+            self._error = exc
+            for loop, queue in list(self._queues.values()):
+                loop.call_soon_threadsafe(queue.put_nowait, (time.perf_counter(), exc))
+            raise
+
+    async def complete(self, stream: str, messages: list[dict], max_tokens: int) -> Outcome:
+        import asyncio
+
+        from edge_runtime.engine.api import SamplingParams
+        from edge_runtime.model.chat import encode_messages
+
+        if self._error is not None:
+            raise RuntimeError(f"{self.name} engine thread failed") from self._error
+        prompt_ids = encode_messages(self.loaded.tokenizer, messages)
+        queue: asyncio.Queue = asyncio.Queue()
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        rid = f"{stream}-{len(messages)}"
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        self.engine.add_request(prompt_ids, params, request_id=rid, stream_id=stream)
+        self._wake.set()
+        first_t = None
+        while True:
+            t, ev = await queue.get()
+            if isinstance(ev, BaseException):
+                raise RuntimeError(f"{self.name} engine thread failed") from ev
+            if ev.token_ids and first_t is None:
+                first_t = t
+            if ev.result is not None:
+                break
+        del self._queues[rid]
+        res = ev.result
+        return Outcome(
+            text=res.text, output_tokens=res.generated_tokens, first_token_t=first_t, end_t=t,
+            prompt_tokens=res.prompt_tokens, cached_prompt_tokens=res.cached_prompt_tokens,
+            finish_reason=res.finish_reason, token_ids=list(res.token_ids),
+        )
+
+    def extra_columns(self) -> dict:
+        util = self.utilization
+        stats = self.engine.stats()
+        return {
+            "page_utilization": sum(util) / len(util) if util else None,
+            "peak_kv_cached_bytes": self.kv_cached.peak,
+            "kv_pool_bytes": stats["kv_bytes"], "kv_dtype": stats["kv_dtype"],
+            "preemptions": stats["preemptions"], "evictions": stats["kv"]["evictions"],
+            "engine_steps": stats["steps"],
+        }
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join()

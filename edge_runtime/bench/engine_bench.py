@@ -1,0 +1,163 @@
+"""`edge-runtime bench engine`: prefill and decode tokens/s per batch size, and the roofline.
+
+Method (llama-bench convention): per (batch B, prompt P), one warm-up run, then `repeat` timed runs;
+each run adds B requests of P random token ids (fresh per run, so the prefix cache never hits) with
+`max_tokens=G, ignore_eos=True`, greedy, and steps the engine until all finish.
+- prefill tok/s = B*P / (time until every request has its first token)
+- decode tok/s  = B*(G-1) / (time from then until the last token)
+- weight GB/s   = weight_bytes * (G-1) / decode time: each batched decode step reads every weight
+  once, whatever B is. `% roofline` divides it by the measured read bandwidth (bench/bandwidth.py).
+Reported as mean ± sample stddev over the repeats.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+from edge_runtime.bench.report import Column, markdown_table, write_json
+from edge_runtime.bench.stats import Summary
+from edge_runtime.errors import InputError
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise InputError(f"{flag} takes comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise InputError(f"{flag} needs positive integers, got {text!r}")
+    return values
+
+
+def random_prompts(rng: random.Random, vocab_size: int, special_ids: set, batch: int, length: int):
+    """`batch` lists of `length` random non-special token ids."""
+    pool_hi = vocab_size - 1
+    out = []
+    for _ in range(batch):
+        ids = []
+        while len(ids) < length:
+            t = rng.randint(0, pool_hi)
+            if t not in special_ids:
+                ids.append(t)
+        out.append(ids)
+    return out
+
+
+def timed_run(engine, prompts: list[list[int]], gen_tokens: int) -> tuple[float, float]:
+    """Run one batch to completion; returns (prefill seconds, decode seconds)."""
+    from edge_runtime.engine.api import SamplingParams
+
+    params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    rids = [engine.add_request(p, params) for p in prompts]
+    pending_first = set(rids)
+    t_prefilled = None
+    produced = {rid: 0 for rid in rids}
+    while engine.has_unfinished():
+        events = engine.step()
+        now = time.perf_counter()
+        for ev in events:
+            if ev.request_id in produced:
+                produced[ev.request_id] += len(ev.token_ids)
+                if ev.token_ids:
+                    pending_first.discard(ev.request_id)
+        if t_prefilled is None and not pending_first:
+            t_prefilled = now
+    t_end = time.perf_counter()
+    bad = {r: n for r, n in produced.items() if n != gen_tokens}
+    assert not bad, f"requests produced a wrong number of tokens (wanted {gen_tokens}): {bad}"
+    assert t_prefilled is not None
+    return t_prefilled - t0, t_end - t_prefilled
+
+
+def bench_point(engine, loaded, batch, prompt_len, gen_tokens, repeat, rng, progress) -> dict:
+    vocab = loaded.config.vocab_size
+    special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
+    timed_run(engine, random_prompts(rng, vocab, special, batch, prompt_len), min(gen_tokens, 8))
+    prefill, decode = [], []
+    for i in range(repeat):
+        progress(f"batch {batch} prompt {prompt_len}: run {i + 1}/{repeat}")
+        t_pre, t_dec = timed_run(
+            engine, random_prompts(rng, vocab, special, batch, prompt_len), gen_tokens
+        )
+        prefill.append(batch * prompt_len / t_pre)
+        decode.append(batch * (gen_tokens - 1) / t_dec)
+    steps_per_s = [d / batch for d in decode]
+    gbps = [loaded.weight_bytes * s / 1e9 for s in steps_per_s]
+    return {
+        "batch": batch, "prompt_tokens": prompt_len, "gen_tokens": gen_tokens, "repeat": repeat,
+        "prefill_tok_s": Summary.of(prefill).to_dict(), "decode_tok_s": Summary.of(decode).to_dict(),
+        "weight_read_gbps": Summary.of(gbps).to_dict(),
+        "prefill_samples": prefill, "decode_samples": decode,
+    }
+
+
+COLUMNS = [
+    Column("batch", "batch"), Column("prompt_tokens", "prompt"), Column("gen_tokens", "gen"),
+    Column("prefill", "prefill tok/s"), Column("decode", "decode tok/s"),
+    Column("gbps", "weight read GB/s"), Column("roofline", "% of read roofline", "{:.0f}%"),
+]
+
+
+def table_rows(rows: list[dict], read_gbps: float) -> list[dict]:
+    def fmt(d, digits=1):
+        return Summary(d["mean"], d["stddev"], d["n"]).fmt(digits)
+
+    return [{
+        "batch": r["batch"], "prompt_tokens": r["prompt_tokens"], "gen_tokens": r["gen_tokens"],
+        "prefill": fmt(r["prefill_tok_s"]), "decode": fmt(r["decode_tok_s"]),
+        "gbps": fmt(r["weight_read_gbps"], 2),
+        "roofline": 100 * r["weight_read_gbps"]["mean"] / read_gbps,
+    } for r in rows]
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench engine] {msg}", file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    from edge_runtime.bench.bandwidth import measure_bandwidth
+    from edge_runtime.bench.edge_systems import build_engine, load
+
+    batches = parse_int_list(args.batch, "--batch")
+    prompts = parse_int_list(args.prompt_tokens, "--prompt-tokens")
+    if args.gen_tokens < 2 or args.repeat < 1:
+        raise InputError("--gen-tokens must be >= 2 and --repeat >= 1")
+    _progress("measuring memory read bandwidth (the roofline)...")
+    bw = measure_bandwidth(size_mib=args.bandwidth_mib)
+    _progress(f"read {bw.read_gbps:.1f} GB/s, copy {bw.copy_gbps:.1f} GB/s; loading {args.model}...")
+    loaded = load(args.model, args.weights)
+    engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype,
+                          max_batch=max(batches), max_tokens=max(prompts) + args.gen_tokens)
+    rng = random.Random(args.seed)
+    rows = [bench_point(engine, loaded, b, p, args.gen_tokens, args.repeat, rng, _progress)
+            for p in prompts for b in batches]
+    print(f"model {args.model} ({loaded.weight_bytes / 1e6:.0f} MB weights, "
+          f"quantization {loaded.quantization}), KV {args.kv_dtype}; "
+          f"roofline: read {bw.read_gbps:.2f} GB/s (copy {bw.copy_gbps:.2f} GB/s read+written)")
+    print(markdown_table(table_rows(rows, bw.read_gbps), COLUMNS))
+    if args.json:
+        write_json(args.json, {"bench": "engine", "model": args.model,
+                               "weight_bytes": loaded.weight_bytes, "kv_dtype": args.kv_dtype,
+                               "quantization": loaded.quantization, "bandwidth": bw.to_dict(),
+                               "rows": rows})
+    return 0
+
+
+def register_subcommand(subparsers) -> None:
+    p = subparsers.add_parser("engine", help="prefill/decode tokens/s per batch size vs the roofline")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="dtype of the (unquantized) weights")
+    p.add_argument("--batch", default="1,2,5", help="comma-separated batch sizes")
+    p.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths")
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp16", "fp32"])
+    p.add_argument("--bandwidth-mib", type=int, default=512,
+                   help="tensor size for the read-bandwidth roofline (>> last-level cache)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write all rows and the machine description here")
+    p.set_defaults(func=run)

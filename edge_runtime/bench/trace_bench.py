@@ -1,0 +1,165 @@
+"""`edge-runtime bench trace`: closed-loop replay of a multi-turn trace on several systems.
+
+Systems: `edge` (ours: int8 pages, prefix cache, inline path), `edge-noshare` (prefix cache and
+inline path off), `edge-fp16kv` (fp16 KV), `hf` (transformers generate, one request at a time,
+fresh cache), or `--target unix:PATH|http://HOST:PORT` (any OpenAI-compatible server). Each system
+runs in its own spawned process (bench/trace_worker.py) unless --no-isolate. Prints a markdown
+table and the issue's comparison ratios; writes JSON rows (+ per-request records) and a PNG.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, fmt_pct, markdown_table, write_json
+from edge_runtime.bench.stats import ratio
+from edge_runtime.errors import InputError
+
+SYSTEMS = ("edge", "edge-noshare", "edge-fp16kv", "hf")
+
+COLUMNS = [
+    Column("system", "system"), Column("requests", "req"),
+    Column("makespan_s", "makespan s", "{:.1f}"), Column("requests_per_s", "req/s", "{:.2f}"),
+    Column("output_tokens_per_s", "out tok/s", "{:.1f}"),
+    Column("ttft_p50_s", "TTFT p50 ms", fmt_ms), Column("ttft_p95_s", "TTFT p95 ms", fmt_ms),
+    Column("tpot_p50_s", "TPOT p50 ms", fmt_ms), Column("tpot_p95_s", "TPOT p95 ms", fmt_ms),
+    Column("peak_kv_bytes", "peak KV MiB", fmt_mib), Column("peak_rss_bytes", "peak RSS MiB", fmt_mib),
+    Column("cached_prompt_tokens", "cached prompt tok"), Column("cached_frac", "cached %", fmt_pct),
+    Column("page_utilization", "page util", fmt_pct),
+]
+JTOP_COLUMNS = [
+    Column("jtop_peak_ram_bytes", "jtop peak RAM MiB", fmt_mib, "unavailable"),
+    Column("jtop_peak_nvmap_bytes", "NvMap MiB", fmt_mib, "unavailable"),
+    Column("jtop_avg_power_w", "avg W", "{:.1f}", "unavailable"),
+    Column("jtop_tokens_per_j", "tok/J", "{:.2f}", "unavailable"),
+    Column("jtop_max_temp_c", "max °C", "{:.0f}", "unavailable"),
+]
+
+# (name, numerator system, denominator system, row key, how to read, bound)
+TARGETS = [
+    ("edge/hf requests/s", "edge", "hf", "requests_per_s", ">=", 4.0),
+    ("edge/hf TTFT p95", "edge", "hf", "ttft_p95_s", "<=", 1 / 8),
+    ("edge/edge-noshare TTFT p95", "edge", "edge-noshare", "ttft_p95_s", "<=", 1 / 5),
+    ("edge/edge-noshare peak KV", "edge", "edge-noshare", "peak_kv_bytes", "<=", 0.80),
+    ("edge/edge-fp16kv peak KV", "edge", "edge-fp16kv", "peak_kv_bytes", "<=", 0.55),
+]
+
+
+def parse_systems(text: str) -> list[str]:
+    systems = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        raise InputError(f"--systems takes a comma-separated subset of {', '.join(SYSTEMS)}; "
+                         f"unknown: {', '.join(unknown) or '(empty)'}")
+    return systems
+
+
+def compare(rows: dict[str, dict]) -> list[dict]:
+    """The issue's ratios for the systems that ran; `pass` is None when a side is missing."""
+    out = []
+    for name, num, den, key, op, bound in TARGETS:
+        if num not in rows or den not in rows:
+            continue
+        r = ratio(rows[num].get(key), rows[den].get(key))
+        ok = None if r is None else (r >= bound if op == ">=" else r <= bound)
+        out.append({"comparison": name, "ratio": r, "target": f"{op} {bound:.3g}", "pass": ok})
+    return out
+
+
+def identical_answers(a: list[dict], b: list[dict]) -> dict:
+    """How many (stream, turn) answers of run a have exactly the same text in run b."""
+    texts_b = {(r["stream"], r["turn"]): r["text"] for r in b}
+    same = sum(1 for r in a if texts_b.get((r["stream"], r["turn"])) == r["text"])
+    first_turn = [r for r in a if r["turn"] == min(x["turn"] for x in a)]
+    same_first = sum(1 for r in first_turn if texts_b.get((r["stream"], r["turn"])) == r["text"])
+    return {"identical": same, "total": len(a),
+            "identical_first_turn": same_first, "first_turn_total": len(first_turn)}
+
+
+def _run_all(systems: list[str], trace: str, opts: dict, isolate: bool) -> dict[str, dict]:
+    from edge_runtime.bench.trace_worker import run_system
+
+    results = {}
+    for system in systems:
+        if isolate:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                results[system] = pool.submit(run_system, system, trace, opts).result()
+        else:
+            results[system] = run_system(system, trace, opts)
+    return results
+
+
+def print_report(results: dict[str, dict]) -> tuple[list[dict], dict | None]:
+    rows = [res["row"] for res in results.values()]
+    print(markdown_table(rows, COLUMNS))
+    print()
+    print(markdown_table(rows, [COLUMNS[0], *JTOP_COLUMNS]))
+    if all(r.get("jtop", "").startswith("unavailable") for r in rows):
+        print(f"(jtop columns {rows[0]['jtop']})")
+    cmp_rows = compare({r["system"]: r for r in rows})
+    if cmp_rows:
+        print()
+        print(markdown_table(cmp_rows, [
+            Column("comparison", "comparison"), Column("ratio", "ratio", "{:.3f}"),
+            Column("target", "target"),
+            Column("pass", "met", lambda v: "yes" if v else "NO", "n/a"),
+        ]))
+    same = None
+    if "edge" in results and "edge-fp16kv" in results:
+        same = identical_answers(results["edge"]["records"], results["edge-fp16kv"]["records"])
+        print(f"\nedge (int8 KV) answers identical to edge-fp16kv: {same['identical']}/{same['total']}"
+              f" (first turns, same prompts: {same['identical_first_turn']}/"
+              f"{same['first_turn_total']})")
+    return cmp_rows, same
+
+
+def run(args) -> int:
+    systems = [args.target] if args.target else parse_systems(args.systems)
+    from edge_runtime.bench.trace import load_trace
+
+    trace = load_trace(args.trace).limit_streams(args.streams)
+    print(f"[bench trace] {trace.name}: {len(trace.streams)} streams, {trace.num_requests} requests;"
+          f" systems {', '.join(systems)}", file=sys.stderr, flush=True)
+    opts = {"model": args.model, "streams": args.streams, "honor_arrivals": args.honor_arrivals,
+            "target_model": args.target_model, "page_tokens": args.page_tokens}
+    results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate)
+    print(f"trace {args.trace}: {len(trace.streams)} streams x "
+          f"{trace.num_requests // max(len(trace.streams), 1)} turns, model {args.model}, greedy")
+    cmp_rows, same = print_report(results)
+    if args.json:
+        write_json(args.json, {
+            "bench": "trace", "trace": args.trace, "model": args.model, "streams": len(trace.streams),
+            "rows": [r["row"] for r in results.values()], "comparisons": cmp_rows,
+            "edge_vs_fp16kv_identical": same,
+            "records": {s: r["records"] for s, r in results.items()},
+            "kv_timeline": {s: r["kv_timeline"] for s, r in results.items()},
+        })
+    if args.plot:
+        from edge_runtime.bench.plot import plot_trace
+
+        plot_trace(args.plot, results, title=f"{trace.name}: {len(trace.streams)} streams")
+    return 0
+
+
+def register_subcommand(subparsers) -> None:
+    p = subparsers.add_parser("trace", help="closed-loop multi-stream trace replay vs baselines")
+    p.add_argument("--trace", required=True, help="JSONL trace (tools/gen_trace.py)")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    p.add_argument("--streams", type=int, default=None, help="replay only the first N streams")
+    p.add_argument("--target", help="unix:PATH or http://HOST:PORT of an OpenAI-compatible server "
+                                    "(replaces --systems)")
+    p.add_argument("--target-model", default="default", help="model name sent to --target")
+    p.add_argument("--honor-arrivals", action="store_true",
+                   help="do not send a turn before its arrival_s (default: pure closed loop)")
+    p.add_argument("--page-tokens", type=int, default=None,
+                   help="override the engine's page size (default: the engine's)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run every system in this process (faster; peak RSS then accumulates)")
+    p.add_argument("--json", help="write rows, comparisons and per-request records here")
+    p.add_argument("--plot", help="write a PNG of TTFT distributions and KV bytes over time")
+    p.set_defaults(func=run)

@@ -1,0 +1,57 @@
+"""`edge-runtime bench engine` on a tiny random-weight Llama, and the command discovery."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_helpers import make_tiny_llama  # noqa: E402
+
+from edge_runtime.bench.engine_bench import parse_int_list, random_prompts, table_rows  # noqa: E402
+from edge_runtime.cli import build_parser, main  # noqa: E402
+from edge_runtime.errors import InputError  # noqa: E402
+
+
+def test_bench_engine_json(tmp_path):
+    model = make_tiny_llama(tmp_path / "m")
+    out = tmp_path / "e.json"
+    rc = main(["bench", "engine", "--model", str(model), "--batch", "1,2", "--prompt-tokens", "9",
+               "--gen-tokens", "4", "--repeat", "2", "--bandwidth-mib", "4", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [(r["batch"], r["prompt_tokens"]) for r in data["rows"]] == [(1, 9), (2, 9)]
+    for r in data["rows"]:
+        assert len(r["decode_samples"]) == 2 and min(r["decode_samples"]) > 0
+        assert r["decode_tok_s"]["n"] == 2 and r["weight_read_gbps"]["mean"] > 0
+        # weight GB/s is weight bytes x decode steps/s, steps/s = tok/s / batch
+        want = data["weight_bytes"] * r["decode_tok_s"]["mean"] / r["batch"] / 1e9
+        assert r["weight_read_gbps"]["mean"] == pytest.approx(want)
+    assert data["bandwidth"]["read_gbps"] > 0 and data["machine"]["cpu_model"]
+
+
+def test_helpers():
+    assert parse_int_list("1,2, 5", "--batch") == [1, 2, 5]
+    for bad in ("", "0", "a,b"):
+        with pytest.raises(InputError):
+            parse_int_list(bad, "--batch")
+    prompts = random_prompts(random.Random(0), 50, {0, 1, 2}, 3, 20)
+    assert len(prompts) == 3 and all(len(p) == 20 for p in prompts)
+    assert not {0, 1, 2} & {t for p in prompts for t in p} and len({tuple(p) for p in prompts}) == 3
+    rows = table_rows([{"batch": 1, "prompt_tokens": 8, "gen_tokens": 4,
+                        "prefill_tok_s": {"mean": 10.0, "stddev": 1.0, "n": 2},
+                        "decode_tok_s": {"mean": 5.0, "stddev": 0.5, "n": 2},
+                        "weight_read_gbps": {"mean": 3.0, "stddev": 0.1, "n": 2}}], read_gbps=6.0)
+    assert rows[0]["roofline"] == 50.0 and rows[0]["decode"] == "5.0 ± 0.5"
+
+
+def test_bench_subcommands_discovered(capsys):
+    parser = build_parser()
+    args = parser.parse_args(["bench", "engine", "--batch", "1"])
+    assert args.func.__module__ == "edge_runtime.bench.engine_bench"
+    args = parser.parse_args(["bench", "trace", "--trace", "x.jsonl"])
+    assert args.func.__module__ == "edge_runtime.bench.trace_bench"
+    assert main(["bench"]) == 2
+    assert "engine" in capsys.readouterr().out

@@ -1,0 +1,127 @@
+"""`edge-runtime bench trace` end to end on a tiny random-weight Llama: every system, JSON, PNG.
+
+Checks structure and cross-system consistency (records per turn, cache accounting, the hf baseline
+against a direct transformers generate, our engine with fp32 KV against hf), never wall-clock time.
+"""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_helpers import make_tiny_llama, write_trace  # noqa: E402
+
+from edge_runtime.bench.trace_bench import compare, identical_answers, parse_systems  # noqa: E402
+from edge_runtime.cli import main  # noqa: E402
+from edge_runtime.errors import InputError  # noqa: E402
+
+STREAMS, TURNS = 3, 4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench_trace")
+    return make_tiny_llama(d / "model"), write_trace(d / "trace.jsonl", STREAMS, TURNS)
+
+
+@pytest.fixture(scope="module")
+def report(tiny, tmp_path_factory):
+    model, trace = tiny
+    out = tmp_path_factory.mktemp("out")
+    rc = main(["bench", "trace", "--trace", str(trace), "--model", str(model), "--no-isolate",
+               "--json", str(out / "r.json"), "--plot", str(out / "r.png")])
+    assert rc == 0
+    return json.loads((out / "r.json").read_text()), out
+
+
+def test_rows_records_and_files(report):
+    data, out = report
+    rows = {r["system"]: r for r in data["rows"]}
+    assert set(rows) == {"edge", "edge-noshare", "edge-fp16kv", "hf"}
+    for name, row in rows.items():
+        assert row["requests"] == STREAMS * TURNS
+        recs = data["records"][name]
+        assert sorted((r["stream"], r["turn"]) for r in recs) == sorted(
+            (str(s), t) for s in range(STREAMS) for t in range(TURNS))
+        assert row["output_tokens"] == sum(r["output_tokens"] for r in recs) > 0
+        assert row["peak_kv_bytes"] > 0 and row["peak_rss_bytes"] > 0
+        assert 0 < row["ttft_p50_s"] <= row["ttft_p95_s"]
+        assert row["jtop"].startswith("unavailable")
+        # later turns carry the history, so prompts grow within a stream
+        for s in range(STREAMS):
+            lens = [r["prompt_tokens"] for r in recs if r["stream"] == str(s)]
+            assert lens == sorted(lens) and lens[0] < lens[-1]
+    assert rows["edge"]["cached_prompt_tokens"] > 0
+    assert rows["edge-noshare"]["cached_prompt_tokens"] == 0 == rows["hf"]["cached_prompt_tokens"]
+    assert rows["edge"]["prompt_tokens"] >= rows["edge"]["cached_prompt_tokens"]
+    assert rows["edge"]["kv_dtype"] == "int8" and rows["edge-fp16kv"]["kv_dtype"] == "fp16"
+    assert {c["comparison"] for c in data["comparisons"]} >= {"edge/hf requests/s"}
+    assert data["edge_vs_fp16kv_identical"]["total"] == STREAMS * TURNS
+    assert (out / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_hf_baseline_matches_direct_generate(tiny, report):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from edge_runtime.model.chat import encode_messages
+
+    model_dir, trace = tiny
+    data, _ = report
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    first = json.loads(trace.read_text().splitlines()[0])
+    ids = encode_messages(tok, [{"role": "system", "content": first["system"]},
+                                {"role": "user", "content": first["command"]}])
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=first["max_tokens"],
+                             do_sample=False, pad_token_id=tok.eos_token_id)
+    want = tok.decode(out[0, len(ids):], skip_special_tokens=True)
+    rec = next(r for r in data["records"]["hf"] if r["stream"] == "0" and r["turn"] == 0)
+    assert rec["text"] == want and rec["prompt_tokens"] == len(ids)
+
+
+def test_edge_backend_fp32_kv_matches_hf_first_turns(tiny, report):
+    from edge_runtime.bench.edge_systems import EdgeBackend, build_engine, load
+    from edge_runtime.bench.replay import replay
+    from edge_runtime.bench.trace import load_trace
+
+    model_dir, trace_path = tiny
+    loaded = load(str(model_dir))
+    backend = EdgeBackend(loaded, "edge", build_engine(loaded, "edge", kv_dtype="fp32"))
+    try:
+        result = asyncio.run(replay(load_trace(trace_path), backend))
+    finally:
+        backend.close()
+    hf = {(r["stream"], r["turn"]): r for r in report[0]["records"]["hf"]}
+    for rec in result.records:
+        if rec.turn == 0:
+            assert rec.text == hf[(rec.stream, 0)]["text"]
+            assert rec.prompt_tokens == hf[(rec.stream, 0)]["prompt_tokens"]
+    assert backend.kv.peak > 0 and backend.kv.samples[-1][1] == 0  # all released when idle
+
+
+def test_compare_and_identical_helpers():
+    rows = {"edge": {"requests_per_s": 10.0, "ttft_p95_s": 0.01, "peak_kv_bytes": 50},
+            "hf": {"requests_per_s": 2.0, "ttft_p95_s": 0.2, "peak_kv_bytes": None}}
+    got = {c["comparison"]: c for c in compare(rows)}
+    assert got["edge/hf requests/s"]["ratio"] == 5.0 and got["edge/hf requests/s"]["pass"] is True
+    assert got["edge/hf TTFT p95"]["pass"] is True
+    assert "edge/edge-noshare TTFT p95" not in got
+    a = [{"stream": "0", "turn": 0, "text": "x"}, {"stream": "0", "turn": 1, "text": "y"}]
+    b = [{"stream": "0", "turn": 0, "text": "x"}, {"stream": "0", "turn": 1, "text": "z"}]
+    assert identical_answers(a, b) == {"identical": 1, "total": 2, "identical_first_turn": 1,
+                                       "first_turn_total": 1}
+    with pytest.raises(InputError):
+        parse_systems("edge,vllm")
+
+
+def test_cli_errors_are_one_line(tiny, capsys):
+    _, trace = tiny
+    assert main(["bench", "trace", "--trace", "/nonexistent.jsonl"]) == 2
+    assert main(["bench", "trace", "--trace", str(trace), "--systems", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "--systems" in err and "Traceback" not in err
