@@ -1,0 +1,192 @@
+"""Memory budget YAML (configs/orin/*.yaml) -> frozen `Budget`; schema in docs/pool.md.
+
+`load_budget(name_or_path)` accepts a YAML path or a config name (`cpu-dev`, `agx-orin-64gb`...),
+looked up in the package data `edge_runtime/data/configs/` (a symlink to configs/orin/ in the
+source tree; setuptools copies the files into wheels, an editable install follows the link).
+
+Invariants: a Budget is validated once in __post_init__ and never mutated; values derived from it
+(page count, bytes per token) live in `edge_runtime.plan.MemoryPlan`. Every error is a
+ConfigError whose sentence names the file and the key. `guard:` and `service:` are kept as raw
+mappings here and validated by their owners (GuardConfig / ServiceLimits) when importable.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from edge_runtime.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "data" / "configs"
+KV_DTYPES = ("int8", "fp16", "fp32")
+WEIGHT_DTYPES = ("fp16", "bf16", "fp32")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30}
+TOP_KEYS = {"name", "description", "device_memory", "reserve", "activation_reserve",
+            "weight_dtype", "kv", "inline", "max_concurrent_sequences", "stream_context_tokens",
+            "guard", "service"}
+SECTION_KEYS = {"reserve": {"os", "other"}, "kv": {"dtype", "page_tokens", "max_pool_bytes"},
+                "inline": {"slots", "tokens"}}
+
+
+def parse_bytes(value: Any, where: str) -> int:
+    """An int (bytes) or a string like '64GiB', '512 MiB', '1.5GB'."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a size such as 4GiB, got {value!r}")
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(-?[0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{where}: expected a size such as 4GiB or 512MiB, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str
+    source: str  # the file it was read from
+    device_memory: int  # bytes the device has (CPU and GPU share it on Orin)
+    os_reserve: int  # left to the OS and system services
+    other_reserve: int  # left to other processes (ASR, TTS)
+    activation_reserve: int  # activations, logits, sampler and allocator slack
+    weight_dtype: str = "fp16"
+    kv_dtype: str = "int8"
+    page_tokens: int = 512
+    max_pool_bytes: int | None = None  # optional cap on the page pool
+    inline_slots: int = 8
+    inline_tokens: int = 128
+    max_concurrent_sequences: int = 8
+    stream_context_tokens: int = 2048  # the context "streams that fit" is computed for
+    description: str = ""
+    guard: Mapping[str, Any] = field(default_factory=dict)
+    service: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = self.source
+        for key in ("device_memory", "os_reserve", "other_reserve", "activation_reserve"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{where}: {key} must not be negative, got {getattr(self, key)}")
+        if self.device_memory <= 0:
+            raise ConfigError(f"{where}: device_memory must be positive")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"{where}: kv.dtype must be one of {', '.join(KV_DTYPES)}, "
+                              f"got {self.kv_dtype!r}")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ConfigError(f"{where}: weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, "
+                              f"got {self.weight_dtype!r}")
+        check_page_tokens(self.page_tokens, f"{where}: kv.page_tokens")
+        if self.inline_slots < 0 or self.inline_tokens < 0:
+            raise ConfigError(f"{where}: inline.slots and inline.tokens must not be negative")
+        if self.inline_slots and not 0 < self.inline_tokens <= self.page_tokens:
+            raise ConfigError(f"{where}: inline.tokens ({self.inline_tokens}) must be between 1 "
+                              f"and kv.page_tokens ({self.page_tokens})")
+        if self.max_concurrent_sequences < 1 or self.stream_context_tokens < 1:
+            raise ConfigError(f"{where}: max_concurrent_sequences and stream_context_tokens "
+                              "must be at least 1")
+        if self.max_pool_bytes is not None and self.max_pool_bytes <= 0:
+            raise ConfigError(f"{where}: kv.max_pool_bytes must be positive when set")
+        object.__setattr__(self, "guard", MappingProxyType(dict(self.guard)))
+        object.__setattr__(self, "service", MappingProxyType(dict(self.service)))
+
+
+def check_page_tokens(page_tokens: Any, where: str) -> None:
+    if not isinstance(page_tokens, int) or page_tokens < 1 or page_tokens & (page_tokens - 1):
+        raise ConfigError(f"{where} must be a power of two (16, 64, 256, 512...), got {page_tokens!r}")
+
+
+def resolve_budget_path(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for cand in (CONFIG_DIR / f"{name_or_path}.yaml", CONFIG_DIR / str(name_or_path)):
+        if cand.is_file():
+            return cand
+    known = ", ".join(available_budgets()) or "none found"
+    raise ConfigError(f"no budget file or config named {str(name_or_path)!r} (known: {known})")
+
+
+def available_budgets() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+
+
+def _section(data: dict, key: str, where: str) -> dict:
+    sec = data.get(key) or {}
+    if not isinstance(sec, dict):
+        raise ConfigError(f"{where}: {key} must be a mapping")
+    unknown = set(sec) - SECTION_KEYS[key]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {key}.{sorted(unknown)[0]} "
+                          f"(allowed: {', '.join(sorted(SECTION_KEYS[key]))})")
+    return sec
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def budget_from_dict(data: Any, source: str) -> Budget:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a budget file must be a YAML mapping")
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r} "
+                          f"(allowed: {', '.join(sorted(TOP_KEYS))})")
+    if "device_memory" not in data:
+        raise ConfigError(f"{source}: device_memory is required (e.g. device_memory: 64GiB)")
+    reserve, kv = _section(data, "reserve", source), _section(data, "kv", source)
+    inline = _section(data, "inline", source)
+    pool_cap = kv.get("max_pool_bytes")
+    return Budget(
+        name=str(data.get("name", Path(source).stem)), source=source,
+        device_memory=parse_bytes(data["device_memory"], f"{source}: device_memory"),
+        os_reserve=parse_bytes(reserve.get("os", 0), f"{source}: reserve.os"),
+        other_reserve=parse_bytes(reserve.get("other", 0), f"{source}: reserve.other"),
+        activation_reserve=parse_bytes(data.get("activation_reserve", 0),
+                                       f"{source}: activation_reserve"),
+        weight_dtype=str(data.get("weight_dtype", "fp16")), kv_dtype=str(kv.get("dtype", "int8")),
+        page_tokens=kv.get("page_tokens", 512),
+        max_pool_bytes=None if pool_cap is None else parse_bytes(pool_cap, f"{source}: kv.max_pool_bytes"),
+        inline_slots=_int(inline.get("slots", 8), f"{source}: inline.slots"),
+        inline_tokens=_int(inline.get("tokens", 128), f"{source}: inline.tokens"),
+        max_concurrent_sequences=_int(data.get("max_concurrent_sequences", 8),
+                                      f"{source}: max_concurrent_sequences"),
+        stream_context_tokens=_int(data.get("stream_context_tokens", 2048),
+                                   f"{source}: stream_context_tokens"),
+        description=str(data.get("description", "")),
+        guard=_validated(data, "guard", source), service=_validated(data, "service", source))
+
+
+def _validated(data: dict, key: str, source: str) -> dict:
+    """The raw section, after its owner's parser accepted it (when that module exists)."""
+    sec = data.get(key) or {}
+    if not isinstance(sec, dict):
+        raise ConfigError(f"{source}: {key} must be a mapping")
+    try:
+        if key == "guard":
+            from edge_runtime.guard.config import GuardConfig as parser
+        else:
+            from edge_runtime.service.limits import ServiceLimits as parser
+    except ImportError:
+        return sec
+    try:
+        parser.from_dict(sec)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {key}: {exc}") from exc
+    return sec
+
+
+def load_budget(name_or_path: str | Path) -> Budget:
+    """Read and validate a budget; ConfigError names the file and the key on any problem."""
+    path = resolve_budget_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read budget {path}: {exc}") from exc
+    return budget_from_dict(data, str(path))
