@@ -1,0 +1,104 @@
+"""`edge-runtime plan --config C [--model M] [--json]`: the memory plan a budget gives a model.
+
+A reference shape name (`llama-2-7b-awq`, see edge_runtime.plan.REFERENCE_MODELS) needs no
+weights: its weight bytes are estimated from the shape. Any other name or path is resolved by the
+model loader; only config.json and the safetensors headers are read (no weights are loaded).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+from edge_runtime.errors import ModelLoadError
+
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+_DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
+               "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="memory plan: weights, KV bytes/token, pages, streams",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="budget name (cpu-dev, agx-orin-64gb...) or YAML")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="model name/path, or a reference shape such as llama-2-7b-awq")
+    p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], help="override kv.dtype")
+    p.add_argument("--page-tokens", type=int, help="override kv.page_tokens")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(func=run)
+
+
+def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
+    """Bytes of the weights in memory: float tensors at `float_bytes` per element, integer
+    (packed/quantized) tensors as stored. Reads only the headers."""
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in info["shape"]:
+                numel *= d
+            size = float_bytes if info["dtype"] in _FLOAT_DTYPES else _DTYPE_SIZE[info["dtype"]]
+            total += numel * size
+    return total
+
+
+def model_for_plan(name: str, weight_dtype: str):
+    """(model config or shape, weight bytes, display name)."""
+    from edge_runtime.plan import DTYPE_BYTES, REFERENCE_MODELS, estimate_weight_bytes
+
+    if name in REFERENCE_MODELS:
+        shape = REFERENCE_MODELS[name]
+        return shape, estimate_weight_bytes(shape, weight_dtype), f"{name} (reference shape)"
+    from edge_runtime.model.config import ModelConfig
+    from edge_runtime.model.loader import resolve_model_folder
+    from edge_runtime.model.safetensors_io import weight_files
+
+    folder = resolve_model_folder(name)
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from exc
+    config = ModelConfig.from_hf(cfg)
+    return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name
+
+
+def format_plan(plan) -> str:
+    mib = 2**20
+    rows = [
+        ("budget / model", f"{plan.budget_name} / {plan.model_name}"),
+        ("device memory", f"{plan.device_memory / mib:,.0f} MiB"),
+        ("reserved (os + other + activations)", f"{plan.reserved / mib:,.0f} MiB"),
+        ("weights", f"{plan.weight_bytes / mib:,.1f} MiB"),
+        (f"KV bytes per token ({plan.kv_dtype})", f"{plan.kv_bytes_per_token:,}"),
+        (f"bytes per page ({plan.page_tokens} tokens)", f"{plan.bytes_per_page:,}"),
+        (f"inline arena ({plan.inline_slots} x {plan.inline_tokens} tokens)",
+         f"{plan.inline_arena_bytes / mib:,.1f} MiB"),
+        ("page pool", f"{plan.pool_bytes / mib:,.1f} MiB"),
+        ("pages", f"{plan.num_pages:,}"),
+        ("pool tokens", f"{plan.pool_tokens:,}"),
+        (f"streams of {plan.stream_context_tokens} tokens that fit (nothing shared)",
+         f"{plan.streams_that_fit:,}"),
+        ("max concurrent sequences (budget)", f"{plan.max_concurrent_sequences}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def run(args) -> int:
+    from edge_runtime.budget import load_budget
+    from edge_runtime.plan import make_plan
+
+    budget = load_budget(args.config)
+    print(f"reading model {args.model} ...", file=sys.stderr)
+    config, weight_bytes, name = model_for_plan(args.model, budget.weight_dtype)
+    plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
+    print(json.dumps(plan.as_dict(), indent=2) if args.json else format_plan(plan))
+    return 0
