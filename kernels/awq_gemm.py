@@ -67,7 +67,7 @@ if triton is not None:
     def _awq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, y_ptr, M, N, K, group_size,
                          s_xm, s_qwk, s_qzg, s_scg, s_ys, s_ym,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT_K: tl.constexpr):
+                         SPLIT_K: tl.constexpr, INTERLEAVE: tl.constexpr):
         # y[split, m, n] = sum over this split's k tiles of x[m, k] * W[k, n]; BLOCK_K divides G
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -82,7 +82,14 @@ if triton is not None:
         for kt in range(pid_k, K // BLOCK_K, SPLIT_K):
             k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=mmask[:, None], other=0.0)
-            qw = tl.load(qw_ptr + k[:, None] * s_qwk + (n // 8)[None, :], mask=nmask[None, :], other=0)
+            if INTERLEAVE:  # load each int32 once, then repeat it 8x along N in registers
+                n8 = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+                qw = tl.load(qw_ptr + k[:, None] * s_qwk + n8[None, :], mask=(n8 < N // 8)[None, :], other=0)
+                qw = tl.interleave(qw, qw)
+                qw = tl.interleave(qw, qw)
+                qw = tl.interleave(qw, qw)  # [BLOCK_K, BLOCK_N]
+            else:  # each of 8 neighbouring columns loads the same word (served by L1)
+                qw = tl.load(qw_ptr + k[:, None] * s_qwk + (n // 8)[None, :], mask=nmask[None, :], other=0)
             grp = (kt * BLOCK_K) // group_size
             qz = tl.load(qz_ptr + grp * s_qzg + n // 8, mask=nmask, other=0)
             sc = tl.load(sc_ptr + grp * s_scg + n, mask=nmask, other=0.0).to(tl.float16)
@@ -104,8 +111,10 @@ if triton is not None:
 
 
 # Launch defaults for M <= 16 ("gemv") and larger M ("gemm"); tools/gpu_check.py sweeps alternatives.
-TUNE = {"gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3},
-        "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}}
+TUNE = {"gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3,
+                 "interleave": False},
+        "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
+                 "interleave": False}}
 
 
 def _config(m, n, k, group_size, device, tune) -> dict:
@@ -149,7 +158,7 @@ def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None, tun
     _awq_gemm_kernel[grid](x, qweight, qzeros, scales, part, m, n, k, group_size,
                            x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
                            part.stride(0), part.stride(1),
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, INTERLEAVE=cfg["interleave"],
                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         numel = m * n
