@@ -162,7 +162,8 @@ class KVManager:
 
     def _grow_pages(self, seq: SeqKV, target: int) -> list[CopyOp]:
         P, p = self.page_tokens, seq.prefix_len
-        n_new, cow = self._pages_needed(seq, target, owns_last=False)
+        owns = bool(seq.tail_pages) and self.pool.pages[seq.tail_pages[-1]].owner == seq.seq_id
+        n_new, cow = self._pages_needed(seq, target, owns_last=owns)
         self._check_available(n_new, seq.seq_id)
         new_ids, copies = self._allocate(n_new, seq.seq_id), []
         if cow:
