@@ -1,0 +1,141 @@
+"""The aiohttp application: routes, service state, and the plain (non-generating) endpoints.
+
+Invariants:
+- The app exists before the model is loaded: /health answers 503 "loading" until `set_ready`,
+  so clients that connect early (socket activation) get a clear answer, never a hang.
+- Every error answer is JSON `{"error": {"message", "type", "code", "param"}}` with a 4xx/5xx status,
+  including unknown routes and wrong methods; a handler bug answers 500 JSON and is logged.
+- `in_flight` counts accepted generation requests (running + waiting in the engine); more than
+  `limits.max_in_flight` is answered 429 with Retry-After before the body is even read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+
+from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service.metrics import ServiceMetrics, render_prometheus
+from edge_runtime.service.schema import ApiError
+
+log = logging.getLogger(__name__)
+STATE_KEY = web.AppKey("edge_state", object)
+
+
+class ServiceState:
+    def __init__(self, limits: ServiceLimits, model_name: str, guard=None) -> None:
+        self.limits = limits
+        self.model_name = model_name
+        self.guard = guard
+        self.metrics = ServiceMetrics()
+        self.status = "loading"
+        self.reason = "loading model"
+        self.created = int(time.time())
+        self.in_flight = 0
+        self.stopping = False
+        self.engine = None  # edge_runtime.engine.engine.Engine
+        self.aengine = None  # edge_runtime.engine.async_engine.AsyncEngine
+        self.tokenizer = None
+        self.context_len = 0
+        self.vocab_size = 0
+        self.backends: dict | None = None
+        self.active: dict[str, object] = {}  # request id -> handler task, for shutdown
+
+    def set_ready(self, loaded, engine, aengine, backends: dict | None) -> None:
+        self.engine, self.aengine, self.tokenizer = engine, aengine, loaded.tokenizer
+        self.context_len = loaded.config.max_position_embeddings
+        self.vocab_size = loaded.config.vocab_size
+        self.backends = backends
+        self.status, self.reason = "ready", ""
+
+    def health(self) -> tuple[int, dict]:
+        if self.stopping:
+            return 503, {"status": "stopping", "reason": "shutting down"}
+        if self.status != "ready":
+            return 503, {"status": self.status, "reason": self.reason}
+        guard = self.guard.snapshot() if self.guard else None
+        if guard and guard["state"] != "ok":
+            return 200, {"status": "degraded", "reason": guard["reason"], "guard": guard["state"]}
+        return 200, {"status": "ready", "reason": ""}
+
+    def stats(self) -> dict:
+        engine_stats = self.engine.stats() if self.engine is not None else {}
+        guard = self.guard.snapshot() if self.guard else None
+        if guard is not None and self.guard.actions is not None:
+            emulated = getattr(self.guard.actions, "emulated", None)
+            if emulated is not None:
+                guard["hooks_emulated"] = emulated
+        status = self.health()[1]["status"]
+        state = {"status": status, "model": self.model_name, "in_flight": self.in_flight}
+        return self.metrics.snapshot(engine_stats, guard, self.backends, state)
+
+
+def json_error(exc: ApiError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    state: ServiceState = request.app[STATE_KEY]
+    endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource \
+        else "unknown"
+    try:
+        response = await handler(request)
+    except ApiError as exc:
+        response = json_error(exc)
+    except web.HTTPException as exc:  # 404 unknown route, 405 wrong method, 413 from aiohttp
+        response = json_error(ApiError(exc.status, exc.reason, _code(exc.status),
+                                       type_="invalid_request_error"))
+    except Exception:
+        log.exception("handler failed: %s %s", request.method, request.path)
+        response = json_error(ApiError(500, "internal server error (see the service log)",
+                                       "internal_error", type_="server_error"))
+    state.metrics.record_request(endpoint, response.status)
+    return response
+
+
+def _code(status: int) -> str:
+    return {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(status,
+                                                                                  f"http_{status}")
+
+
+async def health(request: web.Request) -> web.Response:
+    status, body = request.app[STATE_KEY].health()
+    return web.json_response(body, status=status)
+
+
+async def models(request: web.Request) -> web.Response:
+    state: ServiceState = request.app[STATE_KEY]
+    return web.json_response({"object": "list", "data": [
+        {"id": state.model_name, "object": "model", "created": state.created,
+         "owned_by": "edge-runtime", "max_model_len": state.context_len or None}]})
+
+
+async def stats(request: web.Request) -> web.Response:
+    # engine.stats() takes the engine lock, held during a step: keep the event loop free
+    return web.json_response(await asyncio.to_thread(request.app[STATE_KEY].stats))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = render_prometheus(await asyncio.to_thread(request.app[STATE_KEY].stats))
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Format": "prometheus-0.0.4"})
+
+
+def build_app(state: ServiceState) -> web.Application:
+    from edge_runtime.service.generate import chat_completions, completions
+
+    # The body limit is enforced (with a JSON 413) by generate.read_body; this is a backstop.
+    app = web.Application(middlewares=[error_middleware],
+                          client_max_size=state.limits.max_body_bytes + 1)
+    app[STATE_KEY] = state
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app

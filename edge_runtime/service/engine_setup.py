@@ -1,0 +1,65 @@
+"""Build what the server needs from the command line: model, engine, async engine, guard.
+
+Runs in a worker thread during start-up (server.Server._load). The engine's page pool is sized
+from the budget's memory plan when edge_runtime.plan provides one (EngineConfig.from_plan), and
+its concurrency from `service.max_concurrent_sequences`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edge_runtime.guard.config import GuardConfig
+from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service.server import Loaded
+
+log = logging.getLogger(__name__)
+
+
+def engine_config(config_path: str | None, limits: ServiceLimits, loaded, device: str):
+    from edge_runtime.engine.config import EngineConfig
+
+    overrides = dict(max_num_seqs=limits.max_concurrent_sequences, device=device)
+    plan = _memory_plan(config_path, loaded)
+    if plan is not None:
+        return EngineConfig.from_plan(plan, **overrides)
+    return EngineConfig(**overrides)
+
+
+def _memory_plan(config_path: str | None, loaded):
+    if not config_path:
+        return None
+    try:
+        from edge_runtime.budget import load_budget
+        from edge_runtime.plan import plan_memory
+    except ImportError:  # budget/plan not available in this build: default pool size
+        log.warning("edge_runtime.plan unavailable: default KV pool size")
+        return None
+    return plan_memory(load_budget(config_path), loaded.config, loaded.weight_bytes)
+
+
+def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
+             guard_config: GuardConfig, device: str = "cpu") -> Loaded:
+    from edge_runtime.engine.async_engine import AsyncEngine
+    from edge_runtime.engine.engine import Engine
+    from edge_runtime.model.loader import load_model
+
+    loaded = load_model(model_name, device=device)
+    engine = Engine(loaded, engine_config(config_path, limits, loaded, device))
+    aengine = AsyncEngine(engine)
+    guard = None
+    if guard_config.enabled:
+        from edge_runtime.guard.engine_hooks import EngineGuardHooks
+        from edge_runtime.guard.guard import MemoryGuard
+        from edge_runtime.guard.telemetry import open_source
+
+        guard = MemoryGuard(guard_config, open_source(), EngineGuardHooks(engine))
+    return Loaded(loaded, engine, aengine, _backends(device), guard)
+
+
+def _backends(device: str) -> dict | None:
+    try:
+        from edge_runtime.kernels.dispatch import describe_backends
+    except ImportError:
+        return None
+    return describe_backends(device)

@@ -1,0 +1,205 @@
+"""/v1/completions and /v1/chat/completions: admission, body, tokenization, engine, response.
+
+Invariants:
+- `state.in_flight` is incremented exactly once per accepted request and decremented in `finally`,
+  whatever happens (bad body, disconnect, engine error).
+- A request whose client disconnects (aiohttp cancels the handler: handler_cancellation=True) or
+  whose stream write fails is cancelled in the engine, which releases its pages; a request is
+  cancelled at most once and only if it did not finish.
+- Errors before the first byte of a stream are JSON 4xx/5xx; after it, an SSE `error` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from contextlib import aclosing
+
+from aiohttp import web
+
+from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestError
+from edge_runtime.service import responses as R
+from edge_runtime.service.app import STATE_KEY, ServiceState
+from edge_runtime.service.schema import ApiError, ApiRequest, parse_body, parse_chat, parse_completion
+
+log = logging.getLogger(__name__)
+_DRAIN_LIMIT = 64 << 20  # read (and drop) at most this much of an oversized body before answering
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+    state: ServiceState = request.app[STATE_KEY]
+    _admit(state)
+    state.in_flight += 1
+    try:
+        raw = await read_body(request, state.limits.max_body_bytes)
+        parse = parse_chat if kind == "chat" else parse_completion
+        req = parse(parse_body(raw), state.limits.max_tokens)
+        if req.model is not None and req.model != state.model_name:
+            raise ApiError(404, f"model '{req.model}' is not served here; GET /v1/models lists "
+                           f"'{state.model_name}'", "model_not_found", "model")
+        prompt_ids = await asyncio.to_thread(_encode, state, req)
+        _check_length(state, prompt_ids, req.params.max_tokens)
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        state.active[rid] = asyncio.current_task()
+        try:
+            if req.stream:
+                return await _stream(request, state, req, rid, prompt_ids)
+            return await _complete(state, req, rid, prompt_ids)
+        finally:
+            state.active.pop(rid, None)
+    finally:
+        state.in_flight -= 1
+
+
+def _admit(state: ServiceState) -> None:
+    retry = {"Retry-After": str(state.limits.retry_after_s)}
+    if state.stopping:
+        raise ApiError(503, "the service is shutting down; retry on the next start",
+                       "shutting_down", type_="server_error", headers=retry)
+    if state.status != "ready":
+        raise ApiError(503, f"the model is still loading ({state.reason}); retry shortly",
+                       "model_loading", type_="server_error", headers=retry)
+    if state.in_flight >= state.limits.max_in_flight:
+        state.metrics.rejected_busy += 1
+        raise ApiError(429, f"server busy: {state.in_flight} requests in flight (limit "
+                       f"{state.limits.max_in_flight}); retry after "
+                       f"{state.limits.retry_after_s} s", "server_busy",
+                       type_="rate_limit_error", headers=retry)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The body, or a JSON 413 once it exceeds `limit` (after draining it, so the client reads it)."""
+    too_big = ApiError(413, f"request body larger than this server's limit of {limit} bytes",
+                       "body_too_large")
+    if request.content_length is not None and request.content_length > limit:
+        await _drain(request)
+        raise too_big
+    parts, size = [], 0
+    async for part in request.content.iter_chunked(1 << 16):
+        size += len(part)
+        if size > limit:
+            await _drain(request)
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)
+
+
+async def _drain(request: web.Request) -> None:
+    drained = 0
+    while drained < _DRAIN_LIMIT and not request.content.at_eof():
+        part = await request.content.readany()
+        if not part:
+            break
+        drained += len(part)
+
+
+def _encode(state: ServiceState, req: ApiRequest) -> list[int]:
+    from edge_runtime.model.chat import encode_messages, encode_prompt
+
+    if req.kind == "chat":
+        return list(encode_messages(state.tokenizer, list(req.messages)))
+    if isinstance(req.prompt, tuple):
+        bad = [t for t in req.prompt if t >= state.vocab_size]
+        if bad:
+            raise ApiError(400, f"'prompt' token id {bad[0]} is outside the vocabulary "
+                           f"(size {state.vocab_size})", "invalid_value", "prompt")
+        return list(req.prompt)
+    return list(encode_prompt(state.tokenizer, req.prompt, chat=False))
+
+
+def _check_length(state: ServiceState, prompt_ids: list[int], max_tokens: int) -> None:
+    n, limit = len(prompt_ids), state.limits.prompt_limit(state.context_len)
+    if n == 0:
+        raise ApiError(400, "the prompt is empty", "invalid_value", "prompt")
+    if n > limit:
+        raise ApiError(400, f"the prompt has {n} tokens, more than this server's limit of {limit}",
+                       "context_length_exceeded", "prompt")
+    if n + max_tokens > state.context_len:
+        raise ApiError(400, f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the "
+                       f"model's context of {state.context_len}; lower max_tokens",
+                       "context_length_exceeded", "max_tokens")
+
+
+def _engine_error(exc: EdgeError) -> ApiError:
+    if isinstance(exc, (OutOfPages, MemoryPressure)):
+        return ApiError(503, str(exc), "memory_pressure", type_="server_error",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, RequestError):
+        return ApiError(400, str(exc), "invalid_value")
+    return ApiError(500, str(exc), "engine_error", type_="server_error")
+
+
+async def _run(state: ServiceState, req: ApiRequest, rid: str, prompt_ids: list[int], on_event):
+    """Drive the engine for one request; cancel it there unless it finished. Returns the result."""
+    result = None
+    try:
+        async with aclosing(state.aengine.stream(prompt_ids, req.params, request_id=rid)) as events:
+            async for ev in events:
+                await on_event(ev)
+                if ev.result is not None:
+                    result = ev.result
+    except EdgeError as exc:
+        raise _engine_error(exc) from None
+    except RuntimeError as exc:  # AsyncEngine wraps errors raised on its loop thread
+        if isinstance(exc.__cause__, EdgeError):
+            raise _engine_error(exc.__cause__) from None
+        raise
+    finally:
+        if result is None:
+            state.metrics.cancelled += 1
+            await state.aengine.cancel(rid)
+    t = result.timings
+    state.metrics.record_result(result.prompt_tokens, result.cached_prompt_tokens,
+                               result.generated_tokens, t.first_token_s, t.total_s)
+    return result
+
+
+async def _complete(state, req, rid, prompt_ids) -> web.Response:
+    async def ignore(ev):
+        return None
+
+    result = await _run(state, req, rid, prompt_ids, ignore)
+    body = (R.chat_body if req.kind == "chat" else R.completion_body)(
+        rid, state.model_name, result, R.now())
+    return web.json_response(body)
+
+
+async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache", "X-Request-Id": rid})
+    await resp.prepare(request)
+    created, model = R.now(), state.model_name
+    if req.kind == "chat":
+        for i in range(req.params.n):
+            await resp.write(R.sse(R.chunk("chat", rid, model, created, i, "", role=True)))
+
+    async def send(ev):
+        if ev.text:
+            await resp.write(R.sse(R.chunk(req.kind, rid, model, created, ev.index, ev.text)))
+
+    try:
+        result = await _run(state, req, rid, prompt_ids, send)
+    except ApiError as exc:
+        await resp.write(R.sse(exc.body()))
+        await resp.write(R.sse("[DONE]"))
+        return resp
+    except ConnectionResetError:  # the client went away; _run already cancelled the request
+        log.info("client disconnected from stream %s", rid)
+        return resp
+    for i, c in enumerate(result.completions):
+        empty = None if req.kind == "chat" else ""
+        await resp.write(R.sse(R.chunk(req.kind, rid, model, created, i, empty, c.finish_reason)))
+    if req.include_usage:
+        await resp.write(R.sse(R.usage_chunk(req.kind, rid, model, created, result)))
+    await resp.write(R.sse("[DONE]"))
+    await resp.write_eof()
+    return resp

@@ -1,0 +1,176 @@
+"""Service counters and latency histograms, rendered as /v1/stats JSON and Prometheus text.
+
+Invariants:
+- /metrics and /v1/stats render the same `stats` dict (built by `ServiceMetrics.snapshot`), so the
+  two never disagree.
+- Histograms are cumulative Prometheus histograms: `counts[i]` counts observations <= `bounds[i]`
+  (the +Inf bucket equals `count`).
+- Engine statistics are passed through generically: every numeric value of `engine.stats()`
+  (nested dicts flattened with '_') becomes a gauge `edge_engine_<key>`, so new engine counters
+  (pages free/cached/live, inline slots, hit rate, queue, running) show up without editing this file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import threading
+from collections import Counter
+
+TTFT_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Histogram:
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        assert list(bounds) == sorted(bounds), bounds
+        self.bounds = bounds
+        self.buckets = [0] * len(bounds)  # non-cumulative per bucket
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.bounds):
+            self.buckets[i] += 1
+        self.count += 1
+        self.sum += value
+
+    def snapshot(self) -> dict:
+        cumulative, total = [], 0
+        for n in self.buckets:
+            total += n
+            cumulative.append(total)
+        return {"bounds": list(self.bounds), "counts": cumulative, "count": self.count,
+                "sum": self.sum}
+
+
+class ServiceMetrics:
+    """Updated by the request handlers (event loop thread); read by /metrics and /v1/stats."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = Counter()  # (endpoint, status) -> n
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.cached_tokens = 0
+        self.cancelled = 0
+        self.rejected_busy = 0
+        self.ttft = Histogram(TTFT_BOUNDS)
+        self.per_token = Histogram(TOKEN_BOUNDS)
+
+    def record_request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+
+    def record_result(self, prompt_tokens: int, cached: int, generated: int,
+                      first_token_s: float, total_s: float) -> None:
+        with self._lock:
+            self.tokens_in += prompt_tokens
+            self.cached_tokens += cached
+            self.tokens_out += generated
+            if generated:
+                self.ttft.observe(first_token_s)
+            if generated > 1:
+                self.per_token.observe((total_s - first_token_s) / (generated - 1))
+
+    def snapshot(self, engine_stats: dict, guard: dict | None, backends: dict | None,
+                 state: dict) -> dict:
+        with self._lock:
+            return {
+                "service": {**state, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+                            "cached_prompt_tokens": self.cached_tokens,
+                            "cancelled": self.cancelled, "rejected_busy": self.rejected_busy,
+                            "requests": [{"endpoint": e, "status": s, "count": n}
+                                         for (e, s), n in sorted(self.requests.items())]},
+                "latency": {"ttft_seconds": self.ttft.snapshot(),
+                            "per_token_seconds": self.per_token.snapshot()},
+                "engine": engine_stats,
+                "guard": guard,
+                "kernel_backends": backends,
+            }
+
+
+def render_prometheus(stats: dict) -> str:
+    out: list[str] = []
+    svc = stats["service"]
+    _gauge(out, "edge_service_ready", "1 when the model is loaded and warm",
+           1 if svc.get("status") == "ready" else 0)
+    for key in ("in_flight", "running", "queued", "tokens_in", "tokens_out",
+                "cached_prompt_tokens", "cancelled", "rejected_busy"):
+        if key in svc:
+            kind = "gauge" if key in ("in_flight", "running", "queued") else "counter"
+            suffix = "" if kind == "gauge" else "_total"
+            _metric(out, f"edge_service_{key}{suffix}", kind, key.replace("_", " "), [("", svc[key])])
+    _metric(out, "edge_service_requests_total", "counter", "HTTP requests by endpoint and status",
+            [(f'{{endpoint="{r["endpoint"]}",status="{r["status"]}"}}', r["count"])
+             for r in svc["requests"]])
+    for name, h in stats["latency"].items():
+        _histogram(out, f"edge_{name}", h)
+    for key, value in _flatten(stats.get("engine") or {}):
+        _gauge(out, f"edge_engine_{key}", f"engine stats: {key}", value)
+    _render_guard(out, stats.get("guard"))
+    backends = stats.get("kernel_backends") or {}
+    _metric(out, "edge_kernel_backend", "gauge", "kernel backend in use (label), always 1",
+            [(f'{{op="{_label(op)}",backend="{_label(b)}"}}', 1) for op, b in sorted(backends.items())])
+    return "\n".join(out) + "\n"
+
+
+def _render_guard(out: list[str], guard: dict | None) -> None:
+    if not guard:
+        return
+    states = ("ok", "high", "critical")
+    _metric(out, "edge_guard_state", "gauge", "memory guard state (1 for the current one)",
+            [(f'{{state="{s}",source="{_label(guard["source"])}"}}', int(guard["state"] == s))
+             for s in states])
+    transitions = [(f'{{from="{a}",to="{b}"}}', guard["transitions"].get(f"{a}->{b}", 0))
+                   for a in states for b in states if a != b]
+    _metric(out, "edge_guard_transitions_total", "counter", "memory guard transitions", transitions)
+    _metric(out, "edge_guard_actions_total", "counter", "memory guard actions (units per action)",
+            [(f'{{action="{k}"}}', v) for k, v in sorted(guard["actions"].items())])
+    for key in ("used_fraction", "available_bytes", "total_bytes", "gpu_shared_bytes",
+                "swap_used_bytes"):
+        if guard.get(key) is not None:
+            _gauge(out, f"edge_guard_{key}", f"last telemetry sample: {key}", guard[key])
+    if "hooks_emulated" in guard:
+        _metric(out, "edge_guard_hook_emulated", "gauge",
+                "1 when a guard hook is emulated outside the engine",
+                [(f'{{hook="{h}"}}', int(v)) for h, v in sorted(guard["hooks_emulated"].items())])
+
+
+def _histogram(out: list[str], name: str, h: dict) -> None:
+    out.append(f"# HELP {name} {name.replace('_', ' ')}")
+    out.append(f"# TYPE {name} histogram")
+    for bound, count in zip(h["bounds"], h["counts"]):
+        out.append(f'{name}_bucket{{le="{bound:g}"}} {count}')
+    out.append(f'{name}_bucket{{le="+Inf"}} {h["count"]}')
+    out.append(f"{name}_sum {h['sum']:.6f}")
+    out.append(f"{name}_count {h['count']}")
+
+
+def _gauge(out: list[str], name: str, help_: str, value) -> None:
+    _metric(out, name, "gauge", help_, [("", value)])
+
+
+def _metric(out: list[str], name: str, kind: str, help_: str, samples) -> None:
+    out.append(f"# HELP {name} {help_}")
+    out.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        out.append(f"{name}{labels} {_num(value)}")
+
+
+def _flatten(d: dict, prefix: str = ""):
+    for key, value in d.items():
+        name = re.sub(r"[^a-zA-Z0-9_]", "_", f"{prefix}{key}")
+        if isinstance(value, dict):
+            yield from _flatten(value, name + "_")
+        elif isinstance(value, (int, float)):  # bools are ints: exported as 0/1
+            yield name, value
+
+
+def _num(value) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(int(value))
+
+
+def _label(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
