@@ -15,11 +15,11 @@ EXE = [sys.executable, "-m", "edge_runtime"]
 
 
 def write_config(path: Path, service: dict | None = None, guard: dict | None = None) -> Path:
+    """The cpu-dev budget with `service:` and `guard:` replaced (guard off unless given)."""
     import yaml
 
-    data = {}
-    if service:
-        data["service"] = service
+    data = yaml.safe_load((ROOT / "configs/orin/cpu-dev.yaml").read_text())
+    data["service"] = service or {}
     data["guard"] = guard or {"enabled": False}
     path.write_text(yaml.safe_dump(data))
     return path

@@ -60,3 +60,24 @@ def test_socket_unit_hands_over_a_0660_listening_socket():
     text = (ROOT / "systemd/edge-runtime.socket").read_text()
     assert "SocketMode=0660" in text and "Accept=no" in text
     assert "ListenStream=/run/edge-runtime.sock" in text
+
+
+def test_memory_limits_come_from_the_budget_plan(tmp_path):
+    from edge_runtime.budget import load_budget
+    from edge_runtime.commands.plan import model_for_plan
+    from edge_runtime.plan import make_plan
+    from edge_runtime.service.unit_limits import RUNTIME_OVERHEAD, unit_memory_limits
+
+    config = ROOT / "configs/orin/orin-nx-16gb.yaml"
+    _render(tmp_path, "--config", str(config))
+    budget = load_budget(config)
+    model, weight_bytes, name = model_for_plan("smollm2-135m-instruct", budget.weight_dtype)
+    plan = make_plan(budget, model, weight_bytes, model_name=name)
+    high, hard = unit_memory_limits(budget, plan)
+    assert high == (plan.weight_bytes + plan.pool_bytes + plan.inline_arena_bytes
+                    + budget.activation_reserve + RUNTIME_OVERHEAD)
+    assert high < hard < budget.device_memory
+    service = (tmp_path / "edge-runtime.service").read_text()
+    assert f"MemoryHigh={high}\n" in service and f"MemoryMax={hard}\n" in service
+    proc = _verify(tmp_path)
+    assert proc.returncode == 0 and not _unit_messages(proc.stderr), proc.stderr

@@ -10,10 +10,9 @@
 # copied to /etc/edge-runtime/budget.yaml -> units rendered into /etc/systemd/system ->
 # daemon-reload, enable --now edge-runtime.socket (the service starts on the first connection).
 #
-# MemoryHigh/MemoryMax: from `edge-runtime plan --config C --json` (planned_total_bytes: weights +
-# KV pool + runtime overhead): MemoryHigh = planned total, MemoryMax = planned total * 1.15 + 256 MiB
-# headroom for allocator slack. --memory-high/--memory-max override; without a plan, the
-# template's values stay.
+# MemoryHigh/MemoryMax: from the budget's memory plan (python -m edge_runtime.service.unit_limits:
+# weights + KV pool + inline arena + activation_reserve + runtime allowance; MemoryMax = High * 1.15
+# + 256 MiB). --memory-high/--memory-max override; without a plan the template's values stay.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PREFIX=/opt/edge-runtime
@@ -23,6 +22,7 @@ RENDER=""
 SVC_USER=edge-runtime
 MEM_HIGH=""
 MEM_MAX=""
+MODEL=smollm2-135m-instruct
 while [ $# -gt 0 ]; do
     case "$1" in
         --prefix) PREFIX=$2; shift 2 ;;
@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
         --config) CONFIG=$2; shift 2 ;;
         --render) RENDER=$2; shift 2 ;;
         --user) SVC_USER=$2; shift 2 ;;
+        --model) MODEL=$2; shift 2 ;;
         --memory-high) MEM_HIGH=$2; shift 2 ;;
         --memory-max) MEM_MAX=$2; shift 2 ;;
         -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
@@ -41,18 +42,10 @@ ETC_CONFIG=/etc/edge-runtime/budget.yaml
 [ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
 
 plan_memory() {
-    # prints "HIGH MAX" in bytes from the memory plan, or nothing
-    [ -n "$CONFIG" ] && [ -x "$VENV/bin/edge-runtime" ] || return 0
-    "$VENV/bin/edge-runtime" plan --config "$CONFIG" --json 2>/dev/null | "$VENV/bin/python" -c '
-import json, sys
-try:
-    plan = json.load(sys.stdin)
-except ValueError:
-    sys.exit(0)
-total = plan.get("planned_total_bytes") or plan.get("total_bytes")
-if total:
-    print(int(total), int(total * 1.15) + (256 << 20))
-' || true
+    # prints "HIGH MAX" in bytes from the budget's memory plan (edge_runtime/service/unit_limits.py)
+    [ -n "$CONFIG" ] && [ -x "$VENV/bin/python" ] || return 0
+    "$VENV/bin/python" -m edge_runtime.service.unit_limits --config "$CONFIG" --model "$MODEL" \
+        2>/dev/null || true
 }
 
 render() {  # render DIR: write both units with this machine's paths, user and memory limits
@@ -64,7 +57,7 @@ render() {  # render DIR: write both units with this machine's paths, user and m
         MEM_MAX=${MEM_MAX:-${pm:-}}
     fi
     for g in video render jtop; do getent group "$g" >/dev/null && groups="$groups $g"; done
-    sed -e "s|^ExecStart=.*|ExecStart=$VENV/bin/edge-runtime serve --config $ETC_CONFIG|" \
+    sed -e "s|^ExecStart=.*|ExecStart=$VENV/bin/edge-runtime serve --config $ETC_CONFIG --model $MODEL|" \
         -e "s|^User=.*|User=$SVC_USER|" -e "s|^Group=.*|Group=$SVC_USER|" \
         -e "s|^SupplementaryGroups=.*|SupplementaryGroups=${groups# }|" \
         ${MEM_HIGH:+-e "s|^MemoryHigh=.*|MemoryHigh=$MEM_HIGH|"} \

@@ -1,7 +1,7 @@
 """Build what the server needs from the command line: model, engine, async engine, guard.
 
 Runs in a worker thread during start-up (server.Server._load). The engine's page pool is sized
-from the budget's memory plan when edge_runtime.plan provides one (EngineConfig.from_plan), and
+from the budget's memory plan (edge_runtime.plan.make_plan -> EngineConfig.from_plan), and
 its concurrency from `service.max_concurrent_sequences`.
 """
 
@@ -26,16 +26,15 @@ def engine_config(config_path: str | None, limits: ServiceLimits, loaded, device
     return EngineConfig(**overrides)
 
 
-def _memory_plan(config_path: str | None, loaded):
-    if not config_path:
+def _memory_plan(config: str | None, loaded):
+    """The budget's memory plan for this model (page count, inline arena), or None."""
+    if not config:
         return None
-    try:
-        from edge_runtime.budget import load_budget
-        from edge_runtime.plan import plan_memory
-    except ImportError:  # budget/plan not available in this build: default pool size
-        log.warning("edge_runtime.plan unavailable: default KV pool size")
-        return None
-    return plan_memory(load_budget(config_path), loaded.config, loaded.weight_bytes)
+    from edge_runtime.budget import load_budget
+    from edge_runtime.plan import make_plan
+
+    return make_plan(load_budget(config), loaded.config, loaded.weight_bytes,
+                     model_name=loaded.path.name)
 
 
 def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,

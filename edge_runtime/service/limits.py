@@ -8,8 +8,6 @@ by `prompt_limit()`, never written back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
 from edge_runtime.errors import ConfigError
 from edge_runtime.guard.config import GuardConfig, _checked
 
@@ -48,19 +46,11 @@ class ServiceLimits:
         return min(self.max_prompt_tokens, cap) if self.max_prompt_tokens else cap
 
 
-def load_sections(config_path: str | None) -> tuple[ServiceLimits, GuardConfig]:
-    """Read `service:` and `guard:` from a budget YAML (both optional)."""
-    if not config_path:
+def load_sections(config: str | None) -> tuple[ServiceLimits, GuardConfig]:
+    """`service:` and `guard:` of a budget (a YAML path or a name such as cpu-dev); both optional."""
+    if not config:
         return ServiceLimits(), GuardConfig()
-    import yaml
+    from edge_runtime.budget import load_budget
 
-    path = Path(config_path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found; pass --config configs/orin/<device>.yaml")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping at the top level")
-    return ServiceLimits.from_dict(data.get("service")), GuardConfig.from_dict(data.get("guard"))
+    budget = load_budget(config)
+    return ServiceLimits.from_dict(dict(budget.service)), GuardConfig.from_dict(dict(budget.guard))
