@@ -64,9 +64,13 @@ class KVMachine(RuleBasedStateMachine):
             return None
 
     def _write(self, sid: int, tokens: list[int]) -> bool:
+        seq, P = self.mgr.seqs[sid], self.mgr.page_tokens
+        owned = [pid * P for pid in seq.tail_pages if self.mgr.pool.pages[pid].owner == sid]
         copies = self._try(self.mgr.reserve, sid, len(tokens))
         if copies is None:
             return False
+        # a sequence never copies a page it owns (it appends in place)
+        assert not [op for op in copies if op.src_store == "pages" and op.src_slot_start in owned]
         self._apply(copies)
         start = self.mgr.seqs[sid].num_tokens
         for i, tok in enumerate(tokens):
