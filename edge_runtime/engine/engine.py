@@ -43,9 +43,11 @@ class Engine:
         cfg = self.config
         self.num_pages = resolve_num_pages(cfg)
         slots = cfg.num_inline_slots if cfg.enable_inline else 0
+        # an inline slot bigger than a page would never be chosen over a page: cap it
+        inline_tokens = min(cfg.inline_tokens, cfg.page_tokens)
         self.storage = KVStorage(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.num_pages,
-                                 cfg.page_tokens, slots, cfg.inline_tokens, cfg.kv_dtype, cfg.device)
-        self.kv = KVManager(self.num_pages, cfg.page_tokens, slots, cfg.inline_tokens,
+                                 cfg.page_tokens, slots, inline_tokens, cfg.kv_dtype, cfg.device)
+        self.kv = KVManager(self.num_pages, cfg.page_tokens, slots, inline_tokens,
                             enable_prefix_cache=cfg.enable_prefix_cache,
                             enable_inline=cfg.enable_inline)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
@@ -120,9 +122,12 @@ class Engine:
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         assert len(plist) == len(prompts), (len(plist), len(prompts))
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        while any(self.requests[r].result is None for r in ids):
-            self.step()
-        return [self.requests.pop(r).result for r in ids]
+        results: dict[str, GenerationResult] = {}
+        while len(results) < len(ids):
+            for ev in self.step():
+                if ev.result is not None:
+                    results[ev.request_id] = ev.result
+        return [results[r] for r in ids]
 
     def stats(self) -> dict:
         with self._lock:
@@ -198,7 +203,7 @@ class Engine:
             for seq, tok in sorted(zip(plain_seqs, tokens), key=lambda x: x[0].index):
                 self._append_token(seq, tok, events)
         for rid, group in beam_groups.items():
-            beam.step(self, self.requests[rid], group, events)
+            beam.step(self, group[0][0].request, group, events)
 
     def _fork_children(self, parent: Sequence) -> list[Sequence]:
         req = parent.request
@@ -272,6 +277,7 @@ class Engine:
         ]
         req.result = GenerationResult(req.request_id, len(req.prompt_ids),
                                       req.cached_prompt_tokens, comps, req.timings())
+        self.requests.pop(req.request_id, None)  # finished: only the event holds it now
         events.append(TokenEvent(req.request_id, 0, [], "", result=req.result))
 
     def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -285,8 +291,7 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        need = len(prompt_ids) + params.max_tokens
         capacity = self.num_pages * self.config.page_tokens
-        if need > capacity:
-            raise RequestError(f"prompt + max_tokens = {need} tokens, but the KV pool holds "
-                               f"{capacity}; lower max_tokens or raise num_pages")
+        if len(prompt_ids) + 1 > capacity:  # generation that outgrows the pool ends with "error"
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens but the KV pool holds "
+                               f"{capacity}; shorten the prompt or raise num_pages")

@@ -1,0 +1,158 @@
+"""AsyncEngine: the Engine's step loop in a background thread, an asyncio streaming front.
+
+`stream()` submits a request and yields its TokenEvents as they are produced; the last event
+carries `.result`. `cancel()` (or abandoning the stream: closing the generator, cancelling the
+task) cancels the request in the engine, which frees every page it held.
+
+Invariants:
+- Only the loop thread calls `Engine.step`, `Engine.add_request` and `Engine.cancel`; asyncio code
+  only enqueues work (thread-safe deque + wake-up event), so it never blocks on a running step.
+- Request validation (`RequestError`) happens in the caller, before anything is queued.
+- Every stream ends: with its final event, or with the exception that stopped the loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+
+from edge_runtime.engine.api import GenerationResult, SamplingParams, TokenEvent
+from edge_runtime.engine.engine import Engine
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, idle_wait_s: float = 0.05):
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self._inbox: deque = deque()  # ("add", args) | ("cancel", rid) | ("call", fn, future)
+        self._wake = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="edge-engine", daemon=True)
+        self._thread.start()
+
+    # --- asyncio side ----------------------------------------------------------------------
+    async def stream(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                     request_id: str | None = None,
+                     stream_id: str | None = None) -> AsyncIterator[TokenEvent]:
+        params = params or SamplingParams()
+        self.engine._validate([int(t) for t in prompt_ids], params)
+        if self._error is not None:
+            raise RuntimeError("the engine loop stopped") from self._error
+        rid = request_id or f"areq-{next(self._ids)}"
+        if rid in self._queues:
+            from edge_runtime.errors import RequestError
+
+            raise RequestError(f"request id {rid!r} is already streaming; pick another")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        self._submit(("add", (list(prompt_ids), params, rid, stream_id)))
+        done = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise RuntimeError("the engine loop stopped") from item
+                yield item
+                if item.result is not None:
+                    done = True
+                    return
+        finally:
+            if not done:
+                self._submit(("cancel", rid))
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> GenerationResult:
+        async for ev in self.stream(prompt_ids, params, request_id):
+            if ev.result is not None:
+                return ev.result
+        raise AssertionError("stream ended without a result")
+
+    async def cancel(self, request_id: str) -> None:
+        self._submit(("cancel", request_id))
+
+    async def call(self, fn):
+        """Run fn(engine) on the loop thread between steps (guard hooks, stats)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._submit(("call", fn, fut))
+        return await fut
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # --- loop thread -----------------------------------------------------------------------
+    def _submit(self, item) -> None:
+        self._inbox.append(item)
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                self._drain_inbox()
+                if self.engine.has_unfinished():
+                    self._deliver(self.engine.step())
+                else:
+                    self._wake.wait(self.idle_wait_s)
+                    self._wake.clear()
+        except BaseException as exc:  # surface to every stream, then stop
+            self._error = exc
+            for rid in list(self._queues):
+                self._put(rid, exc)
+            raise
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            item = self._inbox.popleft()
+            if item[0] == "add":
+                prompt, params, rid, stream_id = item[1]
+                try:
+                    self.engine.add_request(prompt, params, request_id=rid, stream_id=stream_id)
+                except Exception as exc:  # reaches the caller's stream as an error
+                    self._put(rid, exc)
+            elif item[0] == "cancel":
+                self.engine.cancel(item[1])
+            else:
+                _, fn, fut = item
+                self._resolve(fut, fn)
+
+    def _resolve(self, fut, fn) -> None:
+        loop = fut.get_loop()
+        try:
+            value = fn(self.engine)
+        except Exception as exc:
+            loop.call_soon_threadsafe(_set_exc, fut, exc)
+        else:
+            loop.call_soon_threadsafe(_set_result, fut, value)
+
+    def _deliver(self, events: list[TokenEvent]) -> None:
+        for ev in events:
+            self._put(ev.request_id, ev)
+
+    def _put(self, rid: str, item) -> None:
+        entry = self._queues.get(rid)
+        if entry is None:
+            return
+        loop, queue = entry
+        if isinstance(item, BaseException) or item.result is not None:
+            self._queues.pop(rid, None)
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening
+            pass
+
+
+def _set_result(fut, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exc(fut, exc) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

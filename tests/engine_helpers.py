@@ -1,0 +1,84 @@
+"""Shared helpers for the engine tests: a tiny random Llama (ours + transformers'), SmolLM2 through
+tests/model_helpers.py, transformers references (greedy, beam), and prompt builders."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import torch
+
+from model_helpers import random_ids, save_random_model, smollm2, smollm2_hf, tiny_hf_config
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.config import EngineConfig
+from edge_runtime.engine.engine import Engine
+from edge_runtime.model.loader import load_model
+
+TINY_VOCAB = 512
+# On a loaded 2-core machine torch's 2-thread pool spins against other processes: a 64x64 linear
+# took 10 ms with 2 threads vs 12 us with 1 (measured under load average 11). One thread keeps
+# these tests' run time stable.
+torch.set_num_threads(1)
+_TMP = tempfile.TemporaryDirectory(prefix="edge-engine-tests-")
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_folder() -> Path:
+    return save_random_model(tiny_hf_config("llama", num_hidden_layers=3), Path(_TMP.name) / "tiny")
+
+
+@functools.lru_cache(maxsize=1)
+def tiny():
+    return load_model(str(tiny_folder()))
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_hf():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_folder()), dtype=torch.float32).eval()
+
+
+def tiny_prompts(lengths, seed: int = 0) -> list[list[int]]:
+    return [random_ids(n, TINY_VOCAB, seed + i) for i, n in enumerate(lengths)]
+
+
+def hf_greedy(hf_model, prompt: list[int], max_new: int, eos=None) -> list[int]:
+    """transformers' greedy continuation (no eos stop unless eos is given)."""
+    with torch.inference_mode():
+        out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                dtype=torch.long), max_new_tokens=max_new, do_sample=False,
+                                eos_token_id=eos, pad_token_id=0, temperature=None, top_p=None,
+                                top_k=None, repetition_penalty=None)
+    gen = out[0, len(prompt):].tolist()
+    if eos is not None and eos in gen:
+        gen = gen[: gen.index(eos) + 1]
+    return gen
+
+
+def hf_beam(hf_model, prompt: list[int], k: int, max_new: int, eos) -> list[int]:
+    """transformers' best beam (num_beams=k, do_sample=False, defaults), padding stripped."""
+    with torch.inference_mode():
+        out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                dtype=torch.long), max_new_tokens=max_new, do_sample=False,
+                                num_beams=k, eos_token_id=eos, pad_token_id=eos,
+                                length_penalty=1.0, early_stopping=False, temperature=None,
+                                top_p=None, top_k=None, repetition_penalty=None)
+    gen = out[0, len(prompt):].tolist()
+    if eos in gen:
+        gen = gen[: gen.index(eos) + 1]
+    return gen
+
+
+def engine_for(loaded, **cfg) -> Engine:
+    cfg.setdefault("check_invariants_every_step", True)
+    return Engine(loaded, EngineConfig(**cfg))
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, **kw)
+
+
+__all__ = ["smollm2", "smollm2_hf", "random_ids"]
