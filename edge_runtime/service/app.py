@@ -69,7 +69,9 @@ class ServiceState:
             if emulated is not None:
                 guard["hooks_emulated"] = emulated
         status = self.health()[1]["status"]
-        state = {"status": status, "model": self.model_name, "in_flight": self.in_flight}
+        state = {"status": status, "model": self.model_name, "in_flight": self.in_flight,
+                 "running": engine_stats.get("running", 0),  # sequences in the engine batch
+                 "queued": engine_stats.get("waiting", 0)}  # sequences waiting for admission
         return self.metrics.snapshot(engine_stats, guard, self.backends, state)
 
 
