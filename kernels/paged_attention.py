@@ -8,8 +8,9 @@ in registers; the per-token scales factor out of q.k and p.v, so they multiply t
 score/probability tiles instead of the [BLOCK_N, D] values. Online softmax in base 2; lse is
 returned in natural log so segments merge with `merge_attention`.
 
-Prefill uses the same walk: each new token is a query with its own causal kv_len. Splits along the
-sequence are merged by a second kernel. The torch reference and the merge live in
+Prefill uses the same walk on a tile of several new tokens of one row (each with its own causal
+kv_len, masked per row); the tiles are found on the host, so only a batch with more query tokens
+than block-table rows pays a sync. Splits along the sequence are merged by a second kernel. The torch reference and the merge live in
 paged_attention_ref.py (re-exported here with the same signatures).
 """
 import torch
@@ -24,38 +25,69 @@ except ImportError:  # pragma: no cover
 
 LOG2E = 1.4426950408889634
 # Launch defaults; tools/gpu_check.py sweeps alternatives (tune=...) and docs/perf-gpu.md records why.
-TUNE = {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
+# fma: decode tiles with fewer than 16 query rows use FMA + reductions instead of a padded tl.dot.
+TUNE = {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 8, "fma": False,
+        "prefill_rows": 64, "prefill_block_n": 64, "prefill_warps": 8}
 
 if triton is not None:
 
     @triton.jit
-    def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, len_ptr, out_ptr, lse_ptr,
-                           qk_scale, page_tokens, chunk_tokens,
+    def _qk(q, k, FMA: tl.constexpr, FP16_DOT: tl.constexpr):
+        # q: [R, BLOCK_D], k: [BLOCK_N, BLOCK_D] -> [R, BLOCK_N] float32
+        if FMA:
+            return tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        elif FP16_DOT:
+            return tl.dot(q, tl.trans(k.to(tl.float16)))
+        else:
+            return tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+
+    @triton.jit
+    def _pv(p, v, FMA: tl.constexpr, FP16_DOT: tl.constexpr):
+        # p: [R, BLOCK_N] float32, v: [BLOCK_N, BLOCK_D] -> [R, BLOCK_D] float32
+        if FMA:
+            return tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        elif FP16_DOT:
+            return tl.dot(p.to(tl.float16), v.to(tl.float16))
+        else:
+            return tl.dot(p, v.to(tl.float32), input_precision="ieee")
+
+    @triton.jit
+    def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, len_ptr, qblk_ptr,
+                           out_ptr, lse_ptr, qk_scale, page_tokens, chunk_tokens,
                            s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
                            s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt,
                            s_ot, s_oh, s_os, s_lt, s_lh,
-                           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+                           GROUP: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                           FP16_DOT: tl.constexpr):
-        t = tl.program_id(0)
+                           FP16_DOT: tl.constexpr, FMA: tl.constexpr, USE_QBLK: tl.constexpr):
+        # program: query block b (decode: token b; prefill: qblk[b] = (first token, count), one
+        # block-table row), KV head kvh, sequence split. Tile rows r = (token, GQA head) pairs.
+        b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
-        row = tl.load(seq_ptr + t).to(tl.int64)
-        kv_len = tl.load(len_ptr + t)
-        start = split * chunk_tokens
-        end = tl.minimum(kv_len, start + chunk_tokens)
-        g = tl.arange(0, BLOCK_G)
+        if USE_QBLK:
+            t0 = tl.load(qblk_ptr + 2 * b)
+            count = tl.load(qblk_ptr + 2 * b + 1)
+        else:
+            t0 = b
+            count = 1
+        r = tl.arange(0, BLOCK_R)
+        tok = t0 + r // GROUP
+        heads = kvh * GROUP + r % GROUP
+        rmask = r < count * GROUP
         d = tl.arange(0, BLOCK_D)
-        heads = kvh * GROUP + g  # [BLOCK_G]
-        gmask = g < GROUP
         dmask = d < D
-        q = tl.load(q_ptr + t * s_qt + heads[:, None] * s_qh + d[None, :],
-                    mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32) * qk_scale
-        if FP16_DOT:
+        row = tl.load(seq_ptr + t0).to(tl.int64)
+        lens = tl.load(len_ptr + tok, mask=rmask, other=0)  # [BLOCK_R] causal per row
+        start = split * chunk_tokens
+        end = tl.minimum(tl.max(lens, axis=0), start + chunk_tokens)
+        q = tl.load(q_ptr + tok[:, None] * s_qt + heads[:, None] * s_qh + d[None, :],
+                    mask=rmask[:, None] & dmask[None, :], other=0.0).to(tl.float32) * qk_scale
+        if FP16_DOT and not FMA:
             q = q.to(tl.float16)
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
         for n0 in range(start, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
@@ -64,34 +96,29 @@ if triton is not None:
             kvmask = nmask[:, None] & dmask[None, :]
             k = tl.load(k_ptr + (page * s_kn + off * s_kp + kvh * s_kh)[:, None] + d[None, :],
                         mask=kvmask, other=0)
-            if FP16_DOT:
-                s = tl.dot(q, tl.trans(k.to(tl.float16)))  # [BLOCK_G, BLOCK_N]
-            else:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            s = _qk(q, k, FMA, FP16_DOT)  # [BLOCK_R, BLOCK_N]
             if QUANT:
                 ks = tl.load(ks_ptr + page * s_ksn + off * s_ksp + kvh * s_ksh, mask=nmask, other=0.0)
                 s = s * ks.to(tl.float32)[None, :]
-            s = tl.where(nmask[None, :], s, float("-inf"))
+            s = tl.where(nmask[None, :] & (n[None, :] < lens[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(v_ptr + (page * s_vn + off * s_vp + kvh * s_vh)[:, None] + d[None, :],
                         mask=kvmask, other=0)
             if QUANT:
                 vs = tl.load(vs_ptr + page * s_vsn + off * s_vsp + kvh * s_vsh, mask=nmask, other=0.0)
                 p = p * vs.to(tl.float32)[None, :]
-            if FP16_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            acc = acc * alpha[:, None] + _pv(p, v, FMA, FP16_DOT)
             m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-        tl.store(out_ptr + t * s_ot + heads[:, None] * s_oh + split * s_os + d[None, :], out,
-                 mask=gmask[:, None] & dmask[None, :])
-        tl.store(lse_ptr + t * s_lt + heads * s_lh + split, lse, mask=gmask)
+        tl.store(out_ptr + tok[:, None] * s_ot + heads[:, None] * s_oh + split * s_os + d[None, :], out,
+                 mask=rmask[:, None] & dmask[None, :])
+        tl.store(lse_ptr + tok * s_lt + heads * s_lh + split, lse, mask=rmask)
 
     @triton.jit
     def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, num_splits,
@@ -141,13 +168,40 @@ def _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens)
             raise ValueError(f"{name} must be int32 [T={t}]; got {x.dtype} {tuple(x.shape)}")
 
 
-def _num_splits(tokens, kv_heads, max_len, device, tune) -> int:
+def _num_splits(blocks, kv_heads, max_len, block_n, device, tune) -> int:
     """Enough programs to give each SM `programs_per_sm`, but each split at least 4 inner steps."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-tune["programs_per_sm"] * sms // max(1, tokens * kv_heads))
-    return max(1, min(want, -(-max_len // (4 * tune["block_n"])), 64))
+    want = -(-tune["programs_per_sm"] * sms // max(1, blocks * kv_heads))
+    return max(1, min(want, -(-max_len // (4 * block_n)), 64))
+
+
+def _query_blocks(seq_idx, tokens_per_block):
+    """Prefill tiling: runs of equal seq_idx cut into blocks -> int32 [num_blocks, 2] = (first, count).
+    Reads seq_idx on the host (one sync), which decode steps never pay."""
+    s = seq_idx.cpu()
+    change = torch.ones(s.numel(), dtype=torch.bool)
+    change[1:] = s[1:] != s[:-1]
+    bounds = change.nonzero().flatten().tolist() + [s.numel()]
+    blocks = []
+    for a, b in zip(bounds[:-1], bounds[1:]):  # one iteration per run (sequence), not per token
+        first = torch.arange(a, b, tokens_per_block)
+        blocks.append(torch.stack([first, (b - first).clamp(max=tokens_per_block)], dim=1))
+    return torch.cat(blocks).to(torch.int32).to(seq_idx.device)
+
+
+def _launch_plan(t, group, block_table, seq_idx, tune):
+    """Decode (one program per token) or prefill (blocks of tokens of one row) launch parameters."""
+    p2 = triton.next_power_of_2
+    if t > block_table.shape[0]:  # some row has several queries: tile them together
+        tokens_per_block = max(1, tune["prefill_rows"] // group)
+        qblk = _query_blocks(seq_idx, tokens_per_block)
+        return dict(qblk=qblk, blocks=qblk.shape[0], block_r=max(16, p2(tokens_per_block * group)),
+                    block_n=tune["prefill_block_n"], warps=tune["prefill_warps"], fma=False)
+    fma = bool(tune["fma"]) and group < 16
+    return dict(qblk=seq_idx, blocks=t, block_r=p2(group) if fma else max(16, p2(group)),
+                block_n=tune["block_n"], warps=tune["num_warps"], fma=fma)
 
 
 def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
@@ -158,18 +212,17 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
     assert triton is not None, "triton is not installed"
     t, h, d = q.shape
     hkv, page_tokens = k_cache.shape[2], k_cache.shape[1]
-    group = h // hkv
-    max_len = block_table.shape[1] * page_tokens  # an upper bound: no device sync for kv_lens.max()
-    tune = {**TUNE, **(tune or {})}
-    block_n = tune["block_n"]
-    splits = num_splits or _num_splits(t, hkv, max_len, q.device, tune)
-    chunk = -(-max(1, max_len) // splits)
-    chunk = -(-chunk // block_n) * block_n
-    splits = -(-max(1, max_len) // chunk)
     out = torch.empty(t, h, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
     if t == 0:
         return out, lse
+    tune = {**TUNE, **(tune or {})}
+    plan = _launch_plan(t, h // hkv, block_table, seq_idx, tune)
+    max_len = max(1, block_table.shape[1] * page_tokens)  # upper bound: no sync for kv_lens.max()
+    splits = num_splits or _num_splits(plan["blocks"], hkv, max_len, plan["block_n"], q.device, tune)
+    chunk = -(-max_len // splits)
+    chunk = -(-chunk // plan["block_n"]) * plan["block_n"]
+    splits = -(-max_len // chunk)
     if splits == 1:
         p_out, p_lse = out.unsqueeze(2), lse.unsqueeze(2)  # [T, H, 1, D], [T, H, 1]
     else:
@@ -177,18 +230,17 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
         p_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
     quant = k_cache.dtype == torch.int8
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
-    s_ks = (ks.stride(0), ks.stride(1), ks.stride(2))
-    s_vs = (vs.stride(0), vs.stride(1), vs.stride(2))
-    fp16_dot = quant or k_cache.dtype == torch.float16 or q.dtype != torch.float32
-    _paged_attn_kernel[(t, hkv, splits)](
-        q, k_cache, v_cache, ks, vs, block_table, seq_idx, kv_lens, p_out, p_lse,
+    _paged_attn_kernel[(plan["blocks"], hkv, splits)](
+        q, k_cache, v_cache, ks, vs, block_table, seq_idx, kv_lens, plan["qblk"], p_out, p_lse,
         float(sm_scale) * LOG2E, page_tokens, chunk,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *s_ks, *s_vs,
-        block_table.stride(0), p_out.stride(0), p_out.stride(1), p_out.stride(2),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *ks.stride()[:3],
+        *vs.stride()[:3], block_table.stride(0), p_out.stride(0), p_out.stride(1), p_out.stride(2),
         p_lse.stride(0), p_lse.stride(1),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n, QUANT=quant, FP16_DOT=fp16_dot,
-        num_warps=tune["num_warps"], num_stages=tune["num_stages"])
+        GROUP=h // hkv, BLOCK_R=plan["block_r"], D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_N=plan["block_n"], QUANT=quant,
+        FP16_DOT=quant or k_cache.dtype == torch.float16 or q.dtype != torch.float32,
+        FMA=plan["fma"], USE_QBLK=plan["qblk"] is not seq_idx,
+        num_warps=plan["warps"], num_stages=tune["num_stages"])
     if splits > 1:
         _merge_splits_kernel[(t, h)](
             p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),

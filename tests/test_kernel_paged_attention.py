@@ -26,10 +26,11 @@ def _compare(args, dtype, **kw):
     return out, lse
 
 
-@pytest.mark.parametrize("heads,kv_heads,dtype,splits", [
-    (4, 4, torch.int8, 1), (6, 2, torch.int8, 3), (8, 2, torch.int8, 2),
-    (6, 2, torch.float32, 2), (4, 1, torch.float16, 1)])
-def test_decode_ragged_lengths(heads, kv_heads, dtype, splits):
+@pytest.mark.parametrize("heads,kv_heads,dtype,splits,fma", [
+    (4, 4, torch.int8, 1, False), (6, 2, torch.int8, 3, False), (8, 2, torch.int8, 2, False),
+    (6, 2, torch.float32, 2, False), (4, 1, torch.float16, 1, False),
+    (4, 4, torch.int8, 2, True), (6, 2, torch.int8, 1, True), (8, 2, torch.float32, 2, True)])
+def test_decode_ragged_lengths(heads, kv_heads, dtype, splits, fma):
     gen = torch.Generator().manual_seed(heads + 7 * kv_heads)
     d, page_tokens = 16, 8
     k_cache, v_cache, k_scale, v_scale = make_cache(16, page_tokens, kv_heads, d, dtype, gen)
@@ -38,7 +39,7 @@ def test_decode_ragged_lengths(heads, kv_heads, dtype, splits):
     kv_lens = torch.tensor([1, 8, 9, 45], dtype=torch.int32)  # length 1, a full page, one past, ragged
     q = torch.randn(4, heads, d, generator=gen)
     _compare((q, k_cache, v_cache, k_scale, v_scale, bt, seq_idx, kv_lens, default_scale(d)), dtype,
-             num_splits=splits)
+             num_splits=splits, tune={"fma": fma})
 
 
 def test_kv_len_zero_and_prefill_rows():
@@ -53,6 +54,21 @@ def test_kv_len_zero_and_prefill_rows():
     out, lse = _compare((q, k_cache, v_cache, k_scale, v_scale, bt, seq_idx, kv_lens, 0.3), torch.int8,
                         num_splits=2)
     assert float(out[0].abs().max()) == 0.0 and bool(torch.isneginf(lse[0]).all())
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_mixed_batch_prefill_tiles(heads, kv_heads):
+    """A decode token, then two causal prefills cut into several query tiles (tiles of 4 tokens)."""
+    gen = torch.Generator().manual_seed(heads)
+    d, page_tokens = 16, 4
+    k_cache, v_cache, k_scale, v_scale = make_cache(16, page_tokens, kv_heads, d, torch.int8, gen)
+    bt = random_block_table(3, 5, 16, gen)
+    seq_idx = torch.tensor([0] + [1] * 7 + [2] * 5, dtype=torch.int32)
+    kv_lens = torch.tensor([11] + list(range(4, 11)) + list(range(16, 21)), dtype=torch.int32)
+    q = torch.randn(13, heads, d, generator=gen)
+    group = heads // kv_heads
+    _compare((q, k_cache, v_cache, k_scale, v_scale, bt, seq_idx, kv_lens, default_scale(d)), torch.int8,
+             num_splits=2, tune={"prefill_rows": 4 * group, "prefill_block_n": 16})
 
 
 def test_shared_partial_page_and_inline_tail_merge():
