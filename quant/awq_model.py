@@ -1,0 +1,134 @@
+"""AWQ checkpoints <-> models: the loader hook and the checkpoint writer.
+
+Reading (`quantize_linears_from_checkpoint`, called by edge_runtime.model.loader.build_model on a
+model built on the meta device, BEFORE the float weights are assigned):
+- every `<path>.qweight` in the state dict turns the nn.Linear at `<path>` into an `AWQLinear`;
+  its qweight/qzeros/scales(/bias) are popped from the state dict (consumed). AWQLinear keeps its
+  tensors as non-persistent buffers, so the loader's "expected keys" do not list them.
+- the token embedding and LM head are stored in fp16 (quant/half_embed.py): their state-dict
+  tensors are converted to fp16 in place so the loader's `assign=True` keeps that dtype, and a
+  tied head shares the embedding's fp16 tensor after the loader's `tie_weights()`.
+
+Writing (`save_awq_checkpoint`): AutoAWQ's layout: one model.safetensors with fp16 float tensors
+plus `<path>.qweight/.qzeros/.scales` (and `.bias`) per quantized linear, config.json with
+`quantization_config = {quant_method: awq, bits: 4, group_size, zero_point: true, version: gemm}`,
+and the source folder's tokenizer/generation files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from edge_runtime.errors import ModelLoadError
+from edge_runtime.quant.awq_linear import AWQLinear
+from edge_runtime.quant.half_embed import HalfEmbedding, HalfLinear, set_module
+
+_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+               "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja",
+               "added_tokens.json")
+
+
+def awq_quant_config(group_size: int) -> dict:
+    return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+            "version": "gemm", "modules_to_not_convert": None}
+
+
+def _check_config(quant_config: dict) -> int:
+    bits = int(quant_config.get("bits", quant_config.get("w_bit", 4)))
+    group_size = int(quant_config.get("group_size", quant_config.get("q_group_size", 128)))
+    version = str(quant_config.get("version", "gemm")).lower()
+    if bits != 4 or version != "gemm" or not quant_config.get("zero_point", True):
+        raise ModelLoadError(
+            f"AWQ checkpoint with bits={bits}, version={version!r}, zero_point="
+            f"{quant_config.get('zero_point')} is not supported: only 4-bit GEMM with zero points")
+    return group_size
+
+
+def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
+                     backend: str) -> None:
+    try:
+        old = model.get_submodule(path)
+    except AttributeError as exc:
+        raise ModelLoadError(f"AWQ checkpoint quantizes {path}, which this model does not have") from exc
+    if not isinstance(old, nn.Linear):
+        raise ModelLoadError(f"AWQ checkpoint quantizes {path}, which is not a linear layer")
+    qweight, qzeros = state.pop(f"{path}.qweight"), state.pop(f"{path}.qzeros")
+    scales = state.pop(f"{path}.scales", None)
+    if scales is None:
+        raise ModelLoadError(f"AWQ checkpoint has {path}.qweight but no {path}.scales")
+    bias = state.pop(f"{path}.bias", None)
+    expect = (old.in_features, old.out_features // 8)
+    if tuple(qweight.shape) != expect:
+        raise ModelLoadError(f"{path}.qweight has shape {tuple(qweight.shape)}, expected {expect} "
+                             f"for a {old.in_features}->{old.out_features} linear")
+    new = AWQLinear.from_tensors(qweight, qzeros, scales.to(torch.float16), group_size, bias,
+                                 backend)
+    set_module(model, path, new)
+
+
+def _halve_embeddings(model: nn.Module, state: dict) -> None:
+    key = "model.embed_tokens.weight"
+    embed = model.get_submodule("model.embed_tokens")
+    if key in state and isinstance(embed, nn.Embedding):
+        out_dtype = state[key].dtype
+        state[key] = state[key].to(torch.float16)
+        set_module(model, "model.embed_tokens", HalfEmbedding(state[key], out_dtype))
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, nn.Linear):
+        if "lm_head.weight" in state:
+            state["lm_head.weight"] = state["lm_head.weight"].to(torch.float16)
+            weight = state["lm_head.weight"]
+        else:  # tied: the loader assigns the embedding's fp16 weight in tie_weights()
+            weight = torch.empty(head.weight.shape, dtype=torch.float16, device="meta")
+        set_module(model, "lm_head", HalfLinear(weight, None if head.bias is None else head.bias))
+
+
+def quantize_linears_from_checkpoint(model: nn.Module, state: dict, quant_config: dict,
+                                     backend: str = "auto", half_embeddings: bool = True
+                                     ) -> list[str]:
+    """Swap nn.Linear -> AWQLinear for every `<path>.qweight` in `state` (consumed); returns paths."""
+    group_size = _check_config(quant_config)
+    paths = sorted(k[: -len(".qweight")] for k in state if k.endswith(".qweight"))
+    if not paths:
+        raise ModelLoadError("config.json says AWQ but the checkpoint has no *.qweight tensors")
+    for path in paths:
+        _make_awq_linear(model, path, state, group_size, backend)
+    if half_embeddings:
+        _halve_embeddings(model, state)
+    return paths
+
+
+def save_awq_checkpoint(out_dir: Path, model: nn.Module, awq_tensors: dict, source_folder: Path,
+                        group_size: int, tie_word_embeddings: bool) -> Path:
+    """Write an AutoAWQ GEMM checkpoint folder; returns the safetensors path."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    skip = {f"{p}.weight" for p in awq_tensors} | {f"{p}.bias" for p in awq_tensors}
+    if tie_word_embeddings:
+        skip.add("lm_head.weight")
+    for name, t in model.state_dict().items():
+        if name not in skip and "rotary_emb" not in name:
+            tensors[name] = t.detach().to(torch.float16).contiguous()
+    for path, (qweight, qzeros, scales, bias) in awq_tensors.items():
+        tensors[f"{path}.qweight"] = qweight.contiguous()
+        tensors[f"{path}.qzeros"] = qzeros.contiguous()
+        tensors[f"{path}.scales"] = scales.to(torch.float16).contiguous()
+        if bias is not None:
+            tensors[f"{path}.bias"] = bias.to(torch.float16).contiguous()
+    weights = out_dir / "model.safetensors"
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    config = json.loads((source_folder / "config.json").read_text())
+    config["quantization_config"] = awq_quant_config(group_size)
+    config["torch_dtype"] = "float16"
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in _SIDE_FILES:
+        if (source_folder / name).is_file():
+            shutil.copyfile(source_folder / name, out_dir / name)
+    return weights
