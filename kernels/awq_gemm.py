@@ -64,38 +64,68 @@ def awq_gemm_ref(x, qweight, qzeros, scales, group_size) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
+    def _unpack_tile(qw_ptr, qz_ptr, k, pid_n, grp, s_qwk, s_qzg, N,
+                     BLOCK_N: tl.constexpr, UNPACK: tl.constexpr):
+        # -> (q [BLOCK_K, BLOCK_N], z [BLOCK_N]) int32 nibbles for local columns j, whose global
+        # column is _columns(pid_n, ...)[j]
+        j = tl.arange(0, BLOCK_N)
+        if UNPACK == 2:  # perm: column j holds packed nibble j % 8 of word j // 8; no repetition
+            n8 = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+            m8 = n8 < N // 8
+            qw = tl.load(qw_ptr + k[:, None] * s_qwk + n8[None, :], mask=m8[None, :], other=0)
+            qz = tl.load(qz_ptr + grp * s_qzg + n8, mask=m8, other=0)
+            sh = tl.arange(0, 8) * 4
+            q = tl.reshape((qw[:, :, None] >> sh[None, None, :]) & 0xF, [qw.shape[0], BLOCK_N])
+            z = tl.reshape((qz[:, None] >> sh[None, :]) & 0xF, [BLOCK_N])
+            return q, z
+        n = pid_n * BLOCK_N + j
+        c = n % 8
+        shifts = ((c % 2) * 4 + c // 2) * 4  # bit offset of column c: 4 * AWQ_REVERSE_ORDER[c]
+        nmask = n < N
+        if UNPACK == 1:  # interleave: load each word once, repeat it 8x along N in registers
+            n8 = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+            qw = tl.load(qw_ptr + k[:, None] * s_qwk + n8[None, :], mask=(n8 < N // 8)[None, :], other=0)
+            qw = tl.interleave(qw, qw)
+            qw = tl.interleave(qw, qw)
+            qw = tl.interleave(qw, qw)
+        else:  # gather: the 8 columns of a word each load it (served by L1)
+            qw = tl.load(qw_ptr + k[:, None] * s_qwk + (n // 8)[None, :], mask=nmask[None, :], other=0)
+        qz = tl.load(qz_ptr + grp * s_qzg + n // 8, mask=nmask, other=0)
+        return (qw >> shifts[None, :]) & 0xF, (qz >> shifts) & 0xF
+
+    @triton.jit
+    def _columns(pid_n, BLOCK_N: tl.constexpr, UNPACK: tl.constexpr):
+        j = tl.arange(0, BLOCK_N)
+        if UNPACK == 2:  # packed position i holds column AWQ_ORDER[i] = (i % 4) * 2 + i // 4
+            return pid_n * BLOCK_N + (j // 8) * 8 + ((j % 8) % 4) * 2 + (j % 8) // 4
+        return pid_n * BLOCK_N + j
+
+    @triton.jit
     def _awq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, sc_ptr, y_ptr, M, N, K, group_size,
                          s_xm, s_qwk, s_qzg, s_scg, s_ys, s_ym,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT_K: tl.constexpr, INTERLEAVE: tl.constexpr):
+                         SPLIT_K: tl.constexpr, UNPACK: tl.constexpr, FMA: tl.constexpr):
         # y[split, m, n] = sum over this split's k tiles of x[m, k] * W[k, n]; BLOCK_K divides G
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
         m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = _columns(pid_n, BLOCK_N, UNPACK)  # [BLOCK_N] global column of each local column
         mmask = m < M
         nmask = n < N
-        c = n % 8
-        shifts = ((c % 2) * 4 + c // 2) * 4  # bit offset of column c: 4 * AWQ_REVERSE_ORDER[c]
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for kt in range(pid_k, K // BLOCK_K, SPLIT_K):
             k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=mmask[:, None], other=0.0)
-            if INTERLEAVE:  # load each int32 once, then repeat it 8x along N in registers
-                n8 = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-                qw = tl.load(qw_ptr + k[:, None] * s_qwk + n8[None, :], mask=(n8 < N // 8)[None, :], other=0)
-                qw = tl.interleave(qw, qw)
-                qw = tl.interleave(qw, qw)
-                qw = tl.interleave(qw, qw)  # [BLOCK_K, BLOCK_N]
-            else:  # each of 8 neighbouring columns loads the same word (served by L1)
-                qw = tl.load(qw_ptr + k[:, None] * s_qwk + (n // 8)[None, :], mask=nmask[None, :], other=0)
             grp = (kt * BLOCK_K) // group_size
-            qz = tl.load(qz_ptr + grp * s_qzg + n // 8, mask=nmask, other=0)
-            sc = tl.load(sc_ptr + grp * s_scg + n, mask=nmask, other=0.0).to(tl.float16)
-            zero = (qz >> shifts) & 0xF  # [BLOCK_N]
-            w = (((qw >> shifts[None, :]) & 0xF) - zero[None, :]).to(tl.float16) * sc[None, :]
-            acc += tl.dot(x.to(tl.float16), w)
+            x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=mmask[:, None], other=0.0)
+            q, z = _unpack_tile(qw_ptr, qz_ptr, k, pid_n, grp, s_qwk, s_qzg, N, BLOCK_N, UNPACK)
+            sc = tl.load(sc_ptr + grp * s_scg + n, mask=nmask, other=0.0)
+            if FMA:  # CUDA cores: no dot-operand shuffles, for the smallest M
+                w = (q - z[None, :]).to(tl.float32) * sc.to(tl.float32)[None, :]
+                acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+            else:
+                w = (q - z[None, :]).to(tl.float16) * sc.to(tl.float16)[None, :]
+                acc += tl.dot(x.to(tl.float16), w)
         ptrs = y_ptr + pid_k * s_ys + m[:, None] * s_ym + n[None, :]
         tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
@@ -111,10 +141,12 @@ if triton is not None:
 
 
 # Launch defaults for M <= 16 ("gemv") and larger M ("gemm"); tools/gpu_check.py sweeps alternatives.
+# unpack: "gather" | "interleave" | "perm" (see _unpack_tile); fma: CUDA-core inner product.
 TUNE = {"gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3,
-                 "interleave": False},
+                 "unpack": "interleave", "fma": False},
         "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
-                 "interleave": False}}
+                 "unpack": "interleave", "fma": False}}
+UNPACK_MODES = {"gather": 0, "interleave": 1, "perm": 2}
 
 
 def _config(m, n, k, group_size, device, tune) -> dict:
@@ -128,7 +160,7 @@ def _config(m, n, k, group_size, device, tune) -> dict:
     if kind == "gemm":
         cfg["split_k"] = cfg.get("split_k") or 1
         return cfg
-    cfg["block_m"] = 16
+    cfg["block_m"] = max(1, triton.next_power_of_2(m)) if cfg["fma"] else 16
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     tiles = -(-n // cfg["block_n"])
     want = -(-cfg["programs_per_sm"] * sms // tiles)
@@ -158,7 +190,8 @@ def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None, tun
     _awq_gemm_kernel[grid](x, qweight, qzeros, scales, part, m, n, k, group_size,
                            x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
                            part.stride(0), part.stride(1),
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, INTERLEAVE=cfg["interleave"],
+                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+                           UNPACK=UNPACK_MODES[cfg["unpack"]], FMA=bool(cfg["fma"]) and bm <= 16,
                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         numel = m * n

@@ -18,15 +18,18 @@ def test_unpack_inverts_pack():
     assert torch.equal(unpack_awq_int4(pack_awq_int4(vals)), vals.to(torch.int32))
 
 
-@pytest.mark.parametrize("m,n,k,group,split,inter", [
-    (1, 64, 128, 32, None, False), (3, 40, 64, 64, 2, True), (16, 72, 128, 64, 1, False),
-    (20, 24, 64, 16, None, True)])
+@pytest.mark.parametrize("m,n,k,group,split,unpack,fma", [
+    (1, 64, 128, 32, None, "gather", False), (3, 40, 64, 64, 2, "interleave", False),
+    (16, 72, 128, 64, 1, "perm", False), (20, 24, 64, 16, None, "interleave", False),
+    (1, 88, 64, 32, 2, "perm", True), (5, 40, 64, 16, None, "interleave", True),
+    (3, 16, 32, 32, 1, "gather", True)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_matches_dense(m, n, k, group, split, inter, dtype):
+def test_matches_dense(m, n, k, group, split, unpack, fma, dtype):
     gen = torch.Generator().manual_seed(m * 100 + n)
     qweight, qzeros, scales, w = random_awq(k, n, group, gen)
     x = torch.randn(m, k, generator=gen).to(dtype)
-    y = awq_gemm_triton(x, qweight, qzeros, scales, group, split_k=split, tune={"interleave": inter})
+    y = awq_gemm_triton(x, qweight, qzeros, scales, group, split_k=split,
+                        tune={"unpack": unpack, "fma": fma})
     want = x.float() @ w
     assert y.dtype == dtype and y.shape == (m, n)
     scale = float(want.abs().max())
