@@ -46,13 +46,15 @@ def default_whisper_folder() -> Path:
 class WhisperRecognizer:
     """faster-whisper on CPU; one model object serves `workers` threads (CTranslate2 replicas)."""
 
-    def __init__(self, folder: Path, threads: int = 1, workers: int = 1, beam_size: int = 1):
+    def __init__(self, folder: Path, threads: int = 1, workers: int = 1, beam_size: int = 1,
+                 hint: str = ""):
         if not (folder / "model.bin").exists():
             raise ConfigError(f"{folder}: not a faster-whisper model folder (no model.bin)")
         from faster_whisper import WhisperModel
 
         self.name = f"whisper:{folder.name if folder.name != 'model' else folder.parent.name}"
         self.beam_size = beam_size
+        self.hint = hint  # domain words as Whisper's previous-text prompt (biases toward them)
         self.model = WhisperModel(
             str(folder), device="cpu", compute_type="int8", cpu_threads=threads,
             num_workers=workers,
@@ -68,6 +70,7 @@ class WhisperRecognizer:
             without_timestamps=True,
             condition_on_previous_text=False,
             vad_filter=False,  # our VAD already cut the utterance
+            initial_prompt=self.hint or None,
         )
         return " ".join(s.text.strip() for s in segments).strip()
 
@@ -96,10 +99,11 @@ class PocketsphinxRecognizer:
         return hyp.hypstr.strip() if hyp is not None else ""
 
 
-def make_recognizer(spec: str, threads: int = 1, workers: int = 1):
-    """'whisper' | 'pocketsphinx' | PATH of a faster-whisper folder -> a recognizer."""
+def make_recognizer(spec: str, threads: int = 1, workers: int = 1, hint: str = ""):
+    """'whisper' | 'pocketsphinx' | PATH of a faster-whisper folder -> a recognizer.
+    `hint` (Whisper only): words the commands are likely to use, e.g. the device names."""
     if spec == "whisper":
-        return WhisperRecognizer(default_whisper_folder(), threads, workers)
+        return WhisperRecognizer(default_whisper_folder(), threads, workers, hint=hint)
     if spec == "pocketsphinx":
         return PocketsphinxRecognizer()
     path = Path(spec).expanduser()
@@ -107,7 +111,7 @@ def make_recognizer(spec: str, threads: int = 1, workers: int = 1):
         raise ConfigError(
             f"--asr {spec!r}: expected 'whisper', 'pocketsphinx' or a faster-whisper model folder"
         )
-    return WhisperRecognizer(path, threads, workers)
+    return WhisperRecognizer(path, threads, workers, hint=hint)
 
 
 @dataclass

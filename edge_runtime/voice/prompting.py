@@ -31,6 +31,7 @@ from edge_runtime.errors import ConfigError, InputError
 class SystemPrompt:
     name: str
     text: str
+    vocabulary: str  # device and action names: a recognition hint for Whisper (voice/asr.py)
 
 
 def load_system_prompt(path: Path) -> SystemPrompt:
@@ -56,7 +57,15 @@ def load_system_prompt(path: Path) -> SystemPrompt:
                          + (f": {actions}" if actions else ""))
     if data.get("answer_format"):
         lines.append(str(data["answer_format"]).strip())
-    return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines))
+    return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices))
+
+
+def _vocabulary(devices: list[dict]) -> str:
+    names = list(dict.fromkeys(str(d["name"]) for d in devices))
+    actions = list(dict.fromkeys(str(a) for d in devices for a in d.get("actions") or []))
+    if not names:
+        return ""
+    return f"Devices: {', '.join(names)}. Actions: {', '.join(actions)}."
 
 
 def render(tokenizer, messages: list[dict]) -> str:

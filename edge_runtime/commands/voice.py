@@ -1,0 +1,144 @@
+"""`edge-runtime voice`: N concurrent voice-command streams through VAD, Whisper, the engine and
+(optionally) espeak-ng. `--demo` synthesizes 5 streams of spoken commands and runs them (docs/voice.md).
+
+Inputs: `--input SPEC` per stream (repeatable; with fewer inputs than --streams they are reused
+round-robin). SPEC is `[wav:|folder:|pcm:|text:]PATH` (see edge_runtime/voice/audio_input.py).
+Exit status: 0 when every stream ran clean, 1 when some stream reported a fault (each printed as
+one line naming the file and the problem), 2 for a usage/config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "voice", help="the voice-command loop: N audio streams -> VAD -> ASR -> engine -> answers",
+        description="Run concurrent voice-command streams: each input is cut into utterances by "
+                    "VAD, recognised by Whisper tiny.en (or pocketsphinx / a model folder), and "
+                    "answered by the engine with the stream's own history. Prints answers, a "
+                    "table per stream and the latency split; writes JSON-lines events.")
+    p.add_argument("--config", help="memory budget YAML or name (configs/orin/*.yaml) that sizes "
+                                    "the engine's page pool (default: the engine's defaults)")
+    p.add_argument("--voice-config", type=Path,
+                   help="voice settings YAML (default: configs/voice/default.yaml)")
+    p.add_argument("--model", default=None, help="model name or path (default: smollm2-135m-instruct)")
+    p.add_argument("--streams", type=int, default=None, help="number of streams (default: one per "
+                                                              "--input; 5 with --demo)")
+    p.add_argument("--input", action="append", default=[], metavar="SPEC",
+                   help="[wav:|folder:|pcm:|text:]PATH; repeat for several streams")
+    p.add_argument("--demo", action="store_true", help="synthesize 5 streams of spoken commands "
+                                                       "with espeak-ng and run them")
+    p.add_argument("--turns", type=int, default=4, help="commands per stream with --demo (1-4)")
+    p.add_argument("--tts", action="store_true", help="speak answers with espeak-ng into WAVs")
+    p.add_argument("--tts-dir", type=Path, default=Path("voice-answers"),
+                   help="folder for the spoken answers (default: ./voice-answers)")
+    p.add_argument("--events", type=Path, help="write one JSON line per utterance/fault here")
+    p.add_argument("--asr", help="whisper | pocketsphinx | PATH (overrides the voice config)")
+    p.add_argument("--system-prompt", type=Path, help="system prompt YAML (configs/voice/home.yaml)")
+    p.add_argument("--max-tokens", type=int, help="answer length limit (overrides the config)")
+    p.add_argument("--realtime", action="store_true",
+                   help="feed audio at 1x speed, as a microphone would (the demo's default)")
+    p.add_argument("--fast", action="store_true", help="with --demo: feed audio as fast as possible")
+    p.add_argument("--stagger", type=float, default=None,
+                   help="seconds between stream starts in --realtime mode (demo: 0.6)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--quiet", action="store_true", help="no per-utterance progress lines")
+    p.set_defaults(func=run)
+
+
+def _config(args):
+    import dataclasses
+
+    from edge_runtime.voice.config import load_voice_config
+
+    config = load_voice_config(args.voice_config)
+    changes = {}
+    if args.asr:
+        changes["asr"] = args.asr
+    if args.system_prompt:
+        changes["system_prompt"] = args.system_prompt
+    if args.max_tokens:
+        changes["max_tokens"] = args.max_tokens
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _sources(args, progress):
+    from edge_runtime.errors import ConfigError
+    from edge_runtime.voice.audio_input import Source, parse_input_spec
+    from edge_runtime.voice.demo import build_demo_inputs
+
+    references = None
+    specs = list(args.input)
+    if args.demo:
+        if not 1 <= args.turns <= 4:
+            raise ConfigError(f"--turns must be between 1 and 4, got {args.turns}")
+        demo = build_demo_inputs(args.streams or 5, args.turns, progress=progress)
+        specs = [str(wav) for wav, _ in demo]
+        references = [cmds for _, cmds in demo]
+    if not specs:
+        raise ConfigError("give at least one --input SPEC (or --demo)")
+    n = args.streams or len(specs)
+    if n < 1:
+        raise ConfigError(f"--streams must be >= 1, got {n}")
+    sources = [Source(parse_input_spec(specs[i % len(specs)])) for i in range(n)]
+    return sources, references
+
+
+def run(args: argparse.Namespace) -> int:
+    from edge_runtime.model.loader import DEFAULT_MODEL
+    from edge_runtime.voice import report
+    from edge_runtime.voice.session import _stderr, load_runtime, run_streams
+
+    progress = (lambda msg: None) if args.quiet else _stderr
+    config = _config(args)
+    sources, references = _sources(args, progress)
+    need_asr = any(s.spec.kind != "text" for s in sources)
+    runtime = load_runtime(config, args.model or DEFAULT_MODEL, len(sources), args.config,
+                           args.device, need_asr, progress=_stderr)
+    realtime = args.realtime or (args.demo and not args.fast)
+    stagger = args.stagger if args.stagger is not None else (0.6 if args.demo else 0.0)
+    _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'})")
+
+    def on_event(ev: dict) -> None:
+        if ev["kind"] == "error":
+            print(f"edge-runtime voice: stream {ev['stream']}: {ev['problem']}", file=sys.stderr)
+        elif not args.quiet:
+            tail = (f"-> {ev['answer']!r} (first token {ev['first_token_s']:.2f}s after speech, "
+                    f"cached {ev['cached_prompt_tokens']}/{ev['prompt_tokens']})"
+                    if "answer" in ev else f"({ev.get('skipped')})")
+            _stderr(f"[stream {ev['stream']} #{ev['utterance']}] {ev['transcript']!r} {tail}")
+
+    try:
+        reports = run_streams(runtime, config, sources, realtime, stagger,
+                              args.tts_dir if args.tts else None, args.events, on_event)
+    finally:
+        runtime.close()
+    _print_summary(reports, references, report)
+    if args.events:
+        _stderr(f"events written to {args.events}")
+    return 1 if any(r.faults for r in reports) else 0
+
+
+def _print_summary(reports, references, report) -> None:
+    events = [ev for r in reports for ev in r.events]
+    for r in reports:
+        refs = references[r.stream] if references and r.stream < len(references) else None
+        print(report.stream_table(r.stream, r.events, refs))
+        for fault in r.faults:
+            print(f"  fault: {fault['problem']}")
+    if references:
+        pairs = [(refs[ev["utterance"]], ev["transcript"]) for r, refs in zip(reports, references)
+                 for ev in r.events if ev["utterance"] < len(refs)]
+        if pairs:
+            print(f"word error rate: {report.wer(pairs):.1%} over {len(pairs)} commands")
+    if any("first_token_s" in ev for ev in events):
+        print("latency split (seconds from the end of speech; see docs/voice.md):")
+        print(report.split_table(report.latency_split(events)))
+    print(json.dumps({"answered": sum("answer" in ev for ev in events),
+                      "utterances": len(events),
+                      "faults": sum(len(r.faults) for r in reports)}))

@@ -1,0 +1,89 @@
+"""The demo's (and the end-to-end test's) spoken commands: 5 streams x a few turns, each stream a
+different espeak-ng voice, synthesized once into a cache folder as one 16 kHz mono WAV per stream
+(commands separated by silence, so the VAD has to cut them) plus `commands.json` (the references
+for the word error rate).
+
+The cache key covers the commands, voices, gaps and the espeak-ng version, so a change re-synthesizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from edge_runtime.errors import InputError
+from edge_runtime.voice.audio_input import SAMPLE_RATE, read_wav
+from edge_runtime.voice.tts import espeak_binary, synthesize, write_wav
+
+DEMO_COMMANDS = (
+    ("turn on the kitchen lights", "dim the kitchen lights", "play the radio",
+     "turn off the kitchen lights"),
+    ("set the thermostat to twenty one degrees", "what is the temperature in the hall",
+     "turn the volume up", "close the blinds"),
+    ("lock the front door", "is the front door locked", "open the garage door",
+     "turn on the bedroom lights"),
+    ("turn on the living room lights", "open the blinds", "stop the radio",
+     "turn off the bedroom lights"),
+    ("close the garage door", "unlock the front door", "turn off the living room lights",
+     "set the thermostat to eighteen degrees"),
+)
+DEMO_VOICES = ("en-us", "en", "en-us+m3", "en+f3", "en-us+m7")
+LEAD_S, GAP_S, TAIL_S = 0.5, 1.5, 1.0
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edge-runtime" / "voice-demo"
+
+
+def _espeak_version() -> str:
+    done = subprocess.run([espeak_binary(), "--version"], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def stream_audio(commands: tuple[str, ...] | list[str], voice: str) -> np.ndarray:
+    """The commands spoken by `voice`, with silence around them: float32 [n] at 16 kHz."""
+    parts = [np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)]
+    for i, text in enumerate(commands):
+        parts.append(synthesize(text, voice))
+        gap = TAIL_S if i == len(commands) - 1 else GAP_S
+        parts.append(np.zeros(int(gap * SAMPLE_RATE), np.float32))
+    return np.concatenate(parts)
+
+
+def build_demo_inputs(streams: int = 5, turns: int = 4, folder: Path | None = None,
+                      progress: Callable[[str], None] | None = None) -> list[tuple[Path, list[str]]]:
+    """Synthesize (or reuse) one WAV per stream -> [(wav path, reference commands)]."""
+    assert 1 <= streams <= len(DEMO_COMMANDS), streams
+    assert 1 <= turns <= len(DEMO_COMMANDS[0]), turns
+    plan = [(list(DEMO_COMMANDS[i][:turns]), DEMO_VOICES[i]) for i in range(streams)]
+    key = hashlib.sha256(json.dumps([plan, LEAD_S, GAP_S, TAIL_S, _espeak_version()])
+                         .encode()).hexdigest()[:12]
+    folder = (folder or cache_root()) / key
+    out = []
+    for i, (commands, voice) in enumerate(plan):
+        wav = folder / f"stream{i}.wav"
+        if not _usable(wav):
+            if progress:
+                progress(f"synthesizing stream {i} ({voice}): {len(commands)} commands")
+            tmp = wav.with_suffix(".tmp.wav")
+            write_wav(tmp, stream_audio(commands, voice))
+            tmp.replace(wav)  # atomic: a half-written file never looks finished
+        out.append((wav, commands))
+    (folder / "commands.json").write_text(json.dumps(
+        [{"wav": str(w), "voice": v, "commands": c} for (w, c), (_, v) in zip(out, plan)],
+        indent=1))
+    return out
+
+
+def _usable(wav: Path) -> bool:
+    try:
+        return wav.exists() and len(read_wav(wav)) > 0
+    except InputError:
+        return False

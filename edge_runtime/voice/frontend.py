@@ -1,0 +1,109 @@
+"""The front end of one stream, run in its own thread: source -> (pacing) -> VAD -> items.
+
+Reading a FIFO blocks, and VAD is per-frame work, so each stream's front end is a thread that posts
+items into the stream's asyncio queue (thread-safe via `loop.call_soon_threadsafe`). Items:
+
+- `Command(utterance)` for a cut utterance (audio), or `Command(text=...)` for a text-file line;
+- `Fault(source, problem)` for anything wrong with this stream's input: the message names the file
+  and the problem; the other streams never see it. A fault in one file of a folder does not stop
+  the folder; an input that ends mid-utterance yields a Fault and the incomplete command is dropped
+  (acting on half a command is worse than asking again);
+- `None` when the stream's input is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_runtime.errors import InputError
+from edge_runtime.voice.audio_input import Pacer, Recording, Source
+from edge_runtime.voice.vad import UtteranceCutter, Utterance
+
+
+@dataclass
+class Command:
+    source: Path
+    utterance: Utterance | None = None  # audio commands
+    text: str | None = None  # text-file commands
+    line: int = 0  # 1-based line of a text command
+    ready_wall: float = 0.0  # perf_counter() when the command was complete (end of speech)
+
+
+@dataclass
+class Fault:
+    source: str
+    problem: str  # "<file>: <what is wrong>"
+    fatal: bool  # True when the stream stopped because of it
+
+
+class FrontEnd:
+    """Runs `Source` -> `UtteranceCutter` in a daemon thread, posting to `queue`."""
+
+    def __init__(self, source: Source, cutter: UtteranceCutter, queue: asyncio.Queue,
+                 loop: asyncio.AbstractEventLoop, realtime: bool, start_delay_s: float = 0.0):
+        self.source = source
+        self.cutter = cutter
+        self.queue = queue
+        self.loop = loop
+        self.pacer = Pacer(realtime, start_delay_s)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"voice-frontend-{source.name}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _post(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def _run(self) -> None:
+        try:
+            for rec in self.source.recordings():
+                if self.stop_event.is_set():
+                    break
+                if isinstance(rec, InputError):
+                    self._post(Fault(self.source.name, str(rec), fatal=False))
+                elif rec.kind == "text":
+                    self._text(rec)
+                else:
+                    self._audio(rec)
+        except InputError as exc:
+            self._post(Fault(self.source.name, str(exc), fatal=True))
+        except Exception as exc:  # a bug, not bad input: report it with its traceback
+            traceback.print_exc()
+            self._post(Fault(self.source.name, f"{self.source.name}: internal error: {exc!r}",
+                             fatal=True))
+        finally:
+            self._post(None)
+
+    def _text(self, rec: Recording) -> None:
+        for i, line in enumerate(rec.lines or [], start=1):
+            self._post(Command(rec.path, text=line, line=i, ready_wall=time.perf_counter()))
+
+    def _audio(self, rec: Recording) -> None:
+        self._emit(self.cutter.new_recording(rec.path))
+        for frame in rec.frames():
+            if self.stop_event.is_set():
+                return
+            self.pacer.wait()
+            self._emit(self.cutter.push(frame, time.perf_counter()))
+        utt = self.cutter.finish()
+        if utt is not None and utt.truncated:
+            self._post(Fault(str(rec.path), f"{rec.path}: input ended mid-utterance (speech from "
+                             f"{utt.start_s:.2f} s to the end at {utt.end_s:.2f} s); the "
+                             "incomplete command was not sent", fatal=False))
+        else:
+            self._emit(utt)
+
+    def _emit(self, utt: Utterance | None) -> None:
+        if utt is not None:
+            self._post(Command(utt.source, utterance=utt, ready_wall=utt.end_wall))
+

@@ -1,0 +1,190 @@
+"""The voice loop: N streams, each source -> VAD (front-end thread) -> ASR pool -> engine -> answer.
+
+Concurrency (asyncio, one event loop):
+- per stream, a front-end thread (voice/frontend.py) cuts utterances and posts them;
+- per stream, `_recognize` hands each utterance to the shared, bounded ASR pool as soon as it is
+  cut (so recognition runs ahead while the previous answer is still generating), and `_answer`
+  consumes recognitions in order: one turn at a time per stream, because turn t's prompt contains
+  turn t-1's answer; different streams' turns are in flight together, and the engine batches them;
+- a fault is confined to its stream: it becomes an `error` event naming the file and the problem.
+
+Every utterance yields one JSON-able event (`kind: "utterance"`); times are seconds measured with
+perf_counter from `end_wall`, the moment the last speech frame reached the VAD (for text commands:
+the moment the line was read). The latency split:
+  vad_s   end of speech -> utterance cut (the min-silence wait, in --realtime mode)
+  asr_queue_s, asr_s     waiting for an ASR worker; recognition
+  turn_wait_s            waiting for this stream's previous answer to finish
+  engine_queue_s         engine: added -> first scheduled
+  first_token_s          end of speech -> first answer token (the headline latency)
+  answer_s               first token -> last token
+  total_s                end of speech -> answer complete (and spoken, with --tts)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.errors import EdgeError
+from edge_runtime.voice.asr import ASRPool, ASRResult
+from edge_runtime.voice.audio_input import Source
+from edge_runtime.voice.frontend import Command, Fault, FrontEnd
+from edge_runtime.voice.prompting import Conversation
+from edge_runtime.voice.tts import speak_to_wav
+from edge_runtime.voice.vad import UtteranceCutter, VADConfig, make_detector
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    vad: VADConfig = field(default_factory=VADConfig)
+    max_tokens: int = 48
+    history_tokens: int = 600
+    realtime: bool = False  # pace audio at 1x (latency as a user would see it)
+    stagger_s: float = 0.0  # stream i starts i * stagger_s later (realtime only)
+    tts_dir: Path | None = None  # speak answers into WAVs here
+    tts_voice: str = "en-us"
+
+
+@dataclass
+class StreamReport:
+    stream: int
+    source: str
+    events: list[dict] = field(default_factory=list)  # utterance events, in order
+    faults: list[dict] = field(default_factory=list)
+
+
+class VoiceLoop:
+    def __init__(self, aengine, tokenizer, asr_pool: ASRPool | None, system_prompt: str,
+                 settings: LoopSettings, eos_token_ids: tuple[int, ...] = (),
+                 on_event: Callable[[dict], None] | None = None,
+                 on_text: Callable[[int, str], None] | None = None):
+        self.aengine = aengine
+        self.tokenizer = tokenizer
+        self.asr_pool = asr_pool
+        self.system_prompt = system_prompt
+        self.settings = settings
+        self.eos_token_ids = eos_token_ids
+        self.on_event = on_event or (lambda ev: None)
+        self.on_text = on_text  # streamed answer text: (stream, delta)
+        self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
+
+    async def run(self, sources: list[Source]) -> list[StreamReport]:
+        reports = [StreamReport(i, s.name) for i, s in enumerate(sources)]
+        await asyncio.gather(*(self._stream(i, s, reports[i]) for i, s in enumerate(sources)))
+        return reports
+
+    def _emit(self, report: StreamReport, event: dict) -> None:
+        (report.faults if event["kind"] == "error" else report.events).append(event)
+        self.on_event(event)
+
+    async def _stream(self, index: int, source: Source, report: StreamReport) -> None:
+        loop = asyncio.get_running_loop()
+        commands: asyncio.Queue = asyncio.Queue()
+        recognized: asyncio.Queue = asyncio.Queue()
+        cutter = UtteranceCutter(self.settings.vad, make_detector(self.settings.vad))
+        front = FrontEnd(source, cutter, commands, loop, self.settings.realtime,
+                         index * self.settings.stagger_s)
+        conv = Conversation(self.tokenizer, self.system_prompt, self.settings.history_tokens,
+                            self.eos_token_ids)
+        front.start()
+        try:
+            await asyncio.gather(self._recognize(index, commands, recognized, report),
+                                 self._answer(index, recognized, conv, report))
+        finally:
+            front.stop()
+
+    async def _recognize(self, index: int, commands: asyncio.Queue, out: asyncio.Queue,
+                         report: StreamReport) -> None:
+        while True:
+            item = await commands.get()
+            if item is None:
+                await out.put(None)
+                return
+            if isinstance(item, Fault):
+                self._emit(report, {"kind": "error", "stream": index, "source": item.source,
+                                    "problem": item.problem, "fatal": item.fatal})
+                continue
+            if item.text is not None:
+                await out.put((item, ASRResult(item.text, 0.0, 0.0), time.perf_counter()))
+                continue
+            assert self.asr_pool is not None, "audio commands need an ASR pool"
+            task = asyncio.ensure_future(self.asr_pool.transcribe(item.utterance.audio))
+            await out.put((item, task, None))
+
+    async def _answer(self, index: int, recognized: asyncio.Queue, conv: Conversation,
+                      report: StreamReport) -> None:
+        turn = 0
+        while True:
+            item = await recognized.get()
+            if item is None:
+                return
+            command, asr, asr_done = item
+            if not isinstance(asr, ASRResult):
+                try:
+                    asr = await asr
+                except Exception as exc:  # a recognizer failure: this utterance, this stream only
+                    self._emit(report, {"kind": "error", "stream": index,
+                                        "source": str(command.source), "fatal": False,
+                                        "problem": f"{command.source}: speech recognition failed "
+                                                   f"({exc!r})"})
+                    continue
+                asr_done = time.perf_counter()
+            event = self._base_event(index, turn, command, asr)
+            if asr.text:
+                try:
+                    await self._turn(index, turn, conv, command, asr, asr_done, event)
+                except EdgeError as exc:  # e.g. a prompt the engine refuses: this turn only
+                    event["skipped"] = f"engine refused the command: {exc}"
+            else:
+                event["skipped"] = "no speech recognised"
+            turn += 1
+            self._emit(report, event)
+
+    def _base_event(self, index: int, turn: int, command: Command, asr: ASRResult) -> dict:
+        utt = command.utterance
+        event = {"kind": "utterance", "stream": index, "utterance": turn,
+                 "source": str(command.source), "transcript": asr.text,
+                 "asr_queue_s": asr.queue_s, "asr_s": asr.asr_s}
+        if utt is not None:
+            event.update(speech_start_s=utt.start_s, speech_end_s=utt.end_s,
+                         vad_s=utt.cut_wall - utt.end_wall)
+        else:
+            event.update(line=command.line, vad_s=0.0)
+        return event
+
+    async def _turn(self, index: int, turn: int, conv: Conversation, command: Command,
+                    asr: ASRResult, asr_done: float, event: dict) -> None:
+        plan = conv.build(asr.text)
+        added = time.perf_counter()
+        first = None
+        result = None
+        request_id = f"voice-s{index}-u{turn}-{id(conv):x}"
+        async for ev in self.aengine.stream(plan.prompt_ids, self.params, request_id=request_id):
+            if first is None and ev.token_ids:
+                first = time.perf_counter()
+            if ev.text and self.on_text:
+                self.on_text(index, ev.text)
+            if ev.result is not None:
+                result = ev.result
+        done = time.perf_counter()
+        assert result is not None, f"engine stream for {request_id} ended without a result"
+        first = first or done
+        conv.record(plan, asr.text, result.text, result.token_ids)
+        t0 = command.ready_wall
+        event.update(
+            answer=result.text.strip(), finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens, cached_prompt_tokens=result.cached_prompt_tokens,
+            reused_prompt_tokens=plan.reused_tokens, history_turns=plan.history_turns,
+            dropped_turns=plan.dropped_turns, answer_tokens=len(result.token_ids),
+            turn_wait_s=max(0.0, added - asr_done),
+            engine_queue_s=result.timings.queue_s,
+            first_token_s=first - t0, answer_s=done - first, total_s=done - t0,
+        )
+        if self.settings.tts_dir is not None and result.text.strip():
+            wav = self.settings.tts_dir / f"stream{index}_utt{turn}.wav"
+            await speak_to_wav(result.text.strip(), wav, self.settings.tts_voice)
+            event.update(tts_wav=str(wav), total_s=time.perf_counter() - t0)

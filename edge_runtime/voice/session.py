@@ -1,0 +1,114 @@
+"""Wiring of one voice run: CPU split, model + engine, recognizer pool, loop, events file.
+
+Used by `edge-runtime voice` and by the end-to-end tests, so both exercise the same path.
+Order matters for the CPU split: torch's thread count is set before the model is loaded, the ASR
+pool is bounded by the config, and the engine's step thread is the only torch user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from edge_runtime.voice.asr import ASRPool, make_recognizer
+from edge_runtime.voice.audio_input import Source
+from edge_runtime.voice.config import VoiceConfig
+from edge_runtime.voice.loop import LoopSettings, StreamReport, VoiceLoop
+from edge_runtime.voice.prompting import load_system_prompt
+
+
+def _stderr(msg: str) -> None:
+    print(f"edge-runtime voice: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Runtime:
+    """What stays loaded between runs (the tests reuse it): model, engine, recognizer."""
+
+    loaded: object
+    aengine: object
+    recognizer: object | None
+    load_s: dict = field(default_factory=dict)
+
+    def close(self) -> None:
+        self.aengine.shutdown()
+
+
+def engine_config(num_streams: int, budget: str | None, loaded, device: str):
+    from edge_runtime.engine.config import EngineConfig
+
+    overrides = dict(max_num_seqs=max(8, num_streams), device=device)
+    if budget:
+        from edge_runtime.budget import load_budget
+        from edge_runtime.plan import make_plan
+
+        plan = make_plan(load_budget(budget), loaded.config, loaded.weight_bytes,
+                         model_name=loaded.path.name)
+        return EngineConfig.from_plan(plan, **overrides)
+    return EngineConfig(**overrides)
+
+
+def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
+                 device: str = "cpu", need_asr: bool = True,
+                 progress: Callable[[str], None] = _stderr) -> Runtime:
+    import torch
+
+    from edge_runtime.engine.async_engine import AsyncEngine
+    from edge_runtime.engine.engine import Engine
+    from edge_runtime.model.loader import load_model
+
+    threads = config.resolved_engine_threads()
+    torch.set_num_threads(threads)
+    progress(f"CPU split: engine {threads} torch thread(s); ASR {config.asr_workers} worker(s) x "
+             f"{config.asr_threads} thread(s)")
+    times = {}
+    t0 = time.perf_counter()
+    progress(f"loading model {model} ...")
+    loaded = load_model(model, device=device)
+    times["model_s"] = time.perf_counter() - t0
+    aengine = AsyncEngine(Engine(loaded, engine_config(num_streams, budget, loaded, device)))
+    recognizer = None
+    if need_asr:
+        t0 = time.perf_counter()
+        progress(f"loading speech recognizer {config.asr} ...")
+        hint = load_system_prompt(config.system_prompt).vocabulary if config.asr_hint else ""
+        recognizer = make_recognizer(config.asr, config.asr_threads, config.asr_workers, hint)
+        times["asr_s"] = time.perf_counter() - t0
+    progress("loaded (" + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in times.items()) + ")")
+    return Runtime(loaded, aengine, recognizer, times)
+
+
+def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
+                realtime: bool = False, stagger_s: float = 0.0, tts_dir: Path | None = None,
+                events_path: Path | None = None,
+                on_event: Callable[[dict], None] | None = None) -> list[StreamReport]:
+    """Run the loop over `sources` (one per stream) to the end of every input."""
+    system = load_system_prompt(config.system_prompt)
+    settings = LoopSettings(vad=config.vad, max_tokens=config.max_tokens,
+                            history_tokens=config.history_tokens, realtime=realtime,
+                            stagger_s=stagger_s, tts_dir=tts_dir)
+    pool = ASRPool(runtime.recognizer, config.asr_workers) if runtime.recognizer else None
+    eos = tuple(runtime.loaded.config.eos_token_ids)
+    sink = open(events_path, "w", encoding="utf-8") if events_path else None
+
+    def emit(event: dict) -> None:
+        if sink:
+            sink.write(json.dumps(event) + "\n")
+            sink.flush()
+        if on_event:
+            on_event(event)
+
+    loop = VoiceLoop(runtime.aengine, runtime.loaded.tokenizer, pool, system.text, settings,
+                     eos, on_event=emit)
+    try:
+        return asyncio.run(loop.run(sources))
+    finally:
+        if pool:
+            pool.close()
+        if sink:
+            sink.close()

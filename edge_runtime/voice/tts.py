@@ -1,0 +1,71 @@
+"""Speech synthesis with espeak-ng: answers spoken into WAV files (`--tts`), and the demo's and
+tests' spoken commands (16 kHz mono WAV, converted with sox when present, else our resampler).
+
+espeak-ng is a Debian package (tools/bootstrap.sh installs it); a missing binary is a ConfigError
+that says how to install it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from edge_runtime.errors import ConfigError
+from edge_runtime.voice.audio_input import SAMPLE_RATE, read_wav
+
+ESPEAK = "espeak-ng"
+
+
+def espeak_binary() -> str:
+    path = shutil.which(ESPEAK)
+    if path is None:
+        raise ConfigError("espeak-ng is not installed: apt-get install espeak-ng (or run tools/bootstrap.sh)")
+    return path
+
+
+def _espeak_args(text: str, out: Path, voice: str, speed: int) -> list[str]:
+    return [espeak_binary(), "-v", voice, "-s", str(speed), "-w", str(out), "--", text]
+
+
+async def speak_to_wav(text: str, out: Path, voice: str = "en-us", speed: int = 175) -> None:
+    """Speak `text` into `out` (espeak-ng's own 22.05 kHz WAV) without blocking the event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        *_espeak_args(text, out, voice, speed),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise ConfigError(f"espeak-ng failed for {out}: {err.decode(errors='replace').strip()}")
+
+
+def synthesize(text: str, voice: str = "en-us", speed: int = 150) -> np.ndarray:
+    """`text` spoken by espeak-ng -> float32 [n] at 16 kHz mono."""
+    with tempfile.TemporaryDirectory(prefix="edge-voice-") as tmp:
+        raw = Path(tmp) / "raw.wav"
+        done = subprocess.run(_espeak_args(text, raw, voice, speed), capture_output=True)
+        if done.returncode != 0:
+            raise ConfigError(f"espeak-ng failed: {done.stderr.decode(errors='replace').strip()}")
+        sox = shutil.which("sox")
+        if sox is None:
+            return read_wav(raw)  # polyphase resampling in audio_input
+        out = Path(tmp) / "16k.wav"
+        subprocess.run([sox, str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(out)],
+                       check=True, capture_output=True)
+        return read_wav(out)
+
+
+def write_wav(path: Path, audio: np.ndarray, rate: int = SAMPLE_RATE, channels: int = 1) -> None:
+    """float32 [n] or [n, channels] in [-1, 1] -> 16-bit PCM WAV."""
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
