@@ -1,0 +1,110 @@
+"""Budget YAML loading/validation and the memory plan arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from edge_runtime.budget import available_budgets, budget_from_dict, load_budget, parse_bytes
+from edge_runtime.cli import main
+from edge_runtime.commands.plan import safetensors_weight_bytes
+from edge_runtime.errors import ConfigError
+from edge_runtime.plan import REFERENCE_MODELS, estimate_weight_bytes, kv_bytes_per_token, make_plan
+
+CONFIGS = ["agx-orin-64gb", "agx-orin-32gb", "orin-nx-16gb", "orin-nano-8gb", "cpu-dev"]
+BASE = {"device_memory": "8GiB", "reserve": {"os": "1GiB", "other": "1GiB"},
+        "activation_reserve": "512MiB"}
+
+
+def test_all_shipped_configs_load_by_name_and_by_path():
+    assert sorted(available_budgets()) == sorted(CONFIGS)
+    for name in CONFIGS:
+        b = load_budget(name)
+        assert b.name == name and b.page_tokens == 512 and b.kv_dtype == "int8"
+        assert load_budget(b.source) == b
+    assert load_budget("agx-orin-64gb").device_memory == 64 * 2**30
+
+
+def test_sizes_parse():
+    assert parse_bytes("1.5GiB", "x") == 3 * 2**29 and parse_bytes("512 MiB", "x") == 2**29
+    assert parse_bytes(123, "x") == 123 and parse_bytes("2GB", "x") == 2 * 10**9
+    with pytest.raises(ConfigError, match="x: expected a size"):
+        parse_bytes("lots", "x")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": 1}, "unknown key 'colour'"),
+    ({"kv": {"page_size": 512}}, "unknown key kv.page_size"),
+    ({"kv": {"page_tokens": 500}}, "kv.page_tokens must be a power of two"),
+    ({"reserve": {"os": "-1GiB"}}, "os_reserve must not be negative"),
+    ({"kv": {"dtype": "int4"}}, "kv.dtype must be one of"),
+    ({"inline": {"slots": 4, "tokens": 1024}}, "inline.tokens"),
+    ({"guard": {"poll_interval_s": 0}}, "guard"),
+    ({"service": {"max_tokens": 0}}, "service"),
+])
+def test_bad_budgets_name_the_file_and_key(tmp_path, change, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **change}))
+    with pytest.raises(ConfigError, match=message) as err:
+        load_budget(path)
+    assert str(path) in str(err.value)
+
+
+def test_unknown_config_name_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="cpu-dev"):
+        load_budget("no-such-board")
+
+
+def test_kv_bytes_per_token():
+    smol, llama = REFERENCE_MODELS["smollm2-135m-shape"], REFERENCE_MODELS["llama-2-7b"]
+    assert kv_bytes_per_token(smol, "int8") == 30 * 2 * 3 * (64 + 2) == 11880
+    assert kv_bytes_per_token(llama, "int8") == 32 * 2 * 32 * (128 + 2) == 266240
+    assert kv_bytes_per_token(llama, "fp16") == 32 * 2 * 32 * 128 * 2
+    assert kv_bytes_per_token(llama, "fp32") == 32 * 2 * 32 * 128 * 4
+
+
+def test_weight_estimates_match_the_known_sizes():
+    fp16 = estimate_weight_bytes(REFERENCE_MODELS["llama-2-7b"], "fp16")
+    awq = estimate_weight_bytes(REFERENCE_MODELS["llama-2-7b-awq"], "fp16")
+    assert fp16 == 2 * 6_738_415_616  # Llama-2-7B has 6.74 B parameters
+    assert 3.7e9 < awq < 4.0e9  # AutoAWQ g128 checkpoints are ~3.9 GB
+
+
+def test_plan_arithmetic_and_streams():
+    b = budget_from_dict({**BASE, "inline": {"slots": 2, "tokens": 128},
+                          "stream_context_tokens": 1024}, "t.yaml")
+    shape = REFERENCE_MODELS["smollm2-135m-shape"]
+    plan = make_plan(b, shape, weight_bytes=300 * 2**20)
+    room = 8 * 2**30 - 2 * 2**30 - 2**29 - 300 * 2**20 - 2 * 128 * 11880
+    assert plan.bytes_per_page == 512 * 11880 and plan.num_pages == room // (512 * 11880)
+    assert plan.pool_tokens == plan.num_pages * 512 and plan.streams_that_fit == plan.num_pages // 2
+    assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16", page_tokens=64).bytes_per_page == 64 * 30 * 2 * 3 * 128
+
+
+def test_impossible_budget_lists_the_numbers():
+    b = budget_from_dict(BASE, "t.yaml")
+    with pytest.raises(ConfigError, match=r"weights 12\.55 GiB.*quantize") as err:
+        make_plan(b, REFERENCE_MODELS["llama-2-7b"], estimate_weight_bytes(REFERENCE_MODELS["llama-2-7b"]))
+    assert "device_memory 8.00 GiB" in str(err.value)
+    with pytest.raises(ConfigError, match="power of two"):
+        make_plan(b, REFERENCE_MODELS["llama-2-7b"], 0, page_tokens=100)
+
+
+def test_safetensors_header_weight_bytes(tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    save_file({"w": rng.standard_normal((4, 6)).astype(np.float32),
+               "qweight": rng.integers(0, 2**31, (2, 3), dtype=np.int32)}, str(tmp_path / "m.safetensors"))
+    assert safetensors_weight_bytes([tmp_path / "m.safetensors"], 2) == 24 * 2 + 6 * 4
+
+
+def test_plan_cli_reference_model(capsys):
+    assert main(["plan", "--config", "agx-orin-64gb", "--model", "llama-2-7b-awq", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_bytes_per_token"] == 266240 and out["num_pages"] > 100
+    assert main(["plan", "--config", "orin-nano-8gb", "--model", "llama-2-7b"]) == 2
+    assert "no room for one KV page" in capsys.readouterr().err
