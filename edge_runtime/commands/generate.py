@@ -1,0 +1,161 @@
+"""`edge-runtime generate`: complete one prompt (streamed to the terminal) or a file of prompts (one
+concurrent batch), greedy or sampled, as text or JSON lines.
+
+The generation backend is built by `build_backend(args)`; it only needs `.tokenizer`, `.config` and
+`.generate(prompt_ids, max_tokens, temperature, seed, on_token) -> list[SimpleResult-like]`, so
+switching from the foundation's simple generator to the Engine is a change to that one function.
+Requests are validated (file readable, JSON well formed, prompt fits the context) before any
+compute; every user error is an `EdgeError` (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"  # == edge_runtime.model.loader.DEFAULT_MODEL (no torch import here)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate", help="complete a prompt (or a file of prompts) with a model",
+        description="Generate text. One --prompt streams to the terminal; --prompts-file runs all "
+                    "prompts as one concurrent batch.")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"HF folder, .gguf file or built-in name (default {DEFAULT_MODEL})")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompts-file", type=Path,
+                     help='JSON lines: {"prompt": str, "chat": bool, "max_tokens": int}')
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--system", help="system message (with --chat)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="activation/weight dtype")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    p.set_defaults(func=run)
+
+
+def read_requests(args) -> list[dict]:
+    """[{prompt, chat, max_tokens}] from --prompt or --prompts-file; InputError/RequestError on bad input."""
+    from edge_runtime.errors import InputError, RequestError
+
+    if args.max_tokens < 1:
+        raise RequestError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
+    if args.temperature < 0:
+        raise RequestError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.prompt is not None:
+        return [{"prompt": args.prompt, "chat": args.chat, "max_tokens": args.max_tokens}]
+    try:
+        lines = args.prompts_file.read_text().splitlines()
+    except OSError as exc:
+        raise InputError(f"cannot read --prompts-file {args.prompts_file}: {exc.strerror}") from exc
+    requests = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise InputError(f"{args.prompts_file}:{n}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise InputError(f'{args.prompts_file}:{n}: expected {{"prompt": "...", ...}}')
+        max_tokens = obj.get("max_tokens", args.max_tokens)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise RequestError(f"{args.prompts_file}:{n}: max_tokens must be a positive integer")
+        requests.append({"prompt": obj["prompt"], "chat": bool(obj.get("chat", args.chat)),
+                         "max_tokens": max_tokens})
+    if not requests:
+        raise InputError(f"{args.prompts_file} holds no prompts")
+    return requests
+
+
+class SimpleBackend:
+    """The foundation backend: simple_generate over the contiguous reference KV cache."""
+
+    def __init__(self, loaded) -> None:
+        self.loaded, self.tokenizer, self.config = loaded, loaded.tokenizer, loaded.config
+
+    def generate(self, prompt_ids, max_tokens, temperature, seed, on_token=None):
+        from edge_runtime.model.simple_generate import generate
+
+        return generate(self.loaded.model, prompt_ids, max_tokens, temperature=temperature,
+                        seed=seed, on_token=on_token)
+
+
+def build_backend(args):
+    import torch
+
+    from edge_runtime.model.loader import load_model
+
+    _log(f"loading model {args.model} ...")
+    start = time.perf_counter()
+    loaded = load_model(args.model, dtype=getattr(torch, args.dtype))
+    _log(f"model ready in {time.perf_counter() - start:.1f} s "
+         f"({loaded.weight_bytes / 2**20:.0f} MiB of weights)")
+    return SimpleBackend(loaded)
+
+
+def _log(msg: str) -> None:
+    print(f"edge-runtime: {msg}", file=sys.stderr, flush=True)
+
+
+class StreamPrinter:
+    """Incremental detokenization: prints only the new, complete characters of the decoded text."""
+
+    def __init__(self, tokenizer, out=sys.stdout) -> None:
+        self.tokenizer, self.out, self.ids, self.printed = tokenizer, out, [], ""
+
+    def __call__(self, _index: int, token_id: int) -> None:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.printed):
+            return  # an incomplete UTF-8 sequence: wait for the next token
+        self.out.write(text[len(self.printed):])
+        self.out.flush()
+        self.printed = text
+
+
+def run(args) -> int:
+    from edge_runtime.model.chat import encode_prompt
+    from edge_runtime.model.simple_generate import check_prompt_fits
+
+    requests = read_requests(args)
+    backend = build_backend(args)
+    prompt_ids = [encode_prompt(backend.tokenizer, r["prompt"], r["chat"], args.system)
+                  for r in requests]
+    for ids in prompt_ids:
+        check_prompt_fits(len(ids), backend.config.max_position_embeddings)
+    stream = len(requests) == 1 and not args.json
+    printer = StreamPrinter(backend.tokenizer) if stream else None
+    if not stream:
+        _log(f"generating for {len(requests)} prompt(s) as one batch ...")
+    start = time.perf_counter()
+    results = backend.generate(prompt_ids, [r["max_tokens"] for r in requests],
+                               args.temperature, args.seed, on_token=printer)
+    elapsed = time.perf_counter() - start
+    if stream:
+        print(printer.tokenizer.decode(printer.ids, skip_special_tokens=True)[len(printer.printed):])
+    else:
+        _print_results(args, backend.tokenizer, requests, results)
+    generated = sum(len(r.token_ids) for r in results)
+    _log(f"{generated} tokens in {elapsed:.1f} s ({generated / max(elapsed, 1e-9):.1f} tok/s)")
+    return 0
+
+
+def _print_results(args, tokenizer, requests, results) -> None:
+    for i, (req, res) in enumerate(zip(requests, results)):
+        text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
+        if args.json:
+            print(json.dumps({
+                "prompt": req["prompt"], "chat": req["chat"], "max_tokens": req["max_tokens"],
+                "text": text, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
+                "cached_prompt_tokens": getattr(res, "cached_prompt_tokens", 0),
+                "finish_reason": res.finish_reason,
+            }), flush=True)
+        else:
+            print(f"--- [{i}] {req['prompt'][:60]!r} ({res.finish_reason})\n{text}", flush=True)
