@@ -37,6 +37,7 @@ if not (Path(edge_runtime.__file__).parent / "kernels").exists():
 from edge_runtime.kernels import awq_gemm as awq  # noqa: E402
 from edge_runtime.kernels import kv_write as kvw  # noqa: E402
 from edge_runtime.kernels import paged_attention as pa  # noqa: E402
+from edge_runtime.kernels import tune_space  # noqa: E402
 
 REAL = dict(heads=32, kv_heads=32, head_dim=128, page=512, seqs=5, seq_len=2000, prefix=300, prefill=256,
             awq=[(4096, 4096), (4096, 11008)], ms=[1, 2, 3, 4, 5, 8, 16, 512], group=128)
@@ -44,14 +45,6 @@ TINY = dict(heads=4, kv_heads=2, head_dim=32, page=16, seqs=3, seq_len=40, prefi
             awq=[(128, 64), (128, 88)], ms=[1, 3, 16, 20], group=32)
 ITERS, REPS = 20, 7
 TARGETS = {"paged_decode_pct_copy": 60.0, "gemv_speedup_vs_fp16_m1_5": 2.5}
-SWEEP_ATTN = [dict(block_n=b, num_warps=w, programs_per_sm=p, num_stages=st)
-              for b, w, p, st in [(32, 4, 2, 2), (32, 4, 8, 2), (64, 4, 4, 2), (64, 4, 8, 3), (64, 8, 16, 3),
-                                  (128, 8, 4, 2), (128, 8, 8, 3), (32, 2, 16, 3)]]
-SWEEP_GEMV = [dict(block_n=b, block_k=k, programs_per_sm=p, num_warps=w, num_stages=st, interleave=il)
-              for b, k, p, w, st, il in [(64, 128, 2, 4, 3, False), (64, 128, 2, 4, 3, True),
-                                         (32, 128, 4, 4, 3, False), (128, 128, 2, 4, 3, True),
-                                         (128, 64, 4, 8, 3, True), (64, 64, 8, 4, 4, True),
-                                         (256, 128, 1, 8, 3, True), (32, 64, 8, 2, 4, False)]]
 
 
 def log(msg):
@@ -203,22 +196,22 @@ def dense_kv(pool, bt, length, c):
     return out
 
 
-def check_decode(c, dev, cuda, layout, pool, copy_bw, l2, gen):
+def check_decode(c, dev, cuda, layout, pool, copy_bw, l2, gen, tune=None):
     log("Paged int8 decode attention: one segment, and shared prefix + tail + merge")
     s, h, d, length = c["seqs"], c["heads"], c["head_dim"], c["seq_len"]
     sm = 1.0 / math.sqrt(d)
     q = torch.randn(s, h, d, generator=gen).to(dev).half()
     one, prefix, tail = decode_args(c, dev, layout, pool, q)
     want, want_lse = pa.paged_attention_ref(*one, sm)
-    got, got_lse = pa.paged_attention_triton(*one, sm)
-    merged = two_segments(q, pool, prefix[5:], tail[5:], sm)
+    got, got_lse = pa.paged_attention_triton(*one, sm, tune=tune)
+    merged = two_segments(q, pool, prefix[5:], tail[5:], sm, tune)
     err1 = max(float((got - want).abs().max()), float((got_lse - want_lse).abs().max()))
     err2 = float((merged - want).abs().max())
     nbytes = s * length * c["kv_heads"] * (d + 2) * 2
     pools = [pool] + [[x.clone() for x in pool] for _ in range(n_copies(nbytes, l2) - 1)]
     args_of = lambda i, a: (q, *pools[i % len(pools)], *a[5:])  # noqa: E731
-    us1, how = time_us(lambda i: pa.paged_attention_triton(*args_of(i, one), sm), cuda)
-    us2, _ = time_us(lambda i: two_segments(q, pools[i % len(pools)], prefix[5:], tail[5:], sm), cuda)
+    us1, how = time_us(lambda i: pa.paged_attention_triton(*args_of(i, one), sm, tune=tune), cuda)
+    us2, _ = time_us(lambda i: two_segments(q, pools[i % len(pools)], prefix[5:], tail[5:], sm, tune), cuda)
     ref_us, _ = time_us(lambda i: pa.paged_attention_ref(*args_of(i, one), sm), cuda, graph=False)
     kd, vd = dense_kv(pool, layout["full_bt"].to(dev), length, c)
     q4 = q.unsqueeze(2)  # [B, H, 1, D]
@@ -232,7 +225,7 @@ def check_decode(c, dev, cuda, layout, pool, copy_bw, l2, gen):
                 dense_us, nbytes, copy_bw, dense_GBps=dense_gbps)], (q, one, pools, want, nbytes)
 
 
-def check_prefill(c, dev, cuda, layout, pool, gen):
+def check_prefill(c, dev, cuda, layout, pool, gen, tune=None):
     log("Paged prefill attention: new tokens against the cached sequence (causal kv_lens)")
     t, h, d, length = c["prefill"], c["heads"], c["head_dim"], c["seq_len"]
     sm = 1.0 / math.sqrt(d)
@@ -241,9 +234,10 @@ def check_prefill(c, dev, cuda, layout, pool, gen):
     lens = torch.arange(length - t + 1, length + 1, dtype=torch.int32, device=dev)
     args = (q, *pool, layout["full_bt"].to(dev), idx, lens, sm)
     want, _ = pa.paged_attention_ref(*args)
-    got, _ = pa.paged_attention_triton(*args)
+    got, _ = pa.paged_attention_triton(*args, tune=tune)
     err = float((got - want).abs().max())
-    us, how = time_us(lambda i: pa.paged_attention_triton(*args), cuda)
+    # prefill tiles are found on the host (a sync), which a CUDA graph cannot capture
+    us, how = time_us(lambda i: pa.paged_attention_triton(*args, tune=tune), cuda, graph=False)
     ref_us, _ = time_us(lambda i: pa.paged_attention_ref(*args), cuda, graph=False)
     kd, vd = dense_kv(pool, layout["full_bt"][:1].to(dev), length, c)
     mask = torch.arange(length, device=dev)[None, :] < lens[:, None]  # [T, L]
@@ -251,7 +245,7 @@ def check_prefill(c, dev, cuda, layout, pool, gen):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     dense_us, _ = time_us(lambda i: sdpa(qd, kd, vd, attn_mask=mask, enable_gqa=h != c["kv_heads"]), cuda)
     return [row("paged prefill", f"T={t} L={length} H={h}/{c['kv_heads']}", err, 2e-2, us, how, ref_us,
-                dense_us)]
+                dense_us)], (args, want)
 
 
 def random_awq(k, n, group, dev, gen):
@@ -261,7 +255,8 @@ def random_awq(k, n, group, dev, gen):
     return qweight.to(dev), qzeros.to(torch.int32).to(dev), scales.to(dev)
 
 
-def check_awq(c, dev, cuda, copy_bw, l2, gen):
+def check_awq(c, dev, cuda, copy_bw, l2, gen, tunes=None):
+    """tunes: optional {"m1": tune for M=1, "m": tune for 1 < M <= 16}."""
     log("W4A16 GEMM/GEMV on AutoAWQ packing vs dequantize + fp32 matmul; timed vs fp16 matmul")
     rows, g = [], c["group"]
     act = torch.float16 if cuda else torch.float32
@@ -275,9 +270,10 @@ def check_awq(c, dev, cuda, copy_bw, l2, gen):
         for m in c["ms"]:
             x = torch.randn(m, k, generator=gen).to(dev).to(act)
             want = x.float() @ w32
-            y = awq.awq_gemm_triton(x, *w4, g)
+            tune = None if not tunes or m > 16 else tunes["m1" if m == 1 else "m"]
+            y = awq.awq_gemm_triton(x, *w4, g, tune=tune)
             err = float((y.float() - want).abs().max()) / float(want.abs().max())
-            us, how = time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g), cuda)
+            us, how = time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tune), cuda)
             dense_us, _ = time_us(lambda i: x @ w16s[i % len(w16s)], cuda)
             ref_us = None
             if m in (1, max(c["ms"])):
@@ -288,19 +284,38 @@ def check_awq(c, dev, cuda, copy_bw, l2, gen):
     return rows
 
 
-def sweep(c, dev, cuda, decode_ctx, l2, gen):
-    """Time alternative launch configs (each also checked for correctness) for the tuning record."""
-    log("Sweep: launch configs for paged decode and W4A16 GEMV")
-    q, one, pools, want, nbytes = decode_ctx
+def _try_config(out, op, tune, check, timed, deadline, nbytes=None):
+    """Check then time one config; failures (e.g. out of shared memory) are recorded, not raised."""
+    if time.perf_counter() > deadline:
+        return
+    rec = dict(op=op, tune=tune)
+    try:
+        rec["ok"] = bool(check())
+        rec["us"], _ = timed()
+        if nbytes:
+            rec["GBps"] = nbytes / rec["us"] / 1e3
+    except Exception as exc:  # noqa: BLE001 - a config that cannot run is data, not a crash
+        rec.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+    out.append(rec)
+
+
+def _sweep_attention(c, cuda, ctx, prefill_ctx, out, deadline):
+    q, one, pools, want, nbytes = ctx
     sm = 1.0 / math.sqrt(c["head_dim"])
-    out = []
-    for tune in SWEEP_ATTN:
-        got, _ = pa.paged_attention_triton(*one[:5], *one[5:], sm, tune=tune)
-        us, _ = time_us(lambda i: pa.paged_attention_triton(q, *pools[i % len(pools)], *one[5:], sm, tune=tune),
-                        cuda)
-        out.append(dict(op="paged_decode", tune=tune, us=us, GBps=nbytes / us / 1e3,
-                        ok=bool(float((got - want).abs().max()) <= 2e-2)))
-        log(f"  decode {tune} {us:8.1f} us {out[-1]['GBps']:8.0f} GB/s ok={out[-1]['ok']}")
+    for tune in tune_space.decode_space():
+        _try_config(out, "paged_decode", tune,
+                    lambda: float((pa.paged_attention_triton(*one, sm, tune=tune)[0] - want).abs().max()) <= 2e-2,
+                    lambda: time_us(lambda i: pa.paged_attention_triton(q, *pools[i % len(pools)], *one[5:], sm,
+                                                                        tune=tune), cuda), deadline, nbytes)
+    args, want_p = prefill_ctx
+    for tune in tune_space.prefill_space():
+        _try_config(out, "paged_prefill", tune,
+                    lambda: float((pa.paged_attention_triton(*args, tune=tune)[0] - want_p).abs().max()) <= 2e-2,
+                    lambda: time_us(lambda i: pa.paged_attention_triton(*args, tune=tune), cuda, graph=False),
+                    deadline)
+
+
+def _sweep_gemv(c, dev, cuda, l2, gen, out, deadline):
     g = c["group"]
     for k, n in c["awq"]:
         w4 = random_awq(k, n, g, dev, gen)
@@ -309,13 +324,55 @@ def sweep(c, dev, cuda, decode_ctx, l2, gen):
         for m in (1, 5):
             x = torch.randn(m, k, generator=gen).to(dev).half()
             want_y = x.float() @ w32
-            for tune in SWEEP_GEMV:
-                y = awq.awq_gemm_triton(x, *w4, g, tune=tune)
-                ok = float((y.float() - want_y).abs().max()) <= 1e-2 * float(want_y.abs().max())
-                us, _ = time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tune), cuda)
-                out.append(dict(op=f"gemv M={m} K={k} N={n}", tune=tune, us=us, ok=bool(ok)))
-                log(f"  gemv M={m} {k}x{n} {tune} {us:8.1f} us ok={ok}")
-    return out
+            tol = 1e-2 * float(want_y.abs().max())
+            for tune in tune_space.gemv_space(m):
+                _try_config(out, f"gemv M={m} K={k} N={n}", tune,
+                            lambda: float((awq.awq_gemm_triton(x, *w4, g, tune=tune).float() - want_y).abs().max())
+                            <= tol,
+                            lambda: time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tune),
+                                            cuda), deadline)
+
+
+def sweep(c, dev, cuda, ctx, prefill_ctx, l2, gen, budget_s):
+    """Time the search spaces of kernels/tune_space.py (each config also checked) within budget_s."""
+    log(f"Sweep: launch configs (budget {budget_s:.0f} s)")
+    out = []
+    _sweep_attention(c, cuda, ctx, prefill_ctx, out, time.perf_counter() + 0.4 * budget_s)
+    _sweep_gemv(c, dev, cuda, l2, gen, out, time.perf_counter() + 0.6 * budget_s)
+    best = {}
+    for rec in out:
+        if rec.get("ok") and (rec["op"] not in best or rec["us"] < best[rec["op"]]["us"]):
+            best[rec["op"]] = rec
+    for op, rec in best.items():
+        log(f"  best {op:<24} {rec['us']:8.1f} us  {rec['tune']}")
+    for m in (1, 5):  # one config per M for every shape: least total time over the shapes
+        totals = {}
+        for rec in out:
+            if rec["op"].startswith(f"gemv M={m} ") and rec.get("ok"):
+                key = json.dumps(rec["tune"], sort_keys=True)
+                totals.setdefault(key, []).append(rec["us"])
+        full = {k: sum(v) for k, v in totals.items() if len(v) == len(c["awq"])}
+        if full:
+            best[f"gemv M={m} all shapes"] = dict(tune=json.loads(min(full, key=full.get)), us=min(full.values()))
+    failed = [r for r in out if not r.get("ok")]
+    log(f"  {len(out)} configs timed, {len(failed)} failed or wrong" + (f"; first: {failed[0]}" if failed else ""))
+    return dict(configs=out, best=best)
+
+
+def tuned_rows(c, dev, cuda, layout, pool, copy_bw, l2, gen, best):
+    """The main checks again with the sweep's best configs (what TUNE defaults become)."""
+    log("Main checks with the best swept configs")
+    rows = []
+    if "paged_decode" in best:
+        rows += check_decode(c, dev, cuda, layout, pool, copy_bw, l2, gen, tune=best["paged_decode"]["tune"])[0]
+    if "paged_prefill" in best:
+        rows += check_prefill(c, dev, cuda, layout, pool, gen, tune=best["paged_prefill"]["tune"])[0]
+    if "gemv M=1 all shapes" in best and "gemv M=5 all shapes" in best:
+        tunes = {"m1": best["gemv M=1 all shapes"]["tune"], "m": best["gemv M=5 all shapes"]["tune"]}
+        rows += check_awq(c, dev, cuda, copy_bw, l2, gen, tunes=tunes)
+    for r in rows:
+        r["tuned"] = True
+    return rows
 
 
 def print_table(rows, copy_bw):
@@ -352,6 +409,7 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter or a quick GPU smoke test)")
     ap.add_argument("--sweep", choices=("auto", "on", "off"), default="auto",
                     help="time alternative launch configs (auto: on CUDA only)")
+    ap.add_argument("--sweep-budget", type=float, default=300.0, help="seconds the sweep may take")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:
@@ -366,7 +424,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     copy_bw = copy_bandwidth(cuda, dev)
     log(f"copy bandwidth: {copy_bw:.0f} GB/s")
-    errors, rows, ctx = [], [], None
+    errors, rows, ctx, pre_ctx = [], [], None, None
     layout, writes, _ = build_pool(c, dev, gen)
     kv_res = guarded("kv_write", lambda: check_kv_write(c, dev, cuda, layout, writes, copy_bw), errors)
     if kv_res:
@@ -375,7 +433,10 @@ def main(argv=None):
         if dec:
             rows += dec[0]
             ctx = dec[1]
-        rows += guarded("prefill", lambda: check_prefill(c, dev, cuda, layout, kv_res[1], gen), errors) or []
+        pre = guarded("prefill", lambda: check_prefill(c, dev, cuda, layout, kv_res[1], gen), errors)
+        if pre:
+            rows += pre[0]
+            pre_ctx = pre[1]
     rows += guarded("awq", lambda: check_awq(c, dev, cuda, copy_bw, l2, gen), errors) or []
     print_table(rows, copy_bw)
     result = dict(device=name, torch=torch.__version__, triton=getattr(kvw.triton, "__version__", None),
@@ -387,11 +448,21 @@ def main(argv=None):
     args.json.write_text(json.dumps(result, indent=1))
     log(f"targets: {json.dumps(result['targets'])}\nerrors: {errors}\nall_ok={result['all_ok']}; "
         f"wrote {args.json} ({time.perf_counter() - t0:.0f} s)")
-    if ctx is not None and (args.sweep == "on" or (args.sweep == "auto" and cuda)):
-        result["sweep"] = guarded("sweep", lambda: sweep(c, dev, cuda, ctx, l2, gen), errors) or []
-        result["errors"] = errors
+    if ctx and pre_ctx and (args.sweep == "on" or (args.sweep == "auto" and cuda)):
+        result["sweep"] = guarded("sweep", lambda: sweep(c, dev, cuda, ctx, pre_ctx, l2, gen, args.sweep_budget),
+                                  errors) or []
         args.json.write_text(json.dumps(result, indent=1))
         log(f"sweep written to {args.json} ({time.perf_counter() - t0:.0f} s)")
+        if result["sweep"]:
+            tuned = guarded("tuned", lambda: tuned_rows(c, dev, cuda, layout, kv_res[1], copy_bw, l2, gen,
+                                                        result["sweep"]["best"]), errors) or []
+            print_table(tuned, copy_bw)
+            result.update(tuned_rows=tuned, tuned_targets=targets(tuned))
+        result["errors"] = errors
+        result["all_ok"] = result["all_ok"] and not errors and all(r["ok"] for r in result.get("tuned_rows", []))
+        args.json.write_text(json.dumps(result, indent=1))
+        log(f"tuned targets: {json.dumps(result.get('tuned_targets'))}\nerrors: {errors}\n"
+            f"all_ok={result['all_ok']}; wrote {args.json} ({time.perf_counter() - t0:.0f} s)")
     return 0 if result["all_ok"] else 1
 
 
