@@ -1,0 +1,159 @@
+"""edge_runtime/voice/audio_input.py: resampling against analytic signals, downmix, WAV/PCM/text
+reading, and the InputError messages (file named, problem stated)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_runtime.errors import InputError
+from edge_runtime.voice.audio_input import (
+    FRAME_SAMPLES, InputSpec, Source, downmix, frames_of, parse_input_spec, pcm_frames, read_wav,
+    resample,
+)
+from edge_runtime.voice.tts import write_wav
+
+
+def _tones(rng, rate: int, seconds: float, max_hz: float, k: int = 6):
+    """A random sum of k sinusoids below max_hz, and a function evaluating it at any times."""
+    freqs = rng.uniform(40, max_hz, k)
+    phases = rng.uniform(0, 2 * np.pi, k)
+    amps = rng.uniform(0.03, 0.15, k)
+
+    def at(t):
+        return sum(a * np.sin(2 * np.pi * f * t + p) for a, f, p in zip(amps, freqs, phases))
+
+    return at(np.arange(int(rate * seconds)) / rate).astype(np.float32), at
+
+
+@pytest.mark.parametrize("src_rate", [8000, 11025, 22050, 44100, 48000, 32000])
+def test_resample_matches_analytic_signal(src_rate):
+    rng = np.random.default_rng(src_rate)
+    x, at = _tones(rng, src_rate, 0.8, max_hz=3400)
+    y = resample(x, src_rate, 16000)
+    assert len(y) == (len(x) * 16000) // src_rate
+    ref = at(np.arange(len(y)) / 16000)
+    inner = slice(320, -320)  # the filter sees zeros beyond both ends
+    assert np.abs(y[inner] - ref[inner]).max() < 2e-3
+
+
+@pytest.mark.parametrize("src_rate", [22050, 44100, 48000])
+def test_resample_removes_content_above_the_new_nyquist(src_rate):
+    t = np.arange(src_rate // 2) / src_rate
+    y = resample((0.5 * np.sin(2 * np.pi * 9500 * t)).astype(np.float32), src_rate, 16000)
+    assert np.abs(y[320:-320]).max() < 5e-3  # would alias to 6.5 kHz at full amplitude
+
+
+def test_resample_identity_and_empty():
+    x = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    assert np.array_equal(resample(x, 16000, 16000), x)
+    assert len(resample(np.zeros(0, np.float32), 8000, 16000)) == 0
+
+
+def test_downmix_is_channel_mean():
+    x = np.random.default_rng(2).uniform(-1, 1, (777, 3)).astype(np.float32)
+    np.testing.assert_allclose(downmix(x), x.mean(axis=1), atol=1e-7)
+    assert downmix(x[:, 0]).dtype == np.float32
+
+
+def test_read_wav_converts_8k_stereo(tmp_path):
+    rng = np.random.default_rng(3)
+    left, at = _tones(rng, 8000, 0.6, max_hz=3000)
+    right = (0.5 * left).astype(np.float32)
+    path = tmp_path / "st.wav"
+    write_wav(path, np.stack([left, right], axis=1), rate=8000, channels=2)
+    y = read_wav(path)
+    ref = 0.75 * at(np.arange(len(y)) / 16000)
+    assert len(y) == 2 * len(left)
+    assert np.abs(y[320:-320] - ref[320:-320]).max() < 2e-3  # + 16-bit quantisation
+
+
+def test_read_wav_errors_name_file_and_problem(tmp_path):
+    missing = tmp_path / "nope.wav"
+    with pytest.raises(InputError, match=r"nope\.wav: file not found"):
+        read_wav(missing)
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt " + os.urandom(64))
+    with pytest.raises(InputError, match=r"corrupt\.wav: not a readable WAV file"):
+        read_wav(corrupt)
+    empty = tmp_path / "empty.wav"
+    write_wav(empty, np.zeros(0, np.float32))
+    with pytest.raises(InputError, match=r"empty\.wav: contains no audio samples"):
+        read_wav(empty)
+    with pytest.raises(InputError, match="is a directory"):
+        read_wav(tmp_path)
+
+
+def test_frames_are_fixed_size_and_zero_padded():
+    x = np.random.default_rng(4).uniform(-1, 1, FRAME_SAMPLES * 2 + 100).astype(np.float32)
+    frames = list(frames_of(x))
+    assert [f.shape for f in frames] == [(FRAME_SAMPLES,)] * 3
+    np.testing.assert_array_equal(np.concatenate(frames)[: len(x)], x)
+    assert not frames[-1][100:].any()
+
+
+def test_parse_input_spec(tmp_path):
+    (tmp_path / "cmds.txt").write_text("hello\n")
+    assert parse_input_spec(str(tmp_path)) == InputSpec("folder", tmp_path)
+    assert parse_input_spec(str(tmp_path / "cmds.txt")).kind == "text"
+    assert parse_input_spec("mic.raw").kind == "pcm"
+    assert parse_input_spec("-").kind == "pcm"
+    assert parse_input_spec("a.wav") == InputSpec("wav", Path("a.wav"))
+    assert parse_input_spec("pcm:/dev/stdin") == InputSpec("pcm", Path("/dev/stdin"))
+    fifo = tmp_path / "mic"
+    os.mkfifo(fifo)
+    assert parse_input_spec(str(fifo)).kind == "pcm"
+
+
+def test_pcm_fifo_streams_what_the_writer_wrote(tmp_path):
+    rng = np.random.default_rng(5)
+    pcm = rng.integers(-30000, 30000, FRAME_SAMPLES * 3 + 17, dtype=np.int16)
+    fifo = tmp_path / "mic"
+    os.mkfifo(fifo)
+
+    def writer():
+        with open(fifo, "wb") as f:
+            data = pcm.astype("<i2").tobytes()
+            for i in range(0, len(data), 300):  # odd-sized writes, as arecord might do
+                f.write(data[i : i + 300])
+                f.flush()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    frames = list(pcm_frames(fifo))
+    thread.join()
+    got = np.concatenate(frames)
+    np.testing.assert_array_equal(got[: len(pcm)], pcm.astype(np.float32) / 32768.0)
+    assert len(frames) == 4 and not got[len(pcm) :].any()
+
+
+def test_pcm_odd_byte_count_is_an_error(tmp_path):
+    raw = tmp_path / "x.raw"
+    raw.write_bytes(b"\x01\x02\x03")
+    with pytest.raises(InputError, match=r"x\.raw: ended inside a sample"):
+        list(pcm_frames(raw))
+
+
+def test_folder_reports_bad_file_and_continues(tmp_path):
+    rng = np.random.default_rng(6)
+    write_wav(tmp_path / "a.wav", rng.uniform(-0.5, 0.5, 1600).astype(np.float32))
+    (tmp_path / "b.wav").write_bytes(b"not a wav at all")
+    write_wav(tmp_path / "c.wav", rng.uniform(-0.5, 0.5, 800).astype(np.float32), rate=8000)
+    items = list(Source(InputSpec("folder", tmp_path)).recordings())
+    assert [type(i).__name__ for i in items] == ["Recording", "InputError", "Recording"]
+    assert "b.wav" in str(items[1]) and items[2].path.name == "c.wav"
+    assert sum(len(f) for f in items[2].frames()) == 4 * FRAME_SAMPLES  # 1600 samples at 16k
+
+
+def test_text_commands(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("turn on the lights\n\n  lock the door  \n")
+    (rec,) = Source(InputSpec("text", path)).recordings()
+    assert rec.lines == ["turn on the lights", "lock the door"]
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(InputError, match=r"blank\.txt: contains no commands"):
+        list(Source(InputSpec("text", tmp_path / "blank.txt")).recordings())

@@ -1,0 +1,142 @@
+"""edge_runtime/voice/vad.py: silero streaming against the silero_vad package's own wrapper, and
+the utterance cutter (min speech, min silence, padding, max length, truncation) on bursts with
+known boundaries."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_runtime.errors import ConfigError
+from edge_runtime.voice.audio_input import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, frames_of
+from edge_runtime.voice.vad import EnergyVAD, SileroVAD, UtteranceCutter, VADConfig
+
+needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                  reason="needs espeak-ng (apt-get install espeak-ng)")
+
+
+def _bursts(rng, layout: list[tuple[str, float]]) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """('s' | 'n', seconds) pieces: loud random noise for speech, faint noise for silence.
+    Returns the audio and the (start, end) seconds of each speech piece."""
+    parts, spans, t = [], [], 0.0
+    for kind, seconds in layout:
+        n = int(round(seconds * SAMPLE_RATE))
+        amp = 0.2 if kind == "s" else 1e-4
+        parts.append((amp * rng.standard_normal(n)).astype(np.float32))
+        if kind == "s":
+            spans.append((t, t + n / SAMPLE_RATE))
+        t += n / SAMPLE_RATE
+    return np.concatenate(parts), spans
+
+
+def _cut(audio: np.ndarray, config: VADConfig, detector=None, source=Path("x.wav")):
+    cutter = UtteranceCutter(config, detector or EnergyVAD())
+    cutter.new_recording(source)
+    out = [u for u in (cutter.push(f) for f in frames_of(audio)) if u is not None]
+    last = cutter.finish()
+    return out + ([last] if last is not None else [])
+
+
+ENERGY = VADConfig(backend="energy", min_speech_ms=200, min_silence_ms=400, pad_ms=160)
+
+
+def test_energy_cutter_finds_known_bursts():
+    rng = np.random.default_rng(0)
+    audio, spans = _bursts(rng, [("n", 0.7), ("s", 1.1), ("n", 0.9), ("s", 0.6), ("n", 1.0),
+                                 ("s", 1.5), ("n", 0.8)])
+    utts = _cut(audio, ENERGY)
+    assert [u.index for u in utts] == [0, 1, 2]
+    for u, (start, end) in zip(utts, spans):
+        assert abs(u.start_s - start) <= FRAME_S and abs(u.end_s - end) <= FRAME_S
+        assert not u.truncated and u.source == Path("x.wav")
+        # speech plus up to pad_ms on each side, in whole frames
+        assert abs(len(u.audio) / SAMPLE_RATE - (end - start) - 0.32) <= 2 * FRAME_S
+
+
+def test_short_gaps_do_not_split_and_blips_are_dropped():
+    rng = np.random.default_rng(1)
+    audio, _ = _bursts(rng, [("n", 0.5), ("s", 0.6), ("n", 0.2), ("s", 0.6), ("n", 0.8),
+                             ("s", 0.064), ("n", 0.8)])
+    utts = _cut(audio, ENERGY)
+    assert len(utts) == 1  # 200 ms gap < min_silence; 64 ms blip < min_speech
+    assert abs(utts[0].end_s - utts[0].start_s - 1.4) <= 2 * FRAME_S
+
+
+def test_input_ending_mid_speech_is_truncated_but_trailing_silence_is_not():
+    rng = np.random.default_rng(2)
+    audio, _ = _bursts(rng, [("n", 0.5), ("s", 0.8), ("n", 0.8), ("s", 0.7)])
+    utts = _cut(audio, ENERGY)
+    assert [u.truncated for u in utts] == [False, True]
+    audio, _ = _bursts(rng, [("n", 0.5), ("s", 0.8), ("n", 0.25)])  # ends inside min_silence
+    (utt,) = _cut(audio, ENERGY)
+    assert not utt.truncated
+
+
+def test_max_utterance_forces_a_cut():
+    rng = np.random.default_rng(3)
+    audio, _ = _bursts(rng, [("n", 0.3), ("s", 3.3), ("n", 0.8)])
+    config = VADConfig(backend="energy", max_utterance_s=1.5)
+    utts = _cut(audio, config)
+    assert len(utts) == 3
+    assert all(u.end_s - u.start_s <= 1.5 + FRAME_S for u in utts)
+
+
+def test_new_recording_closes_the_open_utterance():
+    rng = np.random.default_rng(4)
+    cutter = UtteranceCutter(ENERGY, EnergyVAD())
+    cutter.new_recording(Path("a.wav"))
+    audio, _ = _bursts(rng, [("n", 0.3), ("s", 0.6)])
+    assert all(cutter.push(f) is None for f in frames_of(audio))
+    utt = cutter.new_recording(Path("b.wav"))
+    assert utt is not None and utt.source == Path("a.wav") and not utt.truncated
+
+
+def test_silero_streaming_matches_the_package_wrapper():
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    from silero_vad import load_silero_vad  # its import sets torch threads to 1
+
+    torch.set_num_threads(threads)
+    reference = load_silero_vad(onnx=True)
+    rng = np.random.default_rng(5)
+    audio, _ = _bursts(rng, [("n", 0.3), ("s", 0.5), ("n", 0.4)])
+    tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(len(audio)) / SAMPLE_RATE) * (audio != 0)
+    ours = SileroVAD()
+    for frame in frames_of((audio + tone).astype(np.float32)):
+        want = float(reference(torch.from_numpy(frame.copy()), SAMPLE_RATE))
+        assert abs(ours.prob(frame) - want) < 1e-5
+    ours.reset()
+    reference.reset_states()
+    frame = audio[:FRAME_SAMPLES]
+    assert abs(ours.prob(frame) - float(reference(torch.from_numpy(frame.copy()), 16000))) < 1e-5
+
+
+@needs_espeak
+def test_silero_cuts_spoken_commands():
+    from edge_runtime.voice.tts import synthesize
+
+    speech = [synthesize(t) for t in ("turn on the lights", "lock the front door", "stop")]
+    gap = np.zeros(SAMPLE_RATE, np.float32)
+    audio = np.concatenate([gap, speech[0], gap, speech[1], gap, speech[2], gap])
+    # reference boundaries: first and last sample above 1% of full scale in each piece
+    bounds, t = [], len(gap)
+    for s in speech:
+        loud = np.flatnonzero(np.abs(s) > 0.01)
+        bounds.append(((t + loud[0]) / SAMPLE_RATE, (t + loud[-1]) / SAMPLE_RATE))
+        t += len(s) + len(gap)
+    utts = _cut(audio, VADConfig(), SileroVAD())
+    assert len(utts) == 3
+    for u, (start, end) in zip(utts, bounds):
+        assert abs(u.start_s - start) < 0.15 and abs(u.end_s - end) < 0.25
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="backend"):
+        VADConfig(backend="webrtc")
+    with pytest.raises(ConfigError, match="threshold"):
+        VADConfig(threshold=1.5)
+    with pytest.raises(ConfigError, match="min_silence_ms"):
+        VADConfig(min_silence_ms=-1)
