@@ -1,0 +1,197 @@
+"""load_model / ModelConfig / the generate CLI on bad input: one ModelLoadError (or exit 2 with one
+line, no traceback) naming the problem. Plus: the GGUF cache is converted once and reused, and
+weight_bytes counts real storage.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from model_helpers import save_random_model, tiny_hf_config
+
+from edge_runtime import cli
+from edge_runtime.errors import ModelLoadError
+from edge_runtime.model import gguf_convert
+from edge_runtime.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from edge_runtime.model.loader import DEFAULT_MODEL, load_model, resolve_model_folder
+
+
+@pytest.fixture(scope="module")
+def good_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("good")
+    return save_random_model(tiny_hf_config("llama", max_position_embeddings=64), folder, seed=2)
+
+
+def copy_of(good_folder, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(good_folder, dst)
+    return dst
+
+
+def edit_config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(str(tmp_path / "nope"))
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_architecture_names_supported_ones(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    edit_config(folder, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(folder))
+    for arch in ("GPT2LMHeadModel", *SUPPORTED_ARCHITECTURES):
+        assert arch in str(err.value)
+
+
+def test_unsupported_rope_scaling_is_refused(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    edit_config(folder, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
+    with pytest.raises(ModelLoadError, match="yarn.*llama3"):
+        load_model(str(folder))
+
+
+def test_truncated_safetensors(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        load_model(str(folder))
+
+
+def test_missing_weight_and_missing_shard(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="missing 1 weights.*up_proj"):
+        load_model(str(folder))
+    index = {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match="shard model-00002-of-00002.safetensors.*missing"):
+        load_model(str(folder))
+
+
+def test_missing_tokenizer(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="no tokenizer"):
+        load_model(str(folder))
+
+
+def test_not_a_gguf_file(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\x00" * 16)
+    with pytest.raises(ModelLoadError, match="not a .gguf"):
+        load_model(str(tmp_path / "weights.bin"))
+
+
+def test_unknown_quantization_method(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    edit_config(folder, quantization_config={"quant_method": "gptq", "bits": 4})
+    with pytest.raises(ModelLoadError, match="gptq"):
+        load_model(str(folder))
+
+
+def test_good_folder_loads_with_real_weight_bytes(good_folder):
+    loaded = load_model(str(good_folder), progress=None)
+    assert loaded.quantization == "none" and loaded.path == good_folder
+    params = {id(p): p for p in loaded.model.parameters()}
+    param_bytes = sum(p.numel() * p.element_size() for p in params.values())
+    buffer_bytes = sum(b.untyped_storage().nbytes() for b in loaded.model.buffers())
+    assert loaded.weight_bytes == param_bytes + buffer_bytes
+    assert not any(p.is_meta for p in loaded.model.parameters())
+    bf16 = load_model(str(good_folder), dtype=torch.bfloat16, progress=None)
+    assert bf16.model.dtype == torch.bfloat16
+    assert bf16.weight_bytes < loaded.weight_bytes
+
+
+def test_config_from_hf_fields_and_eos_merge():
+    cfg = tiny_hf_config("mistral", sliding_window=32, max_position_embeddings=4096).to_dict()
+    mc = ModelConfig.from_hf(cfg, {"eos_token_id": [2, 7]})
+    assert mc.architecture == "MistralForCausalLM" and mc.max_position_embeddings == 32
+    assert mc.eos_token_ids == (2, 7) and mc.num_kv_heads == 2 and mc.head_dim == 16
+    qwen = ModelConfig.from_hf({**tiny_hf_config("qwen2").to_dict(), "use_sliding_window": False,
+                                "sliding_window": 16})
+    assert qwen.attention_bias and qwen.sliding_window is None
+    with pytest.raises(ModelLoadError, match="multiple"):
+        ModelConfig.from_hf({**cfg, "num_key_value_heads": 3})
+
+
+def test_gguf_cache_converts_once_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    calls = []
+
+    def fake_convert(src, out):
+        calls.append(src)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(gguf_convert, "_convert", fake_convert)
+    first = gguf_convert.ensure_converted(gguf)
+    second = gguf_convert.ensure_converted(gguf)
+    assert first == second and len(calls) == 1
+    assert first.parent == tmp_path / "cache" / "edge-runtime" / "models"
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp dir left
+
+    def failing_convert(src, out):
+        (out / "config.json").write_text("{}")
+        raise ModelLoadError("boom")
+
+    monkeypatch.setattr(gguf_convert, "_convert", failing_convert)
+    gguf.write_bytes(b"GGUF changed content")  # new size -> new cache key
+    with pytest.raises(ModelLoadError, match="boom"):
+        gguf_convert.ensure_converted(gguf)
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no half-written folder
+
+
+@pytest.mark.slow
+def test_default_model_cache_is_reused():
+    first = resolve_model_folder(DEFAULT_MODEL)  # converts on a fresh machine
+    messages = []
+    assert resolve_model_folder(DEFAULT_MODEL, progress=messages.append) == first
+    assert messages == []  # nothing converted the second time
+    assert (first / "model.safetensors").is_file() and (first / "chat_template.jinja").is_file()
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("case", ["missing", "no-config", "bad-arch", "truncated", "long-prompt",
+                                  "bad-prompts-file"])
+def test_cli_bad_input_is_one_line_exit_2(case, good_folder, tmp_path, capsys):
+    folder = copy_of(good_folder, tmp_path)
+    model, prompt = str(folder), "hello"
+    if case == "missing":
+        model = str(tmp_path / "missing")
+    elif case == "no-config":
+        (folder / "config.json").unlink()
+    elif case == "bad-arch":
+        edit_config(folder, architectures=["FalconForCausalLM"])
+    elif case == "truncated":
+        (folder / "model.safetensors").write_bytes(b"\x10\x00")
+    elif case == "long-prompt":
+        prompt = "hello world " * 100  # the model's context is 64 tokens
+    code, out, err = run_cli(capsys, "generate", "--model", model, "--max-tokens", "2",
+                             *(["--prompts-file", str(tmp_path / "none.jsonl")]
+                               if case == "bad-prompts-file" else ["--prompt", prompt]))
+    lines = [line for line in err.splitlines() if line.startswith("edge-runtime generate: error:")]
+    assert code == 2 and len(lines) == 1, err
+    assert "Traceback" not in err and out == ""
