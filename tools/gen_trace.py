@@ -24,16 +24,15 @@ HOME_SYSTEM = (
     "16-28 degrees Celsius); blinds.living_room and blinds.bedroom (open, close, set 0-100 "
     "percent); lock.front_door and lock.garage (lock, unlock, status); speaker.kitchen and "
     "speaker.living_room (play, pause, next, volume 0-10); tv.living_room (on, off, channel, "
-    "volume); vacuum.robot (start, stop, dock); oven.kitchen (preheat to a temperature, off, "
-    "timer); camera.front (status, snapshot); sensor.humidity and sensor.temperature (read). "
+    "volume); vacuum.robot (start, stop, dock); oven.kitchen (preheat, off, timer); "
+    "camera.front (snapshot); sensor.humidity and sensor.temperature (read). "
     "Rules: answer every command with exactly one line of the form DEVICE ACTION VALUE | "
     "confirmation, naming one device and one action from the list (leave VALUE out when the "
     "action takes none), with a confirmation of at most eight words that can be spoken "
     "aloud. If the command names no known device, answer none clarify | and ask one short "
     "question. Never unlock a door unless the user says the word unlock. Use the earlier "
-    "turns of the conversation to resolve words like it, there, again or warmer. Do not "
-    "explain yourself, "
-    "do not add anything after the confirmation, and never invent devices."
+    "turns of the conversation to resolve words like it, there, again or warmer. Never "
+    "invent devices."
 )
 
 CAR_SYSTEM = (

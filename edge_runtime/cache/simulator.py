@@ -44,7 +44,8 @@ class SimResult:
     mean_utilization: float = 0.0
     prompt_tokens: int = 0  # the trace's prompts, what a runtime without a cache computes
     computed_prompt_tokens: int = 0  # prompt tokens actually prefilled (incl. resumes)
-    hit_rate: float = 0.0
+    cached_prompt_tokens: int = 0  # served from the cache at first admission (not resumes)
+    hit_rate: float = 0.0  # cached_prompt_tokens / prompt_tokens
     copies: int = 0
     evictions: int = 0
     preemptions: int = 0
@@ -79,7 +80,7 @@ class Simulator:
                 self.mgr.check_invariants()
         self.mgr.check_leaks()
         r, st = self.result, self.mgr.stats()
-        r.hit_rate = 1.0 - r.computed_prompt_tokens / r.prompt_tokens if r.prompt_tokens else 0.0
+        r.hit_rate = r.cached_prompt_tokens / r.prompt_tokens if r.prompt_tokens else 0.0
         r.copies, r.evictions, r.preemptions = st["copies"], st["evictions"], st["preemptions"]
         r.mean_utilization = self._util_sum / max(1, r.steps)
         return r
@@ -99,6 +100,7 @@ class Simulator:
             self.waiting.popleft()
             if not req.generated:
                 self.result.prompt_tokens += len(req.prompt_ids)
+                self.result.cached_prompt_tokens += seq.num_cached_tokens
             self.result.computed_prompt_tokens += len(tokens) - seq.num_cached_tokens
             self.mgr.reserve(sid, len(tokens) - seq.num_cached_tokens)
             self.mgr.commit(sid, tokens[seq.num_cached_tokens:])
