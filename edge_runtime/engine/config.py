@@ -58,10 +58,15 @@ class EngineConfig:
         """Take page size and count from a MemoryPlan (edge_runtime/plan.py) when it has them."""
         values = {}
         for ours, theirs in (("num_pages", "num_pages"), ("page_tokens", "page_tokens"),
-                             ("kv_dtype", "kv_dtype"), ("num_inline_slots", "num_inline_slots"),
-                             ("inline_tokens", "inline_tokens"), ("max_num_seqs", "max_num_seqs")):
+                             ("kv_dtype", "kv_dtype"), ("num_inline_slots", "inline_slots"),
+                             ("inline_tokens", "inline_tokens"),
+                             ("max_num_seqs", "max_concurrent_sequences")):
             if getattr(plan, theirs, None) is not None:
                 values[ours] = getattr(plan, theirs)
+        if values.get("num_inline_slots") == 0 or values.get("inline_tokens") == 0:
+            values["enable_inline"] = False
+        if "max_num_seqs" in values:
+            values["max_batch_tokens"] = max(cls.max_batch_tokens, values["max_num_seqs"])
         values.update(overrides)
         return cls.from_dict(values)
 

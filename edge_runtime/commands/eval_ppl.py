@@ -1,0 +1,189 @@
+"""`edge-runtime eval-ppl --model M --text FILE [--text FILE2] [--kv-dtype int8,fp32] [--json]`:
+perplexity through the engine's own paged KV path, plus greedy agreement on chat prompts.
+
+The text files are concatenated in the order given and tokenized once (no special tokens added);
+the token stream is cut into non-overlapping windows of `--window` tokens (the last, shorter one
+included when it has at least 2 tokens). Each window is scored from an empty context: a temporary
+sequence is prefilled through the paged pool (K/V written int8 / fp16 / fp32, read back by the
+paged attention) with logits at every position (engine/scoring.py). Perplexity is
+exp(sum of NLL / number of predicted tokens). With several KV dtypes, the first is compared with
+the last (e.g. `--kv-dtype int8,fp32`: int8 relative to fp32). `--agreement N` also generates
+greedily for N built-in chat prompts with each KV dtype and reports how many tokens match.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from edge_runtime.errors import InputError, RequestError
+
+CHAT_PROMPTS = [
+    "What is the capital of France?", "Write a haiku about the sea.",
+    "Explain photosynthesis briefly.", "List three prime numbers.",
+    "Translate 'good morning' to Spanish.", "How many legs does a spider have?",
+    "What does a compiler do?", "Name a famous painter.", "Why is the sky blue?",
+    "Give me a word that rhymes with cat.", "What is a black hole?",
+    "Suggest a name for a pet goldfish.", "How do I boil an egg?",
+    "What is the largest planet?", "Describe autumn in one sentence.",
+    "What is machine learning?", "Tell me a fun fact about octopuses.",
+    "What language is spoken in Brazil?", "How far is the Moon?",
+    "Recommend a good habit for the morning.",
+]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval-ppl", help="perplexity (and int8 vs fp32 agreement) through "
+                              "the engine's paged KV", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m-instruct", help="model name or path")
+    p.add_argument("--text", action="append", required=True, help="text file (repeat to concatenate)")
+    p.add_argument("--kv-dtype", default="int8,fp32",
+                   help="comma-separated KV dtypes to evaluate (int8, fp16, fp32)")
+    p.add_argument("--window", type=int, default=1024, help="tokens per window (default 1024)")
+    p.add_argument("--page-tokens", type=int, default=512, help="KV page size")
+    p.add_argument("--max-windows", type=int, default=0, help="evaluate only the first N windows")
+    p.add_argument("--agreement", type=int, default=0, metavar="N",
+                   help="also compare greedy continuations on N built-in chat prompts")
+    p.add_argument("--agreement-tokens", type=int, default=32, help="tokens per continuation")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0: torch's default; 1 is fastest on a busy 2-core box)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--out", help="also write the JSON report to this file")
+    p.set_defaults(func=run)
+
+
+def _read_texts(paths: list[str]) -> str:
+    parts = []
+    for p in paths:
+        try:
+            parts.append(Path(p).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InputError(f"cannot read the text file {p!r}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{p!r} is not UTF-8 text") from exc
+    return "".join(parts)
+
+
+def _dtypes(spec: str) -> list[str]:
+    dtypes = [d.strip() for d in spec.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in ("int8", "fp16", "fp32")]
+    if not dtypes or bad:
+        raise RequestError(f"--kv-dtype takes int8, fp16 or fp32 (comma-separated), got {spec!r}")
+    return dtypes
+
+
+def _windows(ids: list[int], window: int, limit: int) -> list[list[int]]:
+    wins = [ids[i:i + window] for i in range(0, len(ids), window)]
+    wins = [w for w in wins if len(w) >= 2]
+    return wins[:limit] if limit > 0 else wins
+
+
+def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: bool):
+    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.engine import Engine
+
+    pages = math.ceil(window / page_tokens) + 1
+    cfg = EngineConfig(kv_dtype=kv_dtype, page_tokens=page_tokens, num_pages=max(pages, 2 * 8),
+                       enable_prefix_cache=prefix_cache, enable_inline=False,
+                       max_batch_tokens=max(window, 8), max_num_seqs=8)
+    return Engine(loaded, cfg)
+
+
+def perplexity(loaded, windows: list[list[int]], kv_dtype: str, page_tokens: int,
+               window: int) -> dict:
+    from edge_runtime.engine.scoring import score_tokens
+
+    engine = _engine(loaded, kv_dtype, page_tokens, window, prefix_cache=False)
+    total, count, t0 = 0.0, 0, time.perf_counter()
+    for i, w in enumerate(windows):
+        print(f"\reval-ppl [{kv_dtype}] window {i + 1}/{len(windows)}", end="", file=sys.stderr,
+              flush=True)
+        nll = score_tokens(engine, w)
+        total += float(nll.sum())
+        count += nll.numel()
+    print(file=sys.stderr)
+    engine.kv.check_leaks()
+    return {"kv_dtype": kv_dtype, "ppl": math.exp(total / count), "nll_mean": total / count,
+            "predicted_tokens": count, "seconds": time.perf_counter() - t0}
+
+
+def agreement(loaded, dtypes: list[str], n: int, max_tokens: int, page_tokens: int) -> dict:
+    from edge_runtime.engine.api import SamplingParams
+    from edge_runtime.model.chat import encode_prompt
+
+    prompts = [encode_prompt(loaded.tokenizer, q, chat=True) for q in CHAT_PROMPTS[:n]]
+    outs = {}
+    for d in dtypes:
+        print(f"eval-ppl [{d}] greedy on {len(prompts)} chat prompts", file=sys.stderr)
+        engine = _engine(loaded, d, page_tokens, 1024, prefix_cache=True)
+        outs[d] = [r.token_ids for r in engine.generate(prompts, SamplingParams(max_tokens=max_tokens))]
+    a, b = outs[dtypes[0]], outs[dtypes[-1]]
+    same = sum(x == y for x, y in zip(a, b))
+    prefix = [_common_prefix(x, y) for x, y in zip(a, b)]
+    return {"prompts": len(prompts), "max_tokens": max_tokens, "identical_completions": same,
+            "mean_common_prefix_tokens": sum(prefix) / len(prefix),
+            "matching_token_fraction": sum(prefix) / max(1, sum(max(len(x), len(y))
+                                                              for x, y in zip(a, b)))}
+
+
+def _common_prefix(x: list[int], y: list[int]) -> int:
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n
+
+
+def run(args) -> int:
+    import torch
+
+    from edge_runtime.model.loader import load_model
+
+    dtypes = _dtypes(args.kv_dtype)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if args.window < 2 or args.page_tokens < 1:
+        raise RequestError("--window must be >= 2 and --page-tokens >= 1")
+    text = _read_texts(args.text)
+    loaded = load_model(args.model)
+    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    windows = _windows(ids, args.window, args.max_windows)
+    if not windows:
+        raise InputError("the text has fewer than 2 tokens; nothing to evaluate")
+    report = {"model": args.model, "text": args.text, "tokens": len(ids), "window": args.window,
+              "windows": len(windows), "page_tokens": args.page_tokens,
+              "torch_threads": torch.get_num_threads(), "results": []}
+    for d in dtypes:
+        report["results"].append(perplexity(loaded, windows, d, args.page_tokens, args.window))
+    if len(dtypes) > 1:
+        first, last = report["results"][0], report["results"][-1]
+        report["relative_ppl_change"] = first["ppl"] / last["ppl"] - 1
+    if args.agreement > 0:
+        report["agreement"] = agreement(loaded, dtypes, min(args.agreement, len(CHAT_PROMPTS)),
+                                        args.agreement_tokens, args.page_tokens)
+    _print(report, args.json)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _print(report: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"model {report['model']}  tokens {report['tokens']}  windows {report['windows']} x "
+          f"{report['window']}  page_tokens {report['page_tokens']}")
+    print(f"{'kv_dtype':>8} {'ppl':>10} {'nll':>8} {'tokens':>8} {'seconds':>8}")
+    for r in report["results"]:
+        print(f"{r['kv_dtype']:>8} {r['ppl']:>10.4f} {r['nll_mean']:>8.5f} "
+              f"{r['predicted_tokens']:>8} {r['seconds']:>8.1f}")
+    if "relative_ppl_change" in report:
+        first, last = report["results"][0]["kv_dtype"], report["results"][-1]["kv_dtype"]
+        print(f"{first} vs {last}: {100 * report['relative_ppl_change']:+.3f}% perplexity")
+    if "agreement" in report:
+        a = report["agreement"]
+        print(f"greedy agreement: {a['identical_completions']}/{a['prompts']} identical "
+              f"completions of {a['max_tokens']} tokens, {100 * a['matching_token_fraction']:.1f}% "
+              f"of tokens before the first divergence")

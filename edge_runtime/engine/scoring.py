@@ -1,0 +1,64 @@
+"""Scoring a token sequence through the engine's own paged KV path (perplexity).
+
+`score_tokens` admits a temporary sequence in the engine's KVManager, prefills it in chunks of
+`max_batch_tokens` through a PagedKVContext (K/V quantized and stored exactly as for generation,
+every chunk attending to the chunks before it from the pages), asks the forward for logits at every
+position, and returns the negative log-likelihood of each next token. The sequence is released at
+the end, so the pool is as before (its committed pages stay cached, as for any request).
+
+Invariants: runs under the engine lock between steps; every position is computed (a prefix-cache
+hit would skip logits, so one is refused: build the engine with the prefix cache off).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from edge_runtime.engine.paged_kv import SeqStep
+
+_ids = itertools.count()
+
+
+def score_tokens(engine, token_ids: list[int]) -> torch.Tensor:
+    """float64 [len(token_ids) - 1]: -log p(token[t+1] | token[:t+1])."""
+    assert len(token_ids) >= 2, "need at least two tokens to score"
+    seq_id = f"score-{next(_ids)}"
+    kv = engine.kv
+    with engine._lock:
+        plan = kv.admit(seq_id, token_ids, 1)
+        try:
+            assert plan.num_cached_tokens == 0, \
+                "scoring needs every position computed: use an engine without the prefix cache"
+            return _score_admitted(engine, seq_id, token_ids)
+        finally:
+            kv.release(seq_id)
+
+
+def _score_admitted(engine, seq_id: str, token_ids: list[int]) -> torch.Tensor:
+    kv, chunk = engine.kv, engine.config.max_batch_tokens
+    nll = []
+    for start in range(0, len(token_ids), chunk):
+        ids = token_ids[start:start + chunk]
+        for op in kv.reserve(seq_id, len(ids)):
+            engine.storage.copy(op)
+        step = SeqStep.from_segments(kv.segments(seq_id), start, len(ids))
+        logits = _all_logits(engine, ids, step)  # [n, vocab]
+        kv.commit(seq_id, ids)
+        targets = torch.tensor(token_ids[start + 1:start + 1 + len(ids)], dtype=torch.long)
+        logp = torch.log_softmax(logits[: targets.numel()].double(), dim=-1)
+        nll.append(-logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    return torch.cat(nll)
+
+
+def _all_logits(engine, ids: list[int], step: SeqStep) -> torch.Tensor:
+    from edge_runtime.engine.paged_kv import PagedKVContext
+
+    device = engine.storage.device
+    ctx = PagedKVContext(engine.storage, [step], engine.sm_scale).to(device)
+    positions = torch.arange(step.start, step.start + step.num_new, device=device)
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor(ids, dtype=torch.long, device=device), positions, ctx,
+                              None)
+    return logits.float().cpu()
