@@ -18,7 +18,7 @@ from edge_runtime.bench.trace_bench import compare, identical_answers, parse_sys
 from edge_runtime.cli import main  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
-STREAMS, TURNS = 3, 4
+STREAMS, TURNS = 3, 3
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,18 @@ def table_rows(rows: list[dict], read_gbps: float) -> list[dict]:
     } for r in rows]
 
 
+def set_threads(threads: int | None) -> None:
+    """Pin torch's intra-op threads; on a busy machine fewer threads than cores avoids OpenMP
+    barrier stalls (each parallel op waits for a descheduled worker: milliseconds per op)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise InputError(f"--threads must be at least 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def _progress(msg: str) -> None:
     print(f"[bench engine] {msg}", file=sys.stderr, flush=True)
 
@@ -125,6 +137,7 @@ def run(args) -> int:
     prompts = parse_int_list(args.prompt_tokens, "--prompt-tokens")
     if args.gen_tokens < 2 or args.repeat < 1:
         raise InputError("--gen-tokens must be >= 2 and --repeat >= 1")
+    set_threads(args.threads)
     _progress("measuring memory read bandwidth (the roofline)...")
     bw = measure_bandwidth(size_mib=args.bandwidth_mib)
     _progress(f"read {bw.read_gbps:.1f} GB/s, copy {bw.copy_gbps:.1f} GB/s; loading {args.model}...")
@@ -159,5 +172,7 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--bandwidth-mib", type=int, default=512,
                    help="tensor size for the read-bandwidth roofline (>> last-level cache)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice, usually the core count)")
     p.add_argument("--json", help="write all rows and the machine description here")
     p.set_defaults(func=run)

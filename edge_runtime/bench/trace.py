@@ -101,4 +101,7 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def _stream_key(sid: str) -> tuple:
-    return (0, int(sid), "") if sid.isdigit() else (1, 0, sid)
+    """Natural order: "s2" before "s10", "2" before "10"."""
+    head = sid.rstrip("0123456789")
+    tail = sid[len(head):]
+    return (head, int(tail) if tail else -1, sid)

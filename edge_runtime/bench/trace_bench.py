@@ -124,7 +124,8 @@ def run(args) -> int:
     print(f"[bench trace] {trace.name}: {len(trace.streams)} streams, {trace.num_requests} requests;"
           f" systems {', '.join(systems)}", file=sys.stderr, flush=True)
     opts = {"model": args.model, "streams": args.streams, "honor_arrivals": args.honor_arrivals,
-            "target_model": args.target_model, "page_tokens": args.page_tokens}
+            "target_model": args.target_model, "page_tokens": args.page_tokens,
+            "num_pages": args.num_pages, "threads": args.threads}
     results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate)
     print(f"trace {args.trace}: {len(trace.streams)} streams x "
           f"{trace.num_requests // max(len(trace.streams), 1)} turns, model {args.model}, greedy")
@@ -158,6 +159,9 @@ def register_subcommand(subparsers) -> None:
                    help="do not send a turn before its arrival_s (default: pure closed loop)")
     p.add_argument("--page-tokens", type=int, default=None,
                    help="override the engine's page size (default: the engine's)")
+    p.add_argument("--num-pages", type=int, default=32, help="KV pool size of the edge systems")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads in every system (default: torch's choice)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run every system in this process (faster; peak RSS then accumulates)")
     p.add_argument("--json", help="write rows, comparisons and per-request records here")

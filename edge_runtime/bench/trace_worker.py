@@ -82,7 +82,10 @@ async def _replay_async(backend, trace, honor_arrivals, on_record):
 
 def run_system(system: str, trace_path: str, opts: dict) -> dict:
     """Load `system`, replay the trace, return {"row", "records", "ttft_s", "kv_timeline"}."""
+    from edge_runtime.bench.engine_bench import set_threads
     from edge_runtime.bench.jtop_cols import JtopRecorder, unavailable_columns
+
+    set_threads(opts.get("threads"))
 
     trace = load_trace(trace_path).limit_streams(opts.get("streams"))
     print(f"[bench trace] {system}: loading...", file=sys.stderr, flush=True)
