@@ -1,0 +1,134 @@
+"""AWQ checkpoints in the runtime: ours and AutoAWQ's load through the model loader and give the
+logits of the dequantized reference (a transformers Llama holding the dequantized weights)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from awq_helpers import import_autoawq, tiny_llama
+from edge_runtime.model.config import ModelConfig
+from edge_runtime.model.contiguous_kv import ContiguousKVCache
+from edge_runtime.model.loader import build_model, weight_bytes_of
+from edge_runtime.model.safetensors_io import load_state_dict
+from edge_runtime.quant import awq_algo, awq_blocks, awq_model, awq_pack
+from edge_runtime.quant.awq_linear import AWQLinear
+
+
+def _load_ours(folder, backend="auto"):
+    """What load_model does minus the tokenizer; backend "reference" = exact fp32 dequant."""
+    cfg = json.loads((folder / "config.json").read_text())
+    state = load_state_dict(folder, torch.float32)
+    if backend == "auto":
+        model, quantization = build_model(ModelConfig.from_hf(cfg), state, cfg["quantization_config"])
+        return model, quantization
+    orig = awq_model.quantize_linears_from_checkpoint
+    def patched(m, s, q):
+        return orig(m, s, q, backend=backend)
+    awq_model.quantize_linears_from_checkpoint = patched
+    try:
+        return build_model(ModelConfig.from_hf(cfg), state, cfg["quantization_config"])
+    finally:
+        awq_model.quantize_linears_from_checkpoint = orig
+
+
+def _reference(hf_model, folder, group_size):
+    """A float transformers model with the checkpoint's tensors, int4 linears dequantized."""
+    from safetensors.torch import load_file
+
+    ref = copy.deepcopy(hf_model).float()
+    tensors = load_file(str(folder / "model.safetensors"))
+    with torch.no_grad():
+        for name, param in ref.named_parameters():
+            path = name[: -len(".weight")]
+            if f"{path}.qweight" in tensors:
+                w = awq_pack.dequantize(tensors[f"{path}.qweight"], tensors[f"{path}.qzeros"],
+                                        tensors[f"{path}.scales"], group_size)
+                param.copy_(w.t())
+            elif name in tensors:
+                param.copy_(tensors[name].float())
+        # the runtime keeps embeddings in fp16
+        ref.model.embed_tokens.weight.copy_(ref.model.embed_tokens.weight.half().float())
+    return ref
+
+
+def _our_logits(model, ids):
+    cache = ContiguousKVCache.for_model(model.config, dtype=torch.float32)
+    cache.add(0, capacity=len(ids))
+    return model(ids, torch.arange(len(ids)), cache.step([0], [len(ids)]), None)
+
+
+def _compare(folder, hf_model, group_size, ids):
+    with torch.no_grad():
+        want = _reference(hf_model, folder, group_size)(ids[None]).logits[0]
+    exact, _ = _load_ours(folder, backend="reference")
+    got = _our_logits(exact, ids)
+    assert torch.allclose(got, want, atol=2e-3, rtol=1e-3), (got - want).abs().max()
+    fast, quantization = _load_ours(folder)
+    assert quantization == f"awq-g{group_size}"
+    assert all(m.backend == "cpu-int4pack" for m in fast.modules() if isinstance(m, AWQLinear))
+    got_fast = _our_logits(fast, ids)
+    rel = (got_fast - want).norm() / want.norm()
+    assert rel < 2e-2, float(rel)  # bf16 activations/scales in torch's int4 matmul
+    return fast
+
+
+def test_our_checkpoint_round_trip(tmp_path):
+    hf = tiny_llama(seed=4)
+    src = tmp_path / "src"
+    hf.config.save_pretrained(src)
+    model = copy.deepcopy(hf)
+    calib = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(1))
+    st = awq_algo.AWQSettings(group_size=32, n_grid=4, clip_grid=4)
+    tensors = awq_algo.awq_quantize(model, awq_blocks.LayerArch.from_config(hf.config), calib, st)
+    out = tmp_path / "q"
+    awq_model.save_awq_checkpoint(out, model, tensors, src, 32, tie_word_embeddings=True)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 32,
+                                          "zero_point": True, "version": "gemm",
+                                          "modules_to_not_convert": None}
+    ids = torch.randint(0, 300, (48,), generator=torch.Generator().manual_seed(2))
+    fast = _compare(out, model, 32, ids)
+    fp32_bytes = sum(p.numel() * 4 for p in hf.parameters())
+    assert weight_bytes_of(fast) < 0.35 * fp32_bytes
+
+
+@pytest.fixture()
+def autoawq_cpu_fix(monkeypatch):
+    """AutoAWQ's scale search saves `{k: v.cpu()}` to restore weights; on CPU that aliases the live
+    tensors, which it then modifies in place. Make .cpu() copy for CPU tensors during the test."""
+    orig_cpu = torch.Tensor.cpu
+
+    def cpu_copy(self, *args, **kwargs):
+        out = orig_cpu(self, *args, **kwargs)
+        return out.detach().clone() if self.device.type == "cpu" else out
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu_copy)
+    if "datasets" not in sys.modules:  # imported by awq.utils.calib_data; unused with token ids
+        monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=None))
+
+
+def test_autoawq_written_checkpoint_loads(tmp_path, autoawq_cpu_fix):
+    import_autoawq()
+    try:
+        from awq.models._config import AwqConfig
+        from awq.models.llama import LlamaAWQForCausalLM
+    except ImportError as exc:
+        pytest.skip(f"AutoAWQ's quantizer does not import here: {exc}")
+    # AutoAWQ's clip search needs out_features % 64 == 0; equal v/o shapes exercise v->o scaling
+    hf = tiny_llama(seed=5, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                    head_dim=16, num_key_value_heads=4)
+    model = copy.deepcopy(hf)
+    awq = LlamaAWQForCausalLM(model, "llama", False, model.config, AwqConfig(), None)
+    calib = [list(range(i, i + 32)) for i in range(0, 200, 50)]  # token ids: no tokenizer needed
+    awq.quantize(None, {"zero_point": True, "q_group_size": 64, "w_bit": 4, "version": "GEMM"},
+                 calib_data=calib, max_calib_samples=4, max_calib_seq_len=32)
+    out = tmp_path / "autoawq"
+    awq.save_quantized(str(out))
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(3))
+    _compare(out, hf, 64, ids)
