@@ -37,6 +37,15 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="activation/weight dtype")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    # engine backend (edge_runtime/engine/cli_backend.py)
+    p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], default=None,
+                   help="KV cache dtype (default int8, or the budget's)")
+    p.add_argument("--page-tokens", type=int, default=None, help="KV page size (default 512)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="do not share cached prefixes")
+    p.add_argument("--no-inline", action="store_true", help="no inline slots for short prompts")
+    p.add_argument("--n", type=int, default=1, help="completions per prompt (forked, sampled)")
+    p.add_argument("--beams", type=int, default=1, help="beam search width (2..4)")
+    p.add_argument("--config", help="budget name or YAML: size the KV pool from its memory plan")
     p.set_defaults(func=run)
 
 
@@ -97,7 +106,9 @@ def build_backend(args):
     loaded = load_model(args.model, dtype=getattr(torch, args.dtype))
     _log(f"model ready in {time.perf_counter() - start:.1f} s "
          f"({loaded.weight_bytes / 2**20:.0f} MiB of weights)")
-    return SimpleBackend(loaded)
+    from edge_runtime.engine.cli_backend import EngineBackend
+
+    return EngineBackend(loaded, args)
 
 
 def _log(msg: str) -> None:
@@ -156,6 +167,20 @@ def _print_results(args, tokenizer, requests, results) -> None:
                 "text": text, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
                 "cached_prompt_tokens": getattr(res, "cached_prompt_tokens", 0),
                 "finish_reason": res.finish_reason,
+                **_extra_completions(tokenizer, res),
             }), flush=True)
         else:
             print(f"--- [{i}] {req['prompt'][:60]!r} ({res.finish_reason})\n{text}", flush=True)
+            for j, c in enumerate(getattr(res, "completions", [])[1:], 1):
+                print(f"--- [{i}.{j}] ({c.finish_reason})\n"
+                      f"{tokenizer.decode(c.token_ids, skip_special_tokens=True)}", flush=True)
+
+
+def _extra_completions(tokenizer, res) -> dict:
+    """n > 1 / beams: every completion (the first is also the top-level text)."""
+    comps = getattr(res, "completions", [])
+    if len(comps) < 2:
+        return {}
+    return {"completions": [{"text": tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                             "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                            for c in comps]}
