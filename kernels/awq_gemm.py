@@ -140,10 +140,13 @@ if triton is not None:
         tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# Launch defaults for M <= 16 ("gemv") and larger M ("gemm"); tools/gpu_check.py sweeps alternatives.
+# Launch defaults per M class: "gemv1" (M = 1), "gemv" (M = 2..16), "gemm" (M > 16). gemv1 and gemv
+# are the best configs of the H200 sweep in docs/perf-gpu.md (run 2); gemm is unswept.
 # unpack: "gather" | "interleave" | "perm" (see _unpack_tile); fma: CUDA-core inner product.
-TUNE = {"gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3,
-                 "unpack": "interleave", "fma": False},
+TUNE = {"gemv1": {"block_n": 256, "block_k": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3,
+                  "unpack": "interleave", "fma": True},
+        "gemv": {"block_n": 64, "block_k": 64, "programs_per_sm": 4, "num_warps": 4, "num_stages": 3,
+                 "unpack": "perm", "fma": False},
         "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
                  "unpack": "interleave", "fma": False}}
 UNPACK_MODES = {"gather": 0, "interleave": 1, "perm": 2}
@@ -151,7 +154,7 @@ UNPACK_MODES = {"gather": 0, "interleave": 1, "perm": 2}
 
 def _config(m, n, k, group_size, device, tune) -> dict:
     """Block sizes, SPLIT_K and launch options; GEMV-like M splits K to give every SM work."""
-    kind = "gemv" if m <= 16 else "gemm"
+    kind = "gemv1" if m == 1 else ("gemv" if m <= 16 else "gemm")
     cfg = {**TUNE[kind], **(tune or {})}
     block_k = min(group_size, cfg["block_k"])
     while group_size % block_k or block_k & (block_k - 1):

@@ -67,3 +67,14 @@ def test_agrees_with_quant_packing():
     x = torch.randn(2, 64, generator=gen)
     y = awq_gemm_triton(x, qweight, qzeros, s, 32)
     assert torch.allclose(y, x @ want, atol=1e-2 * float((x @ want).abs().max()))
+
+
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_default_configs_match_dense(m):
+    """The TUNE defaults of each M class (gemv1 / gemv / gemm) on a ragged N."""
+    gen = torch.Generator().manual_seed(30 + m)
+    qweight, qzeros, scales, w = random_awq(128, 264, 64, gen)
+    x = torch.randn(m, 128, generator=gen).half()
+    want = x.float() @ w
+    y = awq_gemm_triton(x, qweight, qzeros, scales, 64)
+    assert torch.allclose(y.float(), want, atol=1e-2 * float(want.abs().max()), rtol=1e-2)
