@@ -16,7 +16,7 @@ from edge_runtime.engine.config import EngineConfig
 from edge_runtime.engine.engine import Engine
 from edge_runtime.model.loader import load_model
 
-TINY_VOCAB = 512
+TINY_VOCAB = 49152  # SmolLM2's tokenizer size, so text prompts work on the tiny model too
 # On a loaded 2-core machine torch's 2-thread pool spins against other processes: a 64x64 linear
 # took 10 ms with 2 threads vs 12 us with 1 (measured under load average 11). One thread keeps
 # these tests' run time stable.
@@ -26,7 +26,7 @@ _TMP = tempfile.TemporaryDirectory(prefix="edge-engine-tests-")
 
 @functools.lru_cache(maxsize=1)
 def tiny_folder() -> Path:
-    return save_random_model(tiny_hf_config("llama", num_hidden_layers=3), Path(_TMP.name) / "tiny")
+    return save_random_model(tiny_hf_config("llama", num_hidden_layers=3, vocab_size=TINY_VOCAB), Path(_TMP.name) / "tiny")
 
 
 @functools.lru_cache(maxsize=1)

@@ -17,17 +17,6 @@ from edge_runtime.engine.config import DEFAULT_POOL_TOKENS, EngineConfig
 from edge_runtime.engine.engine import Engine
 
 
-def add_engine_arguments(p) -> None:
-    p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], default=None,
-                   help="KV cache dtype (default int8, or the budget's)")
-    p.add_argument("--page-tokens", type=int, default=None, help="KV page size (default 512)")
-    p.add_argument("--no-prefix-cache", action="store_true", help="do not share cached prefixes")
-    p.add_argument("--no-inline", action="store_true", help="no inline slots for short prompts")
-    p.add_argument("--n", type=int, default=1, help="completions per prompt (forked, sampled)")
-    p.add_argument("--beams", type=int, default=1, help="beam search width (2..4)")
-    p.add_argument("--config", help="budget name or YAML: size the KV pool from its memory plan")
-
-
 def engine_config(args, loaded, requests: list[tuple[list[int], int]]) -> EngineConfig:
     """requests: (prompt ids, max_tokens) of every prompt, to size the pool when no budget."""
     width = max(args.n, args.beams)
