@@ -109,3 +109,42 @@ def test_parse_helpers():
     assert parse_sse_line('data: {"a": 1}') == {"a": 1}
     with pytest.raises(TargetError):
         parse_sse_line("data: {oops")
+
+
+def test_bench_trace_cli_against_target(tmp_path):
+    """`bench trace --target URL` replays the whole trace through the client; history is carried."""
+    import sys
+    import threading
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_helpers import write_trace
+
+    from edge_runtime.cli import main
+
+    seen = []
+    app = _make_app(["ok ", "done"], True, seen)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        trace = write_trace(tmp_path / "t.jsonl", streams=2, turns=3)
+        out = tmp_path / "r.json"
+        rc = main(["bench", "trace", "--trace", str(trace), "--target", f"http://127.0.0.1:{port}",
+                   "--no-isolate", "--json", str(out)])
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert rc == 0
+    data = json.loads(out.read_text())
+    row = data["rows"][0]
+    assert row["requests"] == 6 and row["output_tokens"] == 12 and row["cached_prompt_tokens"] == 66
+    assert row["peak_kv_bytes"] is None and row["peak_rss_bytes"] is None  # remote: unknown here
+    last = [b["messages"] for b in seen if len(b["messages"]) == 6]
+    assert len(last) == 2 and all(m[2]["content"] == "ok done" for m in last)
