@@ -1,0 +1,47 @@
+"""encode_prompt / encode_messages return plain list[int] built with the model's chat template."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_runtime.errors import RequestError
+from edge_runtime.model.chat import encode_messages, encode_prompt
+from edge_runtime.model.loader import DEFAULT_MODEL, load_tokenizer, resolve_model_folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(resolve_model_folder(DEFAULT_MODEL))
+
+
+def is_id_list(ids):
+    return isinstance(ids, list) and ids and all(type(i) is int for i in ids)
+
+
+def test_plain_prompt(tokenizer):
+    ids = encode_prompt(tokenizer, "The capital of France is", chat=False)
+    assert is_id_list(ids) and tokenizer.decode(ids) == "The capital of France is"
+
+
+def test_chat_prompt_uses_template_and_generation_prompt(tokenizer):
+    ids = encode_prompt(tokenizer, "Turn on the lights.", chat=True, system="Be brief.")
+    text = tokenizer.decode(ids)
+    assert is_id_list(ids)
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert text.endswith("<|im_start|>user\nTurn on the lights.<|im_end|>\n<|im_start|>assistant\n")
+    default_system = tokenizer.decode(encode_prompt(tokenizer, "hi", chat=True))
+    assert "SmolLM" in default_system  # the template's own default system message
+
+
+def test_messages_multi_turn(tokenizer):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "lights off"}]
+    ids = encode_messages(tokenizer, msgs)
+    assert is_id_list(ids) and tokenizer.decode(ids).count("<|im_start|>") == 5
+
+
+def test_bad_requests(tokenizer):
+    with pytest.raises(RequestError, match="--chat"):
+        encode_prompt(tokenizer, "x", chat=False, system="s")
+    with pytest.raises(RequestError, match="role"):
+        encode_messages(tokenizer, [{"role": "robot", "content": "x"}])
