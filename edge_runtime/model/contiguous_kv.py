@@ -35,6 +35,7 @@ def causal_attention(
     assert tk == num_past + tq, (tk, num_past, tq)
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
     group = num_heads // num_kv_heads
+    k, v = k.to(q.dtype), v.to(q.dtype)  # a cache may store another dtype than the activations
     if group > 1:
         k = k.repeat_interleave(group, dim=1)  # [Tk, H, D]
         v = v.repeat_interleave(group, dim=1)
