@@ -34,9 +34,9 @@ def snapshot(mgr: KVManager):
 
 class KVMachine(RuleBasedStateMachine):
     @initialize(page_tokens=st.sampled_from([1, 2, 4, 8]), num_pages=st.integers(3, 16),
-                slots=st.integers(0, 3), cache=st.booleans())
+                slots=st.integers(0, 3), cache=st.sampled_from([True, True, False]))
     def setup(self, page_tokens, num_pages, slots, cache):
-        inline = min(page_tokens, 4)
+        inline = page_tokens  # a slot as large as a page: short requests use it often
         self.mgr = KVManager(num_pages, page_tokens, slots, inline, enable_prefix_cache=cache,
                              enable_inline=slots > 0)
         self.store: dict[tuple[str, int], int] = {}
@@ -84,12 +84,21 @@ class KVMachine(RuleBasedStateMachine):
         if seq is not None:
             assert seq.token_ids == prompt[:seq.num_cached_tokens] and seq.num_cached_tokens < len(prompt)
             self.pending[sid] = prompt[seq.num_cached_tokens:]
+        return sid if seq is not None else None
 
     @precondition(lambda self: len(self.pending) < 4)
     @rule(base=st.sampled_from(BASES), cut=st.integers(1, 12),
           suffix=st.lists(st.integers(0, 9), max_size=6), max_new=st.integers(1, 6))
     def admit(self, base, cut, suffix, max_new):
         self._admit(base[:cut] + suffix or [1], max_new)
+
+    @precondition(lambda self: len(self.pending) < 4)
+    @rule(base=st.sampled_from(BASES), cut=st.integers(1, 12), extra=st.integers(0, 9))
+    def admit_short(self, base, cut, extra):
+        # mostly cached, one new token, one to generate: the inline path, prefilled at once
+        sid = self._admit(base[:cut] + [extra], 1)
+        if sid is not None and self._write(sid, self.pending[sid]):
+            self.pending[sid] = []
 
     @precondition(lambda self: self.histories and len(self.pending) < 4)
     @rule(data=st.data(), suffix=st.lists(st.integers(0, 9), min_size=1, max_size=4))
@@ -118,7 +127,7 @@ class KVMachine(RuleBasedStateMachine):
     def decode(self, data, tok, n):
         self._write(data.draw(st.sampled_from(self._running())), [tok] * n)
 
-    @precondition(lambda self: any(not v for v in self.pending.values()))
+    @precondition(lambda self: any(not v for v in self.pending.values()) and len(self.pending) < 5)
     @rule(data=st.data())
     def fork(self, data):
         parent = data.draw(st.sampled_from(self._running()))
@@ -170,6 +179,6 @@ class KVMachine(RuleBasedStateMachine):
 def test_kv_manager_state_machine_10k_steps():
     STEPS["n"] = 0
     run_state_machine_as_test(KVMachine, settings=settings(
-        max_examples=200, stateful_step_count=80, deadline=None, derandomize=True,
+        max_examples=185, stateful_step_count=80, deadline=None, derandomize=True,
         suppress_health_check=list(HealthCheck)))
     assert STEPS["n"] >= 10_000, f"only {STEPS['n']} steps ran"
