@@ -130,3 +130,25 @@ def test_int8_kv_close_to_fp32():
     agree = sum(a == b for a, b in zip(out["fp32"], out["int8"]))
     assert agree >= 5, out  # random weights are fragile; the real-model figure is in docs/engine.md
     assert torch.tensor(out["int8"]).max() < TINY_VOCAB
+
+
+def test_stop_string_ends_generation_and_is_not_in_text():
+    prompt = tiny_prompts([12], seed=1100)[0]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=16)
+    full = eng.generate([prompt], greedy(24, ignore_eos=True))[0]
+    stop = full.text[len(full.text) // 2:][:3]
+    assert stop.strip(), full.text
+    res = eng.generate([prompt], greedy(24, ignore_eos=True, stop=(stop,)))[0]
+    assert res.finish_reason == "stop" and res.text == full.text[:full.text.index(stop)]
+    assert res.token_ids == full.token_ids[:len(res.token_ids)] and len(res.token_ids) < 24
+
+
+def test_admission_pause_holds_requests_until_resumed():
+    prompt = tiny_prompts([10], seed=1200)[0]
+    eng = engine_for(tiny(), kv_dtype="int8", page_tokens=16, num_pages=16)
+    eng.set_admission_paused(True)
+    rid = eng.add_request(prompt, greedy(3, ignore_eos=True))
+    assert eng.step() == [] and eng.last_step_tokens == 0 and eng.has_unfinished()
+    eng.set_admission_paused(False)
+    done = [ev.result for _ in range(10) for ev in eng.step() if ev.result]
+    assert done and done[0].request_id == rid and len(done[0].token_ids) == 3

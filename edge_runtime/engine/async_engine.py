@@ -97,7 +97,11 @@ class AsyncEngine:
             while not self._stop:
                 self._drain_inbox()
                 if self.engine.has_unfinished():
-                    self._deliver(self.engine.step())
+                    events = self.engine.step()
+                    self._deliver(events)
+                    if not events and self.engine.last_step_tokens == 0:
+                        self._wake.wait(self.idle_wait_s)  # e.g. admission paused: do not spin
+                        self._wake.clear()
                 else:
                     self._wake.wait(self.idle_wait_s)
                     self._wake.clear()

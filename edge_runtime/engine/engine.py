@@ -59,6 +59,7 @@ class Engine:
         self._hooks: deque = deque()  # guard actions queued from other threads
         self._events: list[TokenEvent] = []  # produced outside step() (cancel)
         self._admission_paused = False
+        self.last_step_tokens = 0  # tokens computed by the last step (0: nothing could run)
         self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
                              requests_failed=0, requests_cancelled=0)
 
@@ -109,6 +110,7 @@ class Engine:
                 self._fail_seq(seq, message, events)
             for _, op in out.copies:
                 self.storage.copy(op)
+            self.last_step_tokens = out.num_tokens
             if out.scheduled:
                 self._run_batch(out.scheduled, events)
                 self.counters["steps"] += 1

@@ -89,7 +89,8 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and self.admission_gate():
             group = self._waiting_group(self.waiting[0])
-            if self.running and len(self.running) + self._width(group[0]) > self.max_num_seqs:
+            width = max(len(group), self._width(group[0]))
+            if self.running and len(self.running) + width > self.max_num_seqs:
                 return
             admitted = self._admit_group(group, budget, out)
             if admitted is None:
