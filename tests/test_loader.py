@@ -195,3 +195,31 @@ def test_cli_bad_input_is_one_line_exit_2(case, good_folder, tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("edge-runtime generate: error:")]
     assert code == 2 and len(lines) == 1, err
     assert "Traceback" not in err and out == ""
+
+
+def _gguf_header(arch: str) -> bytes:
+    import struct
+
+    def string(s: str) -> bytes:
+        return struct.pack("<Q", len(s)) + s.encode()
+
+    kv = (string("general.alignment") + struct.pack("<II", 4, 32)
+          + string("general.tags") + struct.pack("<IIQ", 9, 8, 2) + string("a") + string("bc")
+          + string("general.architecture") + struct.pack("<I", 8) + string(arch))
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 3) + kv
+
+
+@pytest.mark.parametrize("content,match", [(b"NOPE" + b"\0" * 40, "not a GGUF file"),
+                                           (_gguf_header("phi3"), "'phi3' is not supported"),
+                                           (_gguf_header("llama")[:30], "not a valid GGUF")])
+def test_bad_gguf_refused_before_conversion(content, match, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "m.gguf").write_bytes(content)
+    with pytest.raises(ModelLoadError, match=match):
+        load_model(str(tmp_path / "m.gguf"), progress=None)
+    assert list((tmp_path / "cache" / "edge-runtime" / "models").iterdir()) == []
+
+
+def test_gguf_header_reader_finds_architecture_after_other_keys(tmp_path):
+    (tmp_path / "h.gguf").write_bytes(_gguf_header("qwen2"))
+    assert gguf_convert.gguf_architecture(tmp_path / "h.gguf") == "qwen2"

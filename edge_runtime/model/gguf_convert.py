@@ -61,11 +61,54 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
     return target
 
 
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+
+def gguf_architecture(path: Path) -> str:
+    """`general.architecture` from the GGUF header, read without parsing the tensors (fast)."""
+    import struct
+
+    def skip(f, vtype: int) -> None:
+        if vtype == _STRING:
+            f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+        elif vtype == _ARRAY:
+            item_type, count = struct.unpack("<IQ", f.read(12))
+            if item_type in _SCALAR_SIZES:
+                f.seek(_SCALAR_SIZES[item_type] * count, 1)
+            else:
+                for _ in range(count):
+                    skip(f, item_type)
+        else:
+            f.seek(_SCALAR_SIZES[vtype], 1)
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelLoadError(f"{path} is not a GGUF file (bad magic number)")
+            _version, _tensors, num_kv = struct.unpack("<IQQ", f.read(20))
+            for _ in range(num_kv):
+                key = f.read(struct.unpack("<Q", f.read(8))[0]).decode()
+                vtype = struct.unpack("<I", f.read(4))[0]
+                if key == "general.architecture" and vtype == _STRING:
+                    return f.read(struct.unpack("<Q", f.read(8))[0]).decode()
+                skip(f, vtype)
+    except (struct.error, KeyError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path} is not a valid GGUF file: {exc!r}") from exc
+    raise ModelLoadError(f"{path} has no general.architecture field")
+
+
 def _convert(gguf_path: Path, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    arch = gguf_architecture(gguf_path)
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"GGUF architecture {arch!r} is not supported; supported: " + ", ".join(GGUF_ARCHITECTURES)
+        )
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
