@@ -29,6 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--synthetic-answer-words", type=int, default=12)
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--out", help="also write the JSON to this file")
     p.set_defaults(func=run)
 
 
@@ -134,10 +135,12 @@ def run(args) -> int:
     config, _, _ = model_for_plan(args.model, "fp16")
     print(f"tokenizing {trace.num_requests} requests ...", file=sys.stderr, flush=True)
     streams = build_requests(trace, tokenizer, args.synthetic_answer_words)
-    results = simulate_all(streams, sizes, args, kv_bytes_per_token(config, args.kv_dtype))
-    if args.json:
-        print(json.dumps({"trace": args.trace, "model": args.model, "kv_dtype": args.kv_dtype,
-                          "results": results}, indent=2))
-    else:
-        print(format_table(results))
+    bytes_per_token = kv_bytes_per_token(config, args.kv_dtype)
+    results = simulate_all(streams, sizes, args, bytes_per_token)
+    report = json.dumps({"trace": args.trace, "model": args.model, "kv_dtype": args.kv_dtype,
+                         "bytes_per_token": bytes_per_token, "results": results}, indent=2)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(report + "\n")
+    print(report if args.json else format_table(results))
     return 0
