@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -119,3 +121,10 @@ def test_plan_cli_default_model_reads_config_and_headers(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] == 11880 and out["model_name"] == "smollm2-135m-instruct"
     assert 200 * 2**20 < out["weight_bytes"] < 300 * 2**20  # ~135 M parameters in fp16
+
+
+def test_bookkeeping_budget_and_plan_import_no_torch():
+    code = ("import sys, edge_runtime.cache, edge_runtime.cache.simulator, edge_runtime.budget, "
+            "edge_runtime.plan; edge_runtime.budget.load_budget('cpu-dev'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
