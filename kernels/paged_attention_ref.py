@@ -65,8 +65,33 @@ def _run_rows(q, k_cache, v_cache, k_scale, v_scale, bt_rows, lens, sm_scale):
     return _attend(q.float(), lens, k, v, sm_scale)
 
 
+def check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be [T, H, D]; got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache and v_cache must be [N, P, Hkv, D] of one dtype; got "
+                         f"{tuple(k_cache.shape)} {k_cache.dtype} and {tuple(v_cache.shape)} {v_cache.dtype}")
+    t, h, d = q.shape
+    hkv = k_cache.shape[2]
+    if k_cache.shape[3] != d or h % hkv:
+        raise ValueError(f"q heads/head_dim ({h}, {d}) do not fit cache ({hkv}, {k_cache.shape[3]}): "
+                         f"H must be a multiple of Hkv and head_dim must match")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("q and the caches need a contiguous last (head_dim) dimension")
+    if k_cache.dtype == torch.int8 and (k_scale is None or v_scale is None
+                                        or k_scale.shape != k_cache.shape[:3] or v_scale.shape != k_cache.shape[:3]):
+        raise ValueError(f"int8 caches need k_scale/v_scale of shape [N, P, Hkv]={tuple(k_cache.shape[:3])}")
+    if block_table.dim() != 2 or block_table.dtype != torch.int32 or block_table.stride(1) != 1:
+        raise ValueError(f"block_table must be a row-contiguous int32 [B, max_pages]; got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    for name, x in (("seq_idx", seq_idx), ("kv_lens", kv_lens)):
+        if x.shape != (t,) or x.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32 [T={t}]; got {x.dtype} {tuple(x.shape)}")
+
+
 def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale):
     """q: [T, H, D] -> (out float32 [T, H, D], lse float32 [T, H])."""
+    check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens)
     num_tokens, num_heads, head_dim = q.shape
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.full((num_tokens, num_heads), float("-inf"), dtype=torch.float32, device=q.device)
