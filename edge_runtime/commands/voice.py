@@ -44,6 +44,10 @@ def register(subparsers) -> None:
     p.add_argument("--realtime", action="store_true",
                    help="feed audio at 1x speed, as a microphone would (the demo's default)")
     p.add_argument("--fast", action="store_true", help="with --demo: feed audio as fast as possible")
+    p.add_argument("--duplex", choices=["half", "full"], default=None,
+                   help="half: a stream's next command is read only after its previous answer "
+                        "(a person waiting for the reply; the demo's default); full: keep "
+                        "reading while answering (live microphones; the default otherwise)")
     p.add_argument("--stagger", type=float, default=None,
                    help="seconds between stream starts in --realtime mode (demo: 0.6)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -102,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
                            args.device, need_asr, progress=_stderr)
     realtime = args.realtime or (args.demo and not args.fast)
     stagger = args.stagger if args.stagger is not None else (0.6 if args.demo else 0.0)
-    _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'})")
+    half = (args.duplex or ("half" if args.demo else "full")) == "half"
+    _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'}"
+            f", {'half' if half else 'full'} duplex)")
 
     def on_event(ev: dict) -> None:
         if ev["kind"] == "error":
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         reports = run_streams(runtime, config, sources, realtime, stagger,
-                              args.tts_dir if args.tts else None, args.events, on_event)
+                              args.tts_dir if args.tts else None, half, args.events, on_event)
     finally:
         runtime.close()
     _print_summary(reports, references, report)

@@ -62,7 +62,9 @@ class WhisperRecognizer:
         self.english_only = not self.model.model.is_multilingual
 
     def transcribe(self, audio: np.ndarray) -> str:
-        """float32 [n] 16 kHz mono -> text (may be empty)."""
+        """float32 [n] 16 kHz mono -> text (may be empty). Whisper always encodes a 30 s window;
+        shorter windows (whisper.cpp's audio_ctx) were 3x faster here but raised the WER on our
+        commands from 15% to 24% and made the decoder repeat itself (docs/voice.md)."""
         segments, _ = self.model.transcribe(
             audio,
             language="en",
@@ -70,7 +72,7 @@ class WhisperRecognizer:
             without_timestamps=True,
             condition_on_previous_text=False,
             vad_filter=False,  # our VAD already cut the utterance
-            initial_prompt=self.hint or None,
+            hotwords=self.hint or None,
         )
         return " ".join(s.text.strip() for s in segments).strip()
 

@@ -251,6 +251,10 @@ class Pacer:
         self.start = time.perf_counter() + (start_delay_s if realtime else 0.0)
         self.num_frames = 0
 
+    def shift(self, seconds: float) -> None:
+        """Time stood still for `seconds` (half duplex: waiting for an answer)."""
+        self.start += seconds
+
     def wait(self) -> None:
         """Call before handing out each frame."""
         self.num_frames += 1

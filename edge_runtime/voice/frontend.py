@@ -9,6 +9,11 @@ items into the stream's asyncio queue (thread-safe via `loop.call_soon_threadsaf
   the folder; an input that ends mid-utterance yields a Fault and the incomplete command is dropped
   (acting on half a command is worse than asking again);
 - `None` when the stream's input is over.
+
+Half duplex (`half_duplex=True`, the demo's default): after posting a command the front end stops
+reading until the loop calls `answered()`, then carries on with the rest of the input (paced time
+shifted by the wait). That is how a person uses a voice assistant (speak, listen, speak again), and
+it keeps pre-recorded files from piling commands up faster than anyone would speak them.
 """
 
 from __future__ import annotations
@@ -45,13 +50,16 @@ class FrontEnd:
     """Runs `Source` -> `UtteranceCutter` in a daemon thread, posting to `queue`."""
 
     def __init__(self, source: Source, cutter: UtteranceCutter, queue: asyncio.Queue,
-                 loop: asyncio.AbstractEventLoop, realtime: bool, start_delay_s: float = 0.0):
+                 loop: asyncio.AbstractEventLoop, realtime: bool, start_delay_s: float = 0.0,
+                 half_duplex: bool = False):
         self.source = source
         self.cutter = cutter
         self.queue = queue
         self.loop = loop
         self.pacer = Pacer(realtime, start_delay_s)
         self.stop_event = threading.Event()
+        self.half_duplex = half_duplex
+        self._answered = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"voice-frontend-{source.name}")
 
@@ -60,6 +68,18 @@ class FrontEnd:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def answered(self) -> None:
+        """The loop finished (or skipped) the last command posted: reading may go on."""
+        self._answered.set()
+
+    def _wait_for_answer(self) -> None:
+        start = time.perf_counter()
+        while not self._answered.wait(0.05):
+            if self.stop_event.is_set():
+                return
+        self._answered.clear()
+        self.pacer.shift(time.perf_counter() - start)
 
     def _post(self, item) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -86,7 +106,11 @@ class FrontEnd:
 
     def _text(self, rec: Recording) -> None:
         for i, line in enumerate(rec.lines or [], start=1):
+            if self.stop_event.is_set():
+                return
             self._post(Command(rec.path, text=line, line=i, ready_wall=time.perf_counter()))
+            if self.half_duplex:
+                self._wait_for_answer()
 
     def _audio(self, rec: Recording) -> None:
         self._emit(self.cutter.new_recording(rec.path))
@@ -106,4 +130,6 @@ class FrontEnd:
     def _emit(self, utt: Utterance | None) -> None:
         if utt is not None:
             self._post(Command(utt.source, utterance=utt, ready_wall=utt.end_wall))
+            if self.half_duplex:
+                self._wait_for_answer()
 

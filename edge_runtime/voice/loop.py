@@ -47,6 +47,7 @@ class LoopSettings:
     stagger_s: float = 0.0  # stream i starts i * stagger_s later (realtime only)
     tts_dir: Path | None = None  # speak answers into WAVs here
     tts_voice: str = "en-us"
+    half_duplex: bool = False  # a stream's next command is read after its previous answer
 
 
 @dataclass
@@ -87,13 +88,13 @@ class VoiceLoop:
         recognized: asyncio.Queue = asyncio.Queue()
         cutter = UtteranceCutter(self.settings.vad, make_detector(self.settings.vad))
         front = FrontEnd(source, cutter, commands, loop, self.settings.realtime,
-                         index * self.settings.stagger_s)
+                         index * self.settings.stagger_s, self.settings.half_duplex)
         conv = Conversation(self.tokenizer, self.system_prompt, self.settings.history_tokens,
                             self.eos_token_ids)
         front.start()
         try:
             await asyncio.gather(self._recognize(index, commands, recognized, report),
-                                 self._answer(index, recognized, conv, report))
+                                 self._answer(index, recognized, conv, report, front.answered))
         finally:
             front.stop()
 
@@ -116,33 +117,40 @@ class VoiceLoop:
             await out.put((item, task, None))
 
     async def _answer(self, index: int, recognized: asyncio.Queue, conv: Conversation,
-                      report: StreamReport) -> None:
+                      report: StreamReport, answered: Callable[[], None]) -> None:
         turn = 0
         while True:
             item = await recognized.get()
             if item is None:
                 return
-            command, asr, asr_done = item
-            if not isinstance(asr, ASRResult):
-                try:
-                    asr = await asr
-                except Exception as exc:  # a recognizer failure: this utterance, this stream only
-                    self._emit(report, {"kind": "error", "stream": index,
-                                        "source": str(command.source), "fatal": False,
-                                        "problem": f"{command.source}: speech recognition failed "
-                                                   f"({exc!r})"})
-                    continue
-                asr_done = time.perf_counter()
-            event = self._base_event(index, turn, command, asr)
-            if asr.text:
-                try:
-                    await self._turn(index, turn, conv, command, asr, asr_done, event)
-                except EdgeError as exc:  # e.g. a prompt the engine refuses: this turn only
-                    event["skipped"] = f"engine refused the command: {exc}"
-            else:
-                event["skipped"] = "no speech recognised"
+            try:
+                await self._one_command(index, turn, item, conv, report)
+            finally:
+                answered()
             turn += 1
-            self._emit(report, event)
+
+    async def _one_command(self, index: int, turn: int, item, conv: Conversation,
+                           report: StreamReport) -> None:
+        command, asr, asr_done = item
+        if not isinstance(asr, ASRResult):
+            try:
+                asr = await asr
+            except Exception as exc:  # a recognizer failure: this utterance, this stream only
+                self._emit(report, {"kind": "error", "stream": index, "utterance": turn,
+                                    "source": str(command.source), "fatal": False,
+                                    "problem": f"{command.source}: speech recognition failed "
+                                               f"({exc!r})"})
+                return
+            asr_done = time.perf_counter()
+        event = self._base_event(index, turn, command, asr)
+        if asr.text:
+            try:
+                await self._turn(index, turn, conv, command, asr, asr_done, event)
+            except EdgeError as exc:  # e.g. a prompt the engine refuses: this turn only
+                event["skipped"] = f"engine refused the command: {exc}"
+        else:
+            event["skipped"] = "no speech recognised"
+        self._emit(report, event)
 
     def _base_event(self, index: int, turn: int, command: Command, asr: ASRResult) -> dict:
         utt = command.utterance
