@@ -188,3 +188,32 @@ def test_stats_report_utilization_and_hit_rate():
     assert st["prefix_hit_rate"] == pytest.approx(6 / 14)
     assert st["page_utilization"] == pytest.approx(6 / 8)
     assert (st["pages_live"], st["pages_cached"], st["pages_free"]) == (2, 0, 2)
+
+
+def test_retire_relocates_live_pages_evicts_cached_and_restore_returns_them():
+    mgr = KVManager(num_pages=8, page_tokens=4)
+    a = [1, 2, 3, 4, 5, 6]
+    mgr.admit("A", a, 2)
+    prefill(mgr, "A", a)  # pages 0, 1 (A owns 1)
+    mgr.admit("B", [1, 2, 3, 4, 5, 9, 9], 2)
+    prefill(mgr, "B", [1, 2, 3, 4, 5, 9, 9])  # prefix [0, 1] p=5, tail page 2
+    mgr.admit("C", [7, 7, 7, 7, 7], 1)
+    prefill(mgr, "C", [7, 7, 7, 7, 7])  # pages 3, 4
+    mgr.finish("C")  # 3, 4 cached
+    copies = mgr.retire_pages(0, 4)  # live 0, 1, 2 move; cached 3 (and its child 4) evicted
+    assert copies == [CopyOp("pages", 0, "pages", 20, 4), CopyOp("pages", 4, "pages", 24, 2),
+                      CopyOp("pages", 8, "pages", 28, 2)]
+    assert states(mgr) == "rrrrflll" and mgr.stats()["pages_retired"] == 4
+    assert mgr.segments("A").tail_ids == (5, 6)
+    seg_b = mgr.segments("B")
+    assert (seg_b.prefix_pages, seg_b.prefix_len, seg_b.tail_ids) == ((5, 6), 5, (7,))
+    assert mgr.pool.pages[6].owner == "A" and mgr.pool.pages[7].parent == 6
+    assert mgr.prefix.match([1, 2, 3, 4, 5, 6]).prefix_pages == [5, 6]
+    mgr.check_invariants()
+    with pytest.raises(OutOfPages):
+        mgr.retire_pages(5, 8)  # 3 live pages, 1 free page outside: nothing changes
+    assert states(mgr) == "rrrrflll"
+    assert mgr.restore_pages(0, 8) == 4 and list(mgr.pool.free_queue) == [4, 0, 1, 2, 3]
+    mgr.finish("A")
+    mgr.finish("B")
+    mgr.check_leaks()

@@ -1,5 +1,5 @@
 """Hypothesis state machine over KVManager: random admit/prefill/decode/fork/finish/cancel/preempt/
-resume/evict on tiny pools, every invariant checked after every step.
+resume/evict/retire/restore on tiny pools, every invariant checked after every step.
 
 Besides `check_invariants`, the machine keeps a model of the K/V tensors (`store`: flat slot ->
 token whose K/V is there), applies every CopyOp the manager returns and writes committed tokens
@@ -152,6 +152,24 @@ class KVMachine(RuleBasedStateMachine):
     @rule(k=st.integers(0, 3))
     def evict(self, k):
         self.mgr.evict(k)
+
+    @rule(start=st.integers(0, 15), length=st.integers(1, 4))
+    def retire(self, start, length):
+        n = self.mgr.pool.num_pages
+        start = min(start, n - 1)
+        copies = self._try(self.mgr.retire_pages, start, min(n, start + length))
+        if copies is not None:
+            self._apply(copies)
+            for i in range(start, min(n, start + length)):
+                assert self.mgr.pool.pages[i].state == "retired"
+                # the memory is handed back: whatever was there is gone
+                for j in range(self.mgr.page_tokens):
+                    self.store.pop(("pages", i * self.mgr.page_tokens + j), None)
+
+    @precondition(lambda self: self.mgr.pool.num_retired)
+    @rule()
+    def restore(self):
+        self.mgr.restore_pages(0, self.mgr.pool.num_pages)
 
     @invariant()
     def consistent(self):

@@ -72,6 +72,7 @@ def manager_stats(mgr) -> dict:
         "pages_free": pool.num_free,
         "pages_cached": pool.num_cached,
         "pages_live": pool.num_live,
+        "pages_retired": pool.num_retired,
         "inline_slots_total": mgr.arena.num_slots,
         "inline_slots_used": mgr.arena.num_used,
         "running_sequences": len(mgr.seqs),

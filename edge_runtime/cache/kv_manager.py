@@ -20,6 +20,7 @@ Invariants (`check_invariants`, after every step in tests, `check_leaks` when id
 
 from __future__ import annotations
 
+from edge_runtime.cache import pool_shrink
 from edge_runtime.cache.inline_arena import InlineArena
 from edge_runtime.cache.kv_checks import check_manager, manager_stats
 from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
@@ -283,6 +284,15 @@ class KVManager:
     def evict(self, max_pages: int | None = None) -> int:
         """Evict up to max_pages cached pages (all when None); returns how many."""
         return self.pool.evict(max_pages)
+
+    def retire_pages(self, start: int, end: int) -> list[CopyOp]:
+        """Take pages [start, end) out of service (memory guard): cached ones evicted, live ones
+        relocated (run the returned copies before the next step). OutOfPages changes nothing."""
+        return pool_shrink.retire_pages(self, start, end)
+
+    def restore_pages(self, start: int, end: int) -> int:
+        """Put retired pages in [start, end) back in service; returns how many."""
+        return pool_shrink.restore_pages(self, start, end)
 
     # -- addressing ---------------------------------------------------------------------------
     def segments(self, seq_id) -> Segments:

@@ -4,7 +4,9 @@ Pure bookkeeping (no torch). A page id addresses all layers of one page of the K
 
 Invariants (`check_invariants`):
 - Every page is in exactly one state: FREE (ref 0, no content), CACHED (ref 0, content valid and
-  indexed by the prefix cache, evictable) or LIVE (ref > 0); free + cached + live == num_pages.
+  indexed by the prefix cache, evictable), LIVE (ref > 0) or RETIRED (taken out of service so the
+  memory guard can return its memory to the OS; see pool_shrink.py);
+  free + cached + live + retired == num_pages.
 - The free queue holds exactly the FREE pages (FIFO: a released page is reused last).
 - The LRU list (intrusive, doubly linked: O(1) removal from the middle) holds exactly the CACHED
   pages without children in the prefix tree. Eviction takes its head, so leaves always go before
@@ -23,7 +25,7 @@ from typing import Callable, Optional
 
 from edge_runtime.errors import OutOfPages
 
-FREE, CACHED, LIVE = "free", "cached", "live"
+FREE, CACHED, LIVE, RETIRED = "free", "cached", "live", "retired"
 ROOT = -1  # parent id of a page that starts at position 0
 
 
@@ -106,6 +108,7 @@ class PagePool:
         self.free_queue: deque[int] = deque(range(num_pages))
         self.lru = _LRU()
         self.num_cached = 0
+        self.num_retired = 0
         self.num_evictions = 0
         self.on_evict = on_evict
         self.on_event = on_event
@@ -117,7 +120,7 @@ class PagePool:
 
     @property
     def num_live(self) -> int:
-        return self.num_pages - self.num_free - self.num_cached
+        return self.num_pages - self.num_free - self.num_cached - self.num_retired
 
     @property
     def num_available(self) -> int:
@@ -148,6 +151,11 @@ class PagePool:
         """Evict the least recently used cached leaf; returns its id."""
         page = self.lru.front()
         assert page is not None, "evict_one with no evictable page"
+        return self.evict_page(page)
+
+    def evict_page(self, page: Page) -> int:
+        """Evict one cached leaf (any position in the LRU); returns its id."""
+        assert page.state == CACHED and not page.children, page
         self.lru.remove(page)
         parent_id = page.parent
         self.on_evict(page)  # unindexes it and detaches it from its parent
@@ -172,6 +180,26 @@ class PagePool:
     def _to_free(self, page: Page) -> None:
         page.reset()
         self.free_queue.append(page.page_id)
+
+    def retire_free(self, page_ids) -> None:
+        """FREE pages (in the free queue or just vacated) -> RETIRED: never allocated again."""
+        ids = set(page_ids)
+        assert all(self.pages[i].state == FREE for i in ids), [self.pages[i] for i in ids]
+        self.free_queue = deque(i for i in self.free_queue if i not in ids)
+        for i in sorted(ids):
+            self.pages[i].state = RETIRED
+            self.on_event("retire", None, page=i)
+        self.num_retired += len(ids)
+
+    def restore(self, page_ids) -> int:
+        """RETIRED pages -> FREE (at the back of the free queue); returns how many."""
+        ids = [i for i in page_ids if self.pages[i].state == RETIRED]
+        for i in ids:
+            self.pages[i].state = FREE
+            self.free_queue.append(i)
+            self.on_event("restore", None, page=i)
+        self.num_retired -= len(ids)
+        return len(ids)
 
     # -- references ---------------------------------------------------------------------------
     def incref(self, page_id: int, seq_id=None) -> None:
@@ -208,11 +236,11 @@ class PagePool:
 
     # -- checks -------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        counts = {FREE: 0, CACHED: 0, LIVE: 0}
+        counts = {FREE: 0, CACHED: 0, LIVE: 0, RETIRED: 0}
         for page in self.pages:
             counts[page.state] += 1
             assert (page.ref_count > 0) == (page.state == LIVE), page
-            if page.state == FREE:
+            if page.state in (FREE, RETIRED):
                 assert not page.tokens and not page.indexed and not page.children, page
             if page.state == CACHED:
                 assert page.indexed and page.owner is None, page
@@ -222,5 +250,6 @@ class PagePool:
         assert counts[FREE] == len(self.free_queue) == len(set(self.free_queue)), counts
         assert all(self.pages[i].state == FREE for i in self.free_queue)
         assert counts[CACHED] == self.num_cached, (counts, self.num_cached)
+        assert counts[RETIRED] == self.num_retired, (counts, self.num_retired)
         assert sum(counts.values()) == self.num_pages
         assert len(self.lru.ids()) == self.lru.size

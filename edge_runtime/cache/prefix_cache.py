@@ -86,6 +86,25 @@ class PrefixCache:
             self.pool.pages[page.parent].children.discard(page.page_id)
         page.indexed = False
 
+    def move(self, old: Page, new: Page) -> None:
+        """`old`'s content is being relocated to `new` (same key and tree position): re-point the
+        index, the parent's children and the children's parent (their keys include it)."""
+        if old.indexed:
+            bucket = self.index[self.key(old)]
+            bucket[bucket.index(old.page_id)] = new.page_id
+            if old.parent != ROOT:
+                siblings = self.pool.pages[old.parent].children
+                siblings.discard(old.page_id)
+                siblings.add(new.page_id)
+        for cid in old.children:
+            child = self.pool.pages[cid]
+            bucket = self.index[self.key(child)]
+            bucket.remove(cid)
+            if not bucket:
+                del self.index[self.key(child)]
+            child.parent = new.page_id
+            self.index.setdefault(self.key(child), []).append(cid)
+
     def _best(self, candidates, tokens: list[int], pos: int) -> tuple[Page | None, int]:
         best, best_n = None, 0
         for pid in candidates:
