@@ -78,7 +78,8 @@ def identical_answers(a: list[dict], b: list[dict]) -> dict:
             "identical_first_turn": same_first, "first_turn_total": len(first_turn)}
 
 
-def _run_all(systems: list[str], trace: str, opts: dict, isolate: bool) -> dict[str, dict]:
+def _run_all(systems: list[str], trace: str, opts: dict, isolate: bool, save=None) -> dict:
+    """Run each system in turn; `save(results)` after each one, so a long run keeps what it has."""
     from edge_runtime.bench.trace_worker import run_system
 
     results = {}
@@ -89,7 +90,20 @@ def _run_all(systems: list[str], trace: str, opts: dict, isolate: bool) -> dict[
                 results[system] = pool.submit(run_system, system, trace, opts).result()
         else:
             results[system] = run_system(system, trace, opts)
+        if save is not None:
+            save(results)
     return results
+
+
+def _payload(args, trace, results: dict, cmp_rows=None, same=None) -> dict:
+    return {
+        "bench": "trace", "trace": args.trace, "model": args.model, "streams": len(trace.streams),
+        "complete": cmp_rows is not None,
+        "rows": [r["row"] for r in results.values()], "comparisons": cmp_rows,
+        "edge_vs_fp16kv_identical": same,
+        "records": {s: r["records"] for s, r in results.items()},
+        "kv_timeline": {s: r["kv_timeline"] for s, r in results.items()},
+    }
 
 
 def print_report(results: dict[str, dict]) -> tuple[list[dict], dict | None]:
@@ -126,18 +140,13 @@ def run(args) -> int:
     opts = {"model": args.model, "streams": args.streams, "honor_arrivals": args.honor_arrivals,
             "target_model": args.target_model, "page_tokens": args.page_tokens,
             "num_pages": args.num_pages, "threads": args.threads}
-    results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate)
+    save = (lambda res: write_json(args.json, _payload(args, trace, res))) if args.json else None
+    results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate, save=save)
     print(f"trace {args.trace}: {len(trace.streams)} streams x "
           f"{trace.num_requests // max(len(trace.streams), 1)} turns, model {args.model}, greedy")
     cmp_rows, same = print_report(results)
     if args.json:
-        write_json(args.json, {
-            "bench": "trace", "trace": args.trace, "model": args.model, "streams": len(trace.streams),
-            "rows": [r["row"] for r in results.values()], "comparisons": cmp_rows,
-            "edge_vs_fp16kv_identical": same,
-            "records": {s: r["records"] for s, r in results.items()},
-            "kv_timeline": {s: r["kv_timeline"] for s, r in results.items()},
-        })
+        write_json(args.json, _payload(args, trace, results, cmp_rows, same))
     if args.plot:
         from edge_runtime.bench.plot import plot_trace
 
