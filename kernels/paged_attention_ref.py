@@ -16,40 +16,44 @@ _MAX_SCORE_ELEMENTS = 1 << 25  # score-tensor budget per chunk (128 MiB of fp32)
 
 
 def _gather(cache, scale, page_ids):
-    """page_ids: long [B, np] -> (float32 [B, L=np*P, Hkv, D], scale float32 [B, Hkv, L] or None).
+    """page_ids: long [B, np] -> (float32 [B, Hkv, L=np*P, D] contiguous, scale float32 [B, Hkv, L] or None).
 
-    The per-token scale is not applied here: it factors out of q.k and out of p.v, so applying it
-    to the [.., L] scores/probs is D/g times cheaper than dequantizing the [.., L, D] values.
+    Heads go before tokens while still int8 (a 1-byte copy), so the matmuls read the float copy
+    without another transpose. The per-token scale is not applied here: it factors out of q.k and
+    out of p.v, so applying it to the [.., L] scores/probabilities is D/g times cheaper.
     """
     x = cache[page_ids]  # [B, np, P, Hkv, D]
     b, npg, p, hkv, d = x.shape
-    x = x.reshape(b, npg * p, hkv, d).float()
+    x = x.reshape(b, npg * p, hkv, d).transpose(1, 2).contiguous().float()
     if cache.dtype != torch.int8:
         return x, None
-    s = scale[page_ids].reshape(b, npg * p, hkv).float().permute(0, 2, 1)  # [B, Hkv, L]
+    s = scale[page_ids].reshape(b, npg * p, hkv).transpose(1, 2).float()  # [B, Hkv, L]
     return x, s
 
 
 def _attend(qb, lens, k, v, sm_scale):
-    """qb: [B, Tq, H, D] float32, lens: [B, Tq], k/v: (values [B, L, Hkv, D], scale [B, Hkv, L] | None)
+    """qb: [B, Tq, H, D] float32, lens: [B, Tq], k/v: (values [B, Hkv, L, D], scale [B, Hkv, L] | None)
     -> out [B, Tq, H, D], lse [B, Tq, H]."""
     (k, k_scale), (v, v_scale) = k, v
     b, tq, h, d = qb.shape
-    hkv, length = k.shape[2], k.shape[1]
+    hkv, length = k.shape[1], k.shape[2]
     g = h // hkv
     q5 = qb.reshape(b, tq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * tq, d) * sm_scale
-    scores = torch.matmul(q5, k.permute(0, 2, 3, 1))  # [B, Hkv, g*Tq, L]
+    scores = torch.matmul(q5, k.transpose(2, 3))  # [B, Hkv, g*Tq, L]
     if k_scale is not None:
-        scores = scores * k_scale.unsqueeze(2)
+        scores.mul_(k_scale.unsqueeze(2))
     scores = scores.view(b, hkv, g, tq, length)
     valid = torch.arange(length, device=qb.device).view(1, 1, length) < lens.unsqueeze(-1)  # [B, Tq, L]
-    scores = scores.masked_fill(~valid.view(b, 1, 1, tq, length), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [B, Hkv, g, Tq]
-    probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).min))
-    probs = probs.view(b, hkv, g * tq, length)
+    scores.masked_fill_(~valid.view(b, 1, 1, tq, length), float("-inf"))
+    top = scores.amax(dim=-1, keepdim=True)  # [B, Hkv, g, Tq, 1]; -inf for an empty row
+    top.masked_fill_(top == float("-inf"), 0.0)
+    probs = scores.sub_(top).exp_()  # one exp, in place: scores are not needed again
+    total = probs.sum(dim=-1, keepdim=True)  # 0 for an empty row
+    lse = (top + total.log()).squeeze(-1)  # [B, Hkv, g, Tq]; log 0 = -inf
+    probs = probs.div_(total.clamp_min(torch.finfo(torch.float32).tiny)).view(b, hkv, g * tq, length)
     if v_scale is not None:
-        probs = probs * v_scale.unsqueeze(2)
-    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [B, Hkv, g*Tq, D]
+        probs.mul_(v_scale.unsqueeze(2))
+    out = torch.matmul(probs, v)  # [B, Hkv, g*Tq, D]
     out = out.view(b, hkv, g, tq, d).permute(0, 3, 1, 2, 4).reshape(b, tq, h, d)
     lse = lse.permute(0, 3, 1, 2).reshape(b, tq, h)
     return out, lse
