@@ -3,7 +3,8 @@ different espeak-ng voice, synthesized once into a cache folder as one 16 kHz mo
 (commands separated by silence, so the VAD has to cut them) plus `commands.json` (the references
 for the word error rate).
 
-The cache key covers the commands, voices, gaps and the espeak-ng version, so a change re-synthesizes.
+The cache key covers the commands, voices, speed, gaps and the espeak-ng version, so a change
+re-synthesizes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ DEMO_COMMANDS = (
      "set the thermostat to eighteen degrees"),
 )
 DEMO_VOICES = ("en-us", "en", "en-us+m3", "en+f3", "en-us+m7")
+DEMO_SPEED = 150  # espeak-ng words per minute
 LEAD_S, GAP_S, TAIL_S = 0.5, 1.5, 1.0
 
 
@@ -51,7 +53,7 @@ def stream_audio(commands: tuple[str, ...] | list[str], voice: str) -> np.ndarra
     """The commands spoken by `voice`, with silence around them: float32 [n] at 16 kHz."""
     parts = [np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)]
     for i, text in enumerate(commands):
-        parts.append(synthesize(text, voice))
+        parts.append(synthesize(text, voice, DEMO_SPEED))
         gap = TAIL_S if i == len(commands) - 1 else GAP_S
         parts.append(np.zeros(int(gap * SAMPLE_RATE), np.float32))
     return np.concatenate(parts)
@@ -63,7 +65,7 @@ def build_demo_inputs(streams: int = 5, turns: int = 4, folder: Path | None = No
     assert 1 <= streams <= len(DEMO_COMMANDS), streams
     assert 1 <= turns <= len(DEMO_COMMANDS[0]), turns
     plan = [(list(DEMO_COMMANDS[i][:turns]), DEMO_VOICES[i]) for i in range(streams)]
-    key = hashlib.sha256(json.dumps([plan, LEAD_S, GAP_S, TAIL_S, _espeak_version()])
+    key = hashlib.sha256(json.dumps([plan, DEMO_SPEED, LEAD_S, GAP_S, TAIL_S, _espeak_version()])
                          .encode()).hexdigest()[:12]
     folder = (folder or cache_root()) / key
     out = []
