@@ -152,3 +152,18 @@ def test_admission_pause_holds_requests_until_resumed():
     eng.set_admission_paused(False)
     done = [ev.result for _ in range(10) for ev in eng.step() if ev.result]
     assert done and done[0].request_id == rid and len(done[0].token_ids) == 3
+
+
+def test_beam_group_survives_preemption():
+    prompts = tiny_prompts([30, 28, 33], seed=1300)
+    eos = hf_greedy(tiny_hf(), prompts[0], 4)[2]
+    want_beam = hf_beam(tiny_hf(), prompts[0], 3, 20, eos)
+    want = [hf_greedy(tiny_hf(), p, 20) for p in prompts[1:]]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=10, enable_inline=False,
+                     max_num_seqs=6, max_batch_tokens=100)
+    beam = SamplingParams(max_tokens=20, beam_width=3, stop_token_ids=(eos,), ignore_eos=True)
+    res = eng.generate([prompts[1], prompts[2], prompts[0]],  # the beam group is the newest
+                       [greedy(20, ignore_eos=True)] * 2 + [beam])
+    assert [r.token_ids for r in res] == want + [want_beam]
+    assert eng.stats()["preemptions"] > 0
+    eng.kv.check_leaks()
