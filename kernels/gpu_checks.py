@@ -1,0 +1,192 @@
+"""The correctness + timing checks of tools/gpu_check.py, one function per kernel.
+
+Each check compares a Triton kernel with its torch reference on the same random data (pass = max
+error <= tol) and times it against the reference and a dense fp16 equivalent (SDPA / matmul).
+`c` is a shape dict (tools/gpu_check.py REAL or TINY). Rows are dicts printed as one table.
+"""
+import math
+
+import torch
+
+from edge_runtime.kernels import awq_gemm as awq
+from edge_runtime.kernels import kv_write as kvw
+from edge_runtime.kernels import paged_attention as pa
+from edge_runtime.kernels.gpu_timing import log, n_copies, time_us
+
+
+def build_pool(c, dev, gen):
+    """Region A: page 0 = shared prefix, then each sequence's tail pages; region B: each sequence in
+    its own pages from position 0. Both hold the same K/V, so both layouts must give one answer."""
+    s, length, pfx, p = c["seqs"], c["seq_len"], c["prefix"], c["page"]
+    tail_pages, full_pages = math.ceil((length - pfx) / p), math.ceil(length / p)
+    region_a = 1 + s * tail_pages
+    pages = region_a + s * full_pages
+    kv = torch.randn(2, s, length, c["kv_heads"], c["head_dim"], generator=gen).to(dev)
+    kv[:, 1:, :pfx] = kv[:, :1, :pfx]  # the shared prefix
+    tail_bt = torch.tensor([[1 + i * tail_pages + j for j in range(tail_pages)] for i in range(s)])
+    full_bt = torch.tensor([[region_a + i * full_pages + j for j in range(full_pages)] for i in range(s)])
+    pos = torch.arange(length)
+    slots_a = torch.cat([pos[:pfx]] + [tail_bt[i][(pos[pfx:] - pfx) // p] * p + (pos[pfx:] - pfx) % p
+                                       for i in range(s)])
+    k_a = torch.cat([kv[0, 0, :pfx]] + [kv[0, i, pfx:] for i in range(s)])
+    v_a = torch.cat([kv[1, 0, :pfx]] + [kv[1, i, pfx:] for i in range(s)])
+    slots_b = torch.cat([full_bt[i][pos // p] * p + pos % p for i in range(s)])
+    k_b, v_b = kv[0].reshape(-1, *kv.shape[3:]), kv[1].reshape(-1, *kv.shape[3:])
+    layout = dict(pages=pages, tail_bt=tail_bt.to(torch.int32), full_bt=full_bt.to(torch.int32))
+    writes = [(k_a, v_a, slots_a.to(dev)), (k_b, v_b, slots_b.to(dev))]
+    return layout, writes, kv
+
+
+def new_pool(pages, c, dev, layers=1):
+    shape = (pages, layers, c["page"], c["kv_heads"], c["head_dim"])
+    z = torch.zeros(shape, dtype=torch.int8, device=dev)
+    s = torch.ones(shape[:-1], dtype=torch.float16, device=dev)
+    return [z[:, 0], z.clone()[:, 0], s[:, 0], s.clone()[:, 0]]
+
+
+def row(check, shape, err, tol, us, how, ref_us=None, dense_us=None, nbytes=None, copy_bw=None, **extra):
+    r = dict(check=check, shape=shape, max_err=err, tol=tol, ok=bool(err <= tol), kernel_us=us, timing=how,
+             ref_us=ref_us, dense_us=dense_us)
+    if nbytes:
+        r["GBps"] = nbytes / us / 1e3
+        r["pct_copy"] = 100.0 * r["GBps"] / copy_bw
+    r["speedup_vs_ref"] = ref_us / us if ref_us else None
+    r["speedup_vs_dense"] = dense_us / us if dense_us else None
+    r.update(extra)
+    log(f"  {check:<26} {shape:<28} err {err:.2e} (tol {tol:.0e}) {'ok' if r['ok'] else 'FAIL'}"
+        f"  {us:9.1f} us")
+    return r
+
+
+def check_kv_write(c, dev, cuda, layout, writes, copy_bw):
+    log("KV write: quantize + scatter, Triton vs reference (bit-exact expected)")
+    pool_t, pool_r = new_pool(layout["pages"], c, dev), new_pool(layout["pages"], c, dev)
+    for k, v, slots in writes:
+        kvw.write_kv_triton(k, v, *pool_t, slots)
+        kvw.write_kv_ref(k, v, *pool_r, slots)
+    diff = max(int((pool_t[i].int() - pool_r[i].int()).abs().max()) for i in (0, 1))
+    bad = sum(int((pool_t[i] != pool_r[i]).sum()) for i in range(4))
+    rows = []
+    k_b, v_b, slots_b = writes[1]
+    for name, t in (("write_kv decode", c["seqs"]), ("write_kv prefill", c["seq_len"])):
+        k, v, sl = k_b[:t].half(), v_b[:t].half(), slots_b[:t]
+        scratch = new_pool(layout["pages"], c, dev)
+        us, how = time_us(lambda i: kvw.write_kv_triton(k, v, *scratch, sl), cuda)
+        ref_us, _ = time_us(lambda i: kvw.write_kv_ref(k, v, *scratch, sl), cuda, graph=False)
+        nbytes = 2 * t * c["kv_heads"] * (c["head_dim"] * 3 + 2)  # read fp16, write int8 + scale
+        rows.append(row(name, f"T={t} Hkv={c['kv_heads']} D={c['head_dim']}", float(diff), 1.0, us, how,
+                        ref_us=ref_us, nbytes=nbytes, copy_bw=copy_bw, mismatches=bad))
+    return rows, pool_t
+
+
+def decode_args(c, dev, layout, pool, q):
+    s, pfx = c["seqs"], c["prefix"]
+    idx = torch.arange(s, dtype=torch.int32, device=dev)
+    lens = lambda n: torch.full((s,), n, dtype=torch.int32, device=dev)  # noqa: E731
+    one = (layout["full_bt"].to(dev), idx, lens(c["seq_len"]))
+    prefix = (torch.zeros(s, 1, dtype=torch.int32, device=dev), idx, lens(pfx))
+    tail = (layout["tail_bt"].to(dev), idx, lens(c["seq_len"] - pfx))
+    return [(q, *pool, *one), (q, *pool, *prefix), (q, *pool, *tail)]
+
+
+def two_segments(q, pool, prefix, tail, sm, tune=None):
+    o1, l1 = pa.paged_attention_triton(q, *pool, *prefix, sm, tune=tune)
+    o2, l2 = pa.paged_attention_triton(q, *pool, *tail, sm, tune=tune)
+    return pa.merge_attention_triton([o1, o2], [l1, l2])
+
+
+def dense_kv(pool, bt, length, c):
+    """Dequantized fp16 K, V [B, Hkv, L, D] for SDPA."""
+    out = []
+    for cache, scale in ((pool[0], pool[2]), (pool[1], pool[3])):
+        x = cache[bt.long()].float() * scale[bt.long()].float().unsqueeze(-1)  # [B, np, P, Hkv, D]
+        out.append(x.flatten(1, 2)[:, :length].transpose(1, 2).half().contiguous())
+    return out
+
+
+def check_decode(c, dev, cuda, layout, pool, copy_bw, l2, gen, tune=None):
+    log("Paged int8 decode attention: one segment, and shared prefix + tail + merge")
+    s, h, d, length = c["seqs"], c["heads"], c["head_dim"], c["seq_len"]
+    sm = 1.0 / math.sqrt(d)
+    q = torch.randn(s, h, d, generator=gen).to(dev).half()
+    one, prefix, tail = decode_args(c, dev, layout, pool, q)
+    want, want_lse = pa.paged_attention_ref(*one, sm)
+    got, got_lse = pa.paged_attention_triton(*one, sm, tune=tune)
+    merged = two_segments(q, pool, prefix[5:], tail[5:], sm, tune)
+    err1 = max(float((got - want).abs().max()), float((got_lse - want_lse).abs().max()))
+    err2 = float((merged - want).abs().max())
+    nbytes = s * length * c["kv_heads"] * (d + 2) * 2
+    pools = [pool] + [[x.clone() for x in pool] for _ in range(n_copies(nbytes, l2) - 1)]
+    args_of = lambda i, a: (q, *pools[i % len(pools)], *a[5:])  # noqa: E731
+    us1, how = time_us(lambda i: pa.paged_attention_triton(*args_of(i, one), sm, tune=tune), cuda)
+    us2, _ = time_us(lambda i: two_segments(q, pools[i % len(pools)], prefix[5:], tail[5:], sm, tune), cuda)
+    ref_us, _ = time_us(lambda i: pa.paged_attention_ref(*args_of(i, one), sm), cuda, graph=False)
+    kd, vd = dense_kv(pool, layout["full_bt"].to(dev), length, c)
+    q4 = q.unsqueeze(2)  # [B, H, 1, D]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    dense_us, _ = time_us(lambda i: sdpa(q4, kd, vd, enable_gqa=h != c["kv_heads"]), cuda)
+    shape = f"B={s} L={length} H={h}/{c['kv_heads']} D={d}"
+    dense_gbps = kd.numel() * 4 / dense_us / 1e3  # fp16 K and V
+    return [row("paged decode 1 segment", shape, err1, 2e-2, us1, how, ref_us, dense_us, nbytes, copy_bw,
+                dense_GBps=dense_gbps),
+            row("paged decode prefix+tail", shape + f" p={c['prefix']}", err2, 2e-2, us2, how, ref_us,
+                dense_us, nbytes, copy_bw, dense_GBps=dense_gbps)], (q, one, pools, want, nbytes)
+
+
+def check_prefill(c, dev, cuda, layout, pool, gen, tune=None):
+    log("Paged prefill attention: new tokens against the cached sequence (causal kv_lens)")
+    t, h, d, length = c["prefill"], c["heads"], c["head_dim"], c["seq_len"]
+    sm = 1.0 / math.sqrt(d)
+    q = torch.randn(t, h, d, generator=gen).to(dev).half()
+    idx = torch.zeros(t, dtype=torch.int32, device=dev)
+    lens = torch.arange(length - t + 1, length + 1, dtype=torch.int32, device=dev)
+    args = (q, *pool, layout["full_bt"].to(dev), idx, lens, sm)
+    want, _ = pa.paged_attention_ref(*args)
+    got, _ = pa.paged_attention_triton(*args, tune=tune)
+    err = float((got - want).abs().max())
+    # prefill tiles are found on the host (a sync), which a CUDA graph cannot capture
+    us, how = time_us(lambda i: pa.paged_attention_triton(*args, tune=tune), cuda, graph=False)
+    ref_us, _ = time_us(lambda i: pa.paged_attention_ref(*args), cuda, graph=False)
+    kd, vd = dense_kv(pool, layout["full_bt"][:1].to(dev), length, c)
+    mask = torch.arange(length, device=dev)[None, :] < lens[:, None]  # [T, L]
+    qd = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    dense_us, _ = time_us(lambda i: sdpa(qd, kd, vd, attn_mask=mask, enable_gqa=h != c["kv_heads"]), cuda)
+    return [row("paged prefill", f"T={t} L={length} H={h}/{c['kv_heads']}", err, 2e-2, us, how, ref_us,
+                dense_us)], (args, want)
+
+
+def random_awq(k, n, group, dev, gen):
+    qweight = torch.randint(-2**31, 2**31 - 1, (k, n // 8), generator=gen, dtype=torch.int64).to(torch.int32)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (k // group, n // 8), generator=gen, dtype=torch.int64)
+    scales = (torch.rand(k // group, n, generator=gen) * 0.01 + 0.001).half()
+    return qweight.to(dev), qzeros.to(torch.int32).to(dev), scales.to(dev)
+
+
+def check_awq(c, dev, cuda, copy_bw, l2, gen, tunes=None):
+    """tunes: optional {"m1": tune for M=1, "m": tune for 1 < M <= 16}."""
+    log("W4A16 GEMM/GEMV on AutoAWQ packing vs dequantize + fp32 matmul; timed vs fp16 matmul")
+    rows, g = [], c["group"]
+    act = torch.float16 if cuda else torch.float32
+    for k, n in c["awq"]:
+        w4 = random_awq(k, n, g, dev, gen)
+        w32 = awq.dequantize_awq(*w4, g)  # [K, N] fp32
+        nbytes = k * n // 2 + (k // g) * n * 2 + (k // g) * n // 2
+        w4s = [w4] + [tuple(x.clone() for x in w4) for _ in range(n_copies(nbytes, l2) - 1)]
+        w16 = w32.to(act)
+        w16s = [w16] + [w16.clone() for _ in range(n_copies(w16.numel() * 2, l2) - 1)]
+        for m in c["ms"]:
+            x = torch.randn(m, k, generator=gen).to(dev).to(act)
+            want = x.float() @ w32
+            tune = None if not tunes or m > 16 else tunes["m1" if m == 1 else "m"]
+            y = awq.awq_gemm_triton(x, *w4, g, tune=tune)
+            err = float((y.float() - want).abs().max()) / float(want.abs().max())
+            us, how = time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tune), cuda)
+            dense_us, _ = time_us(lambda i: x @ w16s[i % len(w16s)], cuda)
+            ref_us = None
+            if m in (1, max(c["ms"])):
+                ref_us, _ = time_us(lambda i: awq.awq_gemm_ref(x, *w4, g), cuda, graph=False)
+            rows.append(row("w4a16 gemm" if m > 16 else "w4a16 gemv", f"M={m} K={k} N={n} G={g}", err, 1e-2,
+                            us, how, ref_us, dense_us, nbytes + x.numel() * x.element_size(), copy_bw,
+                            m=m, k=k, n=n))
+    return rows
