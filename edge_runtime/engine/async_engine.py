@@ -64,6 +64,7 @@ class AsyncEngine:
                     return
         finally:
             if not done:
+                self._queues.pop(rid, None)
                 self._submit(("cancel", rid))
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None,

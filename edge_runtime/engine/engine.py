@@ -31,6 +31,7 @@ from edge_runtime.engine.scheduler import Scheduler
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
+from edge_runtime.kernels.dispatch import describe_backends
 
 
 class Engine:
@@ -137,7 +138,7 @@ class Engine:
                         running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
                         kv_dtype=self.config.kv_dtype, page_tokens=self.config.page_tokens,
                         num_pages=self.num_pages, kv_bytes=self.storage.nbytes(),
-                        kv=self.kv.stats())
+                        backends=describe_backends(self.storage.device), kv=self.kv.stats())
 
     # --- memory-guard hooks (docs/interfaces.md) --------------------------------------------
     def admission_gate(self) -> bool:
