@@ -63,3 +63,15 @@ def test_idle_partial_root_page_is_taken_over():
     m = cache.match([1, 2])
     assert (m.prefix_pages, m.prefix_len, m.tail_pages, m.num_cached) == ([p0], 2, [], 2)
     cache.check_invariants()
+
+
+def test_identical_pages_are_all_explored():
+    # two requests admitted together each computed the same first page; only the second one's
+    # chain continues with this prompt's history
+    pool, cache = setup()
+    a0 = add(pool, cache, ROOT, 0, [1, 2, 3, 4])
+    b0 = add(pool, cache, ROOT, 0, [1, 2, 3, 4])
+    add(pool, cache, a0, 4, [5, 6])
+    b1 = add(pool, cache, b0, 4, [7, 8, 9])
+    m = cache.match([1, 2, 3, 4, 7, 8, 9, 10])
+    assert (m.prefix_pages, m.prefix_len, m.tail_pages, m.num_cached, m.take_over) == ([b0], 4, [b1], 7, True)

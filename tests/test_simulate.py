@@ -90,3 +90,13 @@ def test_simulate_cli_on_the_voice_trace_meets_the_targets(capsys):
     assert share["inline"] and share["system_prompt_copies"] == 1
     assert share["computed_prompt_tokens"] <= 0.10 * base["computed_prompt_tokens"]
     assert share["peak_kv_bytes"] <= 0.80 * base["peak_kv_bytes"]
+
+
+def test_admitting_together_loses_turn_one_sharing_but_each_stream_finds_its_own_history():
+    streams = synthetic_streams()
+    mgr = KVManager(400, 16, enable_inline=False)
+    res = Simulator(mgr, streams, 8, page_bytes=16, slot_bytes=0, admit_together=True).run()
+    apart = run_sim(synthetic_streams(), 400, 16, True, slots=0)
+    assert res.system_prompt_copies == 4 and apart.system_prompt_copies == 1
+    # turn 1 recomputes the system prompt 3 more times; later turns still hit their own chain
+    assert res.computed_prompt_tokens - apart.computed_prompt_tokens == 3 * 60

@@ -114,31 +114,48 @@ class PrefixCache:
                 best, best_n = page, n
         return best, best_n
 
-    def match(self, tokens: list[int]) -> Match:
-        """Longest cached prefix of `tokens` (pass the prompt minus its last token)."""
-        P = self.page_tokens
-        best, chain, parent, start = Match(), [], ROOT, 0
-        while start < len(tokens):
-            page, m = self._best(self.index.get((parent, start, tokens[start]), ()), tokens, start)
-            if page is None:
-                break
-            ids = chain + [page.page_id]
-            best = max(best, Match(ids, start + m, [], start + m), key=Match.score)
-            if m == len(page.tokens) and m < P and page.owner is None:
-                best = max(best, Match(list(chain), start, [page.page_id], start + m, True),
-                           key=Match.score)
-            for child_id in page.children:
-                child = self.pool.pages[child_id]
-                offset = child.start - start
-                if offset > m or offset == P:  # not reachable, or the aligned continuation
-                    continue
-                tail, n_tail, take = self._follow_tail(child, tokens)
-                if n_tail:
-                    cand = Match(ids, child.start, tail, child.start + n_tail, take)
-                    best = max(best, cand, key=Match.score)
-            if m < P:
-                break
-            chain, parent, start = ids, page.page_id, start + P
+    def match(self, tokens: list[int], max_nodes: int = 4096) -> Match:
+        """Longest cached prefix of `tokens` (pass the prompt minus its last token).
+
+        Depth-first over every aligned page that matches fully: identical pages can exist (requests
+        admitted in the same step each computed the same system prompt), and only one of them
+        leads to this prompt's own history. `max_nodes` bounds the walk.
+        """
+        best, stack, seen = Match(), [([], ROOT, 0)], 0
+        while stack and seen < max_nodes:
+            chain, parent, start = stack.pop()
+            if start >= len(tokens):
+                continue
+            cands = []
+            for pid in self.index.get((parent, start, tokens[start]), ()):
+                page = self.pool.pages[pid]
+                cands.append((common_len(page.tokens, tokens, start), page))
+            cands.sort(key=lambda c: -c[0])  # stable: ties keep registration order
+            for m, page in cands:
+                seen += 1
+                best = self._options(best, chain, start, page, m, tokens)
+            full = [page for m, page in cands if m == self.page_tokens]
+            stack.extend((chain + [pg.page_id], pg.page_id, start + self.page_tokens)
+                         for pg in reversed(full))
+        return best
+
+    def _options(self, best: Match, chain: list[int], start: int, page: Page, m: int,
+                 tokens: list[int]) -> Match:
+        """Best of `best` and the matches that use aligned page `page` (m tokens of it match)."""
+        ids = chain + [page.page_id]
+        best = max(best, Match(ids, start + m, [], start + m), key=Match.score)
+        if m == len(page.tokens) and m < self.page_tokens and page.owner is None:
+            best = max(best, Match(list(chain), start, [page.page_id], start + m, True),
+                       key=Match.score)
+        for child_id in page.children:
+            child = self.pool.pages[child_id]
+            offset = child.start - start
+            if offset > m or offset == self.page_tokens:  # unreachable, or aligned continuation
+                continue
+            tail, n_tail, take = self._follow_tail(child, tokens)
+            if n_tail:
+                cand = Match(ids, child.start, tail, child.start + n_tail, take)
+                best = max(best, cand, key=Match.score)
         return best
 
     def _follow_tail(self, page: Page, tokens: list[int]) -> tuple[list[int], int, bool]:

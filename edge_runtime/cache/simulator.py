@@ -2,8 +2,10 @@
 
 Closed loop: every stream sends its next turn as soon as its previous turn finished (think time
 and `arrival_s` are ignored: that is the worst case for memory, all streams live at once). One
-step = admission (each admitted request is prefilled at once, in queue order, so the next one
-already shares its pages) then one decode token for every running sequence, like the engine.
+step = admission then one decode token for every running sequence, like the engine. By default each
+admitted request is prefilled before the next is admitted, so the next one already shares its
+pages; `admit_together` admits the whole batch first (an engine that plans every admission of a
+step before running it): requests arriving together then cannot share what none has written.
 The answer's tokens are given; the last one (end of turn) is sampled but its K/V never written,
 exactly as in generation. When a decode step cannot get a page, the newest running sequence is
 preempted and re-queued at the head with what it generated; on resume it is admitted again with
@@ -59,8 +61,9 @@ class SimResult:
 
 class Simulator:
     def __init__(self, mgr: KVManager, streams: dict[str, list[SimRequest]], max_running: int,
-                 page_bytes: int, slot_bytes: int, check_every: int = 1):
-        self.mgr, self.max_running = mgr, max_running
+                 page_bytes: int, slot_bytes: int, check_every: int = 1,
+                 admit_together: bool = False):
+        self.mgr, self.max_running, self.admit_together = mgr, max_running, admit_together
         self.page_bytes, self.slot_bytes, self.check_every = page_bytes, slot_bytes, check_every
         self.pending = {s: deque(turns) for s, turns in streams.items()}
         self.waiting: deque[SimRequest] = deque(q.popleft() for q in self.pending.values() if q)
@@ -86,27 +89,39 @@ class Simulator:
         return r
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_running:
+        batch = []
+        while self.waiting and len(self.running) + len(batch) < self.max_running:
             req = self.waiting[0]
-            tokens = req.prompt_ids + req.generated
             self.next_id += 1
-            sid = self.next_id
+            sid, tokens = self.next_id, req.prompt_ids + req.generated
             try:
                 seq = self.mgr.admit(sid, tokens, len(req.answer_ids) - len(req.generated))
             except OutOfPages:
-                if not self.running:
+                if not self.running and not batch:
                     raise
-                return
+                break
             self.waiting.popleft()
-            if not req.generated:
-                self.result.prompt_tokens += len(req.prompt_ids)
-                self.result.cached_prompt_tokens += seq.num_cached_tokens
-            self.result.computed_prompt_tokens += len(tokens) - seq.num_cached_tokens
-            self.mgr.reserve(sid, len(tokens) - seq.num_cached_tokens)
-            self.mgr.commit(sid, tokens[seq.num_cached_tokens:])
-            req.generated.append(req.answer_ids[len(req.generated)])  # from the prefill's logits
-            self.running.append((sid, req))
-            self._maybe_finish(sid, req)
+            batch.append((sid, req, tokens, seq.num_cached_tokens))
+            if not self.admit_together:
+                self._prefill(*batch.pop())
+        requeue = [b for b in batch if not self._prefill(*b)]
+        self.waiting.extendleft(req for _, req, _, _ in reversed(requeue))
+
+    def _prefill(self, sid, req: SimRequest, tokens: list[int], cached: int) -> bool:
+        try:
+            self.mgr.reserve(sid, len(tokens) - cached)
+        except OutOfPages:  # only when admitted together: undo, try again next step
+            self.mgr.release(sid)
+            return False
+        if not req.generated:
+            self.result.prompt_tokens += len(req.prompt_ids)
+            self.result.cached_prompt_tokens += cached
+        self.result.computed_prompt_tokens += len(tokens) - cached
+        self.mgr.commit(sid, tokens[cached:])
+        req.generated.append(req.answer_ids[len(req.generated)])  # from the prefill's logits
+        self.running.append((sid, req))
+        self._maybe_finish(sid, req)
+        return True
 
     def _decode(self) -> None:
         for sid, req in list(self.running):

@@ -28,6 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], default="int8")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--synthetic-answer-words", type=int, default=12)
+    p.add_argument("--admit-together", action="store_true",
+                   help="admit a step's requests before prefilling any (no sharing among them)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--out", help="also write the JSON to this file")
     p.set_defaults(func=run)
@@ -92,7 +94,8 @@ def simulate_all(streams: dict, page_sizes: list[int], args, bytes_per_token: in
                             args.inline_tokens if inline_on else 0, enable_prefix_cache=sharing,
                             enable_inline=sharing and inline_on)
             sim = Simulator(mgr, copy.deepcopy(streams), args.max_running, P * bytes_per_token,
-                            args.inline_tokens * bytes_per_token, check_every=16)
+                            args.inline_tokens * bytes_per_token, check_every=16,
+                            admit_together=args.admit_together)
             res = sim.run()
             results.append({"inline": sharing and inline_on, **res.__dict__,
                             "computed_fraction": res.computed_fraction})
