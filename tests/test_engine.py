@@ -50,6 +50,8 @@ def test_shared_system_prompt_prefills_only_uncached():
     cold = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=32,
                       enable_prefix_cache=False).generate([b], greedy(8, ignore_eos=True))[0]
     assert cold.cached_prompt_tokens == 0 and warm.token_ids == cold.token_ids
+    t = warm.timings
+    assert 0 <= t.queue_s <= t.first_token_s <= t.total_s and t.total_s > 0
 
 
 def test_small_pool_preempts_and_completes_identically():
