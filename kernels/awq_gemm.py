@@ -140,6 +140,21 @@ if triton is not None:
         tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+    @triton.jit
+    def _awq_dequant_kernel(qw_ptr, qz_ptr, sc_ptr, w_ptr, N, group_size, s_qwk, s_qzg, s_scg, s_wk,
+                            BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, UNPACK: tl.constexpr):
+        # W[k, n] = (q - z) * s as fp16 [K, N], one [BLOCK_K, BLOCK_N] tile per program
+        pid_k = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        n = _columns(pid_n, BLOCK_N, UNPACK)
+        nmask = n < N
+        grp = (pid_k * BLOCK_K) // group_size
+        q, z = _unpack_tile(qw_ptr, qz_ptr, k, pid_n, grp, s_qwk, s_qzg, N, BLOCK_N, UNPACK)
+        sc = tl.load(sc_ptr + grp * s_scg + n, mask=nmask, other=0.0)
+        w = (q - z[None, :]).to(tl.float32) * sc.to(tl.float32)[None, :]
+        tl.store(w_ptr + k[:, None] * s_wk + n[None, :], w.to(tl.float16), mask=nmask[None, :])
+
 # Launch defaults per M class: "gemv1" (M = 1), "gemv" (M = 2..16), "gemm" (M > 16). gemv1 and gemv
 # are the best configs of the H200 sweep in docs/perf-gpu.md (run 2); gemm is unswept.
 # unpack: "gather" | "interleave" | "perm" (see _unpack_tile); fma: CUDA-core inner product.
@@ -148,7 +163,9 @@ TUNE = {"gemv1": {"block_n": 256, "block_k": 64, "programs_per_sm": 2, "num_warp
         "gemv": {"block_n": 64, "block_k": 64, "programs_per_sm": 4, "num_warps": 4, "num_stages": 3,
                  "unpack": "perm", "fma": False},
         "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
-                 "unpack": "interleave", "fma": False}}
+                 "unpack": "interleave", "fma": False, "mode": "tiled"}}
+# gemm "mode": "tiled" (the kernel above) or "dequant" (awq_dequantize_triton to a transient fp16
+# [K, N], then torch's fp16 matmul; K*N*2 bytes of scratch per call). Not yet timed on a GPU.
 UNPACK_MODES = {"gather": 0, "interleave": 1, "perm": 2}
 
 
@@ -185,6 +202,9 @@ def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None, tun
     n = qweight.shape[1] * 8
     cfg = _config(m, n, k, group_size, x.device, dict(tune or {}, split_k=split_k))
     bm, bn, bk, split = cfg["block_m"], cfg["block_n"], cfg["block_k"], cfg["split_k"]
+    if cfg.get("mode") == "dequant" and m > 0:
+        w = awq_dequantize_triton(qweight, qzeros, scales, group_size)  # [K, N] fp16
+        return (x.to(torch.float16) @ w).to(x.dtype)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -200,3 +220,20 @@ def awq_gemm_triton(x, qweight, qzeros, scales, group_size, *, split_k=None, tun
         numel = m * n
         _sum_splits_kernel[(triton.cdiv(numel, 1024),)](part, y, numel, SPLIT_K=split, BLOCK=1024)
     return y
+
+
+def awq_dequantize_triton(qweight, qzeros, scales, group_size, *, block_k=32, block_n=128,
+                          unpack="interleave"):
+    """AutoAWQ GEMM tensors -> fp16 W [K, N] on the GPU (the reference is dequantize_awq)."""
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    check_awq_args(torch.empty(0, k, device=qweight.device), qweight, qzeros, scales, group_size)
+    assert triton is not None, "triton is not installed"
+    block_k = min(block_k, group_size)
+    if group_size % block_k:
+        raise ValueError(f"group_size {group_size} must be a multiple of block_k {block_k}")
+    w = torch.empty(k, n, dtype=torch.float16, device=qweight.device)
+    grid = (triton.cdiv(k, block_k), triton.cdiv(n, block_n))
+    _awq_dequant_kernel[grid](qweight, qzeros, scales, w, n, group_size, qweight.stride(0), qzeros.stride(0),
+                              scales.stride(0), w.stride(0), BLOCK_K=block_k, BLOCK_N=block_n,
+                              UNPACK=UNPACK_MODES[unpack])
+    return w

@@ -178,15 +178,18 @@ def check_awq(c, dev, cuda, copy_bw, l2, gen, tunes=None):
         for m in c["ms"]:
             x = torch.randn(m, k, generator=gen).to(dev).to(act)
             want = x.float() @ w32
-            tune = None if not tunes or m > 16 else tunes["m1" if m == 1 else "m"]
-            y = awq.awq_gemm_triton(x, *w4, g, tune=tune)
-            err = float((y.float() - want).abs().max()) / float(want.abs().max())
-            us, how = time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tune), cuda)
             dense_us, _ = time_us(lambda i: x @ w16s[i % len(w16s)], cuda)
             ref_us = None
             if m in (1, max(c["ms"])):
                 ref_us, _ = time_us(lambda i: awq.awq_gemm_ref(x, *w4, g), cuda, graph=False)
-            rows.append(row("w4a16 gemm" if m > 16 else "w4a16 gemv", f"M={m} K={k} N={n} G={g}", err, 1e-2,
-                            us, how, ref_us, dense_us, nbytes + x.numel() * x.element_size(), copy_bw,
-                            m=m, k=k, n=n))
+            tune = None if not tunes or m > 16 else tunes["m1" if m == 1 else "m"]
+            variants = [("w4a16 gemv" if m <= 16 else "w4a16 gemm", tune)]
+            if m > 16:
+                variants.append(("w4a16 gemm dequant+mm", {"mode": "dequant"}))
+            for check, tn in variants:
+                y = awq.awq_gemm_triton(x, *w4, g, tune=tn)
+                err = float((y.float() - want).abs().max()) / float(want.abs().max())
+                us, how = time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tn), cuda)
+                rows.append(row(check, f"M={m} K={k} N={n} G={g}", err, 1e-2, us, how, ref_us, dense_us,
+                                nbytes + x.numel() * x.element_size(), copy_bw, m=m, k=k, n=n))
     return rows

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kernel_helpers import HAVE_TRITON, pack_awq_int4, random_awq
-from edge_runtime.kernels.awq_gemm import (awq_gemm_ref, awq_gemm_triton, dequantize_awq,
-                                           unpack_awq_int4)
+from edge_runtime.kernels.awq_gemm import (awq_dequantize_triton, awq_gemm_ref, awq_gemm_triton,
+                                           dequantize_awq, unpack_awq_int4)
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 
@@ -78,3 +78,15 @@ def test_default_configs_match_dense(m):
     want = x.float() @ w
     y = awq_gemm_triton(x, qweight, qzeros, scales, 64)
     assert torch.allclose(y.float(), want, atol=1e-2 * float(want.abs().max()), rtol=1e-2)
+
+
+@pytest.mark.parametrize("unpack", ["gather", "interleave", "perm"])
+def test_dequantize_kernel_and_dequant_gemm_mode(unpack):
+    gen = torch.Generator().manual_seed(12)
+    qweight, qzeros, scales, w = random_awq(64, 136, 32, gen)
+    got = awq_dequantize_triton(qweight, qzeros, scales, 32, unpack=unpack)
+    assert got.dtype == torch.float16 and torch.allclose(got.float(), w, atol=1e-3 * float(w.abs().max()))
+    x = torch.randn(20, 64, generator=gen)
+    y = awq_gemm_triton(x, qweight, qzeros, scales, 32, tune={"mode": "dequant"})
+    want = x @ w
+    assert torch.allclose(y, want, atol=1e-2 * float(want.abs().max()))
