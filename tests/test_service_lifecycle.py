@@ -1,5 +1,6 @@
-"""Service lifecycle with a real child server (tiny random Llama): systemd notifications on a real
-datagram NOTIFY_SOCKET, socket activation with a listening socket passed as fd 3, SIGTERM drain."""
+"""Service lifecycle with a real child server (tiny random Llama) started as systemd would: socket
+activation with a listening socket passed as fd 3, notifications on a real datagram NOTIFY_SOCKET,
+watchdog pings, SIGTERM."""
 
 from __future__ import annotations
 
@@ -60,54 +61,31 @@ def _datagrams(sock: socket.socket) -> list[dict]:
         out.append(dict(line.split("=", 1) for line in data.split("\n")))
 
 
-def test_sd_notify_watchdog_and_sigterm_drain(tmp_path, tiny):
+def test_activation_notify_watchdog_and_abort_at_deadline(tmp_path, tiny):
+    """As under systemd: listening socket on fd 3, NOTIFY_SOCKET, WATCHDOG_USEC; SIGTERM with a
+    0 s deadline aborts the in-flight request (the draining path that finishes requests is
+    tests/test_service.py::test_sigterm_finishes_in_flight_request_then_exits_0)."""
     notify_path = str(tmp_path / "notify")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(notify_path)
-    sock = str(tmp_path / "api.sock")
-    config = write_config(tmp_path / "b.yaml", {"shutdown_deadline_s": 120},
-                          {"enabled": True, "poll_interval_s": 0.2})
-    proc = start_server(sock, config, tiny, {"NOTIFY_SOCKET": notify_path,
-                                             "WATCHDOG_USEC": "1000000"})
-    try:
-        wait_ready(proc, sock)
-        with client(sock) as c:
-            metrics = c.get("/metrics").text
-        assert 'edge_guard_state{state="ok",source="proc-meminfo' in metrics
-        out, first = {}, threading.Event()
-        t = _stream_in_thread(sock, {"prompt": "abc", "max_tokens": 8, "ignore_eos": True},
-                              out, first)
-        assert first.wait(60)
-        proc.send_signal(signal.SIGTERM)  # in flight: must finish before the process exits
-        t.join(120)
-        code, log = stop_server(proc, timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert code == 0, log
-    assert _finish_reason(out["events"]) == "length"
-    msgs = _datagrams(notify)
-    keys = [k for m in msgs for k in m]
-    assert "EXTEND_TIMEOUT_USEC" in keys and "WATCHDOG" in keys
-    ready = next(m for m in msgs if "READY" in m)
-    assert ready["MAINPID"] == str(proc.pid) and ready["STATUS"].startswith("ready")
-    assert keys.index("READY") < keys.index("WATCHDOG") < keys.index("STOPPING")
-    assert not os.path.exists(sock)  # we created it, we removed it
-
-
-def test_socket_activation_and_abort_at_deadline(tmp_path, tiny):
     path = str(tmp_path / "activated.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # what systemd's .socket unit does
     listener.bind(path)
     listener.listen(64)
     not_used = str(tmp_path / "config-socket.sock")
     config = write_config(tmp_path / "b.yaml", {"socket": not_used, "shutdown_deadline_s": 0,
-                                                 "max_tokens": 2000})
+                                                 "max_tokens": 2000},
+                          {"enabled": True, "poll_interval_s": 0.2})
     fd = listener.fileno()
-    proc = start_server(path, config, tiny, argv_prefix=[sys.executable, "-c", WRAPPER, str(fd)],
+    proc = start_server(path, config, tiny, {"NOTIFY_SOCKET": notify_path,
+                                             "WATCHDOG_USEC": "1000000"},
+                        argv_prefix=[sys.executable, "-c", WRAPPER, str(fd)],
                         pass_fds=(fd,), socket_arg=False)
     try:
         wait_ready(proc, path)
+        with client(path) as c:
+            metrics = c.get("/metrics").text
+        assert 'edge_guard_state{state="ok",source="proc-meminfo' in metrics
         out, first = {}, threading.Event()
         t = _stream_in_thread(path, {"prompt": "abc", "max_tokens": 1900, "ignore_eos": True},
                               out, first)
@@ -120,6 +98,12 @@ def test_socket_activation_and_abort_at_deadline(tmp_path, tiny):
             proc.kill()
     assert code == 0, log
     assert _finish_reason(out["events"]) == "cancelled"
+    msgs = _datagrams(notify)
+    keys = [k for m in msgs for k in m]
+    assert "EXTEND_TIMEOUT_USEC" in keys and "WATCHDOG" in keys
+    ready = next(m for m in msgs if "READY" in m)
+    assert ready["MAINPID"] == str(proc.pid) and ready["STATUS"].startswith("ready")
+    assert keys.index("READY") < keys.index("WATCHDOG") < keys.index("STOPPING")
     assert not os.path.exists(not_used)  # the passed socket was used, not the configured path
     # systemd's copy keeps listening across service restarts: the kernel still queues clients
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
