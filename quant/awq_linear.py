@@ -9,7 +9,8 @@ Backends, chosen once in `prepare()` from the device of the checkpoint tensors:
   (q - z) * s maps to zero = (8 - z) * s. bf16 costs ~0.2% relative error per matmul (measured in
   tests/test_awq_linear.py); the exact fp32 variant of the same op is ~100x slower on CPU.
 - "awq-gemm": CUDA; calls `edge_runtime.kernels.dispatch.awq_gemm` (Triton W4A16 kernel).
-- "reference": dequantize per call with the plain-torch reference (exact; slow; any device).
+- "reference": dequantize per call with the plain-torch reference (exact; slow; any device);
+  "auto" falls back to it on CPU when out_features % 16 != 0 (torch's int4 layout needs that).
 
 Invariant: after `prepare()`, `weight_bytes()` is the number of bytes this module really holds.
 """
@@ -80,11 +81,14 @@ class AWQLinear(nn.Module):
         if backend == "auto":
             if self.qweight.is_cuda:
                 backend = "awq-gemm"
-            elif _has_cpu_int4pack():
+            elif _has_cpu_int4pack() and self.out_features % 16 == 0:
                 backend = "cpu-int4pack"
             else:
                 backend = "reference"
         if backend == "cpu-int4pack":
+            # torch's CPU int4 layout packs output channels in 16s
+            assert self.out_features % 16 == 0, ("cpu-int4pack needs out_features % 16 == 0",
+                                                 self.out_features)
             self._repack_cpu()
         self.backend = backend
         return self

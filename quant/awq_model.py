@@ -18,6 +18,7 @@ and the source folder's tokenizer/generation files.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from edge_runtime.errors import ModelLoadError
-from edge_runtime.quant.awq_linear import AWQLinear
+from edge_runtime.quant.awq_linear import BACKENDS, AWQLinear
 from edge_runtime.quant.half_embed import HalfEmbedding, HalfLinear, set_module
 
 _SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -89,9 +90,16 @@ def _halve_embeddings(model: nn.Module, state: dict) -> None:
 
 
 def quantize_linears_from_checkpoint(model: nn.Module, state: dict, quant_config: dict,
-                                     backend: str = "auto", half_embeddings: bool = True
+                                     backend: str | None = None, half_embeddings: bool = True
                                      ) -> list[str]:
-    """Swap nn.Linear -> AWQLinear for every `<path>.qweight` in `state` (consumed); returns paths."""
+    """Swap nn.Linear -> AWQLinear for every `<path>.qweight` in `state` (consumed); returns paths.
+
+    backend: see AWQLinear; default from $EDGE_AWQ_BACKEND, else "auto" (`reference` gives exact
+    fp32 activations on CPU, for quality checks; `cpu-int4pack` is the fast CPU path).
+    """
+    backend = backend or os.environ.get("EDGE_AWQ_BACKEND", "auto")
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"EDGE_AWQ_BACKEND={backend!r} is not one of {', '.join(BACKENDS)}")
     group_size = _check_config(quant_config)
     paths = sorted(k[: -len(".qweight")] for k in state if k.endswith(".qweight"))
     if not paths:
