@@ -11,6 +11,8 @@ Invariants:
 - A step (`cache.step(seq_ids, num_new_tokens)`) describes one flattened varlen batch: the new tokens
   of `seq_ids[i]` are rows `[offsets[i], offsets[i] + num_new_tokens[i])` of q/k/v, at positions
   `[length(seq_ids[i]), length(seq_ids[i]) + num_new_tokens[i])`.
+- A pure decode step of several sequences (one new token each) runs ONE padded attention call with a
+  length mask instead of one call per sequence; any other step attends sequence by sequence.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 from torch.nn import functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 
 def causal_attention(
@@ -126,6 +129,8 @@ class ContiguousStep:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, Hkv, D]; T == sum(num_new_tokens)
         assert q.shape[0] == sum(self.num_new_tokens), (q.shape, self.num_new_tokens)
+        if len(self.seqs) > 1 and q.shape[0] == len(self.seqs):
+            return self._attend_decode(layer, q, k, v)
         out = torch.empty_like(q)
         start = 0
         for seq, n in zip(self.seqs, self.num_new_tokens):
@@ -138,3 +143,24 @@ class ContiguousStep:
                 q[start:start + n], seq.k[layer, :end], seq.v[layer, :end], past)
             start += n
         return out
+
+    def _attend_decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """One new token per sequence: one padded, masked attention call for the whole batch."""
+        lens = []
+        for i, seq in enumerate(self.seqs):
+            past = seq.lens[layer]
+            seq.k[layer, past] = k[i]
+            seq.v[layer, past] = v[i]
+            seq.lens[layer] = past + 1
+            lens.append(past + 1)
+        group = q.shape[1] // k.shape[1]
+        keys = pad_sequence([s.k[layer, :n] for s, n in zip(self.seqs, lens)], batch_first=True)
+        vals = pad_sequence([s.v[layer, :n] for s, n in zip(self.seqs, lens)], batch_first=True)
+        # keys, vals: [B, Lmax, Hkv, D] -> [B, H, Lmax, D]
+        keys = keys.to(q.dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+        vals = vals.to(q.dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+        valid = torch.arange(keys.shape[2], device=q.device)[None, :] < torch.tensor(
+            lens, device=q.device)[:, None]  # [B, Lmax]
+        out = F.scaled_dot_product_attention(q[:, :, None, :], keys, vals,
+                                             attn_mask=valid[:, None, None, :])  # [B, H, 1, D]
+        return out[:, :, 0, :]
