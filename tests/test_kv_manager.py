@@ -217,3 +217,18 @@ def test_retire_relocates_live_pages_evicts_cached_and_restore_returns_them():
     mgr.finish("A")
     mgr.finish("B")
     mgr.check_leaks()
+
+
+def test_an_admission_taken_back_leaves_the_counters_unchanged():
+    mgr = KVManager(num_pages=4, page_tokens=4)
+    mgr.admit("A", [1, 2, 3, 4, 5], 1)
+    prefill(mgr, "A", [1, 2, 3, 4, 5])
+    mgr.finish("A")
+    before = mgr.counters.as_dict()
+    mgr.admit("B", [1, 2, 3, 4, 5, 6], 1)  # the engine plans it, then takes it back
+    mgr.release("B")
+    assert mgr.counters.as_dict() == before
+    mgr.admit("C", [1, 2, 3, 4, 5, 6], 1)
+    prefill(mgr, "C", [1, 2, 3, 4, 5, 6])
+    mgr.release("C")  # a real cancel
+    assert mgr.counters.cancelled == 1 and mgr.counters.admitted == 2

@@ -83,7 +83,7 @@ class KVManager:
         if m.take_over:
             last = self.pool.pages[seq.tail_pages[-1]]
             assert last.owner is None, last
-            last.owner = seq_id
+            last.owner, seq.took_over = seq_id, True
             self.counters.take_overs += 1
         if use_inline:
             seq.tail_kind, seq.inline_slot = INLINE, self.arena.allocate(seq_id)
@@ -262,9 +262,17 @@ class KVManager:
 
     def release(self, seq_id) -> None:
         """Cancel: drop every reference. Committed K/V in pages stays cached (it is complete);
-        an inline tail is dropped."""
-        self.counters.cancelled += 1
-        self._drop(self.seqs[seq_id])
+        an inline tail is dropped. Released before computing anything (an admission the engine
+        takes back), the sequence leaves the admission and hit-rate counters as they were."""
+        seq = self.seqs[seq_id]
+        if seq.num_tokens == seq.num_cached_tokens:
+            self.counters.admitted -= 1
+            self.counters.prompt_tokens -= seq.prompt_len
+            self.counters.cached_prompt_tokens -= seq.num_cached_tokens
+            self.counters.take_overs -= int(seq.took_over)
+        else:
+            self.counters.cancelled += 1
+        self._drop(seq)
 
     def preempt(self, seq_id) -> None:
         """Free the sequence's storage for others; its committed pages stay cached, so on resume

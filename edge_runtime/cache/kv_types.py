@@ -50,6 +50,7 @@ class SeqKV:
     inline_slot: int | None = None
     token_ids: list[int] = field(default_factory=list)  # committed tokens, positions [0, n)
     capacity: int = 0  # positions [0, capacity) have storage
+    took_over: bool = False  # admitted by taking over an idle cached tail page
 
     @property
     def num_tokens(self) -> int:
