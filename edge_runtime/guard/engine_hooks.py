@@ -47,8 +47,9 @@ class EngineGuardHooks:
             runs = [r for r in _runs(self._free_ids()) if not set(range(*r)) <= storage.released]
             done = 0
             for start, end in runs[:n_chunks]:
-                self.released_bytes += storage.release_pages(start, end)
-                done += 1
+                freed = storage.release_pages(start, end)  # 0 on CUDA: nothing to hand back
+                self.released_bytes += freed
+                done += freed > 0
             return done
 
     def grow_pool(self) -> int:

@@ -155,7 +155,7 @@ class Server:
         while True:
             # in a thread: a hung step holds the engine lock, and then this await never returns
             steps, busy = await asyncio.to_thread(_engine_progress, self.loaded.engine)
-            if not busy or steps != last_steps:
+            if engine_alive(last_steps, steps, busy):
                 self.notifier.watchdog_ping()
             else:
                 log.error("engine made no progress for %.1f s: withholding WATCHDOG=1", period)
@@ -192,6 +192,11 @@ class Server:
         if self.owns_path and os.path.exists(self.owns_path):
             os.unlink(self.owns_path)
         self.notifier.close()
+
+
+def engine_alive(last_steps: int, steps: int, busy: bool) -> bool:
+    """The engine loop is healthy if it has nothing to do or finished a step since last check."""
+    return not busy or steps != last_steps
 
 
 def _engine_progress(engine) -> tuple[int, bool]:

@@ -1,0 +1,96 @@
+"""Telemetry sources on synthetic /proc and cgroup trees, and jtop's data layout (KiB -> bytes)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from edge_runtime.guard.telemetry import JtopSource, ProcMeminfoSource, parse_meminfo
+
+MEMINFO = """MemTotal:        8000000 kB
+MemFree:          500000 kB
+MemAvailable:    2000000 kB
+SwapTotal:       4000000 kB
+SwapFree:        3000000 kB
+NvMapMemUsed:     700000 kB
+HugePages_Total:       0
+"""
+
+
+def test_parse_meminfo_converts_kib_and_keeps_counts():
+    info = parse_meminfo(MEMINFO)
+    assert info["MemTotal"] == 8000000 * 1024 and info["HugePages_Total"] == 0
+
+
+def _tree(tmp_path, version: str, current: str, limit: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)
+    root = tmp_path / "cgroup"
+    if version == "v2":
+        d = root / "system.slice/edge-runtime.service"
+        d.mkdir(parents=True)
+        (root / "cgroup.controllers").write_text("memory\n")
+        (d / "memory.current").write_text(current)
+        (d / "memory.max").write_text(limit)
+        proc = "0::/system.slice/edge-runtime.service\n"
+    else:
+        d = root / "memory/svc"
+        d.mkdir(parents=True)
+        (d / "memory.usage_in_bytes").write_text(current)
+        (d / "memory.limit_in_bytes").write_text(limit)
+        proc = "5:pids:/svc\n4:memory:/svc\n0::/\n"
+    (tmp_path / "proc_cgroup").write_text(proc)
+    return ProcMeminfoSource(str(meminfo), str(root), str(tmp_path / "proc_cgroup"))
+
+
+def test_proc_meminfo_with_cgroup_v2_limit(tmp_path):
+    src = _tree(tmp_path, "v2", "3000000000\n", "4000000000\n")
+    s = src.read()
+    assert src.name == "proc-meminfo+cgroup-v2"
+    assert s.available_bytes == 2000000 * 1024 and s.gpu_shared_bytes == 700000 * 1024
+    assert s.swap_used_bytes == 1000000 * 1024
+    # device: 75% used; cgroup: 75% of its limit -> max of the two
+    assert abs(s.used_fraction - 0.75) < 1e-9
+
+
+def test_cgroup_tighter_than_device_v1_and_unlimited(tmp_path):
+    s = _tree(tmp_path / "a", "v1", "3900000000\n", "4000000000\n").read()
+    assert abs(s.used_fraction - 0.975) < 1e-9
+    s = _tree(tmp_path / "b", "v1", "100\n", "9223372036854771712\n").read()  # v1 "no limit"
+    assert s.cgroup_max_bytes is None and abs(s.used_fraction - 0.75) < 1e-9
+    s = _tree(tmp_path / "c", "v2", "100\n", "max\n").read()
+    assert s.cgroup_max_bytes is None
+
+
+def test_no_cgroup_file_means_meminfo_only(tmp_path):
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    src = ProcMeminfoSource(str(tmp_path / "meminfo"), str(tmp_path / "none"),
+                            str(tmp_path / "missing"))
+    assert src.name == "proc-meminfo" and src.read().cgroup_current_bytes is None
+
+
+class _FakeJetson:
+    """The shape of jtop's data (jtop/core/memory.py, jtop.py): RAM values in KiB."""
+
+    def __init__(self):
+        self.memory = {"RAM": {"tot": 16000000, "used": 12000000, "free": 1000000,
+                               "shared": 5000000, "cached": 2000000},
+                       "SWAP": {"tot": 8000000, "used": 250000}}
+        self.temperature = {"gpu": {"online": True, "temp": 61.5},
+                            "tj": {"online": False, "temp": -256}}
+        self.power = {"rail": {}, "tot": {"power": 14250, "avg": 13000}}
+        self.spins = 0
+
+    def ok(self, spin=False):
+        self.spins += 1
+        return True
+
+
+def test_jtop_source_converts_units():
+    jet = _FakeJetson()
+    s = JtopSource(jet).read()
+    assert jet.spins == 1
+    assert s.total_bytes == 16000000 * 1024 and s.available_bytes == 4000000 * 1024
+    assert s.gpu_shared_bytes == 5000000 * 1024 and s.swap_used_bytes == 250000 * 1024
+    assert s.temperatures_c == {"gpu": 61.5} and s.power_mw == 14250.0
+    assert abs(s.used_fraction - 0.75) < 1e-9

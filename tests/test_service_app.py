@@ -1,0 +1,33 @@
+"""ServiceState.health(): loading -> ready -> degraded (guard) -> ready -> stopping."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard.guard import MemoryGuard
+from edge_runtime.guard.telemetry import ScriptedSource
+from edge_runtime.service.app import ServiceState
+from edge_runtime.service.limits import ServiceLimits
+
+
+def test_health_follows_load_guard_and_shutdown():
+    source = ScriptedSource([0.2])
+    guard = MemoryGuard(GuardConfig(), source, None)
+    state = ServiceState(ServiceLimits(), "m", guard)
+    assert state.health() == (503, {"status": "loading", "reason": "loading model"})
+    model = SimpleNamespace(tokenizer=None, config=SimpleNamespace(max_position_embeddings=64,
+                                                                    vocab_size=10))
+    state.set_ready(model, None, None, None)
+    guard.poll()
+    assert state.health() == (200, {"status": "ready", "reason": ""})
+    source.push(0.95)
+    guard.poll()
+    code, body = state.health()
+    assert code == 200 and body["status"] == "degraded" and body["guard"] == "critical"
+    assert "critical threshold" in body["reason"]
+    source.push(0.1)
+    guard.poll()
+    assert state.health()[1]["status"] == "ready"
+    state.stopping = True
+    assert state.health() == (503, {"status": "stopping", "reason": "shutting down"})
