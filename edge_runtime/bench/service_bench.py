@@ -208,7 +208,8 @@ def run(args) -> int:
         write_json(args.json, {"bench": "service", "model": args.model, "config": args.config,
                                "max_tokens": args.max_tokens, "turns": args.turns,
                                "median_tok_per_s": median,
-                               "median_cpu_ms_per_token": cpu, "cpu_overhead": cpu_overhead, "overhead": overhead, "rows": rows,
+                               "median_cpu_ms_per_token": cpu, "cpu_overhead": cpu_overhead,
+                               "overhead": overhead, "rows": rows,
                                "machine": machine_info()})
     return 0
 
