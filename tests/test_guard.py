@@ -81,7 +81,7 @@ def test_snapshot_reports_source_and_reason():
     guard, _, _ = _run([0.5, 0.93])
     snap = guard.snapshot()
     assert snap["state"] == "critical" and snap["source"] == "scripted"
-    assert "critical threshold 90%" in snap["reason"]
+    assert "(critical from 90%, scripted)" in snap["reason"]
     assert snap["transitions"] == {"ok->critical": 1}
 
 

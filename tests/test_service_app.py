@@ -25,7 +25,7 @@ def test_health_follows_load_guard_and_shutdown():
     guard.poll()
     code, body = state.health()
     assert code == 200 and body["status"] == "degraded" and body["guard"] == "critical"
-    assert "critical threshold" in body["reason"]
+    assert "critical from 93%" in body["reason"]
     source.push(0.1)
     guard.poll()
     assert state.health()[1]["status"] == "ready"

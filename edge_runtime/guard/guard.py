@@ -87,7 +87,7 @@ class MemoryGuard:
         c = self.config
         threshold = c.high_used_fraction if new == "high" else c.critical_used_fraction
         self.reason = "" if new == "ok" else (
-            f"memory {used:.1%} used >= {new} threshold {threshold:.0%} ({self.source_name})")
+            f"memory {used:.1%} used ({new} from {threshold:.0%}, {self.source_name})")
         log.warning("memory guard: %s -> %s at %.1f%% used (%s)", old, new, used * 100,
                     self.source_name)
         if self.actions is None:
