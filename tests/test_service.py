@@ -195,6 +195,36 @@ def test_client_disconnect_cancels_and_frees_pages(server):
         assert kv["pages_live"] == 0 and kv["inline_slots_used"] == 0, kv
 
 
+def _wait_stats(c, pred, tries: int = 400):
+    for _ in range(tries):
+        stats = c.get("/v1/stats").json()
+        if pred(stats):
+            return stats
+        threading.Event().wait(0.05)
+    raise AssertionError(stats)
+
+
+def test_non_stream_client_disconnect_cancels(server):
+    import socket as so
+
+    body = json.dumps({"prompt": "Tell me everything about trains.", "max_tokens": 256,
+                       "ignore_eos": True}).encode()
+    with client(server) as c:
+        before = c.get("/v1/stats").json()
+        raw = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        raw.connect(server)
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode() + b"\r\n\r\n" + body)
+        _wait_stats(c, lambda s: s["engine"]["running"] == 1)
+        raw.close()  # gone before any byte of the answer
+        stats = _wait_stats(c, lambda s: s["service"]["in_flight"] == 0
+                            and s["engine"]["kv"]["pages_live"] == 0
+                            and s["engine"]["kv"]["inline_slots_used"] == 0)
+    assert stats["service"]["cancelled"] == before["service"]["cancelled"] + 1
+    assert stats["engine"]["requests_cancelled"] == before["engine"]["requests_cancelled"] + 1
+
+
 def test_metrics_and_stats(server):
     with client(server) as c:
         text = c.get("/metrics").text
