@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,7 +62,7 @@ def run(tmp_path_factory):
     events_path = folder / "events.jsonl"
     try:
         reports = run_streams(runtime, config, [Source(InputSpec(k, p)) for k, p in zip(kinds, paths)],
-                              events_path=events_path)
+                              tts_dir=folder / "tts", events_path=events_path)
         runtime.aengine.engine.kv.check_invariants()  # idle: no page leaked by the loop
     finally:
         runtime.close()
@@ -121,3 +122,32 @@ def test_text_stream_and_events_file(run):
             "prompt_tokens", "cached_prompt_tokens", "first_token_s", "answer", "total_s"}
     audio_events = [ev for ev in lines if ev["kind"] == "utterance" and ev["stream"] < 10]
     assert audio_events and all(keys <= set(ev) for ev in audio_events)
+
+
+def test_answers_are_spoken_into_wavs(run):
+    from edge_runtime.voice.audio_input import read_wav
+
+    _, _, reports, _ = run
+    answered = [ev for r in reports for ev in r.events if ev.get("answer")]
+    assert answered and all("tts_wav" in ev for ev in answered)
+    for ev in answered[:3]:
+        assert len(read_wav(Path(ev["tts_wav"]))) > 1600  # espeak-ng speech, 16 kHz after resampling
+
+
+def test_cli_reports_faults_per_stream_and_exits_1(tmp_path, capsys):
+    from edge_runtime.cli import main
+
+    typed = tmp_path / "typed.txt"
+    typed.write_text("turn on the radio\n")
+    events = tmp_path / "ev.jsonl"
+    code = main(["voice", "--input", str(typed), "--input", str(tmp_path / "nope.wav"),
+                 "--max-tokens", "4", "--events", str(events), "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert f"stream 1: {tmp_path / 'nope.wav'}: file not found" in err
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [ev["kind"] for ev in lines if ev["stream"] == 0] == ["utterance"]
+    assert lines[[ev["stream"] for ev in lines].index(0)]["answer_tokens"] >= 1
+    assert '"answered": 1' in out
+    assert main(["voice", "--demo", "--turns", "9"]) == 2  # a usage error: one line, exit 2
+    assert "--turns must be between 1 and 4" in capsys.readouterr().err

@@ -35,12 +35,13 @@ def _espeak_args(text: str, out: Path, voice: str, speed: int) -> list[str]:
 
 async def speak_to_wav(text: str, out: Path, voice: str = "en-us", speed: int = 175) -> None:
     """Speak `text` into `out` (espeak-ng's own 22.05 kHz WAV) without blocking the event loop."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
         *_espeak_args(text, out, voice, speed),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await proc.communicate()
-    if proc.returncode != 0:
+    if proc.returncode != 0 or not out.is_file():  # espeak-ng exits 0 when it cannot write
         raise ConfigError(f"espeak-ng failed for {out}: {err.decode(errors='replace').strip()}")
 
 
