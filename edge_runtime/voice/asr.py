@@ -121,6 +121,7 @@ class ASRResult:
     text: str
     queue_s: float  # waiting for a free worker
     asr_s: float  # recognition itself
+    done_wall: float = 0.0  # perf_counter() when the text was ready
 
 
 class ASRPool:
@@ -136,7 +137,8 @@ class ASRPool:
     def _run(self, audio: np.ndarray, submitted: float) -> ASRResult:
         start = time.perf_counter()
         text = self.recognizer.transcribe(audio)
-        return ASRResult(text, start - submitted, time.perf_counter() - start)
+        end = time.perf_counter()
+        return ASRResult(text, start - submitted, end - start, end)
 
     async def transcribe(self, audio: np.ndarray) -> ASRResult:
         loop = asyncio.get_running_loop()

@@ -15,6 +15,7 @@ the moment the line was read). The latency split:
   asr_queue_s, asr_s     waiting for an ASR worker; recognition
   turn_wait_s            waiting for this stream's previous answer to finish
   engine_queue_s         engine: added -> first scheduled
+  prefill_s              engine: first scheduled -> first token (the uncached prompt tokens)
   first_token_s          end of speech -> first answer token (the headline latency)
   answer_s               first token -> last token
   total_s                end of speech -> answer complete (and spoken, with --tts)
@@ -110,11 +111,11 @@ class VoiceLoop:
                                     "problem": item.problem, "fatal": item.fatal})
                 continue
             if item.text is not None:
-                await out.put((item, ASRResult(item.text, 0.0, 0.0), time.perf_counter()))
+                await out.put((item, ASRResult(item.text, 0.0, 0.0, item.ready_wall)))
                 continue
             assert self.asr_pool is not None, "audio commands need an ASR pool"
             task = asyncio.ensure_future(self.asr_pool.transcribe(item.utterance.audio))
-            await out.put((item, task, None))
+            await out.put((item, task))
 
     async def _answer(self, index: int, recognized: asyncio.Queue, conv: Conversation,
                       report: StreamReport, answered: Callable[[], None]) -> None:
@@ -131,7 +132,7 @@ class VoiceLoop:
 
     async def _one_command(self, index: int, turn: int, item, conv: Conversation,
                            report: StreamReport) -> None:
-        command, asr, asr_done = item
+        command, asr = item
         if not isinstance(asr, ASRResult):
             try:
                 asr = await asr
@@ -141,11 +142,10 @@ class VoiceLoop:
                                     "problem": f"{command.source}: speech recognition failed "
                                                f"({exc!r})"})
                 return
-            asr_done = time.perf_counter()
         event = self._base_event(index, turn, command, asr)
         if asr.text:
             try:
-                await self._turn(index, turn, conv, command, asr, asr_done, event)
+                await self._turn(index, turn, conv, command, asr, event)
             except EdgeError as exc:  # e.g. a prompt the engine refuses: this turn only
                 event["skipped"] = f"engine refused the command: {exc}"
         else:
@@ -165,7 +165,7 @@ class VoiceLoop:
         return event
 
     async def _turn(self, index: int, turn: int, conv: Conversation, command: Command,
-                    asr: ASRResult, asr_done: float, event: dict) -> None:
+                    asr: ASRResult, event: dict) -> None:
         plan = conv.build(asr.text)
         added = time.perf_counter()
         first = None
@@ -188,8 +188,9 @@ class VoiceLoop:
             prompt_tokens=result.prompt_tokens, cached_prompt_tokens=result.cached_prompt_tokens,
             reused_prompt_tokens=plan.reused_tokens, history_turns=plan.history_turns,
             dropped_turns=plan.dropped_turns, answer_tokens=len(result.token_ids),
-            turn_wait_s=max(0.0, added - asr_done),
+            turn_wait_s=max(0.0, added - asr.done_wall),
             engine_queue_s=result.timings.queue_s,
+            prefill_s=max(0.0, result.timings.first_token_s - result.timings.queue_s),
             first_token_s=first - t0, answer_s=done - first, total_s=done - t0,
         )
         if self.settings.tts_dir is not None and result.text.strip():

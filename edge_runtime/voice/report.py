@@ -103,8 +103,8 @@ def stream_table(stream: int, events: list[dict], references: list[str] | None =
     return "\n".join(lines)
 
 
-SPLIT_KEYS = ("vad_s", "asr_queue_s", "asr_s", "turn_wait_s", "engine_queue_s", "first_token_s",
-              "answer_s", "total_s")
+SPLIT_KEYS = ("vad_s", "asr_queue_s", "asr_s", "turn_wait_s", "engine_queue_s", "prefill_s",
+              "first_token_s", "answer_s", "total_s")
 
 
 def latency_split(events: list[dict]) -> dict[str, dict[str, float]]:
