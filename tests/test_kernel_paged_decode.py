@@ -1,0 +1,80 @@
+"""Decode attention v2 (kernels/paged_decode.py) under TRITON_INTERPRET=1 against the torch reference.
+
+The v2 kernel computes in fp32 (q is not rounded to fp16, int8 values convert exactly), so the
+tolerance is 1e-4 for every cache dtype; the reference dequantizes the same int8 values.
+"""
+import pytest
+import torch
+
+from kernel_helpers import HAVE_TRITON, default_scale, make_cache, random_block_table
+from edge_runtime.kernels.paged_attention import merge_attention_ref, paged_attention_ref
+
+pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
+
+if HAVE_TRITON:
+    from edge_runtime.kernels.paged_decode import paged_decode, supported
+
+TOL = 1e-4
+
+
+def _assert_close(got, want):
+    out, lse = got
+    w_out, w_lse = want
+    assert torch.allclose(out, w_out, atol=TOL, rtol=TOL), float((out - w_out).abs().max())
+    finite = torch.isfinite(w_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite], w_lse[finite], atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dtype,block_n,magic", [
+    (4, 4, torch.int8, 8, True), (6, 2, torch.int8, 16, True), (8, 2, torch.int8, 8, False),
+    (6, 2, torch.float32, 8, True), (3, 1, torch.float16, 16, True)])
+def test_one_segment_ragged(heads, kv_heads, dtype, block_n, magic):
+    gen = torch.Generator().manual_seed(heads * 3 + kv_heads)
+    d, page_tokens = 16, 16
+    pool = make_cache(12, page_tokens, kv_heads, d, dtype, gen)
+    bt = random_block_table(3, 4, 12, gen)
+    seq_idx = torch.tensor([2, 0, 1, 0], dtype=torch.int32)  # rows out of order, one row twice
+    kv_lens = torch.tensor([1, 16, 17, 61], dtype=torch.int32)  # length 1, a page, one past, ragged
+    q = torch.randn(4, heads, d, generator=gen).to(torch.float16 if dtype == torch.float16 else torch.float32)
+    assert supported(q, pool[0], bt, {"block_n": block_n})
+    sc = default_scale(d)
+    got = paged_decode(q, *pool, [(bt, seq_idx, kv_lens)], sc, tune={"block_n": block_n, "magic": magic})
+    _assert_close(got, paged_attention_ref(q, *pool, bt, seq_idx, kv_lens, sc))
+
+
+def test_two_segments_one_launch_with_empty_rows():
+    """Shared prefix pages + private tails in one launch == merge of the two reference segments;
+    a row whose tail is empty, and one with both segments empty (lse -inf, output 0)."""
+    gen = torch.Generator().manual_seed(11)
+    d, heads, kv_heads, page_tokens = 32, 6, 2, 8
+    pool = make_cache(10, page_tokens, kv_heads, d, torch.int8, gen)
+    q = torch.randn(3, heads, d, generator=gen)
+    seq_idx = torch.tensor([0, 1, 2], dtype=torch.int32)
+    prefix = (torch.tensor([[7, 3], [7, 3], [7, 3]], dtype=torch.int32), seq_idx,
+              torch.tensor([13, 13, 0], dtype=torch.int32))  # partial second prefix page
+    tail = (random_block_table(3, 3, 7, gen), seq_idx, torch.tensor([19, 0, 0], dtype=torch.int32))
+    sc = default_scale(d)
+    out, lse = paged_decode(q, *pool, [prefix, tail], sc, tune={"block_n": 8})
+    r1, l1 = paged_attention_ref(q, *pool, *prefix, sc)
+    r2, l2 = paged_attention_ref(q, *pool, *tail, sc)
+    want = merge_attention_ref([r1, r2], [l1, l2])
+    assert torch.allclose(out, want, atol=TOL, rtol=TOL), float((out - want).abs().max())
+    want_lse = torch.logaddexp(l1, l2)
+    assert torch.allclose(lse[:2], want_lse[:2], atol=TOL)
+    assert torch.isinf(lse[2]).all() and float(out[2].abs().max()) == 0.0
+
+
+def test_unsupported_layouts_are_refused():
+    gen = torch.Generator().manual_seed(2)
+    pool = make_cache(4, 12, 2, 16, torch.int8, gen)  # 12-token pages: no 8- or 16-token tiles
+    q = torch.randn(2, 4, 16, generator=gen)
+    bt = torch.zeros(2, 2, dtype=torch.int32)
+    idx = torch.zeros(2, dtype=torch.int32)
+    assert not supported(q, pool[0], bt, {"block_n": 8})
+    with pytest.raises(ValueError, match="paged_attention"):
+        paged_decode(q, *pool, [(bt, idx, idx)], 0.25, tune={"block_n": 8})
+    assert not supported(torch.randn(2, 4, 24, generator=gen), make_cache(4, 16, 2, 24, torch.int8, gen)[0],
+                         bt, {"block_n": 8})  # head_dim 24
+    assert not supported(torch.randn(2, 32, 16, generator=gen), make_cache(4, 16, 2, 16, torch.int8, gen)[0],
+                         bt, {"block_n": 8})  # GQA group 16
