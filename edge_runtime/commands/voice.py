@@ -39,6 +39,8 @@ def register(subparsers) -> None:
                    help="folder for the spoken answers (default: ./voice-answers)")
     p.add_argument("--events", type=Path, help="write one JSON line per utterance/fault here")
     p.add_argument("--asr", help="whisper | pocketsphinx | PATH (overrides the voice config)")
+    p.add_argument("--no-asr-hint", action="store_true",
+                   help="do not give Whisper the device names from the system-prompt YAML")
     p.add_argument("--system-prompt", type=Path, help="system prompt YAML (configs/voice/home.yaml)")
     p.add_argument("--max-tokens", type=int, help="answer length limit (overrides the config)")
     p.add_argument("--realtime", action="store_true",
@@ -68,6 +70,8 @@ def _config(args):
         changes["system_prompt"] = args.system_prompt
     if args.max_tokens:
         changes["max_tokens"] = args.max_tokens
+    if args.no_asr_hint:
+        changes["asr_hint"] = False
     return dataclasses.replace(config, **changes) if changes else config
 
 
