@@ -103,12 +103,15 @@ def pack_linear_weight(
 
 
 def fake_quantize(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Quantize-dequantize a weight [N, K] with RTN (used by the AWQ searches); float32 [N, K]."""
+    """Quantize-dequantize a weight [N, K] with RTN (used by the AWQ searches); float32 [N, K].
+
+    Same numbers as dequantize(pack_linear_weight(w)).t(); written with in-place ops because
+    the searches call it hundreds of times per layer.
+    """
     out_f, in_f = weight.shape
-    w = weight.float().reshape(out_f, in_f // group_size, group_size)
-    max_val = w.amax(dim=-1, keepdim=True)
-    min_val = w.amin(dim=-1, keepdim=True)
-    scales = ((max_val - min_val).clamp(min=1e-5) / 15).half().float()
-    zeros = (-torch.round(min_val / scales)).clamp(0, 15)
-    q = torch.clamp(torch.round(w / scales) + zeros, 0, 15)
-    return ((q - zeros) * scales).reshape(out_f, in_f)
+    w = weight.float().reshape(-1, group_size)
+    min_val, max_val = torch.aminmax(w, dim=-1, keepdim=True)
+    scales = ((max_val - min_val).clamp_(min=1e-5) / 15).half().float()
+    zeros = (-min_val / scales).round_().clamp_(0, 15)
+    q = (w / scales).round_().add_(zeros).clamp_(0, 15).sub_(zeros).mul_(scales)
+    return q.reshape(out_f, in_f)

@@ -6,9 +6,9 @@
   compared (MSE) with the float output. The best s is folded into the preceding op:
   RMSNorm weight / s or previous linear's output rows / s, and the linears' columns * s.
 - Clip search (skipped for q/k, as AutoAWQ): per output channel and group, shrink the max |w| by
-  (1 - i/n_grid), i < max_shrink * n_grid, keep the one with the least output MSE on up to
-  `clip_tokens` input tokens. Done as one batched matmul per group instead of AutoAWQ's
-  broadcast-multiply, with the same result.
+  (1 - i/n_grid), i < max_shrink * n_grid, keep the one with the least output MSE. AutoAWQ
+  broadcasts over 512 sampled tokens; we use each group's Gram matrix (same MSE, exactly), which
+  makes every calibration token affordable.
 
 Invariant: every search restores the weights it tried (float32 clones, never aliases: the
 `v.cpu()` aliasing is exactly what corrupts AutoAWQ's search on CPU).
@@ -89,29 +89,32 @@ def fold_scale(prev: nn.Module, linears: list[nn.Linear], scales: torch.Tensor) 
 
 
 def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int, n_grid: int = 20,
-                max_shrink: float = 0.5, clip_tokens: int = 512, oc_batch: int = 256) -> torch.Tensor:
+                max_shrink: float = 0.5, clip_tokens: int | None = None,
+                oc_batch: int = 256) -> torch.Tensor:
     """Best clipping max |w| per (output channel, group): [out, in / G].
 
-    weight: [out, in]; x: [..., in] the linear's input.
+    weight: [out, in]; x: [..., in] the linear's input (strided down to clip_tokens if given).
+    The output MSE of a group over tokens, mean_t (x_g . dw)^2, equals dw^T C_g dw with the
+    group's Gram matrix C_g = X_g^T X_g / T, so the token dimension is summed once up front.
     """
     out_f, in_f = weight.shape
     n_group = in_f // group_size
-    x = x.reshape(-1, in_f).float()
-    x = x[:: max(1, x.shape[0] // clip_tokens)]
+    x = x.reshape(-1, in_f).double()
+    if clip_tokens:
+        x = x[:: max(1, x.shape[0] // clip_tokens)]
     xg = x.view(-1, n_group, group_size).transpose(0, 1)  # [n_group, T, G]
+    gram = torch.bmm(xg.transpose(1, 2), xg) / x.shape[0]  # [n_group, G, G]
     best_all = []
     for start in range(0, out_f, oc_batch):
         w = weight[start:start + oc_batch].float()  # [co, in]
-        wg = w.view(-1, n_group, group_size).permute(1, 2, 0)  # [n_group, G, co]
-        ref = torch.bmm(xg, wg)  # [n_group, T, co]
         org_max = w.view(-1, n_group, group_size).abs().amax(dim=-1)  # [co, n_group]
         best_max, min_err = org_max.clone(), torch.full_like(org_max, float("inf"))
         for i in range(int(max_shrink * n_grid)):
             max_val = org_max * (1 - i / n_grid)
             cur = torch.clamp(w.view(-1, n_group, group_size), -max_val[..., None], max_val[..., None])
-            q = fake_quantize(cur.reshape(w.shape), group_size)
-            out = torch.bmm(xg, q.view(-1, n_group, group_size).permute(1, 2, 0))
-            err = (out - ref).pow(2).mean(dim=1).t()  # [co, n_group]
+            dw = (fake_quantize(cur.reshape(w.shape), group_size) - w).double()
+            dw = dw.view(-1, n_group, group_size).transpose(0, 1)  # [n_group, co, G]
+            err = (torch.bmm(dw, gram) * dw).sum(-1).t().float()  # [co, n_group]
             better = err < min_err
             min_err[better] = err[better]
             best_max[better] = max_val[better]

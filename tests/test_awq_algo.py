@@ -58,7 +58,8 @@ def test_search_clip_matches_autoawq_broadcast_formulation():
     torch.manual_seed(1)
     w = torch.randn(64, 128)
     x = torch.randn(300, 128)
-    got = awq_search.search_clip(w, x, group_size=32, n_grid=10, max_shrink=0.5, oc_batch=32)
+    got = awq_search.search_clip(w, x, group_size=32, n_grid=10, max_shrink=0.5, clip_tokens=512,
+                                 oc_batch=32)
     # AutoAWQ's own formulation: [co, 1, n_group, G] * [1, T, n_group, G], summed over G
     wg, xg = w.view(64, 1, 4, 32), x.view(1, 300, 4, 32)
     org_out = (xg * wg).sum(-1)
