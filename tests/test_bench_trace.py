@@ -125,3 +125,15 @@ def test_cli_errors_are_one_line(tiny, capsys):
     assert main(["bench", "trace", "--trace", str(trace), "--systems", "bogus"]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "--systems" in err and "Traceback" not in err
+
+
+def test_from_json_reports_saved_runs(tiny, report, tmp_path, capsys):
+    data, out = report
+    _, trace = tiny
+    merged = tmp_path / "m.json"
+    assert main(["bench", "trace", "--trace", str(trace), "--from-json", str(out / "r.json"),
+                 "--json", str(merged), "--plot", str(tmp_path / "m.png")]) == 0
+    again = json.loads(merged.read_text())
+    assert again["rows"] == data["rows"] and again["comparisons"] == data["comparisons"]
+    assert "edge/hf requests/s" in capsys.readouterr().out
+    assert main(["bench", "trace", "--trace", str(trace), "--from-json", str(trace)]) == 2

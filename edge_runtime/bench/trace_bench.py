@@ -130,11 +130,36 @@ def print_report(results: dict[str, dict]) -> tuple[list[dict], dict | None]:
     return cmp_rows, same
 
 
+def load_results(paths: str) -> dict[str, dict]:
+    """Results of earlier runs (their --json files), later files overriding earlier systems."""
+    import json
+    from pathlib import Path
+
+    results: dict[str, dict] = {}
+    for name in [p for p in paths.split(",") if p]:
+        path = Path(name)
+        if not path.is_file():
+            raise InputError(f"--from-json: {path} does not exist")
+        try:
+            data = json.loads(path.read_text())
+            for row in data["rows"]:
+                system = row["system"]
+                results[system] = {"row": row, "records": data["records"][system],
+                                   "kv_timeline": data["kv_timeline"][system]}
+                results[system]["ttft_s"] = [r["ttft_s"] for r in results[system]["records"]
+                                             if r["ttft_s"] is not None]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"--from-json: {path} is not a bench trace JSON file ({exc})") from exc
+    return results
+
+
 def run(args) -> int:
     systems = [args.target] if args.target else parse_systems(args.systems)
     from edge_runtime.bench.trace import load_trace
 
     trace = load_trace(args.trace).limit_streams(args.streams)
+    if args.from_json:
+        return _report(args, trace, load_results(args.from_json))
     print(f"[bench trace] {trace.name}: {len(trace.streams)} streams, {trace.num_requests} requests;"
           f" systems {', '.join(systems)}", file=sys.stderr, flush=True)
     opts = {"model": args.model, "streams": args.streams, "honor_arrivals": args.honor_arrivals,
@@ -142,6 +167,10 @@ def run(args) -> int:
             "num_pages": args.num_pages, "threads": args.threads}
     save = (lambda res: write_json(args.json, _payload(args, trace, res))) if args.json else None
     results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate, save=save)
+    return _report(args, trace, results)
+
+
+def _report(args, trace, results: dict[str, dict]) -> int:
     print(f"trace {args.trace}: {len(trace.streams)} streams x "
           f"{trace.num_requests // max(len(trace.streams), 1)} turns, model {args.model}, greedy")
     cmp_rows, same = print_report(results)
@@ -173,6 +202,8 @@ def register_subcommand(subparsers) -> None:
                    help="torch CPU threads in every system (default: torch's choice)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run every system in this process (faster; peak RSS then accumulates)")
+    p.add_argument("--from-json", help="comma-separated --json files of earlier runs: report them "
+                                       "together (no replay)")
     p.add_argument("--json", help="write rows, comparisons and per-request records here")
     p.add_argument("--plot", help="write a PNG of TTFT distributions and KV bytes over time")
     p.set_defaults(func=run)
