@@ -1,0 +1,195 @@
+"""W4A16 on a kernel-friendly layout made ONCE at load time from the AutoAWQ GEMM packing.
+
+`prepare_awq_weight(qweight, qzeros, scales, group_size)` -> PreparedAWQ:
+  qweight_t int32 [N, K/8]: word (n, j) holds q[8j + i, n] at bits 4i..4i+3 (8 consecutive k of one
+            column, so one 32-bit load feeds 8 multiply-adds and a column's words are contiguous);
+  zeros     uint8 [K/G, N] (0..15);  scales fp16 [K/G, N] (unchanged);
+  counters  int32 [N/8 + 1] zeros: the split-K semaphores (see below).
+Same bytes per weight as AutoAWQ (plus 1 byte per group per column for the zeros).
+
+`awq_gemm_prepared(x, packed)` = x @ W with W[k, n] = (q - z) * s, x [M, K] -> [M, N] (x.dtype),
+fp32 accumulation. Nibble -> fp32 with the magic number: (nib | 0x4B000000) read as float is
+2^23 + nib, and subtracting 2^23 + z is exact, so q - z costs one logic op and one float add.
+Every tile lies in one quantization group (BLOCK_K divides G), so the scale multiplies the tile's
+[M, BLOCK_N] partial sum, not every weight.
+
+Split-K without a second launch: each split stores its fp32 partial [M, BLOCK_N], then increments
+the column tile's counter (acq_rel, after a CTA barrier); the split that sees SPLIT_K - 1 sums all
+partials, writes y and resets the counter to 0. Invariant: counters are 0 between calls, so calls
+on ONE PreparedAWQ must not run concurrently on two CUDA streams.
+"""
+from typing import NamedTuple
+
+import torch
+
+from edge_runtime.kernels.awq_gemm import check_awq_args, unpack_awq_int4
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+class PreparedAWQ(NamedTuple):
+    qweight_t: torch.Tensor  # int32 [N, K/8]
+    zeros: torch.Tensor  # uint8 [K/G, N]
+    scales: torch.Tensor  # fp16 [K/G, N]
+    counters: torch.Tensor  # int32 [N/8 + 1], zeros between calls
+    group_size: int
+
+    @property
+    def shape(self):  # (K, N)
+        return self.qweight_t.shape[1] * 8, self.qweight_t.shape[0]
+
+
+def prepare_awq_weight(qweight, qzeros, scales, group_size) -> PreparedAWQ:
+    """AutoAWQ GEMM tensors -> PreparedAWQ on the same device (transient int64 [K/8, N] memory)."""
+    k = qweight.shape[0]
+    check_awq_args(torch.empty(0, k, device=qweight.device), qweight, qzeros, scales, group_size)
+    if k % 8:
+        raise ValueError(f"K={k} must be a multiple of 8")
+    q = unpack_awq_int4(qweight)  # int32 [K, N]
+    n = q.shape[1]
+    words = torch.zeros(k // 8, n, dtype=torch.int64, device=q.device)
+    for i in range(8):
+        words |= q[i::8].to(torch.int64) << (4 * i)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # two's complement
+    zeros = unpack_awq_int4(qzeros).to(torch.uint8)  # [K/G, N]
+    counters = torch.zeros(n // 8 + 1, dtype=torch.int32, device=q.device)
+    return PreparedAWQ(words.t().contiguous(), zeros.contiguous(), scales.contiguous(), counters,
+                       int(group_size))
+
+
+def dequantize_prepared(packed: PreparedAWQ) -> torch.Tensor:
+    """-> float32 W [K, N] (the reference's view of the prepared layout)."""
+    w = packed.qweight_t  # [N, K/8]
+    shifts = torch.arange(8, device=w.device, dtype=torch.int32) * 4
+    q = ((w.unsqueeze(-1) >> shifts) & 0xF).reshape(w.shape[0], -1).t()  # [K, N]
+    g = packed.group_size
+    z = packed.zeros.to(torch.int32).repeat_interleave(g, dim=0)
+    return (q - z).float() * packed.scales.float().repeat_interleave(g, dim=0)
+
+
+def awq_gemm_prepared_ref(x, packed: PreparedAWQ) -> torch.Tensor:
+    """Torch reference: dequantize the prepared layout, matmul in fp32. x [M, K] -> [M, N] x.dtype."""
+    k, _ = packed.shape
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [M, K={k}]; got shape {tuple(x.shape)}")
+    return (x.float() @ dequantize_prepared(packed)).to(x.dtype)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tile_w(w_ptr, z_ptr, n, nmask, kt, grp, s_wn, s_zg, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+        # -> (q - z) [BLOCK_N, BLOCK_K]: fp32 (FMA path) or fp16 (dot path), exact either way
+        j = kt * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(w_ptr + n[:, None] * s_wn + j[None, :], mask=nmask[:, None], other=0)
+        nib = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BN, BK/8, 8]
+        z = tl.load(z_ptr + grp * s_zg + n, mask=nmask, other=0).to(tl.int32)  # [BN]
+        if DOT:  # fp16 magic: 0x6400 | nib is 1024 + nib
+            h = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+            w = tl.reshape(h, [n.shape[0], BLOCK_K]) - (z + 1024).to(tl.float16)[:, None]
+        else:
+            f = (nib | 0x4B000000).to(tl.float32, bitcast=True)
+            w = tl.reshape(f, [n.shape[0], BLOCK_K]) - (z.to(tl.float32) + 8388608.0)[:, None]
+        return w
+
+    @triton.jit
+    def _prepared_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, y_ptr, cnt_ptr, M, N, K,
+                         s_xm, s_wn, s_zg, s_sg, s_ps, s_pm, s_ym,
+                         G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DOT: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < N
+        m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mmask = m < M
+        tiles = K // BLOCK_K
+        per = tl.cdiv(tiles, SPLIT_K)  # each split takes a contiguous run of k tiles
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for kt in range(pid_k * per, tl.minimum(tiles, pid_k * per + per)):
+            grp = (kt * BLOCK_K) // G
+            w = _tile_w(w_ptr, z_ptr, n, nmask, kt, grp, s_wn, s_zg, BLOCK_K, DOT)  # [BN, BK]
+            k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=mmask[:, None], other=0.0)
+            if DOT:
+                part = tl.dot(x.to(tl.float16), tl.trans(w))  # [BM, BN]
+            else:
+                part = tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)  # [BM, BN]
+            sc = tl.load(s_ptr + grp * s_sg + n, mask=nmask, other=0.0).to(tl.float32)
+            acc += part * sc[None, :]
+        omask = mmask[:, None] & nmask[None, :]
+        if SPLIT_K == 1:
+            tl.store(y_ptr + m[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
+        else:
+            tl.store(part_ptr + pid_k * s_ps + m[:, None] * s_pm + n[None, :], acc, mask=omask)
+            tl.debug_barrier()  # every thread's partial is issued before the release below
+            cnt_at = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
+            done = tl.atomic_add(cnt_at, 1, sem="acq_rel")
+            if done == SPLIT_K - 1:  # the last split of this tile: reduce and reset
+                tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in range(SPLIT_K):
+                    tot += tl.load(part_ptr + s * s_ps + m[:, None] * s_pm + n[None, :], mask=omask,
+                                   other=0.0, cache_modifier=".cg")
+                tl.store(y_ptr + m[:, None] * s_ym + n[None, :], tot.to(y_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt_at, 0)
+
+
+# Launch defaults per M class. fma: CUDA-core dot (M <= 8); dot: tensor cores (M padded to 16+).
+TUNE = {"gemv": {"block_n": 32, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
+                 "dot": False, "max_split": 32},
+        "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
+                 "dot": True, "programs_per_sm": 8, "max_split": 32}}
+
+
+def _plan(m, n, k, g, device, tune) -> dict:
+    kind = "gemv" if m <= 8 else "gemm"
+    cfg = {**TUNE[kind], **{key: v for key, v in (tune or {}).items() if v is not None}}
+    bk = min(cfg["block_k"], g)
+    while g % bk or bk & (bk - 1):
+        bk //= 2
+    cfg["block_k"] = bk
+    if cfg["dot"]:
+        cfg["block_m"] = max(16, min(cfg.get("block_m", 16), triton.next_power_of_2(m)))
+    else:
+        cfg["block_m"] = triton.next_power_of_2(m)
+    if -(-m // cfg["block_m"]) > 1:
+        cfg["split_k"] = 1  # the semaphores cover one row of column tiles
+    if not cfg.get("split_k"):
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        tiles = -(-n // cfg["block_n"]) * -(-m // cfg["block_m"])
+        cfg["split_k"] = max(1, min(k // bk, -(-cfg["programs_per_sm"] * sms // tiles), cfg["max_split"]))
+    return cfg
+
+
+def awq_gemm_prepared_triton(x, packed: PreparedAWQ, *, tune=None):
+    """Triton W4A16 on a PreparedAWQ; `tune` overrides keys of TUNE[...] (split_k among them)."""
+    assert triton is not None, "triton is not installed"
+    k, n = packed.shape
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [M, K={k}]; got shape {tuple(x.shape)}")
+    if x.stride(-1) != 1:
+        raise ValueError("x needs a contiguous last dimension; call .contiguous() first")
+    g = packed.group_size
+    if g < 16:
+        raise ValueError(f"group_size {g} is below the kernel's minimum of 16")
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    cfg = _plan(m, n, k, g, x.device, tune)
+    bm, bn, split = cfg["block_m"], cfg["block_n"], cfg["split_k"]
+    grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
+    assert split == 1 or (grid[2] == 1 and grid[0] <= packed.counters.numel()), "block_n >= 8, one M tile"
+    part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _prepared_kernel[grid](x, packed.qweight_t, packed.zeros, packed.scales, part, y, packed.counters,
+                           m, n, k, x.stride(0), packed.qweight_t.stride(0), packed.zeros.stride(0),
+                           packed.scales.stride(0), part.stride(0) if split > 1 else 0,
+                           part.stride(1) if split > 1 else 0, y.stride(0),
+                           G=g, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["block_k"], SPLIT_K=split,
+                           DOT=bool(cfg["dot"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y
