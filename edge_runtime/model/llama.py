@@ -43,7 +43,9 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] (float32), with llama3 / linear scaling applied."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    # explicit CPU device: also when the model is being built under `torch.device("meta")`
+    exps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (config.rope_theta ** exps)
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
@@ -70,8 +72,8 @@ class Rotary(nn.Module):
         super().__init__()
         self.max_positions = config.max_position_embeddings
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
-        self.register_buffer("cos", torch.empty(0), persistent=False)
-        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.register_buffer("cos", torch.empty(0, device="cpu"), persistent=False)
+        self.register_buffer("sin", torch.empty(0, device="cpu"), persistent=False)
 
     def build(self, num_positions: int) -> None:
         num_positions = min(max(num_positions, 1), self.max_positions)

