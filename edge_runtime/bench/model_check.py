@@ -11,6 +11,7 @@ Both print a markdown table and optionally write JSON.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -66,6 +67,7 @@ def run_startup(args) -> int:
     t = time.perf_counter()
     resolve_model_folder(args.model)
     warmup_s = time.perf_counter() - t
+    load_before = os.getloadavg()[0]
     rows = []
     for i in range(args.repeat):
         print(f"start {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
@@ -76,10 +78,13 @@ def run_startup(args) -> int:
             Column("weight_mib", "weights MiB", fmt_num(0))]
     print(markdown_table(rows, cols))
     median = statistics.median(r["total_s"] for r in rows)
-    print(f"\nmedian start-up {median:.2f} s (resolve/convert warm-up: {warmup_s:.1f} s)")
+    load_after = os.getloadavg()[0]
+    print(f"\nmedian start-up {median:.2f} s (resolve/convert warm-up: {warmup_s:.1f} s); "
+          f"1-min load average {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} CPUs")
     if args.json:
         write_json(args.json, {"bench": "startup", "model": args.model, "rows": rows,
                                "median_total_s": median, "warmup_s": warmup_s,
+                               "loadavg_before": load_before, "loadavg_after": load_after,
                                "machine": machine_info()})
     return 0
 
