@@ -15,7 +15,7 @@ from edge_runtime.voice.asr import ASRPool, make_recognizer
 from edge_runtime.voice.config import CONFIG_DIR
 from edge_runtime.voice.prompting import load_system_prompt
 from edge_runtime.voice.report import wer
-from tests.voice_helpers import needs_espeak
+from voice_helpers import needs_espeak
 
 PHRASES = ["turn on the kitchen lights", "open the garage door"]
 

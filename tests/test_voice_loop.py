@@ -21,7 +21,7 @@ from edge_runtime.voice.config import load_voice_config
 from edge_runtime.voice.demo import GAP_S, LEAD_S, build_demo_inputs
 from edge_runtime.voice.report import wer
 from edge_runtime.voice.tts import synthesize, write_wav
-from tests.voice_helpers import needs_espeak
+from voice_helpers import needs_espeak
 
 pytestmark = [pytest.mark.slow, needs_espeak]
 TURNS = 3

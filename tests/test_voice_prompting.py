@@ -12,7 +12,7 @@ import pytest
 from edge_runtime.errors import ConfigError, InputError
 from edge_runtime.voice.config import CONFIG_DIR
 from edge_runtime.voice.prompting import Conversation, encode_text, load_system_prompt
-from tests.voice_helpers import smollm2_tokenizer
+from voice_helpers import smollm2_tokenizer
 
 COMMANDS = ["turn on the kitchen lights", "set the thermostat to 21 degrees", "lock the front door",
             "is the garage door open?", "play the radio", "close the blinds", "what's the time"]
