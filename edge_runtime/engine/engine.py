@@ -5,7 +5,7 @@ batch through a PagedKVContext -> commit written tokens to the KVManager -> samp
 
 Invariants:
 - `add_request`, `cancel`, `step` and the memory-guard hooks take one lock, so they can be called
-  from any thread; guard hooks queued from another thread run between steps, never inside one.
+  from any thread; a guard hook called during a step waits for it to end (never acts inside one).
 - Every request ends with exactly one event whose `.result` is set; no request is dropped
   (preempted ones resume; one that cannot fit even alone ends with finish_reason "error").
 - When no work is left the KVManager's invariants are checked (leak check): a failure raises.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import deque
 
 import torch
 
@@ -57,7 +56,6 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
         self._lock = threading.RLock()
-        self._hooks: deque = deque()  # guard actions queued from other threads
         self._events: list[TokenEvent] = []  # produced outside step() (cancel)
         self._admission_paused = False
         self.last_step_tokens = 0  # tokens computed by the last step (0: nothing could run)
@@ -85,7 +83,7 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         with self._lock:
-            return bool(self.scheduler.has_work() or self._events or self._hooks)
+            return bool(self.scheduler.has_work() or self._events)
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -103,12 +101,12 @@ class Engine:
 
     def step(self) -> list[TokenEvent]:
         with self._lock:
-            while self._hooks:
-                self._hooks.popleft()()
             events, self._events = self._events, []
             out = self.scheduler.schedule()
             for seq, message in out.failed:
                 self._fail_seq(seq, message, events)
+            # a failed request's other sequences (n > 1) may have been scheduled: drop them
+            out.scheduled = [(s, n) for s, n in out.scheduled if s.status is SeqStatus.RUNNING]
             for _, op in out.copies:
                 self.storage.copy(op)
             self.last_step_tokens = out.num_tokens
