@@ -52,6 +52,9 @@ def register(subparsers) -> None:
                         "reading while answering (live microphones; the default otherwise)")
     p.add_argument("--stagger", type=float, default=None,
                    help="seconds between stream starts in --realtime mode (demo: 0.6)")
+    p.add_argument("--server", metavar="SOCKET",
+                   help="use a running `edge-runtime serve` on this Unix socket instead of loading "
+                        "the model here (--model then only picks the tokenizer)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--quiet", action="store_true", help="no per-utterance progress lines")
     p.set_defaults(func=run)
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     sources, references = _sources(args, progress)
     need_asr = any(s.spec.kind != "text" for s in sources)
     runtime = load_runtime(config, args.model or DEFAULT_MODEL, len(sources), args.config,
-                           args.device, need_asr, progress=_stderr)
+                           args.device, need_asr, progress=_stderr, server=args.server)
     realtime = args.realtime or (args.demo and not args.fast)
     stagger = args.stagger if args.stagger is not None else (0.6 if args.demo else 0.0)
     half = (args.duplex or ("half" if args.demo else "full")) == "half"

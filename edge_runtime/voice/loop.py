@@ -172,7 +172,7 @@ class VoiceLoop:
         result = None
         request_id = f"voice-s{index}-u{turn}-{id(conv):x}"
         async for ev in self.aengine.stream(plan.prompt_ids, self.params, request_id=request_id):
-            if first is None and ev.token_ids:
+            if first is None and (ev.token_ids or ev.text):
                 first = time.perf_counter()
             if ev.text and self.on_text:
                 self.on_text(index, ev.text)

@@ -28,9 +28,11 @@ def _stderr(msg: str) -> None:
 
 @dataclass
 class Runtime:
-    """What stays loaded between runs (the tests reuse it): model, engine, recognizer."""
+    """What stays loaded between runs (the tests reuse it): tokenizer, engine, recognizer.
+    `aengine` is an in-process AsyncEngine, or a RemoteEngine talking to `edge-runtime serve`."""
 
-    loaded: object
+    tokenizer: object
+    eos_token_ids: tuple[int, ...]
     aengine: object
     recognizer: object | None
     load_s: dict = field(default_factory=dict)
@@ -53,9 +55,8 @@ def engine_config(num_streams: int, budget: str | None, loaded, device: str):
     return EngineConfig(**overrides)
 
 
-def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
-                 device: str = "cpu", need_asr: bool = True,
-                 progress: Callable[[str], None] = _stderr) -> Runtime:
+def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str | None,
+                  device: str, progress: Callable[[str], None]):
     import torch
 
     from edge_runtime.engine.async_engine import AsyncEngine
@@ -66,12 +67,34 @@ def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str 
     torch.set_num_threads(threads)
     progress(f"CPU split: engine {threads} torch thread(s); ASR {config.asr_workers} worker(s) x "
              f"{config.asr_threads} thread(s)")
-    times = {}
-    t0 = time.perf_counter()
     progress(f"loading model {model} ...")
     loaded = load_model(model, device=device)
-    times["model_s"] = time.perf_counter() - t0
     aengine = AsyncEngine(Engine(loaded, engine_config(num_streams, budget, loaded, device)))
+    return loaded.tokenizer, tuple(loaded.config.eos_token_ids), aengine
+
+
+def _remote_engine(model: str, server: str, progress: Callable[[str], None]):
+    from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
+    from edge_runtime.voice.remote import RemoteEngine
+
+    progress(f"using the service at {server}; loading the tokenizer of {model} ...")
+    tokenizer = load_tokenizer(resolve_model_folder(model, progress=None))
+    eos = tuple(t for t in (tokenizer.eos_token_id,) if t is not None)
+    return tokenizer, eos, RemoteEngine(server, tokenizer)
+
+
+def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
+                 device: str = "cpu", need_asr: bool = True,
+                 progress: Callable[[str], None] = _stderr, server: str | None = None) -> Runtime:
+    """`server`: the Unix socket of a running `edge-runtime serve` (then no model is loaded here:
+    only its tokenizer, to build the prompts)."""
+    times = {}
+    t0 = time.perf_counter()
+    if server:
+        tokenizer, eos, aengine = _remote_engine(model, server, progress)
+    else:
+        tokenizer, eos, aengine = _local_engine(config, model, num_streams, budget, device, progress)
+    times["model_s"] = time.perf_counter() - t0
     recognizer = None
     if need_asr:
         t0 = time.perf_counter()
@@ -80,7 +103,7 @@ def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str 
         recognizer = make_recognizer(config.asr, config.asr_threads, config.asr_workers, hint)
         times["asr_s"] = time.perf_counter() - t0
     progress("loaded (" + ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in times.items()) + ")")
-    return Runtime(loaded, aengine, recognizer, times)
+    return Runtime(tokenizer, eos, aengine, recognizer, times)
 
 
 def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
@@ -94,7 +117,6 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                             history_tokens=config.history_tokens, realtime=realtime,
                             stagger_s=stagger_s, tts_dir=tts_dir, half_duplex=half_duplex)
     pool = ASRPool(runtime.recognizer, config.asr_workers) if runtime.recognizer else None
-    eos = tuple(runtime.loaded.config.eos_token_ids)
     sink = open(events_path, "w", encoding="utf-8") if events_path else None
 
     def emit(event: dict) -> None:
@@ -104,8 +126,8 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
         if on_event:
             on_event(event)
 
-    loop = VoiceLoop(runtime.aengine, runtime.loaded.tokenizer, pool, system.text, settings,
-                     eos, on_event=emit)
+    loop = VoiceLoop(runtime.aengine, runtime.tokenizer, pool, system.text, settings,
+                     runtime.eos_token_ids, on_event=emit)
     try:
         return asyncio.run(loop.run(sources))
     finally:
