@@ -1,6 +1,6 @@
 """Greedy 64-token continuations of SmolLM2 identical to transformers' generate(do_sample=False).
 
-Ten prompts (plain and chat, 4 to ~120 tokens), run through our simple generator one by one and as
+Ten prompts (plain and chat, 5 to 67 tokens), run through our simple generator one by one and as
 one mixed-length batch; both must equal transformers' one-by-one output token for token (including
 the EOS token where transformers stops early).
 """

@@ -174,8 +174,12 @@ def run_cli(capsys, *argv):
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("case", ["missing", "no-config", "bad-arch", "truncated", "long-prompt",
-                                  "bad-prompts-file"])
+CLI_CASES = {"missing": "not found", "no-config": "no config.json", "bad-arch": "FalconForCausalLM",
+             "truncated": "truncated or corrupt", "long-prompt": "context is 64",
+             "bad-prompts-file": "cannot read --prompts-file"}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_cli_bad_input_is_one_line_exit_2(case, good_folder, tmp_path, capsys):
     folder = copy_of(good_folder, tmp_path)
     model, prompt = str(folder), "hello"
@@ -194,6 +198,7 @@ def test_cli_bad_input_is_one_line_exit_2(case, good_folder, tmp_path, capsys):
                                if case == "bad-prompts-file" else ["--prompt", prompt]))
     lines = [line for line in err.splitlines() if line.startswith("edge-runtime generate: error:")]
     assert code == 2 and len(lines) == 1, err
+    assert CLI_CASES[case] in lines[0], lines[0]
     assert "Traceback" not in err and out == ""
 
 
