@@ -117,7 +117,14 @@ def run(args: argparse.Namespace) -> int:
     _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'}"
             f", {'half' if half else 'full'} duplex)")
 
+    live = len(sources) == 1 and not args.quiet  # one stream: its answers stream to stdout
+
+    def on_text(stream: int, delta: str) -> None:
+        print(delta, end="", flush=True)
+
     def on_event(ev: dict) -> None:
+        if live and "answer" in ev:
+            print(flush=True)
         if ev["kind"] == "error":
             print(f"edge-runtime voice: stream {ev['stream']}: {ev['problem']}", file=sys.stderr)
         elif not args.quiet:
@@ -128,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         reports = run_streams(runtime, config, sources, realtime, stagger,
-                              args.tts_dir if args.tts else None, half, args.events, on_event)
+                              args.tts_dir if args.tts else None, half, args.events, on_event,
+                              on_text if live else None)
     finally:
         runtime.close()
     _print_summary(reports, references, report)

@@ -110,7 +110,8 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                 realtime: bool = False, stagger_s: float = 0.0, tts_dir: Path | None = None,
                 half_duplex: bool = False,
                 events_path: Path | None = None,
-                on_event: Callable[[dict], None] | None = None) -> list[StreamReport]:
+                on_event: Callable[[dict], None] | None = None,
+                on_text: Callable[[int, str], None] | None = None) -> list[StreamReport]:
     """Run the loop over `sources` (one per stream) to the end of every input."""
     system = load_system_prompt(config.system_prompt)
     settings = LoopSettings(vad=config.vad, max_tokens=config.max_tokens,
@@ -127,7 +128,7 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
             on_event(event)
 
     loop = VoiceLoop(runtime.aengine, runtime.tokenizer, pool, system.text, settings,
-                     runtime.eos_token_ids, on_event=emit)
+                     runtime.eos_token_ids, on_event=emit, on_text=on_text)
     try:
         return asyncio.run(loop.run(sources))
     finally:
