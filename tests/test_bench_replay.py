@@ -66,12 +66,15 @@ def test_closed_loop_history_and_ordering(tmp_path):
     assert result.makespan_s >= max(r.end_s for r in result.records)
 
 
-def test_honor_arrivals_delays_sends(tmp_path):
+def test_arrival_modes(tmp_path):
     p = tmp_path / "a.jsonl"
-    p.write_text(json.dumps({"stream": 0, "turn": 0, "system": "s", "command": "c",
-                             "max_tokens": 2, "arrival_s": 0.2}))
+    p.write_text("\n".join(json.dumps({"stream": 0, "turn": t, "system": "s", "command": "c",
+                                       "max_tokens": 2, "arrival_s": a})
+                           for t, a in ((0, 0.2), (1, 1.2))))
     trace = load_trace(p)
-    rec = asyncio.run(replay(trace, EchoBackend(), honor_arrivals=True)).records[0]
-    assert rec.send_s >= 0.2
-    rec = asyncio.run(replay(trace, EchoBackend(), honor_arrivals=False)).records[0]
-    assert rec.send_s < 0.2
+    first, second = asyncio.run(replay(trace, EchoBackend(), arrivals="all")).records
+    assert first.send_s >= 0.2 and second.send_s >= 1.2
+    first, second = asyncio.run(replay(trace, EchoBackend(), arrivals="first")).records
+    assert 0.2 <= first.send_s and second.send_s < 1.2  # closed loop after the staggered start
+    first, _ = asyncio.run(replay(trace, EchoBackend(), arrivals="ignore")).records
+    assert first.send_s < 0.2

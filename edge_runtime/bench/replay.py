@@ -2,9 +2,10 @@
 
 Every stream runs concurrently as its own task; a stream sends turn k+1 only when the answer to turn
 k is complete, and turn k+1's messages carry the system prompt, every earlier user command and the
-answers *actually generated* for them (never the trace's scripted answers). A turn with `arrival_s`
-is not sent before that time when `honor_arrivals` is set (off by default: closed loop means the next
-turn goes out as soon as the previous answer is in).
+answers *actually generated* for them (never the trace's scripted answers). `arrivals` says what
+`arrival_s` (earliest send time) does: "ignore" (default, pure closed loop: the next turn goes out as
+soon as the previous answer is in, and every stream starts at 0), "first" (each stream starts at
+its first turn's arrival_s, closed loop after that: staggered session starts) or "all".
 
 A backend implements `complete(stream, messages, max_tokens) -> Outcome` (async) and measures its own
 first-token and end times with time.perf_counter(); the replay stamps the send time. Invariants of
@@ -84,13 +85,17 @@ class ReplayResult:
     makespan_s: float
 
 
+ARRIVALS = ("ignore", "first", "all")
+
+
 async def _run_stream(
-    turns: list[Turn], backend: Backend, t0: float, honor_arrivals: bool,
+    turns: list[Turn], backend: Backend, t0: float, arrivals: str,
     records: list[Record], on_record: Callable[[Record], None] | None,
 ) -> None:
     messages: list[dict] = [{"role": "system", "content": turns[0].system}]
-    for turn in turns:
-        if honor_arrivals and turn.arrival_s is not None:
+    for k, turn in enumerate(turns):
+        honor = arrivals == "all" or (arrivals == "first" and k == 0)
+        if honor and turn.arrival_s is not None:
             delay = t0 + turn.arrival_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -114,14 +119,15 @@ async def _run_stream(
 
 
 async def replay(
-    trace: Trace, backend: Backend, honor_arrivals: bool = False,
+    trace: Trace, backend: Backend, arrivals: str = "ignore",
     on_record: Callable[[Record], None] | None = None,
 ) -> ReplayResult:
     """Replay every stream of `trace` concurrently against `backend` (closed loop)."""
+    assert arrivals in ARRIVALS, arrivals
     records: list[Record] = []
     t0 = time.perf_counter()
     await asyncio.gather(*(
-        _run_stream(turns, backend, t0, honor_arrivals, records, on_record)
+        _run_stream(turns, backend, t0, arrivals, records, on_record)
         for turns in trace.streams.values()
     ))
     makespan = time.perf_counter() - t0
