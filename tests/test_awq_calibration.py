@@ -1,0 +1,52 @@
+"""Calibration corpus and the quantize command's input checks (no model load needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from awq_helpers import tiny_llama
+from edge_runtime.cli import main
+from edge_runtime.errors import InputError
+from edge_runtime.quant import awq_algo, calibration
+
+
+class _CharTokenizer:
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 256 for c in text]
+
+
+def test_stdlib_docstrings_are_long_and_not_the_eval_text():
+    docs = calibration.stdlib_docstrings(seed=0)  # parses the whole stdlib: once per test run
+    assert len(docs) > 500 and all(len(d) >= 200 for d in docs)
+    joined = "\n".join(docs)
+    assert "GNU GENERAL PUBLIC LICENSE" not in joined
+    assert "Apache License" not in joined
+
+
+def test_calibration_ids_shape_and_short_text_error(tmp_path):
+    path = tmp_path / "calib.txt"
+    path.write_text("first paragraph of text\n\nsecond paragraph here\n")
+    texts = calibration.read_text_file(str(path))
+    assert texts == ["first paragraph of text", "second paragraph here"]
+    ids = calibration.calibration_ids(_CharTokenizer(), texts * 10, num_samples=3, seq_len=16)
+    assert ids.shape == (3, 16) and ids.dtype == torch.long
+    with pytest.raises(InputError, match="fewer than samples x seq-len"):
+        calibration.calibration_ids(_CharTokenizer(), texts, num_samples=100, seq_len=512)
+    with pytest.raises(InputError, match="does not exist"):
+        calibration.read_text_file(str(tmp_path / "missing.txt"))
+
+
+def test_group_size_must_divide_in_features():
+    model = tiny_llama(hidden_size=96, intermediate_size=192, num_attention_heads=3,
+                       num_key_value_heads=1, head_dim=32)
+    awq_algo.check_group_size(model.model.layers, 32)
+    with pytest.raises(ValueError, match="group size 64 does not divide"):
+        awq_algo.check_group_size(model.model.layers, 64)
+
+
+def test_quantize_refuses_a_non_empty_output_folder(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("x")
+    assert main(["quantize", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exists and is not empty" in err[0]
