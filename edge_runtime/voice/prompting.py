@@ -145,17 +145,12 @@ class Conversation:
         if plan.reused_tokens:
             base = plan.reused_tokens
         else:  # tokens before this turn's user message, measured once after a re-encoding
-            base = len(encode_text(self.tokenizer, _without_generation(self, plan)))
+            base = len(encode_text(self.tokenizer, self._history_text()))
         self.turns.append(Turn(command, answer, len(plan.prompt_ids) - base + len(answer_ids)))
         self._ids = plan.prompt_ids + answer_ids
         self._text = plan.text + answer
 
-    def reset(self) -> None:
-        self.turns.clear()
-        self._ids, self._text = [], ""
-
-
-def _without_generation(conv: Conversation, plan: PromptPlan) -> str:
-    """The rendered history before the newest user message (for a turn's token cost)."""
-    msgs = conv._messages(None)
-    return conv.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
+    def _history_text(self) -> str:
+        """The rendered history before the newest user message (for a turn's token cost)."""
+        return self.tokenizer.apply_chat_template(self._messages(None), tokenize=False,
+                                                  add_generation_prompt=False)
