@@ -36,10 +36,12 @@ def test_eval_ppl_command(tmp_path, capsys):
     text.write_text("The quick brown fox jumps over the lazy dog. " * 12)
     out = tmp_path / "r.json"
     rc = main(["eval-ppl", "--text", str(text), "--window", "48", "--max-windows", "2",
-               "--kv-dtype", "int8,fp32", "--threads", "1", "--out", str(out)])
+               "--kv-dtype", "int8,fp32", "--threads", "1", "--hf-reference", "--out", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["windows"] == 2 and [r["kv_dtype"] for r in report["results"]] == ["int8", "fp32"]
     assert all(1 < r["ppl"] < 100 and r["predicted_tokens"] == 94 for r in report["results"])
+    fp32 = report["results"][1]["ppl"]
+    assert abs(report["transformers_fp32_ppl"] / fp32 - 1) < 1e-5  # same numbers as transformers
     assert "int8 vs fp32" in capsys.readouterr().out
     assert main(["eval-ppl", "--text", str(tmp_path / "missing.txt")]) == 2

@@ -45,6 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--window", type=int, default=1024, help="tokens per window (default 1024)")
     p.add_argument("--page-tokens", type=int, default=512, help="KV page size")
     p.add_argument("--max-windows", type=int, default=0, help="evaluate only the first N windows")
+    p.add_argument("--hf-reference", action="store_true",
+                   help="also compute transformers' fp32 perplexity on the same windows")
     p.add_argument("--agreement", type=int, default=0, metavar="N",
                    help="also compare greedy continuations on N built-in chat prompts")
     p.add_argument("--agreement-tokens", type=int, default=32, help="tokens per continuation")
@@ -110,6 +112,25 @@ def perplexity(loaded, windows: list[list[int]], kv_dtype: str, page_tokens: int
             "predicted_tokens": count, "seconds": time.perf_counter() - t0}
 
 
+def hf_perplexity(loaded, windows: list[list[int]]) -> float:
+    """transformers' own fp32 forward on the same windows (the reference for the fp32 KV run)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    for i, w in enumerate(windows):
+        print(f"\reval-ppl [transformers fp32] window {i + 1}/{len(windows)}", end="",
+              file=sys.stderr, flush=True)
+        with torch.inference_mode():
+            logits = hf(torch.tensor([w])).logits[0, :-1].double()  # [n - 1, vocab]
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(w[1:]).unsqueeze(-1))
+        total -= float(logp.sum())
+        count += len(w) - 1
+    print(file=sys.stderr)
+    return math.exp(total / count)
+
+
 def agreement(loaded, dtypes: list[str], n: int, max_tokens: int, page_tokens: int) -> dict:
     from edge_runtime.engine.api import SamplingParams
     from edge_runtime.model.chat import encode_prompt
@@ -157,6 +178,8 @@ def run(args) -> int:
               "torch_threads": torch.get_num_threads(), "results": []}
     for d in dtypes:
         report["results"].append(perplexity(loaded, windows, d, args.page_tokens, args.window))
+    if args.hf_reference:
+        report["transformers_fp32_ppl"] = hf_perplexity(loaded, windows)
     if len(dtypes) > 1:
         first, last = report["results"][0], report["results"][-1]
         report["relative_ppl_change"] = first["ppl"] / last["ppl"] - 1
@@ -182,6 +205,8 @@ def _print(report: dict, as_json: bool) -> None:
     if "relative_ppl_change" in report:
         first, last = report["results"][0]["kv_dtype"], report["results"][-1]["kv_dtype"]
         print(f"{first} vs {last}: {100 * report['relative_ppl_change']:+.3f}% perplexity")
+    if "transformers_fp32_ppl" in report:
+        print(f"transformers fp32 (same windows): {report['transformers_fp32_ppl']:.4f}")
     if "agreement" in report:
         a = report["agreement"]
         print(f"greedy agreement: {a['identical_completions']}/{a['prompts']} identical "
