@@ -8,6 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge_runtime.errors import ConfigError, InputError
 from edge_runtime.voice.config import CONFIG_DIR
@@ -122,3 +124,29 @@ def test_shared_system_prefix_across_streams(tok, system):
 
 def test_home_yaml_is_found_by_path():
     assert Path(CONFIG_DIR / "home.yaml").is_file()
+
+
+WORDS = ["lights", "door", "radio", "on", "off", "the", "kitchen", "21", "degrees", "ok", "Done",
+         "é", "blinds", "?", "it's"]
+
+
+@given(budget=st.integers(0, 160),
+       turns=st.lists(st.tuples(st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+                                st.lists(st.sampled_from(WORDS), min_size=0, max_size=10)),
+                      min_size=1, max_size=7))
+@settings(max_examples=25, deadline=None)
+def test_conversation_properties(tok, system, budget, turns):
+    """Any commands/answers/budget: the kept history fits the budget, is the newest turns in
+    order, and without a drop each prompt extends the previous prompt + answer ids."""
+    conv = Conversation(tok, system.text, history_tokens=budget, eos_token_ids=(2,))
+    previous = None
+    for i, (command_words, answer_words) in enumerate(turns):
+        command, answer = " ".join(command_words), " ".join(answer_words)
+        plan = conv.build(command)
+        assert sum(t.tokens for t in conv.turns) <= max(budget, 0) or not conv.turns
+        assert [t.user for t in conv.turns] == [" ".join(c) for c, _ in turns[i - len(conv.turns):i]]
+        if previous is not None and plan.dropped_turns == 0:
+            assert plan.prompt_ids[: len(previous)] == previous
+        ids = encode_text(tok, answer) + [2]
+        conv.record(plan, command, answer, ids)
+        previous = plan.prompt_ids + ids[:-1]
