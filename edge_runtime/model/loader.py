@@ -159,7 +159,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
     except RuntimeError as exc:
         raise ModelLoadError(f"checkpoint does not match config.json: {exc}") from exc
     model.tie_weights()
-    model.model.rotary_emb = Rotary(config).to(device)  # buffers were on meta: rebuild for real
+    model.model.rotary_emb = Rotary(config).to(device)  # rope tables on the target device
     model.eval()
     return model, quantization
 
