@@ -137,12 +137,24 @@ def run(args: argparse.Namespace) -> int:
         reports = run_streams(runtime, config, sources, realtime, stagger,
                               args.tts_dir if args.tts else None, half, args.events, on_event,
                               on_text if live else None)
+        engine = getattr(runtime.aengine, "engine", None)  # None with --server
+        engine_stats = engine.stats() if engine is not None else None
     finally:
         runtime.close()
     _print_summary(reports, references, report)
+    if engine_stats:
+        _print_engine(engine_stats)
     if args.events:
         _stderr(f"events written to {args.events}")
     return 1 if any(r.faults for r in reports) else 0
+
+
+def _print_engine(stats: dict) -> None:
+    """How the streams' generations were batched (decode tokens per engine step)."""
+    steps = max(1, stats["steps"])
+    print(f"engine: {stats['steps']} steps, {stats['decode_tokens']} decode tokens "
+          f"({stats['decode_tokens'] / steps:.2f} per step: the streams' answers batched), "
+          f"{stats['prefill_tokens']} prefill tokens computed, {stats['preemptions']} preemptions")
 
 
 def _print_summary(reports, references, report) -> None:
