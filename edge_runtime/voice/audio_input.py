@@ -9,13 +9,13 @@ Invariants:
   (the last frame of a recording is zero-padded);
 - WAV files of any rate / channel count are downmixed (mean of channels) and resampled here,
   so nothing downstream ever sees another format;
-- a raw pipe is S16_LE 16 kHz mono (what `arecord -f S16_LE -r 16000 -c 1` writes);
+- a raw pipe is S16_LE, 16 kHz mono by default (what `arecord -f S16_LE -r 16000 -c 1` writes);
+  `pcm,rate=R,channels=C:PATH` converts other rates/channel counts on the fly;
 - every problem with an input is an `InputError` whose message names the file and the problem.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 import time
@@ -27,6 +27,7 @@ from typing import Iterator
 import numpy as np
 
 from edge_runtime.errors import InputError
+from edge_runtime.voice.resample import StreamResampler, downmix, resample
 
 SAMPLE_RATE = 16000
 FRAME_SAMPLES = 512  # 32 ms: the window silero-vad takes at 16 kHz
@@ -38,13 +39,17 @@ KINDS = ("wav", "folder", "pcm", "text")
 class InputSpec:
     kind: str  # one of KINDS
     path: Path
+    rate: int = SAMPLE_RATE  # raw pipes only: sample rate of the S16_LE stream
+    channels: int = 1  # raw pipes only: interleaved channels
 
 
 def parse_input_spec(spec: str) -> InputSpec:
-    """`[kind:]path` -> InputSpec; the kind is inferred from the path when absent."""
-    kind, sep, rest = spec.partition(":")
+    """`[kind[,rate=R][,channels=C]:]path` -> InputSpec; the kind is inferred from the path when
+    absent; rate/channels describe a raw pipe (default 16000 Hz mono)."""
+    head, sep, rest = spec.partition(":")
+    kind, *options = head.split(",")
     if sep and kind in KINDS:
-        return InputSpec(kind, Path(rest))
+        return InputSpec(kind, Path(rest), **_pcm_options(options, spec, kind))
     path = Path(spec)
     if spec == "-" or path.suffix.lower() in (".raw", ".pcm", ".s16"):
         return InputSpec("pcm", path)
@@ -57,51 +62,19 @@ def parse_input_spec(spec: str) -> InputSpec:
     return InputSpec("wav", path)
 
 
-# ----------------------------------------------------------------------------- conversion
-
-
-def downmix(samples: np.ndarray) -> np.ndarray:
-    """[n] or [n, channels] -> float32 [n] (mean of the channels)."""
-    if samples.ndim == 1:
-        return samples.astype(np.float32, copy=False)
-    assert samples.ndim == 2, samples.shape
-    return samples.mean(axis=1, dtype=np.float64).astype(np.float32)
-
-
-def _phase_filters(up: int, down: int, half_taps: int) -> tuple[np.ndarray, float, int]:
-    """Windowed-sinc low-pass, one row per output phase: [up, 2 * half + 1]."""
-    cutoff = min(1.0, up / down)  # fraction of the input Nyquist kept
-    half = int(math.ceil(half_taps / cutoff))
-    j = np.arange(-half, half + 1, dtype=np.float64)  # tap offsets around the base sample
-    phase = np.arange(up, dtype=np.float64)[:, None] / up
-    u = phase - j[None, :]  # distance (input samples) from the output instant to the tap
-    window = np.where(np.abs(u) <= half + 1, 0.5 + 0.5 * np.cos(np.pi * u / (half + 1)), 0.0)
-    return cutoff * np.sinc(cutoff * u) * window, cutoff, half
-
-
-def resample(x: np.ndarray, src_rate: int, dst_rate: int, half_taps: int = 16) -> np.ndarray:
-    """Band-limited polyphase resampling of float32 [n] from src_rate to dst_rate (Hann-windowed
-    sinc, `half_taps` zero crossings each side). Output length is floor(n * dst / src)."""
-    assert src_rate > 0 and dst_rate > 0, (src_rate, dst_rate)
-    if src_rate == dst_rate or len(x) == 0:
-        return x.astype(np.float32, copy=False)
-    g = math.gcd(src_rate, dst_rate)
-    up, down = dst_rate // g, src_rate // g
-    filters, _, half = _phase_filters(up, down, half_taps)  # [up, K]
-    padded = np.concatenate([np.zeros(half), x.astype(np.float64), np.zeros(half + 1)])
-    out_len = (len(x) * up) // down
-    out = np.empty(out_len, dtype=np.float32)
-    taps = np.arange(2 * half + 1)
-    for start in range(0, out_len, 8192):  # blocks bound the [block, K] gather
-        n = np.arange(start, min(out_len, start + 8192), dtype=np.int64)
-        base, phase = np.divmod(n * down, up)
-        window = padded[base[:, None] + taps[None, :]]  # [block, K]; base+half is x[base]
-        out[start : start + len(n)] = np.einsum("bk,bk->b", window, filters[phase])
-    return out
-
-
 def to_16k_mono(samples: np.ndarray, rate: int) -> np.ndarray:
     return resample(downmix(samples), rate, SAMPLE_RATE)
+
+
+def _pcm_options(options: list[str], spec: str, kind: str) -> dict:
+    values = {}
+    for opt in options:
+        key, _, value = opt.partition("=")
+        if kind != "pcm" or key not in ("rate", "channels") or not value.isdigit() or int(value) < 1:
+            raise InputError(f"{spec}: bad input option {opt!r} (only pcm takes rate=N, "
+                             "channels=N, e.g. pcm,rate=8000,channels=2:/tmp/mic)")
+        values[key] = int(value)
+    return values
 
 
 # ----------------------------------------------------------------------------- reading
@@ -187,7 +160,7 @@ class Source:
         elif kind == "folder":
             yield from self._folder(path)
         elif kind == "pcm":
-            yield Recording(path, "audio", pcm_frames(path))
+            yield Recording(path, "audio", pcm_frames(path, self.spec.rate, self.spec.channels))
         else:
             yield Recording(path, "text", lines=read_text_commands(path))
 
@@ -217,30 +190,36 @@ def read_text_commands(path: Path) -> list[str]:
     return lines
 
 
-def pcm_frames(path: Path) -> Iterator[np.ndarray]:
-    """S16_LE 16 kHz mono from a pipe/FIFO/file (or stdin for `-`), frame by frame, until EOF."""
+def pcm_frames(path: Path, rate: int = SAMPLE_RATE, channels: int = 1) -> Iterator[np.ndarray]:
+    """Raw S16_LE from a pipe/FIFO/file (or stdin for `-`), frame by frame until EOF; other rates
+    and channel counts are downmixed and resampled on the fly (voice/resample.py)."""
     if str(path) != "-" and not path.exists():
         raise InputError(f"{path}: pipe or file not found")
     try:
         stream = os.fdopen(os.dup(0), "rb") if str(path) == "-" else open(path, "rb")
     except OSError as exc:
         raise InputError(f"{path}: cannot open ({exc.strerror})") from exc
-    frame_bytes = FRAME_SAMPLES * 2
+    block = 2 * channels  # bytes per sample frame
+    resampler = StreamResampler(rate, SAMPLE_RATE)
+    pending, out = b"", np.zeros(0, np.float32)
     with stream:
-        pending = b""
         while True:
-            chunk = stream.read(frame_bytes - len(pending))
+            chunk = stream.read(FRAME_SAMPLES * block)  # blocks until a frame's worth or EOF
             if not chunk:
                 break
             pending += chunk
-            if len(pending) == frame_bytes:
-                yield np.frombuffer(pending, dtype="<i2").astype(np.float32) / 32768.0
-                pending = b""
-        if len(pending) % 2:
-            raise InputError(f"{path}: ended inside a sample (odd byte count); expected S16_LE")
+            usable = len(pending) - len(pending) % block
+            pcm = np.frombuffer(pending[:usable], dtype="<i2").reshape(-1, channels)
+            pending = pending[usable:]
+            out = np.concatenate([out, resampler.push(downmix(pcm.astype(np.float32) / 32768.0))])
+            while len(out) >= FRAME_SAMPLES:
+                yield out[:FRAME_SAMPLES]
+                out = out[FRAME_SAMPLES:]
         if pending:
-            tail = np.frombuffer(pending, dtype="<i2").astype(np.float32) / 32768.0
-            yield np.pad(tail, (0, FRAME_SAMPLES - len(tail)))
+            raise InputError(f"{path}: ended inside a sample ({len(pending)} stray bytes); "
+                             f"expected S16_LE with {channels} channel(s)")
+        out = np.concatenate([out, resampler.flush()])
+        yield from (frames_of(out) if len(out) else ())
 
 
 class Pacer:
