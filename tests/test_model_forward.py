@@ -1,9 +1,9 @@
 """Our forward vs transformers (fp32, same weights): max |diff| <= 1e-4 * max |logit|.
 
 SmolLM2-135M-Instruct (the default model) and small random-weight Llama (GQA, untied, llama3 rope
-scaling), Qwen2 (q/k/v bias, bf16 checkpoint) and Mistral (sharded fp16 checkpoint) made here;
-prompts of 1, 7, 200 and 1000 random tokens. Also: a varlen batch gives the same logits as running
-each sequence alone, for prefill and for a mixed prefill-chunk + decode step.
+scaling), Qwen2 (q/k/v bias, tied, bf16 checkpoint) and Mistral (sharded fp16 checkpoint, linear
+rope scaling) made here; prompts of 1, 7, 200 and 1000 random tokens. Also: a varlen batch gives the
+same logits as running each sequence alone, for prefill and for a mixed prefill-chunk + decode step.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ ARCH_CASES = {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 256}), torch.float32, None),
     "qwen2-bias-bf16": ("qwen2", dict(tie_word_embeddings=True), torch.bfloat16, None),
-    "mistral-sharded-fp16": ("mistral", dict(head_dim=32, hidden_size=96), torch.float16, "200KB"),
+    "mistral-sharded-fp16-linearrope": ("mistral", dict(head_dim=32, hidden_size=96, rope_parameters={
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}), torch.float16, "200KB"),
 }
 
 
@@ -76,7 +77,7 @@ def test_case_configs_exercise_their_features(arch_pair):
     elif name.startswith("qwen2"):
         assert cfg.attention_bias and ours.model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
     else:
-        assert cfg.architecture == "MistralForCausalLM"
+        assert cfg.architecture == "MistralForCausalLM" and cfg.rope_scaling.rope_type == "linear"
         assert len(list(ours.path.glob("*.safetensors"))) > 1
 
 
