@@ -1,17 +1,20 @@
 """W4A16 on a kernel-friendly layout made ONCE at load time from the AutoAWQ GEMM packing.
 
 `prepare_awq_weight(qweight, qzeros, scales, group_size)` -> PreparedAWQ:
-  qweight_t int32 [N, K/8]: word (n, j) holds q[8j + i, n] at bits 4i..4i+3 (8 consecutive k of one
-            column, so one 32-bit load feeds 8 multiply-adds and a column's words are contiguous);
+  qweight8 int32 [K/8, N]: word (j, n) holds q[8j + i, n] at bits 4i..4i+3 (8 consecutive k of one
+            column, so one 32-bit load feeds 8 multiply-adds; a row of columns is contiguous, so a
+            thread holding several columns reuses each x value from registers);
   zeros     uint8 [K/G, N] (0..15);  scales fp16 [K/G, N] (unchanged);
   counters  int32 [N/8 + 1] zeros: the split-K semaphores (see below).
 Same bytes per weight as AutoAWQ (plus 1 byte per group per column for the zeros).
 
 `awq_gemm_prepared(x, packed)` = x @ W with W[k, n] = (q - z) * s, x [M, K] -> [M, N] (x.dtype),
-fp32 accumulation. Nibble -> fp32 with the magic number: (nib | 0x4B000000) read as float is
-2^23 + nib, and subtracting 2^23 + z is exact, so q - z costs one logic op and one float add.
-Every tile lies in one quantization group (BLOCK_K divides G), so the scale multiplies the tile's
-[M, BLOCK_N] partial sum, not every weight.
+fp32 accumulation. FMA path (M <= 8): nibble -> fp32 with the magic number ((nib | 0x4B000000)
+read as float is 2^23 + nib; subtracting 2^23 + z is exact), so q - z costs a shift, one logic op
+and one float add; products accumulate elementwise in [M, BLOCK_N, BLOCK_K/8] registers and are
+reduced across threads once, after the K loop. Every tile lies in one quantization group (BLOCK_K
+divides G), so the scale multiplies the tile's partial products, not every weight. Dot path (larger
+M): fp16 magic (0x6400 | nib = 1024 + nib), tl.dot with fp32 accumulation.
 
 Split-K without a second launch: each split stores its fp32 partial [M, BLOCK_N], then increments
 the column tile's counter (acq_rel, after a CTA barrier); the split that sees SPLIT_K - 1 sums all
@@ -32,7 +35,7 @@ except ImportError:  # pragma: no cover
 
 
 class PreparedAWQ(NamedTuple):
-    qweight_t: torch.Tensor  # int32 [N, K/8]
+    qweight8: torch.Tensor  # int32 [K/8, N]
     zeros: torch.Tensor  # uint8 [K/G, N]
     scales: torch.Tensor  # fp16 [K/G, N]
     counters: torch.Tensor  # int32 [N/8 + 1], zeros between calls
@@ -40,7 +43,7 @@ class PreparedAWQ(NamedTuple):
 
     @property
     def shape(self):  # (K, N)
-        return self.qweight_t.shape[1] * 8, self.qweight_t.shape[0]
+        return self.qweight8.shape[0] * 8, self.qweight8.shape[1]
 
 
 def prepare_awq_weight(qweight, qzeros, scales, group_size) -> PreparedAWQ:
@@ -57,15 +60,15 @@ def prepare_awq_weight(qweight, qzeros, scales, group_size) -> PreparedAWQ:
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # two's complement
     zeros = unpack_awq_int4(qzeros).to(torch.uint8)  # [K/G, N]
     counters = torch.zeros(n // 8 + 1, dtype=torch.int32, device=q.device)
-    return PreparedAWQ(words.t().contiguous(), zeros.contiguous(), scales.contiguous(), counters,
+    return PreparedAWQ(words, zeros.contiguous(), scales.contiguous(), counters,
                        int(group_size))
 
 
 def dequantize_prepared(packed: PreparedAWQ) -> torch.Tensor:
     """-> float32 W [K, N] (the reference's view of the prepared layout)."""
-    w = packed.qweight_t  # [N, K/8]
+    w = packed.qweight8  # [K/8, N]
     shifts = torch.arange(8, device=w.device, dtype=torch.int32) * 4
-    q = ((w.unsqueeze(-1) >> shifts) & 0xF).reshape(w.shape[0], -1).t()  # [K, N]
+    q = ((w.unsqueeze(1) >> shifts[None, :, None]) & 0xF).reshape(-1, w.shape[1])  # [K, N]
     g = packed.group_size
     z = packed.zeros.to(torch.int32).repeat_interleave(g, dim=0)
     return (q - z).float() * packed.scales.float().repeat_interleave(g, dim=0)
@@ -82,23 +85,61 @@ def awq_gemm_prepared_ref(x, packed: PreparedAWQ) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _tile_w(w_ptr, z_ptr, n, nmask, kt, grp, s_wn, s_zg, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
-        # -> (q - z) [BLOCK_N, BLOCK_K]: fp32 (FMA path) or fp16 (dot path), exact either way
+    def _tile_w16(w_ptr, z_ptr, n, nmask, kt, grp, s_wk, s_zg, BLOCK_K: tl.constexpr):
+        # -> (q - z) fp16 [BLOCK_K, BLOCK_N] (exact): 0x6400 | nib is the fp16 1024 + nib
         j = kt * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(w_ptr + n[:, None] * s_wn + j[None, :], mask=nmask[:, None], other=0)
-        nib = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BN, BK/8, 8]
+        words = tl.load(w_ptr + j[:, None] * s_wk + n[None, :], mask=nmask[None, :], other=0)
+        words = words.to(tl.uint32, bitcast=True)  # logical shifts
+        nib = (words[:, None, :] >> (tl.arange(0, 8) * 4).to(tl.uint32)[None, :, None]) & 0xF  # [BK/8, 8, BN]
         z = tl.load(z_ptr + grp * s_zg + n, mask=nmask, other=0).to(tl.int32)  # [BN]
-        if DOT:  # fp16 magic: 0x6400 | nib is 1024 + nib
-            h = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-            w = tl.reshape(h, [n.shape[0], BLOCK_K]) - (z + 1024).to(tl.float16)[:, None]
-        else:
-            f = (nib | 0x4B000000).to(tl.float32, bitcast=True)
-            w = tl.reshape(f, [n.shape[0], BLOCK_K]) - (z.to(tl.float32) + 8388608.0)[:, None]
-        return w
+        h = (nib | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True)
+        return tl.reshape(h, [BLOCK_K, n.shape[0]]) - (z + 1024).to(tl.float16)[None, :]
+
+    @triton.jit
+    def _nib_fma(t3, words, xi, zf, I: tl.constexpr):
+        # t3 [BM, BK/8, BN] += x[m, 8j + I] * (q_I - z): magic float, exact q - z
+        f = (((words >> (4 * I)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf[None, :]
+        return t3 + xi[:, :, None] * f[None, :, :]
+
+    @triton.jit
+    def _fma_tile(x_ptr, w_ptr, z_ptr, m, mmask, n, nmask, kt, grp, s_xm, s_wk, s_zg,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # -> [BLOCK_M, BLOCK_K/8, BLOCK_N] fp32 partial products, unscaled; no cross-thread
+        # reduction here. x is loaded once as [BM, BK/8, 8] (one 16-byte load per row of 8) and
+        # split in registers into the 8 nibble positions.
+        j = kt * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(w_ptr + j[:, None] * s_wk + n[None, :], mask=nmask[None, :], other=0)  # [BK/8, BN]
+        words = words.to(tl.uint32, bitcast=True)  # logical shifts: no sign handling
+        zf = tl.load(z_ptr + grp * s_zg + n, mask=nmask, other=0).to(tl.float32) + 8388608.0  # [BN]
+        i8 = tl.arange(0, 8)
+        x3 = tl.load(x_ptr + m[:, None, None] * s_xm + (j * 8)[None, :, None] + i8[None, None, :],
+                     mask=mmask[:, None, None], other=0.0).to(tl.float32)  # [BM, BK/8, 8]
+        x_even, x_odd = tl.split(tl.reshape(x3, [BLOCK_M, BLOCK_K // 8, 4, 2]))  # i % 2
+        x0, x2, x4, x6 = _split4(x_even)
+        x1, x3_, x5, x7 = _split4(x_odd)
+        t3 = tl.zeros([BLOCK_M, BLOCK_K // 8, BLOCK_N], tl.float32)
+        t3 = _nib_fma(t3, words, x0, zf, 0)
+        t3 = _nib_fma(t3, words, x1, zf, 1)
+        t3 = _nib_fma(t3, words, x2, zf, 2)
+        t3 = _nib_fma(t3, words, x3_, zf, 3)
+        t3 = _nib_fma(t3, words, x4, zf, 4)
+        t3 = _nib_fma(t3, words, x5, zf, 5)
+        t3 = _nib_fma(t3, words, x6, zf, 6)
+        t3 = _nib_fma(t3, words, x7, zf, 7)
+        return t3
+
+    @triton.jit
+    def _split4(x):
+        # x [BM, BK/8, 4] holding positions (p0, p1, p2, p3) -> the four [BM, BK/8] slices
+        a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1], 2, 2]))  # a: p0, p2; b: p1, p3
+        p0, p2 = tl.split(a)
+        p1, p3 = tl.split(b)
+        return p0, p1, p2, p3
+
 
     @triton.jit
     def _prepared_kernel(x_ptr, w_ptr, z_ptr, s_ptr, part_ptr, y_ptr, cnt_ptr, M, N, K,
-                         s_xm, s_wn, s_zg, s_sg, s_ps, s_pm, s_ym,
+                         s_xm, s_wk, s_zg, s_sg, s_ps, s_pm, s_ym,
                          G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DOT: tl.constexpr):
         pid_n = tl.program_id(0)
@@ -110,18 +151,24 @@ if triton is not None:
         mmask = m < M
         tiles = K // BLOCK_K
         per = tl.cdiv(tiles, SPLIT_K)  # each split takes a contiguous run of k tiles
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if DOT:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        else:
+            acc3 = tl.zeros([BLOCK_M, BLOCK_K // 8, BLOCK_N], tl.float32)
         for kt in range(pid_k * per, tl.minimum(tiles, pid_k * per + per)):
             grp = (kt * BLOCK_K) // G
-            w = _tile_w(w_ptr, z_ptr, n, nmask, kt, grp, s_wn, s_zg, BLOCK_K, DOT)  # [BN, BK]
-            k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=mmask[:, None], other=0.0)
+            sc = tl.load(s_ptr + grp * s_sg + n, mask=nmask, other=0.0).to(tl.float32)  # [BN]
             if DOT:
-                part = tl.dot(x.to(tl.float16), tl.trans(w))  # [BM, BN]
+                w = _tile_w16(w_ptr, z_ptr, n, nmask, kt, grp, s_wk, s_zg, BLOCK_K)  # [BK, BN]
+                k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + m[:, None] * s_xm + k[None, :], mask=mmask[:, None], other=0.0)
+                acc += tl.dot(x.to(tl.float16), w) * sc[None, :]  # [BM, BN]
             else:
-                part = tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)  # [BM, BN]
-            sc = tl.load(s_ptr + grp * s_sg + n, mask=nmask, other=0.0).to(tl.float32)
-            acc += part * sc[None, :]
+                t3 = _fma_tile(x_ptr, w_ptr, z_ptr, m, mmask, n, nmask, kt, grp, s_xm, s_wk, s_zg,
+                               BLOCK_M, BLOCK_N, BLOCK_K)
+                acc3 += t3 * sc[None, None, :]
+        if not DOT:
+            acc = tl.sum(acc3, axis=1)  # [BM, BN]: the only cross-thread reduction
         omask = mmask[:, None] & nmask[None, :]
         if SPLIT_K == 1:
             tl.store(y_ptr + m[:, None] * s_ym + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
@@ -139,21 +186,26 @@ if triton is not None:
                 tl.atomic_xchg(cnt_at, 0)
 
 
-# Launch defaults per M class. fma: CUDA-core dot (M <= 8); dot: tensor cores (M padded to 16+).
-TUNE = {"gemv": {"block_n": 32, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
-                 "dot": False, "max_split": 32},
+# Launch defaults per M class, from the sm_90 SASS of each variant (compiled here, not yet timed on
+# a GPU; docs/perf-gpu.md): "gemv1" (M = 1) FMA path ~7 instructions per nibble; "gemv" (M = 2..16)
+# the dot path, whose cost does not grow with M (~6.4 per nibble at 128 x 128 tiles); "gemm" (M > 16).
+TUNE = {"gemv1": {"block_n": 32, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
+                  "dot": False, "max_split": 32},
+        "gemv": {"block_n": 128, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
+                 "dot": True, "max_split": 32},
         "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
                  "dot": True, "programs_per_sm": 8, "max_split": 32}}
 
 
 def _plan(m, n, k, g, device, tune) -> dict:
-    kind = "gemv" if m <= 8 else "gemm"
+    kind = "gemv1" if m == 1 else ("gemv" if m <= 16 else "gemm")
     cfg = {**TUNE[kind], **{key: v for key, v in (tune or {}).items() if v is not None}}
     bk = min(cfg["block_k"], g)
     while g % bk or bk & (bk - 1):
         bk //= 2
     cfg["block_k"] = bk
-    if cfg["dot"]:
+    if cfg["dot"] or m > 8:  # the FMA path keeps [M, BK/8, BN] in registers: M <= 8
+        cfg["dot"] = True
         cfg["block_m"] = max(16, min(cfg.get("block_m", 16), triton.next_power_of_2(m)))
     else:
         cfg["block_m"] = triton.next_power_of_2(m)
@@ -186,8 +238,8 @@ def awq_gemm_prepared_triton(x, packed: PreparedAWQ, *, tune=None):
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     assert split == 1 or (grid[2] == 1 and grid[0] <= packed.counters.numel()), "block_n >= 8, one M tile"
     part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _prepared_kernel[grid](x, packed.qweight_t, packed.zeros, packed.scales, part, y, packed.counters,
-                           m, n, k, x.stride(0), packed.qweight_t.stride(0), packed.zeros.stride(0),
+    _prepared_kernel[grid](x, packed.qweight8, packed.zeros, packed.scales, part, y, packed.counters,
+                           m, n, k, x.stride(0), packed.qweight8.stride(0), packed.zeros.stride(0),
                            packed.scales.stride(0), part.stride(0) if split > 1 else 0,
                            part.stride(1) if split > 1 else 0, y.stride(0),
                            G=g, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["block_k"], SPLIT_K=split,

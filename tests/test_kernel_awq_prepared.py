@@ -21,7 +21,7 @@ def test_prepare_keeps_the_weight():
     gen = torch.Generator().manual_seed(1)
     qweight, qzeros, scales, w = random_awq(64, 48, 32, gen)
     packed = prepare_awq_weight(qweight, qzeros, scales, 32)
-    assert packed.qweight_t.shape == (48, 8) and packed.shape == (64, 48)
+    assert packed.qweight8.shape == (8, 48) and packed.shape == (64, 48)
     assert torch.equal(dequantize_prepared(packed), w)
     x = torch.randn(3, 64, generator=gen)
     assert torch.allclose(awq_gemm_prepared_ref(x, packed), awq_gemm_ref(x, qweight, qzeros, scales, 32),
