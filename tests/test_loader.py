@@ -228,3 +228,12 @@ def test_bad_gguf_refused_before_conversion(content, match, tmp_path, monkeypatc
 def test_gguf_header_reader_finds_architecture_after_other_keys(tmp_path):
     (tmp_path / "h.gguf").write_bytes(_gguf_header("qwen2"))
     assert gguf_convert.gguf_architecture(tmp_path / "h.gguf") == "qwen2"
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # a file: nothing can be created below it
+    (tmp_path / "m.gguf").write_bytes(_gguf_header("llama"))
+    with pytest.raises(ModelLoadError, match="XDG_CACHE_HOME"):
+        load_model(str(tmp_path / "m.gguf"), progress=None)

@@ -46,8 +46,14 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
         return target
     if progress:
         progress(f"converting {gguf_path.name} to {target} (once; about 20-30 s)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot write the model cache {target.parent} ({exc.strerror}): "
+            "set XDG_CACHE_HOME to a writable folder"
+        ) from exc
     try:
         _convert(gguf_path, tmp)
         try:
