@@ -129,6 +129,10 @@ def test_config_from_hf_fields_and_eos_merge():
     assert qwen.attention_bias and qwen.sliding_window is None
     with pytest.raises(ModelLoadError, match="multiple"):
         ModelConfig.from_hf({**cfg, "num_key_value_heads": 3})
+    with pytest.raises(ModelLoadError, match="no 'hidden_size' field"):
+        ModelConfig.from_hf({k: v for k, v in cfg.items() if k != "hidden_size"})
+    with pytest.raises(ModelLoadError, match="malformed"):
+        ModelConfig.from_hf({**cfg, "vocab_size": "many"})
 
 
 def test_gguf_cache_converts_once_atomically(tmp_path, monkeypatch):

@@ -85,6 +85,15 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict, generation_config: dict | None = None) -> "ModelConfig":
         """Build from a parsed config.json (and optionally generation_config.json for EOS ids)."""
+        try:
+            return cls._from_hf(cfg, generation_config)
+        except KeyError as exc:
+            raise ModelLoadError(f"config.json has no {exc.args[0]!r} field") from exc
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"config.json has a malformed field: {exc}") from exc
+
+    @classmethod
+    def _from_hf(cls, cfg: dict, generation_config: dict | None) -> "ModelConfig":
         arch = _architecture(cfg)
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
