@@ -119,7 +119,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:  # what transformers/gguf raise
         raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {exc}") from exc
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)  # the weights are dequantized: a plain float32 folder
