@@ -35,6 +35,8 @@ def register(subparsers) -> None:
                                                        "with espeak-ng and run them")
     p.add_argument("--turns", type=int, default=4, help="commands per stream with --demo (1-4)")
     p.add_argument("--tts", action="store_true", help="speak answers with espeak-ng into WAVs")
+    p.add_argument("--tts-play", action="store_true",
+                   help="speak answers on the default audio device (one at a time)")
     p.add_argument("--tts-dir", type=Path, default=Path("voice-answers"),
                    help="folder for the spoken answers (default: ./voice-answers)")
     p.add_argument("--events", type=Path, help="write one JSON line per utterance/fault here")
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'}"
             f", {'half' if half else 'full'} duplex)")
 
+    warned_tts: list = []  # say it once, not once per answer
     live = len(sources) == 1 and not args.quiet  # one stream: its answers stream to stdout
 
     def on_text(stream: int, delta: str) -> None:
@@ -127,16 +130,21 @@ def run(args: argparse.Namespace) -> int:
             print(flush=True)
         if ev["kind"] == "error":
             print(f"edge-runtime voice: stream {ev['stream']}: {ev['problem']}", file=sys.stderr)
-        elif not args.quiet:
+            return
+        if ev.get("tts_error") and not warned_tts:
+            warned_tts.append(True)
+            _stderr(f"warning: {ev['tts_error']}")
+        if not args.quiet:
             tail = (f"-> {ev['answer']!r} (first token {ev['first_token_s']:.2f}s after speech, "
                     f"cached {ev['cached_prompt_tokens']}/{ev['prompt_tokens']})"
                     if "answer" in ev else f"({ev.get('skipped')})")
             _stderr(f"[stream {ev['stream']} #{ev['utterance']}] {ev['transcript']!r} {tail}")
 
     try:
-        reports = run_streams(runtime, config, sources, realtime, stagger,
-                              args.tts_dir if args.tts else None, half, args.events, on_event,
-                              on_text if live else None)
+        reports = run_streams(runtime, config, sources, realtime=realtime, stagger_s=stagger,
+                              tts_dir=args.tts_dir if args.tts else None, half_duplex=half,
+                              tts_play=args.tts_play, events_path=args.events,
+                              on_event=on_event, on_text=on_text if live else None)
         engine = getattr(runtime.aengine, "engine", None)  # None with --server
         engine_stats = engine.stats() if engine is not None else None
     finally:

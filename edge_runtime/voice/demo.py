@@ -65,7 +65,8 @@ def build_demo_inputs(streams: int = 5, turns: int = 4, folder: Path | None = No
     assert 1 <= streams <= len(DEMO_COMMANDS), streams
     assert 1 <= turns <= len(DEMO_COMMANDS[0]), turns
     plan = [(list(DEMO_COMMANDS[i][:turns]), DEMO_VOICES[i]) for i in range(streams)]
-    key = hashlib.sha256(json.dumps([plan, DEMO_SPEED, LEAD_S, GAP_S, TAIL_S, _espeak_version()])
+    key = hashlib.sha256(json.dumps([plan, DEMO_SPEED, LEAD_S, GAP_S, TAIL_S, _espeak_version(),
+                                     "sox -D"])
                          .encode()).hexdigest()[:12]
     folder = (folder or cache_root()) / key
     out = []

@@ -18,7 +18,7 @@ the moment the line was read). The latency split:
   prefill_s              engine: first scheduled -> first token (the uncached prompt tokens)
   first_token_s          end of speech -> first answer token (the headline latency)
   answer_s               first token -> last token
-  total_s                end of speech -> answer complete (and spoken, with --tts)
+  total_s                end of speech -> answer complete (and spoken, with --tts/--tts-play)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from edge_runtime.voice.asr import ASRPool, ASRResult
 from edge_runtime.voice.audio_input import Source
 from edge_runtime.voice.frontend import Command, Fault, FrontEnd
 from edge_runtime.voice.prompting import Conversation
-from edge_runtime.voice.tts import speak_to_wav
+from edge_runtime.voice.tts import speak_to_device, speak_to_wav
 from edge_runtime.voice.vad import UtteranceCutter, VADConfig, make_detector
 
 
@@ -49,6 +49,7 @@ class LoopSettings:
     tts_dir: Path | None = None  # speak answers into WAVs here
     tts_voice: str = "en-us"
     half_duplex: bool = False  # a stream's next command is read after its previous answer
+    tts_play: bool = False  # speak answers on the default audio device
 
 
 @dataclass
@@ -73,6 +74,7 @@ class VoiceLoop:
         self.on_event = on_event or (lambda ev: None)
         self.on_text = on_text  # streamed answer text: (stream, delta)
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
+        self._device_lock = asyncio.Lock()  # one audio device: answers play one after another
 
     async def run(self, sources: list[Source]) -> list[StreamReport]:
         reports = [StreamReport(i, s.name) for i, s in enumerate(sources)]
@@ -193,7 +195,19 @@ class VoiceLoop:
             prefill_s=max(0.0, result.timings.first_token_s - result.timings.queue_s),
             first_token_s=first - t0, answer_s=done - first, total_s=done - t0,
         )
-        if self.settings.tts_dir is not None and result.text.strip():
-            wav = self.settings.tts_dir / f"stream{index}_utt{turn}.wav"
-            await speak_to_wav(result.text.strip(), wav, self.settings.tts_voice)
-            event.update(tts_wav=str(wav), total_s=time.perf_counter() - t0)
+        if result.text.strip():
+            await self._speak(index, turn, result.text.strip(), event)
+            event["total_s"] = time.perf_counter() - t0
+
+    async def _speak(self, index: int, turn: int, text: str, event: dict) -> None:
+        """--tts: a WAV per answer; --tts-play: the audio device, one answer at a time."""
+        try:
+            if self.settings.tts_dir is not None:
+                wav = self.settings.tts_dir / f"stream{index}_utt{turn}.wav"
+                await speak_to_wav(text, wav, self.settings.tts_voice)
+                event["tts_wav"] = str(wav)
+            if self.settings.tts_play:
+                async with self._device_lock:
+                    await speak_to_device(text, self.settings.tts_voice)
+        except EdgeError as exc:  # the answer stands; only speaking it failed
+            event["tts_error"] = str(exc)

@@ -108,7 +108,7 @@ def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str 
 
 def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                 realtime: bool = False, stagger_s: float = 0.0, tts_dir: Path | None = None,
-                half_duplex: bool = False,
+                half_duplex: bool = False, tts_play: bool = False,
                 events_path: Path | None = None,
                 on_event: Callable[[dict], None] | None = None,
                 on_text: Callable[[int, str], None] | None = None) -> list[StreamReport]:
@@ -116,7 +116,8 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
     system = load_system_prompt(config.system_prompt)
     settings = LoopSettings(vad=config.vad, max_tokens=config.max_tokens,
                             history_tokens=config.history_tokens, realtime=realtime,
-                            stagger_s=stagger_s, tts_dir=tts_dir, half_duplex=half_duplex)
+                            stagger_s=stagger_s, tts_dir=tts_dir, half_duplex=half_duplex,
+                            tts_play=tts_play)
     pool = ASRPool(runtime.recognizer, config.asr_workers) if runtime.recognizer else None
     sink = open(events_path, "w", encoding="utf-8") if events_path else None
 

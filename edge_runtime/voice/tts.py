@@ -45,6 +45,22 @@ async def speak_to_wav(text: str, out: Path, voice: str = "en-us", speed: int = 
         raise ConfigError(f"espeak-ng failed for {out}: {err.decode(errors='replace').strip()}")
 
 
+async def speak_to_device(text: str, voice: str = "en-us", speed: int = 175) -> None:
+    """Speak `text` on the default audio device. espeak-ng exits 0 even when it cannot open the
+    device, so its stderr decides: an `error:` line there is a ConfigError with that line."""
+    proc = await asyncio.create_subprocess_exec(
+        espeak_binary(), "-v", voice, "-s", str(speed), "--", text,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    lines = err.decode(errors="replace").splitlines()
+    errors = [line for line in lines if line.lower().startswith("error")]
+    if proc.returncode != 0 or errors:
+        detail = (errors or lines or [f"exit status {proc.returncode}"])[-1]
+        raise ConfigError(f"espeak-ng cannot play on the audio device ({detail}); "
+                          "use --tts to write WAV files instead")
+
+
 def synthesize(text: str, voice: str = "en-us", speed: int = 150) -> np.ndarray:
     """`text` spoken by espeak-ng -> float32 [n] at 16 kHz mono."""
     with tempfile.TemporaryDirectory(prefix="edge-voice-") as tmp:
@@ -56,14 +72,15 @@ def synthesize(text: str, voice: str = "en-us", speed: int = 150) -> np.ndarray:
         if sox is None:
             return read_wav(raw)  # polyphase resampling in audio_input
         out = Path(tmp) / "16k.wav"
-        subprocess.run([sox, str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(out)],
-                       check=True, capture_output=True)
+        # -D: no dither, so the same text always gives the same samples
+        subprocess.run([sox, "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16",
+                        str(out)], check=True, capture_output=True)
         return read_wav(out)
 
 
 def write_wav(path: Path, audio: np.ndarray, rate: int = SAMPLE_RATE, channels: int = 1) -> None:
     """float32 [n] or [n, channels] in [-1, 1] -> 16-bit PCM WAV."""
-    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+    pcm = np.round(np.clip(audio, -1, 1) * 32767).astype("<i2")
     path.parent.mkdir(parents=True, exist_ok=True)
     with wave.open(str(path), "wb") as w:
         w.setnchannels(channels)
