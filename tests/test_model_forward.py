@@ -124,3 +124,19 @@ def test_logits_indices_select_rows(tmp_path):
                    torch.tensor([8, 2]))
     assert picked.shape == (2, model.config.vocab_size)
     assert_close_logits(picked, full[[8, 2]], rel=1e-6)
+
+
+def test_rotary_table_grows_past_the_preloaded_positions():
+    from edge_runtime.model.config import ModelConfig
+    from edge_runtime.model.llama import FULL_ROPE_TABLE, Rotary, rope_inv_freq
+
+    hf = tiny_hf_config("llama", max_position_embeddings=3 * FULL_ROPE_TABLE).to_dict()
+    config = ModelConfig.from_hf(hf)
+    rotary = Rotary(config)
+    rotary.build(FULL_ROPE_TABLE)
+    positions = torch.tensor([5, FULL_ROPE_TABLE + 100, 3 * FULL_ROPE_TABLE - 1])
+    cos, sin = rotary(positions, torch.float32)  # [3, 1, D]
+    assert rotary.cos.shape[0] == 3 * FULL_ROPE_TABLE
+    freqs = positions[:, None].float() * rope_inv_freq(config)[None, :]
+    torch.testing.assert_close(cos[:, 0], torch.cat((freqs, freqs), -1).cos(), rtol=0, atol=0)
+    torch.testing.assert_close(sin[:, 0], torch.cat((freqs, freqs), -1).sin(), rtol=0, atol=0)

