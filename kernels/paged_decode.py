@@ -1,14 +1,16 @@
 """Decode attention v2: one query token per block-table row, whole-page tiles, many splits, and
 optionally both segments (shared prefix + private tail) in one launch.
 
-Program (pid0 = token * Hkv + kv head, pid1 = split) walks `chunk` tokens of its segment in tiles of
-BLOCK_N consecutive tokens. Invariant: BLOCK_N divides the page size and every chunk starts on a
+Program (pid0 = token * H + query head, pid1 = split) walks `chunk` tokens of its segment in tiles of
+BLOCK_N consecutive tokens (tile_rows: the tuned block_n halved until it divides the page size).
+Invariant: BLOCK_N divides the page size and every chunk starts on a
 BLOCK_N boundary, so a tile lies inside one page: the page id is ONE scalar load per tile and the
 tile is BLOCK_N rows of D contiguous bytes at a fixed row stride (no per-token page lookups).
 int8 values become fp32 with the magic-number trick (int32(b) + 0x4B000080 read as a float is
 2^23 + 128 + b exactly, minus 8388736.0 gives b: an integer add and a float add, instead of the
-quarter-rate int->float conversion). Dots are CUDA-core FMA reductions in fp32 (GQA groups are
-small: Llama-2-7B 1, SmolLM2 3), so q is not rounded to fp16. The per-token scales factor out of
+quarter-rate int->float conversion). Dots are CUDA-core FMA reductions in fp32 over 2-D tiles, so
+q is not rounded to fp16. One program per query head: with GQA the G heads of a KV head read the
+same tile, from L2 when they run together (group <= 8; Llama-2-7B has 1, SmolLM2 3). The per-token scales factor out of
 q.k and p.v as in paged_attention.py.
 
 Partial results of every (segment, split) go to [T, H, S, D] / [T, H, S] and are merged by
@@ -45,12 +47,14 @@ if triton is not None:
                           s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
                           s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt0, s_bt1,
                           s_ot, s_oh, s_os, s_lt, s_lh,
-                          HKV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                          D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                          MAGIC: tl.constexpr, TWO: tl.constexpr):
+                          H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                          QUANT: tl.constexpr, MAGIC: tl.constexpr, TWO: tl.constexpr):
+        # program: query token t, query head h (GQA: heads of one KV head re-read its tile, from L2
+        # when they run together), split. 2-D tiles only: [BLOCK_N, D] and vectors.
         pid = tl.program_id(0)
-        t = pid // HKV
-        kvh = pid % HKV
+        t = pid // H
+        h = pid % H
+        kvh = h // GROUP
         split = tl.program_id(1)
         if TWO and split >= splits0:  # second segment (private tail)
             row = tl.load(seq1_ptr + t).to(tl.int64)
@@ -64,68 +68,70 @@ if triton is not None:
             start = split * chunk0
             end = tl.minimum(length, start + chunk0)
             bt_row = bt0_ptr + row * s_bt0
-        g = tl.arange(0, BLOCK_G)
-        gmask = g < GROUP
-        heads = kvh * GROUP + g
         d = tl.arange(0, D)
-        q = tl.load(q_ptr + t * s_qt + heads[:, None] * s_qh + d[None, :], mask=gmask[:, None],
-                    other=0.0).to(tl.float32) * qk_scale  # [BLOCK_G, D]
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, D], tl.float32)
+        q = tl.load(q_ptr + t * s_qt + h * s_qh + d).to(tl.float32) * qk_scale  # [D]
+        m_i = float("-inf")
+        l_i = 0.0
+        acc = tl.zeros([D], tl.float32)
         for n0 in range(start, end, BLOCK_N):
             page = tl.load(bt_row + n0 // page_tokens).to(tl.int64)  # one page id per tile
             off = (n0 % page_tokens + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
             nmask = n0 + tl.arange(0, BLOCK_N) < end
             k = tl.load(k_ptr + page * s_kn + kvh * s_kh + off[:, None] * s_kp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
-            s = tl.sum(q[:, None, :] * _to_f32(k, MAGIC)[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
+            s = tl.sum(_to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
             if QUANT:
                 ks = tl.load(ks_ptr + page * s_ksn + kvh * s_ksh + off * s_ksp, mask=nmask, other=0.0)
-                s = s * ks.to(tl.float32)[None, :]
-            s = tl.where(nmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the tile has >= 1 valid token
+                s = s * ks.to(tl.float32)
+            s = tl.where(nmask, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))  # finite: the tile has >= 1 valid token
             alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])  # [BLOCK_G, BLOCK_N]
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            p = tl.exp2(s - m_new)  # [BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, axis=0)
             if QUANT:
                 vs = tl.load(vs_ptr + page * s_vsn + kvh * s_vsh + off * s_vsp, mask=nmask, other=0.0)
-                p = p * vs.to(tl.float32)[None, :]
+                p = p * vs.to(tl.float32)
             v = tl.load(v_ptr + page * s_vn + kvh * s_vh + off[:, None] * s_vp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * _to_f32(v, MAGIC)[None, :, :], axis=1)
+            acc = acc * alpha + tl.sum(p[:, None] * _to_f32(v, MAGIC), axis=0)  # [D]
             m_i = m_new
         has = l_i > 0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        out = acc / tl.where(has, l_i, 1.0)
         lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-        tl.store(out_ptr + t * s_ot + heads[:, None] * s_oh + split * s_os + d[None, :], out,
-                 mask=gmask[:, None])
-        tl.store(lse_ptr + t * s_lt + heads * s_lh + split, lse, mask=gmask)
+        tl.store(out_ptr + t * s_ot + h * s_oh + split * s_os + d, out)
+        tl.store(lse_ptr + t * s_lt + h * s_lh + split, lse)
+
+
+def tile_rows(page_tokens, block_n) -> int:
+    """The tile actually used: block_n halved until it divides the page (0 when below 8 rows)."""
+    while block_n >= 8 and page_tokens % block_n:
+        block_n //= 2
+    return block_n if block_n >= 8 else 0
 
 
 def supported(q, k_cache, block_table, tune=None) -> bool:
-    """v2 handles a power-of-two head_dim, small GQA groups and pages that are a multiple of its
-    tile; anything else goes to paged_attention_triton. Every query token is independent (its own
+    """v2 handles a power-of-two head_dim, GQA group <= 8 and pages that are a multiple of 8
+    tokens; anything else goes to paged_attention_triton. Every query token is independent (its own
     row and kv_len), so prefill is correct too, but it re-reads the cache once per query token:
     callers use v2 for decode steps (at most one query per block-table row)."""
     t, h, d = q.shape
     block_n = {**TUNE, **(tune or {})}["block_n"]
     return (triton is not None and d >= 16 and d & (d - 1) == 0
-            and h // k_cache.shape[2] <= 8 and k_cache.shape[1] % block_n == 0)
+            and h // k_cache.shape[2] <= 8 and tile_rows(k_cache.shape[1], block_n) > 0)
 
 
-def _splits(t, hkv, max_len, block_n, device, tune, share=1.0) -> int:
+def _splits(t, h, max_len, block_n, device, tune, share=1.0) -> int:
     if device.type != "cuda":
         return max(1, min(3, -(-max_len // block_n)))  # the interpreter: a few, to test merging
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-int(tune["programs_per_sm"] * sms * share) // max(1, t * hkv))
+    want = -(-int(tune["programs_per_sm"] * sms * share) // max(1, t * h))
     return max(1, min(want, -(-max_len // block_n), 128))
 
 
-def _segment(block_table, page_tokens, block_n, t, hkv, device, tune, share):
+def _segment(block_table, page_tokens, block_n, t, h, device, tune, share):
     """-> (chunk, splits) for one segment; chunk is a multiple of block_n."""
     max_len = max(1, block_table.shape[1] * page_tokens)  # upper bound: no sync on kv_lens
-    splits = _splits(t, hkv, max_len, block_n, device, tune, share)
+    splits = _splits(t, h, max_len, block_n, device, tune, share)
     chunk = -(-(-(-max_len // splits)) // block_n) * block_n
     return chunk, -(-max_len // chunk)
 
@@ -140,12 +146,12 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, t
     tune = {**TUNE, **(tune or {})}
     if not all(supported(q, k_cache, seg[0], tune) for seg in segments):
         raise ValueError("paged_decode needs a power-of-two head_dim, "
-                         "GQA group <= 8 and pages that are a multiple of block_n; use paged_attention")
+                         "GQA group <= 8 and pages that are a multiple of 8 tokens; use paged_attention")
     t, h, d = q.shape
     hkv, page_tokens = k_cache.shape[2], k_cache.shape[1]
-    bn = tune["block_n"]
+    bn = tile_rows(page_tokens, tune["block_n"])
     lens = [seg[0].shape[1] * page_tokens for seg in segments]
-    plan = [_segment(seg[0], page_tokens, bn, t, hkv, q.device, tune, n / sum(lens))
+    plan = [_segment(seg[0], page_tokens, bn, t, h, q.device, tune, n / sum(lens))
             for seg, n in zip(segments, lens)]
     splits = sum(s for _, s in plan)
     p_out = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
@@ -158,13 +164,13 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, t
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     seg1 = segments[-1]
     group = h // hkv
-    _decode_v2_kernel[(t * hkv, splits)](
+    _decode_v2_kernel[(t * h, splits)](
         q, k_cache, v_cache, ks, vs, *segments[0], *seg1, p_out, p_lse, float(sm_scale) * LOG2E,
         page_tokens, plan[0][0], plan[0][1], plan[-1][0],
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *ks.stride()[:3],
         *vs.stride()[:3], segments[0][0].stride(0), seg1[0].stride(0),
         p_out.stride(0), p_out.stride(1), p_out.stride(2), p_lse.stride(0), p_lse.stride(1),
-        HKV=hkv, GROUP=group, BLOCK_G=triton.next_power_of_2(group), D=d, BLOCK_N=bn, QUANT=quant,
+        H=h, GROUP=group, D=d, BLOCK_N=bn, QUANT=quant,
         MAGIC=quant and bool(tune["magic"]), TWO=len(segments) == 2,
         num_warps=tune["num_warps"], num_stages=tune["num_stages"])
     _pa._merge_splits_kernel[(t, h)](

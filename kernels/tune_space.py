@@ -35,3 +35,21 @@ def gemv_space(m: int) -> list[dict]:
         space.append(dict(unpack=unpack, fma=fma, block_n=block_n, block_k=block_k, programs_per_sm=pps,
                           num_warps=4, num_stages=3))
     return space
+
+
+def decode_v2_space() -> list[dict]:
+    """kernels/paged_decode.py: tile rows x warps x programs per SM (the split count) x stages."""
+    return [dict(block_n=b, num_warps=w, programs_per_sm=p, num_stages=s)
+            for b, w, p, s in product((16, 32, 64, 128), (2, 4, 8), (8, 16, 32), (1, 2, 3))
+            if not (b == 128 and w == 2) and not (b == 16 and w == 8)]
+
+
+def prepared_space(m: int) -> list[dict]:
+    """kernels/awq_prepared.py for an M-row GEMV: FMA (M <= 8) and dot paths."""
+    space = []
+    for dot, block_n, block_k, pps, warps in product((False, True), (32, 64, 128), (64, 128), (4, 8, 16), (4, 8)):
+        if not dot and (m > 8 or block_n * max(1, m) > 128 * 2) or dot and block_n < 64:
+            continue
+        space.append(dict(dot=dot, block_n=block_n, block_k=block_k, programs_per_sm=pps, num_warps=warps,
+                          num_stages=3))
+    return space

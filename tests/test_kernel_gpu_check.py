@@ -25,7 +25,8 @@ def test_tiny_run_checks_every_kernel(tmp_path):
     result = json.loads(out.read_text())
     checks = {r["check"] for r in result["rows"]}
     assert {"write_kv decode", "write_kv prefill", "paged decode 1 segment", "paged decode prefix+tail",
-            "paged prefill", "w4a16 gemv", "w4a16 gemm"} <= checks
+            "paged prefill", "w4a16 gemv", "w4a16 gemm", "paged decode v2 1 segment", "paged decode v2 prefix+tail",
+            "w4a16 prepared gemv", "w4a16 prepared gemm"} <= checks
     assert result["all_ok"] and not result["errors"]
     assert all(r["max_err"] <= r["tol"] for r in result["rows"])
 

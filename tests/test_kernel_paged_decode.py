@@ -12,7 +12,7 @@ from edge_runtime.kernels.paged_attention import merge_attention_ref, paged_atte
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 
 if HAVE_TRITON:
-    from edge_runtime.kernels.paged_decode import paged_decode, supported
+    from edge_runtime.kernels.paged_decode import paged_decode, supported, tile_rows
 
 TOL = 1e-4
 
@@ -41,6 +41,8 @@ def test_one_segment_ragged(heads, kv_heads, dtype, block_n, magic):
     sc = default_scale(d)
     got = paged_decode(q, *pool, [(bt, seq_idx, kv_lens)], sc, tune={"block_n": block_n, "magic": magic})
     _assert_close(got, paged_attention_ref(q, *pool, bt, seq_idx, kv_lens, sc))
+    got = paged_decode(q, *pool, [(bt, seq_idx, kv_lens)], sc, tune={"block_n": 64})  # tile halved to 16
+    _assert_close(got, paged_attention_ref(q, *pool, bt, seq_idx, kv_lens, sc))
 
 
 def test_two_segments_one_launch_with_empty_rows():
@@ -67,11 +69,12 @@ def test_two_segments_one_launch_with_empty_rows():
 
 def test_unsupported_layouts_are_refused():
     gen = torch.Generator().manual_seed(2)
-    pool = make_cache(4, 12, 2, 16, torch.int8, gen)  # 12-token pages: no 8- or 16-token tiles
+    pool = make_cache(4, 12, 2, 16, torch.int8, gen)  # 12-token pages: no 8-row tile divides them
     q = torch.randn(2, 4, 16, generator=gen)
     bt = torch.zeros(2, 2, dtype=torch.int32)
     idx = torch.zeros(2, dtype=torch.int32)
     assert not supported(q, pool[0], bt, {"block_n": 8})
+    assert tile_rows(512, 64) == 64 and tile_rows(24, 64) == 8 and tile_rows(16, 128) == 16
     with pytest.raises(ValueError, match="paged_attention"):
         paged_decode(q, *pool, [(bt, idx, idx)], 0.25, tune={"block_n": 8})
     assert not supported(torch.randn(2, 4, 24, generator=gen), make_cache(4, 16, 2, 24, torch.int8, gen)[0],
