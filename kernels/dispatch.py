@@ -11,10 +11,12 @@ and calls that directly; `awq_gemm` here (the dequantizing reference) is only it
 import torch
 
 from edge_runtime.kernels import awq_gemm as _awq
+from edge_runtime.kernels import awq_prepared as _awp
 from edge_runtime.kernels import kv_write as _kv
 from edge_runtime.kernels import paged_attention as _pa
+from edge_runtime.kernels import paged_decode as _pd
 
-OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm")
+OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm", "awq_gemm_prepared", "paged_decode")
 
 
 def triton_available() -> bool:
@@ -38,6 +40,9 @@ _IMPLS = {
     "paged_attention": _Impl(_pa.paged_attention_ref, getattr(_pa, "paged_attention_triton", None)),
     "merge_attention": _Impl(_pa.merge_attention_ref, getattr(_pa, "merge_attention_triton", None)),
     "awq_gemm": _Impl(_awq.awq_gemm_ref, getattr(_awq, "awq_gemm_triton", None)),
+    "awq_gemm_prepared": _Impl(_awp.awq_gemm_prepared_ref,
+                               _awp.awq_gemm_prepared_triton if _awp.triton is not None else None),
+    "paged_decode": _Impl(None, _pd.paged_decode if _pd.triton is not None else None),
 }
 
 
@@ -61,6 +66,29 @@ def merge_attention(outs, lses):
 
 def awq_gemm(x, qweight, qzeros, scales, group_size):
     return _pick("awq_gemm", x)(x, qweight, qzeros, scales, group_size)
+
+
+def prepare_awq(qweight, qzeros, scales, group_size):
+    """AutoAWQ GEMM tensors -> PreparedAWQ (kernels/awq_prepared.py), once at load time, on the
+    tensors' device; `awq_gemm_prepared` then runs W4A16 on it."""
+    return _awp.prepare_awq_weight(qweight, qzeros, scales, group_size)
+
+
+def awq_gemm_prepared(x, packed):
+    return _pick("awq_gemm_prepared", x)(x, packed)
+
+
+def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale):
+    """Decode attention over one or two segments [(block_table, seq_idx, kv_lens), ...] of one pool
+    -> (out, lse) as merge_attention of per-segment paged_attention. Triton decode v2 (one launch +
+    one merge) on CUDA where paged_decode.supported; elsewhere per-segment attention + merge."""
+    if _use_triton(q, "paged_decode") and all(_pd.supported(q, k_cache, seg[0]) for seg in segments):
+        return _pd.paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale)
+    parts = [paged_attention(q, k_cache, v_cache, k_scale, v_scale, *seg, sm_scale) for seg in segments]
+    if len(parts) == 1:
+        return parts[0]
+    outs, lses = [p[0] for p in parts], [p[1] for p in parts]
+    return merge_attention(outs, lses), torch.logsumexp(torch.stack(lses), dim=0)
 
 
 def describe_backends(device=None) -> dict:
