@@ -70,3 +70,46 @@ def test_length_finish_flushes_held_text_and_cancel():
     out = "".join(sc.append(i)[0] for i in tok.encode("abcde"))
     out += sc.finish_cancelled()
     assert out == "abcde" and sc.finish_reason == "cancelled"
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="abé€😀 xy", max_size=30),
+       stops=st.lists(st.text(alphabet="abxy€", min_size=1, max_size=3), max_size=3),
+       max_tokens=st.integers(1, 60))
+def test_streamed_text_never_shows_a_stop_string(text, stops, max_tokens):
+    tok = ByteTokenizer()
+    sc = StopChecker(tok, SamplingParams(max_tokens=max_tokens, stop=tuple(stops)), (EOS,))
+    streamed, reason = "", None
+    for i in tok.encode(text) + [EOS]:
+        delta, reason = sc.append(i)
+        streamed += delta
+        if reason:
+            break
+    if reason is None:
+        streamed += sc.finish_cancelled()
+    assert streamed == sc.text
+    assert not any(s in sc.text for s in stops)
+    full = tok.decode(sc.token_ids)
+    assert full.startswith(sc.text) or "\ufffd" in full
+    assert sc.text == _reference(text, stops, max_tokens)
+
+
+def _reference(text, stops, max_tokens):
+    """Character by character: the first completed stop string cuts; max_tokens counts bytes
+    (a length finish inside a multi-byte character ends the text with U+FFFD, like any decode)."""
+    used = 0
+    for n, ch in enumerate(text, 1):
+        used += len(ch.encode())
+        pre = text[:n]
+        if used > max_tokens:  # the budget ends inside this character
+            return pre[:-1] + "\ufffd"
+        hits = [pre.find(s) for s in stops if s in pre]
+        if hits:
+            return pre[:min(hits)]
+        if used == max_tokens:
+            return pre
+    return text
