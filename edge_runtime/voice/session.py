@@ -41,16 +41,15 @@ class Runtime:
         self.aengine.shutdown()
 
 
-def engine_config(num_streams: int, budget: str | None, loaded, device: str):
+def engine_config(num_streams: int, budget, loaded, device: str):
+    """`budget`: a loaded Budget (configs/orin/*.yaml) or None for the engine's defaults."""
     from edge_runtime.engine.config import EngineConfig
 
     overrides = dict(max_num_seqs=max(8, num_streams), device=device)
-    if budget:
-        from edge_runtime.budget import load_budget
+    if budget is not None:
         from edge_runtime.plan import make_plan
 
-        plan = make_plan(load_budget(budget), loaded.config, loaded.weight_bytes,
-                         model_name=loaded.path.name)
+        plan = make_plan(budget, loaded.config, loaded.weight_bytes, model_name=loaded.path.name)
         return EngineConfig.from_plan(plan, **overrides)
     return EngineConfig(**overrides)
 
@@ -63,6 +62,10 @@ def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str
     from edge_runtime.engine.engine import Engine
     from edge_runtime.model.loader import load_model
 
+    if budget:  # a bad budget name fails before the model load, not after
+        from edge_runtime.budget import load_budget
+
+        budget = load_budget(budget)
     threads = config.resolved_engine_threads()
     torch.set_num_threads(threads)
     progress(f"CPU split: engine {threads} torch thread(s); ASR {config.asr_workers} worker(s) x "
