@@ -9,7 +9,9 @@ tile is BLOCK_N rows of D contiguous bytes at a fixed row stride (no per-token p
 int8 values become fp32 with the magic-number trick (int32(b) + 0x4B000080 read as a float is
 2^23 + 128 + b exactly, minus 8388736.0 gives b: an integer add and a float add, instead of the
 quarter-rate int->float conversion). Dots are CUDA-core FMA reductions in fp32 over 2-D tiles, so
-q is not rounded to fp16. One program per query head: with GQA the G heads of a KV head read the
+q is not rounded to fp16. Variant `idot`: both dots on int8 tensor cores over the raw K/V bytes,
+with q and p * v_scale as 15-bit fixed point (hi and lo int8 rows of one 16-row operand; relative
+error ~3e-5 of the row's max, below v1's fp16 rounding of q and p). One program per query head: with GQA the G heads of a KV head read the
 same tile, from L2 when they run together (group <= 8; Llama-2-7B has 1, SmolLM2 3). The per-token scales factor out of
 q.k and p.v as in paged_attention.py.
 
@@ -28,7 +30,11 @@ if triton is not None:
 
 LOG2E = 1.4426950408889634
 # Launch defaults (decode v2). programs_per_sm sets the number of splits (never below one tile each).
-TUNE = {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 16, "magic": True}
+# idot: q.k and p.v on int8 tensor cores (q and p*v_scale as 15-bit fixed point split into two int8
+# rows; needs block_n >= 32), no per-byte conversion of K/V at all.
+# Defaults chosen from the sm_90 SASS of each variant (python -m edge_runtime.kernels.sass_probe: idot
+# at 128-token tiles issues 4.3 instructions per K/V byte, v1 6.0, the FMA path 7.9); not yet timed.
+TUNE = {"block_n": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 16, "magic": True, "idot": True}
 
 if triton is not None:
 
@@ -41,6 +47,25 @@ if triton is not None:
         return x.to(tl.float32)
 
     @triton.jit
+    def _split16(x):
+        # fp32 [N] -> (int8 [16, N]: row 0 = hi, row 1 = lo, other rows 0; step) with
+        # x ~= (256 hi + lo) * step, |error| <= step / 2, step = max|x| / 32512 (15-bit fixed point)
+        amax = tl.max(tl.abs(x), axis=0)
+        step = tl.where(amax > 0, amax / 32512.0, 1.0)
+        xi = tl.floor(x / step + 0.5).to(tl.int32)
+        hi = (xi + 128) >> 8  # in [-127, 127]
+        lo = xi - hi * 256  # in [-128, 127]
+        r = tl.arange(0, 16)[:, None]
+        return tl.where(r == 0, hi[None, :], tl.where(r == 1, lo[None, :], 0)).to(tl.int8), step
+
+    @triton.jit
+    def _rows01(acc, step):
+        # int32 [16, N] -> fp32 [N] = (256 row0 + row1) * step
+        r = tl.arange(0, 16)[:, None]
+        w = tl.where(r == 0, 256.0, tl.where(r == 1, 1.0, 0.0))
+        return tl.sum(acc.to(tl.float32) * w, axis=0) * step
+
+    @triton.jit
     def _decode_v2_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
                           bt0_ptr, seq0_ptr, len0_ptr, bt1_ptr, seq1_ptr, len1_ptr,
                           out_ptr, lse_ptr, qk_scale, page_tokens, chunk0, splits0, chunk1,
@@ -48,7 +73,8 @@ if triton is not None:
                           s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt0, s_bt1,
                           s_ot, s_oh, s_os, s_lt, s_lh,
                           H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          QUANT: tl.constexpr, MAGIC: tl.constexpr, TWO: tl.constexpr):
+                          QUANT: tl.constexpr, MAGIC: tl.constexpr, TWO: tl.constexpr,
+                          IDOT: tl.constexpr):
         # program: query token t, query head h (GQA: heads of one KV head re-read its tile, from L2
         # when they run together), split. 2-D tiles only: [BLOCK_N, D] and vectors.
         pid = tl.program_id(0)
@@ -70,6 +96,8 @@ if triton is not None:
             bt_row = bt0_ptr + row * s_bt0
         d = tl.arange(0, D)
         q = tl.load(q_ptr + t * s_qt + h * s_qh + d).to(tl.float32) * qk_scale  # [D]
+        if IDOT:
+            q8, q_step = _split16(q)  # [16, D] int8
         m_i = float("-inf")
         l_i = 0.0
         acc = tl.zeros([D], tl.float32)
@@ -79,7 +107,10 @@ if triton is not None:
             nmask = n0 + tl.arange(0, BLOCK_N) < end
             k = tl.load(k_ptr + page * s_kn + kvh * s_kh + off[:, None] * s_kp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
-            s = tl.sum(_to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
+            if IDOT:  # int8 tensor cores on the raw K bytes: hi and lo rows of q in one dot
+                s = _rows01(tl.dot(q8, tl.trans(k)), q_step)  # [BLOCK_N]
+            else:
+                s = tl.sum(_to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
             if QUANT:
                 ks = tl.load(ks_ptr + page * s_ksn + kvh * s_ksh + off * s_ksp, mask=nmask, other=0.0)
                 s = s * ks.to(tl.float32)
@@ -93,7 +124,11 @@ if triton is not None:
                 p = p * vs.to(tl.float32)
             v = tl.load(v_ptr + page * s_vn + kvh * s_vh + off[:, None] * s_vp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
-            acc = acc * alpha + tl.sum(p[:, None] * _to_f32(v, MAGIC), axis=0)  # [D]
+            if IDOT:
+                p8, p_step = _split16(p)  # [16, BLOCK_N] int8
+                acc = acc * alpha + _rows01(tl.dot(p8, v), p_step)  # [D]
+            else:
+                acc = acc * alpha + tl.sum(p[:, None] * _to_f32(v, MAGIC), axis=0)  # [D]
             m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)
@@ -172,6 +207,7 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, t
         p_out.stride(0), p_out.stride(1), p_out.stride(2), p_lse.stride(0), p_lse.stride(1),
         H=h, GROUP=group, D=d, BLOCK_N=bn, QUANT=quant,
         MAGIC=quant and bool(tune["magic"]), TWO=len(segments) == 2,
+        IDOT=quant and bool(tune["idot"]) and bn >= 32,
         num_warps=tune["num_warps"], num_stages=tune["num_stages"])
     _pa._merge_splits_kernel[(t, h)](
         p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),

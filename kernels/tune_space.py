@@ -38,10 +38,11 @@ def gemv_space(m: int) -> list[dict]:
 
 
 def decode_v2_space() -> list[dict]:
-    """kernels/paged_decode.py: tile rows x warps x programs per SM (the split count) x stages."""
-    return [dict(block_n=b, num_warps=w, programs_per_sm=p, num_stages=s)
-            for b, w, p, s in product((16, 32, 64, 128), (2, 4, 8), (8, 16, 32), (1, 2, 3))
-            if not (b == 128 and w == 2) and not (b == 16 and w == 8)]
+    """kernels/paged_decode.py: int8 tensor cores or FMA x tile rows x warps x programs per SM (the
+    split count) x stages."""
+    return [dict(idot=i, block_n=b, num_warps=w, programs_per_sm=p, num_stages=s)
+            for i, b, w, p, s in product((True, False), (16, 32, 64, 128), (2, 4, 8), (8, 16, 32), (1, 2))
+            if not (b == 16 and (i or w == 8)) and not (b == 128 and w == 2 and not i)]
 
 
 def prepared_space(m: int) -> list[dict]:

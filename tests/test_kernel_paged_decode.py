@@ -81,3 +81,20 @@ def test_unsupported_layouts_are_refused():
                          bt, {"block_n": 8})  # head_dim 24
     assert not supported(torch.randn(2, 32, 16, generator=gen), make_cache(4, 16, 2, 16, torch.int8, gen)[0],
                          bt, {"block_n": 8})  # GQA group 16
+
+
+@pytest.mark.parametrize("heads,kv_heads,block_n", [(4, 4, 32), (6, 2, 64)])
+def test_int8_tensor_core_variant(heads, kv_heads, block_n):
+    """idot: 15-bit fixed-point q and p * v_scale on int8 dots: within 1e-3 of the reference."""
+    gen = torch.Generator().manual_seed(block_n + heads)
+    d, page_tokens = 32, 64
+    pool = make_cache(8, page_tokens, kv_heads, d, torch.int8, gen)
+    bt = random_block_table(3, 3, 8, gen)
+    idx = torch.tensor([0, 1, 2], dtype=torch.int32)
+    lens = torch.tensor([1, 70, 150], dtype=torch.int32)
+    q = torch.randn(3, heads, d, generator=gen)
+    sc = default_scale(d)
+    out, lse = paged_decode(q, *pool, [(bt, idx, lens)], sc, tune={"block_n": block_n, "idot": True})
+    w_out, w_lse = paged_attention_ref(q, *pool, bt, idx, lens, sc)
+    assert torch.allclose(out, w_out, atol=1e-3), float((out - w_out).abs().max())
+    assert torch.allclose(lse, w_lse, atol=1e-3)
