@@ -27,8 +27,13 @@ def register_subcommand(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def decode_tokens_per_s(lm, batch: int, prompt_tokens: int, gen_tokens: int, seed: int) -> float:
-    """Prefill `batch` random prompts, then time `gen_tokens` batched greedy decode steps."""
+def decode_tokens_per_s(lm, batch: int, prompt_tokens: int, gen_tokens: int,
+                        seed: int) -> tuple[float, float]:
+    """Prefill `batch` random prompts, then time `gen_tokens` batched greedy decode steps.
+
+    Returns (tokens per wall second, tokens per process-CPU second). On a machine shared with
+    other jobs, run with --threads 1: the CPU-second rate is then what an idle core would give.
+    """
     import torch
 
     from edge_runtime.model.contiguous_kv import ContiguousKVCache
@@ -42,24 +47,28 @@ def decode_tokens_per_s(lm, batch: int, prompt_tokens: int, gen_tokens: int, see
     positions = cache.positions(seq_ids, [prompt_tokens] * batch)
     last = torch.arange(1, batch + 1) * prompt_tokens - 1
     logits = lm.model(ids, positions, cache.step(seq_ids, [prompt_tokens] * batch), last)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(gen_tokens):
         ids = logits.argmax(dim=-1)  # [B]
         positions = cache.positions(seq_ids, [1] * batch)
         logits = lm.model(ids, positions, cache.step(seq_ids, [1] * batch), None)
-    return batch * gen_tokens / (time.perf_counter() - start)
+    tokens = batch * gen_tokens
+    return tokens / (time.perf_counter() - start), tokens / (time.process_time() - cpu_start)
 
 
 def _measure(models: dict, batches: list[int], args) -> list[dict]:
     from tqdm import tqdm
 
     samples = {(name, b): [] for name in models for b in batches}
+    cpu_samples = {key: [] for key in samples}
     bar = tqdm(total=len(samples) * args.repeat, desc="decode runs", file=sys.stderr)
     for r in range(args.repeat):
         for b in batches:
             for name, lm in models.items():
-                tps = decode_tokens_per_s(lm, b, args.prompt_tokens, args.gen_tokens, args.seed + r)
+                tps, cpu_tps = decode_tokens_per_s(lm, b, args.prompt_tokens, args.gen_tokens,
+                                                   args.seed + r)
                 samples[(name, b)].append(tps)
+                cpu_samples[(name, b)].append(cpu_tps)
                 bar.update(1)
     bar.close()
     fp32_bytes = models["fp32"].weight_bytes
@@ -68,10 +77,13 @@ def _measure(models: dict, batches: list[int], args) -> list[dict]:
         lm = models[name]
         rows.append({"model": name, "quantization": lm.quantization, "batch": b,
                      "weight_bytes": lm.weight_bytes, "weight_ratio": lm.weight_bytes / fp32_bytes,
-                     "decode_tok_s": statistics.median(values), "decode_tok_s_runs": values})
+                     "decode_tok_s": statistics.median(values), "decode_tok_s_runs": values,
+                     "decode_tok_cpu_s": statistics.median(cpu_samples[(name, b)]),
+                     "decode_tok_cpu_s_runs": cpu_samples[(name, b)]})
     for row in rows:
         base = next(r for r in rows if r["model"] == "fp32" and r["batch"] == row["batch"])
         row["speedup_vs_fp32"] = row["decode_tok_s"] / base["decode_tok_s"]
+        row["cpu_speedup_vs_fp32"] = row["decode_tok_cpu_s"] / base["decode_tok_cpu_s"]
     return rows
 
 
@@ -97,7 +109,9 @@ def run(args) -> int:
     cols = [Column("model", "model"), Column("quantization", "weights"), Column("batch", "batch"),
             Column("weight_bytes", "weight MiB", fmt_mib), Column("weight_ratio", "vs fp32", fmt_pct),
             Column("decode_tok_s", "decode tok/s", fmt_num(1)),
-            Column("speedup_vs_fp32", "speed-up", lambda v: f"{v:.2f}x")]
+            Column("speedup_vs_fp32", "speed-up", lambda v: f"{v:.2f}x"),
+            Column("decode_tok_cpu_s", "tok per CPU-s", fmt_num(1)),
+            Column("cpu_speedup_vs_fp32", "CPU speed-up", lambda v: f"{v:.2f}x")]
     print(markdown_table(rows, cols))
     if args.json:
         write_json(args.json, {"bench": "weights", "args": vars(args) | {"func": None}, "rows": rows,
