@@ -135,6 +135,8 @@ def save_awq_checkpoint(out_dir: Path, model: nn.Module, awq_tensors: dict, sour
     config = json.loads((source_folder / "config.json").read_text())
     config["quantization_config"] = awq_quant_config(group_size)
     config["torch_dtype"] = "float16"
+    if "dtype" in config:  # transformers >= 5 spelling
+        config["dtype"] = "float16"
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in _SIDE_FILES:
         if (source_folder / name).is_file():
