@@ -119,8 +119,28 @@ def run(args: argparse.Namespace) -> int:
     _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'}"
             f", {'half' if half else 'full'} duplex)")
 
-    warned_tts: list = []  # say it once, not once per answer
     live = len(sources) == 1 and not args.quiet  # one stream: its answers stream to stdout
+    on_event, on_text = _printers(args.quiet, live, _stderr)
+    try:
+        reports = run_streams(runtime, config, sources, realtime=realtime, stagger_s=stagger,
+                              tts_dir=args.tts_dir if args.tts else None, half_duplex=half,
+                              tts_play=args.tts_play, events_path=args.events,
+                              on_event=on_event, on_text=on_text)
+        engine = getattr(runtime.aengine, "engine", None)  # None with --server
+        engine_stats = engine.stats() if engine is not None else None
+    finally:
+        runtime.close()
+    _print_summary(reports, references, report)
+    if engine_stats:
+        _print_engine(engine_stats)
+    if args.events:
+        _stderr(f"events written to {args.events}")
+    return 1 if any(r.faults for r in reports) else 0
+
+
+def _printers(quiet: bool, live: bool, note):
+    """(on_event, on_text): progress lines, fault lines, a one-time TTS warning, live text."""
+    warned_tts: list = []  # say it once, not once per answer
 
     def on_text(stream: int, delta: str) -> None:
         print(delta, end="", flush=True)
@@ -133,28 +153,14 @@ def run(args: argparse.Namespace) -> int:
             return
         if ev.get("tts_error") and not warned_tts:
             warned_tts.append(True)
-            _stderr(f"warning: {ev['tts_error']}")
-        if not args.quiet:
+            note(f"warning: {ev['tts_error']}")
+        if not quiet:
             tail = (f"-> {ev['answer']!r} (first token {ev['first_token_s']:.2f}s after speech, "
                     f"cached {ev['cached_prompt_tokens']}/{ev['prompt_tokens']})"
                     if "answer" in ev else f"({ev.get('skipped')})")
-            _stderr(f"[stream {ev['stream']} #{ev['utterance']}] {ev['transcript']!r} {tail}")
+            note(f"[stream {ev['stream']} #{ev['utterance']}] {ev['transcript']!r} {tail}")
 
-    try:
-        reports = run_streams(runtime, config, sources, realtime=realtime, stagger_s=stagger,
-                              tts_dir=args.tts_dir if args.tts else None, half_duplex=half,
-                              tts_play=args.tts_play, events_path=args.events,
-                              on_event=on_event, on_text=on_text if live else None)
-        engine = getattr(runtime.aengine, "engine", None)  # None with --server
-        engine_stats = engine.stats() if engine is not None else None
-    finally:
-        runtime.close()
-    _print_summary(reports, references, report)
-    if engine_stats:
-        _print_engine(engine_stats)
-    if args.events:
-        _stderr(f"events written to {args.events}")
-    return 1 if any(r.faults for r in reports) else 0
+    return on_event, (on_text if live else None)
 
 
 def _print_engine(stats: dict) -> None:
