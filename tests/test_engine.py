@@ -169,3 +169,29 @@ def test_beam_group_survives_preemption():
     assert [r.token_ids for r in res] == want + [want_beam]
     assert eng.stats()["preemptions"] > 0
     eng.kv.check_leaks()
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_UNCONSTRAINED = {}
+
+
+@settings(max_examples=4, deadline=None, derandomize=True)
+@given(lengths=st.lists(st.integers(1, 40), min_size=2, max_size=5),
+       page_tokens=st.sampled_from([4, 8, 16]), spare=st.integers(0, 6),
+       inline=st.booleans(), max_batch=st.integers(8, 64))
+def test_any_small_pool_gives_unconstrained_outputs(lengths, page_tokens, spare, inline, max_batch):
+    prompts = tiny_prompts(lengths, seed=1400)
+    key = tuple(lengths)
+    if key not in _UNCONSTRAINED:
+        big = engine_for(tiny(), kv_dtype="fp32", page_tokens=64, num_pages=32)
+        _UNCONSTRAINED[key] = [r.token_ids for r in big.generate(prompts, greedy(12, ignore_eos=True))]
+    need = -(-(max(lengths) + 12) // page_tokens) + 1  # the largest request alone, plus a CoW page
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=page_tokens, num_pages=need + spare,
+                     enable_inline=inline, inline_tokens=page_tokens, max_num_seqs=4,
+                     max_batch_tokens=max_batch)
+    results = eng.generate(prompts, greedy(12, ignore_eos=True))
+    assert [r.token_ids for r in results] == _UNCONSTRAINED[key]
+    assert all(r.finish_reason == "length" for r in results)
+    eng.kv.check_leaks()
