@@ -78,3 +78,14 @@ def test_arrival_modes(tmp_path):
     assert 0.2 <= first.send_s and second.send_s < 1.2  # closed loop after the staggered start
     first, _ = asyncio.run(replay(trace, EchoBackend(), arrivals="ignore")).records
     assert first.send_s < 0.2
+
+
+def test_scripted_history_carries_trace_answers(tmp_path):
+    p = tmp_path / "s.jsonl"
+    p.write_text("\n".join(json.dumps({"stream": 0, "turn": t, "system": "s", "command": f"c{t}",
+                                       "max_tokens": 2, "answer": f"scripted{t}"})
+                           for t in range(3)))
+    backend = EchoBackend()
+    asyncio.run(replay(load_trace(p), backend, history="scripted"))
+    last = backend.calls[-1][1]
+    assert [m["content"] for m in last if m["role"] == "assistant"] == ["scripted0", "scripted1"]

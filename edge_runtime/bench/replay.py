@@ -6,6 +6,8 @@ answers *actually generated* for them (never the trace's scripted answers). `arr
 `arrival_s` (earliest send time) does: "ignore" (default, pure closed loop: the next turn goes out as
 soon as the previous answer is in, and every stream starts at 0), "first" (each stream starts at
 its first turn's arrival_s, closed loop after that: staggered session starts) or "all".
+`history="scripted"` carries the trace's scripted answers instead of the generated ones (every
+system then sees identical prompts: a controlled comparison; the default stays "generated").
 
 A backend implements `complete(stream, messages, max_tokens) -> Outcome` (async) and measures its own
 first-token and end times with time.perf_counter(); the replay stamps the send time. Invariants of
@@ -86,11 +88,12 @@ class ReplayResult:
 
 
 ARRIVALS = ("ignore", "first", "all")
+HISTORIES = ("generated", "scripted")
 
 
 async def _run_stream(
     turns: list[Turn], backend: Backend, t0: float, arrivals: str,
-    records: list[Record], on_record: Callable[[Record], None] | None,
+    records: list[Record], on_record: Callable[[Record], None] | None, history: str,
 ) -> None:
     messages: list[dict] = [{"role": "system", "content": turns[0].system}]
     for k, turn in enumerate(turns):
@@ -115,19 +118,20 @@ async def _run_stream(
         records.append(rec)
         if on_record is not None:
             on_record(rec)
-        messages.append({"role": "assistant", "content": out.text})
+        scripted = history == "scripted" and turn.answer is not None
+        messages.append({"role": "assistant", "content": turn.answer if scripted else out.text})
 
 
 async def replay(
     trace: Trace, backend: Backend, arrivals: str = "ignore",
-    on_record: Callable[[Record], None] | None = None,
+    on_record: Callable[[Record], None] | None = None, history: str = "generated",
 ) -> ReplayResult:
     """Replay every stream of `trace` concurrently against `backend` (closed loop)."""
-    assert arrivals in ARRIVALS, arrivals
+    assert arrivals in ARRIVALS and history in HISTORIES, (arrivals, history)
     records: list[Record] = []
     t0 = time.perf_counter()
     await asyncio.gather(*(
-        _run_stream(turns, backend, t0, arrivals, records, on_record)
+        _run_stream(turns, backend, t0, arrivals, records, on_record, history)
         for turns in trace.streams.values()
     ))
     makespan = time.perf_counter() - t0

@@ -13,7 +13,7 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from edge_runtime.bench.replay import ARRIVALS
+from edge_runtime.bench.replay import ARRIVALS, HISTORIES
 from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, fmt_pct, markdown_table, write_json
 from edge_runtime.bench.stats import ratio
 from edge_runtime.errors import InputError
@@ -100,6 +100,7 @@ def _payload(args, trace, results: dict, cmp_rows=None, same=None) -> dict:
     return {
         "bench": "trace", "trace": args.trace, "model": args.model, "streams": len(trace.streams),
         "arrivals": getattr(args, "arrivals", "ignore"), "threads": getattr(args, "threads", None),
+        "history": getattr(args, "history", "generated"),
         "complete": cmp_rows is not None,
         "rows": [r["row"] for r in results.values()], "comparisons": cmp_rows,
         "edge_vs_fp16kv_identical": same,
@@ -165,6 +166,7 @@ def run(args) -> int:
     print(f"[bench trace] {trace.name}: {len(trace.streams)} streams, {trace.num_requests} requests;"
           f" systems {', '.join(systems)}", file=sys.stderr, flush=True)
     opts = {"model": args.model, "streams": args.streams, "arrivals": args.arrivals,
+            "history": args.history,
             "target_model": args.target_model, "page_tokens": args.page_tokens,
             "num_pages": args.num_pages, "threads": args.threads}
     save = (lambda res: write_json(args.json, _payload(args, trace, res))) if args.json else None
@@ -198,6 +200,9 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--arrivals", choices=ARRIVALS, default="ignore",
                    help="ignore arrival_s (pure closed loop, all streams start at 0), honour it for "
                         "each stream's first turn only (staggered starts), or for all turns")
+    p.add_argument("--history", choices=HISTORIES, default="generated",
+                   help="what later turns carry: the answers generated (default) or the trace's "
+                        "scripted answers (identical prompts on every system)")
     p.add_argument("--page-tokens", type=int, default=None,
                    help="override the engine's page size (default: the engine's)")
     p.add_argument("--num-pages", type=int, default=32, help="KV pool size of the edge systems")

@@ -69,9 +69,10 @@ def _progress_printer(system: str, total: int):
     return on_record
 
 
-async def _replay_async(backend, trace, arrivals, on_record):
+async def _replay_async(backend, trace, opts, on_record):
     try:
-        return await replay(trace, backend, arrivals=arrivals, on_record=on_record)
+        return await replay(trace, backend, arrivals=opts.get("arrivals", "ignore"),
+                            on_record=on_record, history=opts.get("history", "generated"))
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
@@ -96,7 +97,7 @@ def run_system(system: str, trace_path: str, opts: dict) -> dict:
     on_record = _progress_printer(system, trace.num_requests)
     with rss, (recorder if recorder is not None else contextlib.nullcontext()):
         result = asyncio.run(_replay_async(
-            backend, trace, opts.get("arrivals", "ignore"), on_record))
+            backend, trace, opts, on_record))
     kv = getattr(backend, "kv", None)
     if kv is not None:
         kv.rebase(result.t0)
