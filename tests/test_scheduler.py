@@ -94,3 +94,17 @@ def test_request_that_never_fits_fails_instead_of_waiting_forever():
     assert [(q.seq_id, "KV pool" in msg) for q, msg in out.failed] == [("big/0", True)]
     assert not s.has_work()
     kv.check_leaks()
+
+
+def test_lowest_priority_is_preempted_before_the_newest():
+    kv = KVManager(num_pages=4, page_tokens=4)
+    s = Scheduler(kv, max_num_seqs=4, max_batch_tokens=64)
+    low, high = _seq("low", 7), _seq("high", 7, first_token=50)
+    low.request.priority, high.request.priority = -1, 5  # the older one matters less
+    s.add(low)
+    s.add(high)
+    _run(s, s.schedule())
+    _run(s, s.schedule())
+    out = s.schedule()  # both need a new page: the low-priority (older) one goes
+    assert [q.seq_id for q in out.preempted] == ["low/0"]
+    assert [q.seq_id for q, _ in out.scheduled] == ["high/0"]

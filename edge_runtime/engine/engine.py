@@ -64,7 +64,8 @@ class Engine:
 
     # --- public API -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, stream_id: str | None = None) -> str:
+                    request_id: str | None = None, stream_id: str | None = None,
+                    priority: int = 0) -> str:
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         self._validate(prompt_ids, params)
@@ -72,7 +73,7 @@ class Engine:
             rid = request_id or f"req-{next(self._arrival)}"
             if rid in self.requests:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
-            req = Request(rid, prompt_ids, params, stream_id)
+            req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
             self.requests[rid] = req
             first = self._new_seq(req, 0, list(prompt_ids))
             if req.is_beam:

@@ -7,8 +7,8 @@ Policy (one `schedule()` call per engine step):
 3. Waiting sequences are admitted in FIFO order (preempted ones sit at the head, oldest first)
    while there is budget, a free sequence slot, the admission gate allows it (memory guard) and the
    KVManager can plan their KV. Admission never skips ahead of a request that does not fit now.
-4. When storage for a scheduled token cannot be reserved (OutOfPages), the newest running
-   sequence is preempted (its private storage released, full pages stay cached) and put back at
+4. When storage for a scheduled token cannot be reserved (OutOfPages), the running sequence with
+   the lowest priority, newest first among equals, is preempted (its private storage released, full pages stay cached) and put back at
    the head of the queue; on resume it recomputes only what is no longer cached. No request is
    dropped, unless it cannot fit even alone (then it fails with a RequestError message).
 
@@ -141,7 +141,7 @@ class Scheduler:
                 out.scheduled.append((seq, n))
                 return n
             except OutOfPages as exc:
-                victim = max(self.running, key=lambda s: s.arrival)
+                victim = min(self.running, key=_victim_order)
                 if victim.request is seq.request and len(self._running_groups()) == 1:
                     self._preempt_group(victim, out)
                     for s in self._waiting_group(seq):
@@ -194,3 +194,7 @@ class Scheduler:
             return max(p.n, p.beam_width)  # children will be forked after the prompt
         return 1
 
+
+def _victim_order(seq: Sequence) -> tuple[int, int]:
+    """Preempt the lowest priority first, then the newest."""
+    return (seq.request.priority, -seq.arrival)

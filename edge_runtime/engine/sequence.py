@@ -67,6 +67,7 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     stream_id: str | None = None
+    priority: int = 0  # higher survives preemption longer; equal priorities: newest goes first
     seqs: list[Sequence] = field(default_factory=list)
     added_at: float = field(default_factory=time.perf_counter)
     first_scheduled_at: float | None = None
