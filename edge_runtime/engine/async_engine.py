@@ -38,8 +38,8 @@ class AsyncEngine:
 
     # --- asyncio side ----------------------------------------------------------------------
     async def stream(self, prompt_ids: list[int], params: SamplingParams | None = None,
-                     request_id: str | None = None,
-                     stream_id: str | None = None) -> AsyncIterator[TokenEvent]:
+                     request_id: str | None = None, stream_id: str | None = None,
+                     priority: int = 0) -> AsyncIterator[TokenEvent]:
         params = params or SamplingParams()
         self.engine._validate([int(t) for t in prompt_ids], params)
         if self._error is not None:
@@ -51,7 +51,7 @@ class AsyncEngine:
             raise RequestError(f"request id {rid!r} is already streaming; pick another")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
-        self._submit(("add", (list(prompt_ids), params, rid, stream_id)))
+        self._submit(("add", (list(prompt_ids), params, rid, stream_id, priority)))
         done = False
         try:
             while True:
@@ -116,9 +116,10 @@ class AsyncEngine:
         while self._inbox:
             item = self._inbox.popleft()
             if item[0] == "add":
-                prompt, params, rid, stream_id = item[1]
+                prompt, params, rid, stream_id, priority = item[1]
                 try:
-                    self.engine.add_request(prompt, params, request_id=rid, stream_id=stream_id)
+                    self.engine.add_request(prompt, params, request_id=rid, stream_id=stream_id,
+                                            priority=priority)
                 except Exception as exc:  # reaches the caller's stream as an error
                     self._put(rid, exc)
             elif item[0] == "cancel":
