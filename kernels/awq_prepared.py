@@ -186,12 +186,12 @@ if triton is not None:
                 tl.atomic_xchg(cnt_at, 0)
 
 
-# Launch defaults per M class, from the sm_90 SASS of each variant (compiled here, not yet timed on
-# a GPU; docs/perf-gpu.md): "gemv1" (M = 1) FMA path ~7 instructions per nibble; "gemv" (M = 2..16)
-# the dot path, whose cost does not grow with M (~6.4 per nibble at 128 x 128 tiles); "gemm" (M > 16).
-TUNE = {"gemv1": {"block_n": 32, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
+# Launch defaults per M class: the configs with the least total time over 4096x4096 and 4096x11008
+# in the H200 sweep of docs/perf-gpu.md (run 4). "gemv1" (M = 1) the FMA path; "gemv" (M = 2..16)
+# the dot path, whose cost does not grow with M; "gemm" (M > 16) unswept.
+TUNE = {"gemv1": {"block_n": 128, "block_k": 64, "programs_per_sm": 4, "num_warps": 8, "num_stages": 3,
                   "dot": False, "max_split": 32},
-        "gemv": {"block_n": 128, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
+        "gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
                  "dot": True, "max_split": 32},
         "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
                  "dot": True, "programs_per_sm": 8, "max_split": 32}}

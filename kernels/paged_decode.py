@@ -32,8 +32,8 @@ LOG2E = 1.4426950408889634
 # Launch defaults (decode v2). programs_per_sm sets the number of splits (never below one tile each).
 # idot: q.k and p.v on int8 tensor cores (q and p*v_scale as 15-bit fixed point split into two int8
 # rows; needs block_n >= 32), no per-byte conversion of K/V at all.
-# Defaults chosen from the sm_90 SASS of each variant (python -m edge_runtime.kernels.sass_probe: idot
-# at 128-token tiles issues 4.3 instructions per K/V byte, v1 6.0, the FMA path 7.9); not yet timed.
+# Defaults: the best config of the H200 sweep in docs/perf-gpu.md (run 4, 39.4 us, 50% of copy
+# bandwidth); the FMA path's best (block_n 64, 2 warps) was 41.2 us.
 TUNE = {"block_n": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 16, "magic": True, "idot": True}
 
 if triton is not None:
