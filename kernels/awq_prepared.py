@@ -186,6 +186,35 @@ if triton is not None:
                 tl.atomic_xchg(cnt_at, 0)
 
 
+    @triton.jit
+    def _prepared_dequant_kernel(w_ptr, z_ptr, s_ptr, out_ptr, N, s_wk, s_zg, s_sg, s_ok,
+                                 G: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+        # W[k, n] = (q - z) * s as fp16 [K, N], one [BLOCK_K, BLOCK_N] tile (inside one group) per program
+        pid_k = tl.program_id(0)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < N
+        grp = (pid_k * BLOCK_K) // G
+        w = _tile_w16(w_ptr, z_ptr, n, nmask, pid_k, grp, s_wk, s_zg, BLOCK_K)  # [BK, BN] fp16, exact
+        sc = tl.load(s_ptr + grp * s_sg + n, mask=nmask, other=0.0).to(tl.float32)
+        k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        tl.store(out_ptr + k[:, None] * s_ok + n[None, :], (w.to(tl.float32) * sc[None, :]).to(tl.float16),
+                 mask=nmask[None, :])
+
+
+def dequantize_prepared_triton(packed: PreparedAWQ, *, block_k=32, block_n=128) -> torch.Tensor:
+    """PreparedAWQ -> fp16 W [K, N] on the GPU (reference: dequantize_prepared)."""
+    assert triton is not None, "triton is not installed"
+    k, n = packed.shape
+    g = packed.group_size
+    block_k = min(block_k, g)
+    assert g % block_k == 0 and block_k % 8 == 0, "block_k must divide the group and be a multiple of 8"
+    out = torch.empty(k, n, dtype=torch.float16, device=packed.qweight8.device)
+    _prepared_dequant_kernel[(k // block_k, triton.cdiv(n, block_n))](
+        packed.qweight8, packed.zeros, packed.scales, out, n, packed.qweight8.stride(0), packed.zeros.stride(0),
+        packed.scales.stride(0), out.stride(0), G=g, BLOCK_K=block_k, BLOCK_N=block_n)
+    return out
+
+
 # Launch defaults per M class: the configs with the least total time over 4096x4096 and 4096x11008
 # in the H200 sweep of docs/perf-gpu.md (run 4). "gemv1" (M = 1) the FMA path; "gemv" (M = 2..16)
 # the dot path, whose cost does not grow with M; "gemm" (M > 16) unswept.
@@ -194,7 +223,11 @@ TUNE = {"gemv1": {"block_n": 128, "block_k": 64, "programs_per_sm": 4, "num_warp
         "gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,
                  "dot": True, "max_split": 32},
         "gemm": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
-                 "dot": True, "programs_per_sm": 8, "max_split": 32}}
+                 "dot": True, "programs_per_sm": 8, "max_split": 32, "dequant_above": 64}}
+# "dequant_above": larger M dequantizes to a transient fp16 W [K, N] (K*N*2 bytes of scratch) and
+# uses torch's matmul: at M=512 the tiled kernel took 95 / 251 us, dequant + matmul (the same mode of
+# awq_gemm.py) 40 / 103 us on the H200; at M=16 the tiled kernel's 16.5 us beats the ~15 us dequant
+# alone. The crossover (64) lies between these measured points and was not itself measured.
 
 
 def _plan(m, n, k, g, device, tune) -> dict:
@@ -234,6 +267,8 @@ def awq_gemm_prepared_triton(x, packed: PreparedAWQ, *, tune=None):
     if m == 0:
         return y
     cfg = _plan(m, n, k, g, x.device, tune)
+    if m > cfg.get("dequant_above", m):
+        return (x.to(torch.float16) @ dequantize_prepared_triton(packed)).to(x.dtype)
     bm, bn, split = cfg["block_m"], cfg["block_n"], cfg["split_k"]
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     assert split == 1 or (grid[2] == 1 and grid[0] <= packed.counters.numel()), "block_n >= 8, one M tile"

@@ -67,3 +67,16 @@ def test_rejects_bad_inputs():
         awq_gemm_prepared_triton(torch.randn(64, 2).t(), packed)
     with pytest.raises(ValueError, match="K=64"):
         awq_gemm_prepared_ref(torch.randn(2, 63), packed)
+
+
+def test_dequantize_kernel_and_large_m_mode():
+    from edge_runtime.kernels.awq_prepared import dequantize_prepared_triton
+    gen = torch.Generator().manual_seed(9)
+    qweight, qzeros, scales, w = random_awq(128, 72, 64, gen)
+    packed = prepare_awq_weight(qweight, qzeros, scales, 64)
+    got = dequantize_prepared_triton(packed)
+    assert got.dtype == torch.float16 and torch.allclose(got.float(), w, atol=1e-3 * float(w.abs().max()))
+    x = torch.randn(40, 128, generator=gen)
+    y = awq_gemm_prepared_triton(x, packed, tune={"dequant_above": 32})
+    want = x @ w
+    assert torch.allclose(y, want, atol=1e-2 * float(want.abs().max()))
