@@ -54,6 +54,19 @@ def test_shared_system_prompt_prefills_only_uncached():
     assert 0 <= t.queue_s <= t.first_token_s <= t.total_s and t.total_s > 0
 
 
+def test_requests_arriving_together_share_one_system_prompt_copy():
+    system = tiny_prompts([70], seed=110)[0]
+    prompts = [system + s for s in tiny_prompts([5, 8, 6, 9], seed=210)]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=48, inline_tokens=32)
+    results = eng.generate(prompts, greedy(6, ignore_eos=True))
+    # the first computes the system prompt; the others wait one step and match its pages
+    assert results[0].cached_prompt_tokens == 0
+    assert all(r.cached_prompt_tokens >= 64 for r in results[1:])  # 4 full 16-token pages + more
+    cold = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=48,
+                      enable_prefix_cache=False).generate(prompts, greedy(6, ignore_eos=True))
+    assert [r.token_ids for r in results] == [r.token_ids for r in cold]
+
+
 def test_small_pool_preempts_and_completes_identically():
     prompts = tiny_prompts([30, 35, 28, 33, 31], seed=300)
     expected = [hf_greedy(tiny_hf(), p, 30) for p in prompts]

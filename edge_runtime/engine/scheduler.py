@@ -28,6 +28,10 @@ from typing import Callable
 from edge_runtime.engine.sequence import Sequence, SeqStatus
 from edge_runtime.errors import OutOfPages
 
+# A waiting request that shares this many more tokens with a prefill in flight than the cache
+# can give it waits for that prefill instead of computing its own copy.
+SHARE_WAIT_TOKENS = 32
+
 
 @dataclass
 class SchedulerOutput:
@@ -91,6 +95,8 @@ class Scheduler:
             group = self._waiting_group(self.waiting[0])
             width = max(len(group), self._width(group[0]))
             if self.running and len(self.running) + width > self.max_num_seqs:
+                return
+            if self._waits_for_inflight_prefix(group[0]):
                 return
             admitted = self._admit_group(group, budget, out)
             if admitted is None:
@@ -178,6 +184,21 @@ class Scheduler:
         for seq in sorted(group, key=lambda s: s.arrival, reverse=True):
             self.waiting.appendleft(seq)
 
+    def _waits_for_inflight_prefix(self, seq: Sequence) -> bool:
+        """True when `seq` shares at least SHARE_WAIT_TOKENS more prompt tokens with a sequence
+        still in prefill than the prefix cache can give it now. Admitting it would compute (and
+        store) a second copy of that prefix in the same step; waiting one step lets it match the
+        pages the other sequence commits (streams that arrive together with one system prompt)."""
+        if not self.kv.enable_prefix_cache or seq.request.is_beam or seq.num_computed:
+            return False
+        prompt = seq.token_ids
+        shared = max((_common_prefix_len(prompt, r.token_ids) for r in self.running
+                      if r.num_pending > 1), default=0)
+        if shared < SHARE_WAIT_TOKENS:
+            return False
+        cached = self.kv.prefix.match(prompt[:-1]).num_cached
+        return shared - cached >= SHARE_WAIT_TOKENS
+
     # --- helpers ----------------------------------------------------------------------------
     def _waiting_group(self, seq: Sequence) -> list[Sequence]:
         if not seq.request.is_beam:
@@ -193,6 +214,15 @@ class Scheduler:
         if seq.num_computed == 0 and not seq.request.seqs[1:]:
             return max(p.n, p.beam_width)  # children will be forked after the prompt
         return 1
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _victim_order(seq: Sequence) -> tuple[int, int]:
