@@ -109,6 +109,9 @@ def test_plan_cli_reference_model(capsys):
     assert main(["plan", "--config", "agx-orin-64gb", "--model", "llama-2-7b-awq", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] == 266240 and out["num_pages"] > 100
+    # no CUDA here: every kernel op is served by its torch reference (int4 by torch's CPU op)
+    assert out["kernel_backends"]["paged_attention"] == "torch-reference"
+    assert out["kernel_backends"]["awq_gemm"] in ("torch-int4pack-cpu", "torch-reference")
     assert main(["plan", "--config", "orin-nano-8gb", "--model", "llama-2-7b"]) == 2
     assert "no room for one KV page" in capsys.readouterr().err
 

@@ -100,5 +100,17 @@ def run(args) -> int:
     print(f"reading model {args.model} ...", file=sys.stderr)
     config, weight_bytes, name = model_for_plan(args.model, budget.weight_dtype)
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
-    print(json.dumps(plan.as_dict(), indent=2) if args.json else format_plan(plan))
+    backends = kernel_backends()
+    if args.json:
+        print(json.dumps({**plan.as_dict(), "kernel_backends": backends}, indent=2))
+    else:
+        print(format_plan(plan))
+        print("kernels on this machine: " + ", ".join(f"{op}={b}" for op, b in backends.items()))
     return 0
+
+
+def kernel_backends() -> dict:
+    """op -> backend the dispatcher picks here (Triton on CUDA, torch references on CPU)."""
+    from edge_runtime.kernels.dispatch import describe_backends
+
+    return describe_backends()
