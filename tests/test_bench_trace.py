@@ -135,5 +135,6 @@ def test_from_json_reports_saved_runs(tiny, report, tmp_path, capsys):
                  "--json", str(merged), "--plot", str(tmp_path / "m.png")]) == 0
     again = json.loads(merged.read_text())
     assert again["rows"] == data["rows"] and again["comparisons"] == data["comparisons"]
-    assert "edge/hf requests/s" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "edge/hf requests/s" in printed and "answers identical to hf" in printed
     assert main(["bench", "trace", "--trace", str(trace), "--from-json", str(trace)]) == 2

@@ -130,6 +130,14 @@ def print_report(results: dict[str, dict]) -> tuple[list[dict], dict | None]:
         print(f"\nedge (int8 KV) answers identical to edge-fp16kv: {same['identical']}/{same['total']}"
               f" (first turns, same prompts: {same['identical_first_turn']}/"
               f"{same['first_turn_total']})")
+    if "hf" in results:
+        parts = []
+        for system in results:
+            if system != "hf":
+                m = identical_answers(results[system]["records"], results["hf"]["records"])
+                parts.append(f"{system} {m['identical']}/{m['total']}")
+        if parts:
+            print("answers identical to hf (fp32 transformers, greedy): " + ", ".join(parts))
     return cmp_rows, same
 
 
