@@ -27,6 +27,7 @@ from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from edge_runtime.engine.sampler import SamplerRow, make_generator, sample
 from edge_runtime.engine.scheduler import Scheduler
+from edge_runtime.engine.pool_resize import PoolChunks
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
@@ -52,6 +53,7 @@ class Engine:
                             enable_inline=cfg.enable_inline)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
+        self.pool_chunks = PoolChunks(self.num_pages)
         self.sm_scale = mc.head_dim ** -0.5
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
@@ -60,7 +62,7 @@ class Engine:
         self._admission_paused = False
         self.last_step_tokens = 0  # tokens computed by the last step (0: nothing could run)
         self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
-                             requests_failed=0, requests_cancelled=0)
+                             requests_failed=0, requests_cancelled=0, pool_bytes_released=0)
 
     # --- public API -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
@@ -153,6 +155,18 @@ class Engine:
     def evict_cached(self, max_pages: int | None = None) -> int:
         with self._lock:
             return self.kv.evict(max_pages)
+
+    def shrink_pool(self, n_chunks: int) -> int:
+        """Return up to n_chunks whole pool chunks to the OS (engine/pool_resize.py)."""
+        with self._lock:
+            done, released = self.pool_chunks.shrink(self.kv, self.storage, n_chunks)
+            self.counters["pool_bytes_released"] += released
+            return done
+
+    def grow_pool(self) -> int:
+        """Bring every returned chunk back into service, toward the budgeted pool size."""
+        with self._lock:
+            return self.pool_chunks.grow(self.kv, self.storage)
 
     # --- one step ---------------------------------------------------------------------------
     def _run_batch(self, scheduled: list[tuple[Sequence, int]], events: list[TokenEvent]) -> None:

@@ -64,10 +64,6 @@ class ServiceState:
     def stats(self) -> dict:
         engine_stats = self.engine.stats() if self.engine is not None else {}
         guard = self.guard.snapshot() if self.guard else None
-        if guard is not None and self.guard.actions is not None:
-            emulated = getattr(self.guard.actions, "emulated", None)
-            if emulated is not None:
-                guard["hooks_emulated"] = emulated
         status = self.health()[1]["status"]
         state = {"status": status, "model": self.model_name, "in_flight": self.in_flight,
                  "running": engine_stats.get("running", 0),  # sequences in the engine batch

@@ -132,10 +132,6 @@ def _render_guard(out: list[str], guard: dict | None) -> None:
                 "swap_used_bytes"):
         if guard.get(key) is not None:
             _gauge(out, f"edge_guard_{key}", f"last telemetry sample: {key}", guard[key])
-    if "hooks_emulated" in guard:
-        _metric(out, "edge_guard_hook_emulated", "gauge",
-                "1 when a guard hook is emulated outside the engine",
-                [(f'{{hook="{h}"}}', int(v)) for h, v in sorted(guard["hooks_emulated"].items())])
 
 
 def _histogram(out: list[str], name: str, h: dict) -> None:

@@ -1,0 +1,61 @@
+"""Whole chunks of the page pool handed back to the OS and regrown (memory-guard actions).
+
+The pool is one allocation per tensor (docs/interfaces.md), split here into `num_chunks` equal
+ranges of page ids. Shrinking takes the highest chunk still in service: the KVManager retires its
+page range (cached pages evicted, live pages relocated below it through CopyOps and block-table
+edits, cache/pool_shrink.py), the engine runs the copies, then KVStorage releases the range's
+memory (madvise(MADV_DONTNEED) on CPU, so RSS falls; on CUDA the bytes stay allocated and only
+the page ids leave service). Growing puts the chunks back, lowest last, and makes them resident.
+
+Invariants: the first chunk is never retired (the engine always has pages); chunks are retired in
+descending order and restored in ascending-retirement (LIFO) order; a chunk whose live pages find
+no room elsewhere (OutOfPages) is left in service and stops the shrink, with nothing changed.
+Callers hold the engine lock, so no step runs between the copies and the release.
+"""
+
+from __future__ import annotations
+
+from edge_runtime.errors import OutOfPages
+
+DEFAULT_NUM_CHUNKS = 4
+
+
+class PoolChunks:
+    def __init__(self, num_pages: int, num_chunks: int = DEFAULT_NUM_CHUNKS):
+        num_chunks = max(1, min(num_chunks, num_pages))
+        size = -(-num_pages // num_chunks)
+        self.ranges = [(s, min(s + size, num_pages)) for s in range(0, num_pages, size)]
+        self.retired: list[tuple[int, int]] = []  # a stack: the last retired is restored first
+
+    @property
+    def num_in_service(self) -> int:
+        return len(self.ranges) - len(self.retired)
+
+    def shrink(self, kv, storage, n_chunks: int) -> tuple[int, int]:
+        """Retire up to n_chunks chunks; returns (chunks retired, bytes handed to the OS)."""
+        done, released = 0, 0
+        for start, end in reversed(self.ranges[1:]):
+            if done == n_chunks:
+                break
+            if (start, end) in self.retired:
+                continue
+            try:
+                copies = kv.retire_pages(start, end)
+            except OutOfPages:
+                break
+            for op in copies:
+                storage.copy(op)
+            released += storage.release_pages(start, end)
+            self.retired.append((start, end))
+            done += 1
+        return done, released
+
+    def grow(self, kv, storage) -> int:
+        """Put every retired chunk back in service; returns how many."""
+        n = 0
+        while self.retired:
+            start, end = self.retired.pop()
+            storage.regrow_pages(start, end)
+            kv.restore_pages(start, end)
+            n += 1
+        return n
