@@ -138,3 +138,17 @@ def test_from_json_reports_saved_runs(tiny, report, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "edge/hf requests/s" in printed and "answers identical to hf" in printed
     assert main(["bench", "trace", "--trace", str(trace), "--from-json", str(trace)]) == 2
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp16", "fp32"])
+def test_kv_bytes_per_token_matches_engine_tensors(tiny, kv_dtype):
+    from edge_runtime.bench.edge_systems import KVProbe, build_engine, kv_bytes_per_token, load
+
+    loaded = load(str(tiny[0]))
+    engine = build_engine(loaded, "edge", kv_dtype=kv_dtype, num_pages=3, page_tokens=64)
+    per_token = kv_bytes_per_token(loaded.config, kv_dtype)
+    assert engine.storage.pool.nbytes() == per_token * 64 * 3  # the bytes the pool really holds
+    probe = KVProbe(engine, loaded.config)
+    held, cached, _ = probe.read({"pages_live": 2, "inline_slots_used": 1, "pages_cached": 1,
+                                  "page_utilization": 0.5})
+    assert held == per_token * (2 * 64 + engine.config.inline_tokens) and cached == per_token * 64

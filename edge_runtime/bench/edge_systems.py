@@ -76,16 +76,16 @@ def build_engine(loaded, system: str, kv_dtype: str | None = None, num_pages: in
 class KVProbe:
     """KV bytes held by an engine, from its stats: live pages + inline slots in use."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, model_config) -> None:
         cfg = engine.config
-        per_token = kv_bytes_per_token(engine.loaded.config, cfg.kv_dtype)
+        per_token = kv_bytes_per_token(model_config, cfg.kv_dtype)
         self.page_bytes = per_token * cfg.page_tokens
         self.slot_bytes = per_token * cfg.inline_tokens
         self.engine = engine
 
     def read(self, kv_stats: dict | None = None) -> tuple[int, int, float]:
         """(held bytes, cached-page bytes, page utilization) right now."""
-        s = kv_stats if kv_stats is not None else self.engine.kv.stats()
+        s = kv_stats if kv_stats is not None else self.engine.stats()["kv"]
         held = s["pages_live"] * self.page_bytes + s["inline_slots_used"] * self.slot_bytes
         return held, s["pages_cached"] * self.page_bytes, s["page_utilization"]
 
@@ -103,7 +103,7 @@ class EdgeBackend:
         self.name = system
         self.loaded = loaded
         self.engine = engine
-        self.probe = KVProbe(engine)
+        self.probe = KVProbe(engine, loaded.config)
         self.kv = Timeline()
         self.kv_cached = Timeline()
         self.utilization: list[float] = []
