@@ -43,6 +43,7 @@ class AWQSettings:
     loss_tokens: int = 2048
     loss_seqs: int = 4
     scale: bool = True  # False: round-to-nearest only (the baseline)
+    quantized_inputs: bool = False  # next layer sees this layer's quantized output
 
     def __post_init__(self):
         assert self.group_size in (32, 64, 128), self.group_size
@@ -134,6 +135,12 @@ def awq_quantize(model: nn.Module, arch: awq_blocks.LayerArch, calib_ids: torch.
         next_hidden = awq_blocks.decoder_layer(layer, hidden, arch, rope, collect=feats)
         for name, tensors in quantize_layer(layer, feats, arch, rope, st).items():
             result[f"model.layers.{i}.{name}"] = tensors
+            if st.quantized_inputs:
+                qweight, qzeros, scales, _bias = tensors
+                w = awq_pack.dequantize(qweight, qzeros, scales, st.group_size).t().contiguous()
+                layer.get_submodule(name).weight.data = w.to(layer.get_submodule(name).weight.dtype)
+        if st.quantized_inputs:
+            next_hidden = awq_blocks.decoder_layer(layer, hidden, arch, rope)
         hidden = next_hidden
         if on_layer is not None:
             on_layer(i + 1, len(layers))
