@@ -5,7 +5,7 @@ setup:
 	@tools/bootstrap.sh
 
 demo: setup
-	.venv/bin/edge-runtime voice --demo
+	.venv/bin/edge-runtime voice --demo --config cpu-dev
 
 test: setup
 	.venv/bin/python -m pytest -q
