@@ -89,3 +89,13 @@ def test_scripted_history_carries_trace_answers(tmp_path):
     asyncio.run(replay(load_trace(p), backend, history="scripted"))
     last = backend.calls[-1][1]
     assert [m["content"] for m in last if m["role"] == "assistant"] == ["scripted0", "scripted1"]
+
+
+def test_prewarm_sends_each_system_prompt_once_untimed(tmp_path):
+    trace = _trace(tmp_path, streams=3, turns=2)  # system prompts sys0, sys1, sys0
+    backend = EchoBackend()
+    result = asyncio.run(replay(trace, backend, warm=True))
+    warm_calls = [c for c in backend.calls if c[0].startswith("prewarm")]
+    assert sorted(c[1][0]["content"] for c in warm_calls) == ["sys0", "sys1"]
+    assert all(len(c[1]) == 1 for c in warm_calls)
+    assert len(result.records) == 6 and all(r.send_s >= 0 for r in result.records)

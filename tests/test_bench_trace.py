@@ -152,3 +152,14 @@ def test_kv_bytes_per_token_matches_engine_tensors(tiny, kv_dtype):
     held, cached, _ = probe.read({"pages_live": 2, "inline_slots_used": 1, "pages_cached": 1,
                                   "page_utilization": 0.5})
     assert held == per_token * (2 * 64 + engine.config.inline_tokens) and cached == per_token * 64
+
+
+def test_prewarm_makes_first_turns_hit_the_cache(tiny, tmp_path):
+    model, trace = tiny
+    out = tmp_path / "w.json"
+    assert main(["bench", "trace", "--trace", str(trace), "--model", str(model), "--systems", "edge",
+                 "--prewarm", "--no-isolate", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    first = [r for r in data["records"]["edge"] if r["turn"] == 0]
+    assert len(first) == STREAMS and all(r["cached_prompt_tokens"] > 0 for r in first)
+    assert data["prewarm"] is True and data["rows"][0]["requests"] == STREAMS * TURNS

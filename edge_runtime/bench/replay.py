@@ -122,12 +122,25 @@ async def _run_stream(
         messages.append({"role": "assistant", "content": turn.answer if scripted else out.text})
 
 
+async def prewarm(trace: Trace, backend: Backend) -> int:
+    """Send each distinct system prompt once (1 token, untimed), as a voice appliance would at
+    start-up so the prefix cache already holds it; returns how many prompts were sent."""
+    systems = sorted({turns[0].system for turns in trace.streams.values()})
+    for i, system in enumerate(systems):
+        await backend.complete(f"prewarm-{i}", [{"role": "system", "content": system}], 1)
+    return len(systems)
+
+
 async def replay(
     trace: Trace, backend: Backend, arrivals: str = "ignore",
     on_record: Callable[[Record], None] | None = None, history: str = "generated",
+    warm: bool = False,
 ) -> ReplayResult:
-    """Replay every stream of `trace` concurrently against `backend` (closed loop)."""
+    """Replay every stream of `trace` concurrently against `backend` (closed loop); with `warm`,
+    `prewarm` runs first, outside the timed replay."""
     assert arrivals in ARRIVALS and history in HISTORIES, (arrivals, history)
+    if warm:
+        await prewarm(trace, backend)
     records: list[Record] = []
     t0 = time.perf_counter()
     await asyncio.gather(*(

@@ -101,6 +101,7 @@ def _payload(args, trace, results: dict, cmp_rows=None, same=None) -> dict:
         "bench": "trace", "trace": args.trace, "model": args.model, "streams": len(trace.streams),
         "arrivals": getattr(args, "arrivals", "ignore"), "threads": getattr(args, "threads", None),
         "history": getattr(args, "history", "generated"),
+        "prewarm": getattr(args, "prewarm", False),
         "complete": cmp_rows is not None,
         "rows": [r["row"] for r in results.values()], "comparisons": cmp_rows,
         "edge_vs_fp16kv_identical": same,
@@ -174,7 +175,7 @@ def run(args) -> int:
     print(f"[bench trace] {trace.name}: {len(trace.streams)} streams, {trace.num_requests} requests;"
           f" systems {', '.join(systems)}", file=sys.stderr, flush=True)
     opts = {"model": args.model, "streams": args.streams, "arrivals": args.arrivals,
-            "history": args.history,
+            "history": args.history, "prewarm": args.prewarm,
             "target_model": args.target_model, "page_tokens": args.page_tokens,
             "num_pages": args.num_pages, "threads": args.threads}
     save = (lambda res: write_json(args.json, _payload(args, trace, res))) if args.json else None
@@ -211,6 +212,9 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--history", choices=HISTORIES, default="generated",
                    help="what later turns carry: the answers generated (default) or the trace's "
                         "scripted answers (identical prompts on every system)")
+    p.add_argument("--prewarm", action="store_true",
+                   help="before the timed replay, send each system prompt once (1 token), as a "
+                        "voice appliance would at start-up")
     p.add_argument("--page-tokens", type=int, default=None,
                    help="override the engine's page size (default: the engine's)")
     p.add_argument("--num-pages", type=int, default=32, help="KV pool size of the edge systems")

@@ -72,7 +72,8 @@ def _progress_printer(system: str, total: int):
 async def _replay_async(backend, trace, opts, on_record):
     try:
         return await replay(trace, backend, arrivals=opts.get("arrivals", "ignore"),
-                            on_record=on_record, history=opts.get("history", "generated"))
+                            on_record=on_record, history=opts.get("history", "generated"),
+                            warm=opts.get("prewarm", False))
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
