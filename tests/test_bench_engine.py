@@ -55,3 +55,15 @@ def test_bench_subcommands_discovered(capsys):
     assert args.func.__module__ == "edge_runtime.bench.trace_bench"
     assert main(["bench"]) == 2
     assert "engine" in capsys.readouterr().out
+
+
+def test_bench_step_json(tmp_path):
+    model = make_tiny_llama(tmp_path / "m")
+    out = tmp_path / "s.json"
+    assert main(["bench", "step", "--model", str(model), "--batch", "1,3", "--prompt-tokens", "7",
+                 "--steps", "4", "--profile", "3", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["engine_step_ms"] > 0 and r["hf_forward_ms"] > 0
+        assert r["throughput_ratio"] == pytest.approx(r["batch"] / r["step_ratio"])

@@ -1,0 +1,118 @@
+"""`edge-runtime bench step`: one engine decode step vs one transformers decode forward, interleaved.
+
+Both run in this process on the same weights, alternating step by step, so they see the same load:
+the ratio is meaningful even on a busy machine. Per batch size B: B sequences of `--prompt-tokens`
+random ids are prefilled, then `--steps` engine steps (each decodes B tokens) alternate with
+transformers forwards of one token (batch 1, DynamicCache) — the baseline's unit of work. Reports
+medians. `--profile` prints the top cProfile entries of the engine steps (where a step's time goes).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import random
+import statistics
+import sys
+import time
+
+from edge_runtime.bench.engine_bench import parse_int_list, random_prompts, set_threads
+from edge_runtime.bench.report import Column, markdown_table, write_json
+from edge_runtime.errors import InputError
+
+
+def _hf_stepper(loaded, prompt_ids):
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    hf = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
+    cache = DynamicCache(config=hf.config)
+    with torch.inference_mode():
+        out = hf(torch.tensor([prompt_ids]), past_key_values=cache, use_cache=True)
+    state = {"tok": out.logits[:, -1:].argmax(-1)}  # [1, 1]
+
+    def step() -> None:
+        with torch.inference_mode():
+            logits = hf(state["tok"], past_key_values=cache, use_cache=True).logits
+        state["tok"] = logits[:, -1:].argmax(-1)
+
+    return step
+
+
+def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None) -> dict:
+    from edge_runtime.engine.api import SamplingParams
+
+    special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
+    prompts = random_prompts(rng, loaded.config.vocab_size, special, batch, prompt_len)
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    waiting_first = {engine.add_request(p, params) for p in prompts}
+    while waiting_first:  # prefill: until every request has its first token
+        waiting_first -= {ev.request_id for ev in engine.step() if ev.token_ids}
+    hf_step = _hf_stepper(loaded, prompts[0])
+    t_eng, t_hf = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        engine.step()
+        if profiler:
+            profiler.disable()
+        t1 = time.perf_counter()
+        hf_step()
+        t_hf.append(time.perf_counter() - t1)
+        t_eng.append(t1 - t0)
+    while engine.has_unfinished():
+        engine.step()
+    e, h = statistics.median(t_eng), statistics.median(t_hf)
+    return {"batch": batch, "prompt_tokens": prompt_len, "steps": steps,
+            "engine_step_ms": e * 1e3, "hf_forward_ms": h * 1e3, "step_ratio": e / h,
+            "throughput_ratio": batch * h / e}
+
+
+COLUMNS = [Column("batch", "batch"), Column("engine_step_ms", "engine step ms", "{:.1f}"),
+           Column("hf_forward_ms", "hf forward ms (1 token)", "{:.1f}"),
+           Column("step_ratio", "step / forward", "{:.2f}"),
+           Column("throughput_ratio", "decode tok/s vs hf", "{:.2f}x")]
+
+
+def run(args) -> int:
+    from edge_runtime.bench.edge_systems import build_engine, load
+
+    batches = parse_int_list(args.batch, "--batch")
+    if args.steps < 3:
+        raise InputError("--steps must be at least 3")
+    set_threads(args.threads)
+    print(f"[bench step] loading {args.model}...", file=sys.stderr, flush=True)
+    loaded = load(args.model)
+    engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype, max_batch=max(batches),
+                          max_tokens=args.prompt_tokens + args.steps + 8)
+    rng = random.Random(args.seed)
+    profiler = cProfile.Profile() if args.profile else None
+    rows = []
+    for b in batches:
+        print(f"[bench step] batch {b}...", file=sys.stderr, flush=True)
+        rows.append(measure(engine, loaded, b, args.prompt_tokens, args.steps, rng, profiler))
+    print(markdown_table(rows, COLUMNS))
+    if profiler:
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(args.profile)
+        print(buf.getvalue())
+    if args.json:
+        write_json(args.json, {"bench": "step", "model": args.model, "rows": rows})
+    return 0
+
+
+def register_subcommand(subparsers) -> None:
+    p = subparsers.add_parser("step", help="engine decode step vs transformers forward, interleaved")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--batch", default="1,5")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp16", "fp32"])
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="print the N most expensive functions of the engine steps (cProfile)")
+    p.add_argument("--json")
+    p.set_defaults(func=run)
