@@ -29,12 +29,12 @@ def _hf_stepper(loaded, prompt_ids):
     hf = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
     cache = DynamicCache(config=hf.config)
     with torch.inference_mode():
-        out = hf(torch.tensor([prompt_ids]), past_key_values=cache, use_cache=True)
+        out = hf(torch.tensor([prompt_ids]), cache=cache, use_cache=True)
     state = {"tok": out.logits[:, -1:].argmax(-1)}  # [1, 1]
 
     def step() -> None:
         with torch.inference_mode():
-            logits = hf(state["tok"], past_key_values=cache, use_cache=True).logits
+            logits = hf(state["tok"], cache=cache, use_cache=True).logits
         state["tok"] = logits[:, -1:].argmax(-1)
 
     return step
