@@ -32,9 +32,13 @@ def _make_app(words, send_usage, seen):
     async def broken(request):
         return web.Response(status=503, text="overloaded")
 
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "tiny-model"}]})
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/bad/v1/chat/completions", broken)
+    app.router.add_get("/v1/models", models)
     return app
 
 
@@ -69,6 +73,7 @@ def test_stream_over_tcp(send_usage):
     assert (out.prompt_tokens, out.cached_prompt_tokens) == ((17, 11) if send_usage else (None, None))
     assert seen[0]["messages"] == msgs and seen[0]["stream"] is True
     assert seen[0]["temperature"] == 0.0 and seen[0]["max_tokens"] == 6
+    assert seen[0]["model"] == "tiny-model"  # from GET /v1/models
 
 
 def test_stream_over_unix_socket(tmp_path):

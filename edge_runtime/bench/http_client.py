@@ -5,7 +5,7 @@ Targets: `http://HOST:PORT` (llama.cpp's llama-server, vLLM, our service over TC
 gives TTFT; greedy (`temperature: 0`). Token counts come from the final `usage` chunk when the
 server sends one (`stream_options.include_usage`); otherwise each non-empty content delta counts as
 one token (exact for servers that stream one token per chunk, as llama-server and vLLM do) and
-`prompt_tokens` is unknown (None).
+`prompt_tokens` is unknown (None). Without a model name the first id of `GET /v1/models` is used.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def parse_sse_line(line: str) -> dict | None:
 class OpenAIChatBackend:
     """`Backend` for bench.replay that talks to an OpenAI-compatible server."""
 
-    def __init__(self, target: str, model: str = "default", timeout_s: float = 600.0) -> None:
+    def __init__(self, target: str, model: str | None = None, timeout_s: float = 600.0) -> None:
         self.socket_path, self.base_url = parse_target(target)
         self.name = target
         self.model = model
@@ -111,6 +111,15 @@ class OpenAIChatBackend:
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
         }
 
+    async def _resolve_model(self, session) -> str:
+        """The model to request: the one given, else the first of the server's GET /v1/models."""
+        if self.model is None:
+            async with session.get(f"{self.base_url}/v1/models") as resp:
+                data = await resp.json(content_type=None) if resp.status == 200 else {}
+            models = [m.get("id") for m in data.get("data") or [] if m.get("id")]
+            self.model = models[0] if models else "default"
+        return self.model
+
     async def complete(self, stream: str, messages: list[dict], max_tokens: int) -> Outcome:
         import aiohttp
 
@@ -118,6 +127,7 @@ class OpenAIChatBackend:
         url = f"{self.base_url}/v1/chat/completions"
         state = _StreamState()
         try:
+            await self._resolve_model(session)
             async with session.post(url, json=self._body(messages, max_tokens)) as resp:
                 if resp.status != 200:
                     body = (await resp.text())[:200]

@@ -205,7 +205,8 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--streams", type=int, default=None, help="replay only the first N streams")
     p.add_argument("--target", help="unix:PATH or http://HOST:PORT of an OpenAI-compatible server "
                                     "(replaces --systems)")
-    p.add_argument("--target-model", default="default", help="model name sent to --target")
+    p.add_argument("--target-model", default=None,
+                   help="model name sent to --target (default: the first of its GET /v1/models)")
     p.add_argument("--arrivals", choices=ARRIVALS, default="ignore",
                    help="ignore arrival_s (pure closed loop, all streams start at 0), honour it for "
                         "each stream's first turn only (staggered starts), or for all turns")

@@ -47,7 +47,7 @@ def _make_backend(system: str, opts: dict):
     if system.startswith(("unix:", "http://", "https://")):
         from edge_runtime.bench.http_client import OpenAIChatBackend
 
-        return OpenAIChatBackend(system, model=opts.get("target_model") or "default")
+        return OpenAIChatBackend(system, model=opts.get("target_model"))
     if system == "hf":
         from edge_runtime.bench.edge_systems import load_hf_backend
 
