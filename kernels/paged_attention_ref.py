@@ -15,8 +15,10 @@ import torch
 _MAX_SCORE_ELEMENTS = 1 << 25  # score-tensor budget per chunk (128 MiB of fp32)
 
 
-def _gather(cache, scale, page_ids):
-    """page_ids: long [B, np] -> (float32 [B, Hkv, L=np*P, D] contiguous, scale float32 [B, Hkv, L] or None).
+def _gather(cache, scale, page_ids, length):
+    """page_ids: long [B, np] -> (float32 [B, Hkv, L, D] contiguous, scale float32 [B, Hkv, L] or None),
+    L = length <= np*P: the tokens past the longest row are cut while still int8 (512-token pages
+    are mostly empty at a sequence's end, so converting whole pages would multiply the work).
 
     Heads go before tokens while still int8 (a 1-byte copy), so the matmuls read the float copy
     without another transpose. The per-token scale is not applied here: it factors out of q.k and
@@ -24,10 +26,10 @@ def _gather(cache, scale, page_ids):
     """
     x = cache[page_ids]  # [B, np, P, Hkv, D]
     b, npg, p, hkv, d = x.shape
-    x = x.reshape(b, npg * p, hkv, d).transpose(1, 2).contiguous().float()
+    x = x.reshape(b, npg * p, hkv, d)[:, :length].transpose(1, 2).contiguous().float()
     if cache.dtype != torch.int8:
         return x, None
-    s = scale[page_ids].reshape(b, npg * p, hkv).transpose(1, 2).float()  # [B, Hkv, L]
+    s = scale[page_ids].reshape(b, npg * p, hkv)[:, :length].transpose(1, 2).float()  # [B, Hkv, L]
     return x, s
 
 
@@ -62,10 +64,11 @@ def _attend(qb, lens, k, v, sm_scale):
 def _run_rows(q, k_cache, v_cache, k_scale, v_scale, bt_rows, lens, sm_scale):
     """q: [B, Tq, H, D]; bt_rows: [B, max_pages]; lens: [B, Tq] (max > 0) -> out, lse."""
     page_tokens = k_cache.shape[1]
-    num_pages = (int(lens.max()) + page_tokens - 1) // page_tokens
+    length = int(lens.max())
+    num_pages = (length + page_tokens - 1) // page_tokens
     page_ids = bt_rows[:, :num_pages].long().clamp_(0, k_cache.shape[0] - 1)  # [B, np]
-    k = _gather(k_cache, k_scale, page_ids)
-    v = _gather(v_cache, v_scale, page_ids)
+    k = _gather(k_cache, k_scale, page_ids, length)
+    v = _gather(v_cache, v_scale, page_ids, length)
     return _attend(q.float(), lens, k, v, sm_scale)
 
 
