@@ -24,6 +24,7 @@ the moment the line was read). The latency split:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from edge_runtime.errors import EdgeError
 from edge_runtime.voice.asr import ASRPool, ASRResult
 from edge_runtime.voice.audio_input import Source
 from edge_runtime.voice.frontend import Command, Fault, FrontEnd
-from edge_runtime.voice.prompting import Conversation
+from edge_runtime.voice.prompting import Conversation, encode_text
 from edge_runtime.voice.tts import speak_to_device, speak_to_wav
 from edge_runtime.voice.vad import UtteranceCutter, VADConfig, make_detector
 
@@ -78,8 +79,22 @@ class VoiceLoop:
 
     async def run(self, sources: list[Source]) -> list[StreamReport]:
         reports = [StreamReport(i, s.name) for i, s in enumerate(sources)]
+        await self._prewarm()
         await asyncio.gather(*(self._stream(i, s, reports[i]) for i, s in enumerate(sources)))
         return reports
+
+    async def _prewarm(self) -> None:
+        """Prefill the shared system prompt once before any stream starts. The appliance knows it
+        at start-up, so no stream's first command waits for another stream's prefill of it (or
+        computes its own copy); every first turn then starts from the cached system prompt."""
+        text = self.tokenizer.apply_chat_template([{"role": "system", "content": self.system_prompt}],
+                                                  tokenize=False, add_generation_prompt=False)
+        try:
+            async for _ in self.aengine.stream(encode_text(self.tokenizer, text),
+                                               SamplingParams(max_tokens=1, temperature=0.0)):
+                pass
+        except EdgeError as exc:  # e.g. the service is unreachable: each turn reports it as a fault
+            logging.getLogger(__name__).warning("system prompt not prefilled: %s", exc)
 
     def _emit(self, report: StreamReport, event: dict) -> None:
         (report.faults if event["kind"] == "error" else report.events).append(event)
