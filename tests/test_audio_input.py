@@ -15,23 +15,12 @@ from edge_runtime.voice.audio_input import (
     FRAME_SAMPLES, InputSpec, Source, frames_of, parse_input_spec, pcm_frames, read_wav,
 )
 from edge_runtime.voice.tts import write_wav
-
-
-def _tones(rng, rate: int, seconds: float, max_hz: float, k: int = 6):
-    """A random sum of k sinusoids below max_hz, and a function evaluating it at any times."""
-    freqs = rng.uniform(40, max_hz, k)
-    phases = rng.uniform(0, 2 * np.pi, k)
-    amps = rng.uniform(0.03, 0.15, k)
-
-    def at(t):
-        return sum(a * np.sin(2 * np.pi * f * t + p) for a, f, p in zip(amps, freqs, phases))
-
-    return at(np.arange(int(rate * seconds)) / rate).astype(np.float32), at
+from voice_helpers import random_tones
 
 
 def test_read_wav_converts_8k_stereo(tmp_path):
     rng = np.random.default_rng(3)
-    left, at = _tones(rng, 8000, 0.6, max_hz=3000)
+    left, at = random_tones(rng, 8000, 0.6, max_hz=3000)
     right = (0.5 * left).astype(np.float32)
     path = tmp_path / "st.wav"
     write_wav(path, np.stack([left, right], axis=1), rate=8000, channels=2)
@@ -108,7 +97,7 @@ def test_pcm_fifo_streams_what_the_writer_wrote(tmp_path):
 
 def test_pcm_8k_stereo_pipe_is_converted_like_a_file(tmp_path):
     rng = np.random.default_rng(7)
-    left, at = _tones(rng, 8000, 0.7, max_hz=3000)
+    left, at = random_tones(rng, 8000, 0.7, max_hz=3000)
     stereo = np.stack([left, 0.5 * left], axis=1)  # [n, 2]
     raw = tmp_path / "mic.raw"
     raw.write_bytes((stereo * 32767).astype("<i2").tobytes())

@@ -9,24 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_runtime.voice.resample import StreamResampler, downmix, resample
-
-
-def _tones(rng, rate: int, seconds: float, max_hz: float, k: int = 6):
-    """A random sum of k sinusoids below max_hz, and a function evaluating it at any times."""
-    freqs = rng.uniform(40, max_hz, k)
-    phases = rng.uniform(0, 2 * np.pi, k)
-    amps = rng.uniform(0.03, 0.15, k)
-
-    def at(t):
-        return sum(a * np.sin(2 * np.pi * f * t + p) for a, f, p in zip(amps, freqs, phases))
-
-    return at(np.arange(int(rate * seconds)) / rate).astype(np.float32), at
+from voice_helpers import random_tones
 
 
 @pytest.mark.parametrize("src_rate", [8000, 11025, 22050, 44100, 48000, 32000])
 def test_resample_matches_analytic_signal(src_rate):
     rng = np.random.default_rng(src_rate)
-    x, at = _tones(rng, src_rate, 0.8, max_hz=3400)
+    x, at = random_tones(rng, src_rate, 0.8, max_hz=3400)
     y = resample(x, src_rate, 16000)
     assert len(y) == (len(x) * 16000) // src_rate
     ref = at(np.arange(len(y)) / 16000)

@@ -83,19 +83,6 @@ def read_requests(args) -> list[dict]:
     return requests
 
 
-class SimpleBackend:
-    """The foundation backend: simple_generate over the contiguous reference KV cache."""
-
-    def __init__(self, loaded) -> None:
-        self.loaded, self.tokenizer, self.config = loaded, loaded.tokenizer, loaded.config
-
-    def generate(self, prompt_ids, max_tokens, temperature, seed, on_token=None):
-        from edge_runtime.model.simple_generate import generate
-
-        return generate(self.loaded.model, prompt_ids, max_tokens, temperature=temperature,
-                        seed=seed, on_token=on_token)
-
-
 def build_backend(args):
     import torch
 
