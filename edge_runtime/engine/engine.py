@@ -32,6 +32,7 @@ from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
 from edge_runtime.kernels.dispatch import describe_backends
+from edge_runtime.model.linear_packing import pack_linears
 
 
 class Engine:
@@ -39,6 +40,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.loaded = loaded_model
         self.model = loaded_model.model
+        pack_linears(self.model)  # fp32 on CPU: oneDNN packed weights (model/linear_packing.py)
         self.tokenizer = loaded_model.tokenizer
         mc = self.model_config = loaded_model.config
         cfg = self.config

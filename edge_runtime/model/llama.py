@@ -38,6 +38,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # one fused op (the same math in fp32): 61 norms per decode step, each 6 ops otherwise
+            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
@@ -100,6 +103,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos, sin: [T, 1, D] -> x rotated (transformers' rotate_half form)."""
+    return x * cos + _rotate_half(x) * sin
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -112,16 +120,22 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_proj_bias)
+        # set by model/linear_packing.py: q, k, v rows in one packed weight (q/k/v_proj removed)
+        self.qkv_proj: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVContext):
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        t, h, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) * D]
+            qk = apply_rope(qkv[:, : (h + hkv) * d].view(t, h + hkv, d), cos, sin)  # one pass for q and k
+            q, k = qk[:, :h], qk[:, h:]
+            v = qkv[:, (h + hkv) * d:].view(t, hkv, d)
+        else:
+            q = apply_rope(self.q_proj(x).view(t, h, d), cos, sin)  # [T, H, D]
+            k = apply_rope(self.k_proj(x).view(t, hkv, d), cos, sin)  # [T, Hkv, D]
+            v = self.v_proj(x).view(t, hkv, d)  # [T, Hkv, D]
         out = kv.attend(self.layer, q, k, v)  # [T, H, D]
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(t, h * d))
 
 
 class MLP(nn.Module):
@@ -131,8 +145,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        # set by model/linear_packing.py: gate and up rows in one packed weight (gate/up_proj removed)
+        self.gate_up_proj: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(nn.functional.silu(gate) * up)
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -1,0 +1,78 @@
+"""PackedLinear (kernels/cpu_linear.py) against F.linear, and model/linear_packing.py on a random
+Llama: fused q/k/v and gate/up, packed LM head, the same logits as the unpacked model."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from model_helpers import our_logits, random_ids
+from engine_helpers import tiny
+
+from edge_runtime.kernels import cpu_linear
+from edge_runtime.kernels.cpu_linear import PackedLinear, packable
+from edge_runtime.model.linear_packing import pack_linears
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="torch without oneDNN linear ops")
+
+
+def _linear(k, n, bias, seed):
+    torch.manual_seed(seed)
+    m = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        m.weight.normal_()
+        if bias:
+            m.bias.normal_()
+    return m
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 37])
+@pytest.mark.parametrize("outs,bias", [((48,), False), ((40, 24, 24), True), ((96, 96), False),
+                                       ((13, 7), True)])
+def test_packed_linear_matches_f_linear(rows, outs, bias):
+    parts = [_linear(40, n, bias, seed=i) for i, n in enumerate(outs)]
+    packed = PackedLinear(parts)
+    x = torch.randn(rows, 40)
+    got = packed(x)
+    assert got.shape == (rows, sum(outs)) and packed.out_splits == outs
+    want = packed.reference_forward(x, parts)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for part, y in zip(parts, got.split(outs, dim=-1)):  # each part's rows are its own linear
+        torch.testing.assert_close(y, part(x), atol=1e-5, rtol=1e-5)
+
+
+def test_only_plain_fp32_cpu_linears_are_packed():
+    assert packable(nn.Linear(8, 8))
+    assert not packable(nn.Linear(8, 8).half())
+    assert not packable(nn.Identity())
+
+    class Sub(nn.Linear):
+        pass
+
+    assert not packable(Sub(8, 8))  # e.g. a quantized replacement deriving from nn.Linear
+    with pytest.raises(AssertionError, match="share the input size"):
+        PackedLinear([nn.Linear(8, 4), nn.Linear(6, 4)])
+
+
+def test_pack_linears_keeps_the_model_function():
+    loaded = tiny()
+    model = copy.deepcopy(loaded.model)
+    ids = random_ids(37, loaded.config.vocab_size, seed=3)
+    want = our_logits(model, ids)
+    count = pack_linears(model)
+    layers = loaded.config.num_layers
+    assert count == 4 * layers + 1  # qkv, o, gate_up, down per layer + the LM head
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(attn.qkv_proj, PackedLinear) and not hasattr(attn, "q_proj")
+    assert isinstance(mlp.gate_up_proj, PackedLinear) and not hasattr(mlp, "gate_proj")
+    got = our_logits(model, ids)
+    torch.testing.assert_close(got, want, atol=1e-4 * float(want.abs().max()), rtol=0)
+    assert pack_linears(model) == count  # once only
+
+
+def test_dense_switch_leaves_the_model_alone(monkeypatch):
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "dense")
+    model = copy.deepcopy(tiny().model)
+    assert pack_linears(model) == 0
+    assert isinstance(model.model.layers[0].self_attn.q_proj, nn.Linear)
