@@ -39,19 +39,30 @@ def _slots(step_like, positions, block):
             + (p - step_like.prefix_len) % block for p in positions]
 
 
+# (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens)
+MIXED = [
+    ((3, 5), 13, "pages", (9, 2, 11), 4, 12),  # prefill on top of prefix + some tail
+    ((), 0, "inline", (1,), 0, 7),  # cold short prompt in an inline slot
+    ((3, 5), 13, "inline", (0,), 10, 1),  # decode: prefix + inline tail
+    ((7,), 8, "pages", (4, 6), 9, 1),  # decode: full-page prefix + tail over two pages
+    ((), 0, "pages", (12, 13, 14), 0, 20),  # cold long prefill spanning pages
+]
+DECODE_ONLY = [
+    ((3, 5), 13, "inline", (0,), 10, 1),  # prefix + inline tail
+    ((), 0, "inline", (2,), 5, 1),  # inline tail only
+    ((7,), 8, "pages", (4, 6), 9, 1),  # full-page prefix + tail over two pages
+    ((3, 5), 13, "pages", (9,), 0, 1),  # the first token after a shared partial prefix
+    ((), 0, "pages", (12, 13), 12, 1),  # pages only, no prefix
+]
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
-def test_paged_context_matches_dense(kv_dtype):
+@pytest.mark.parametrize("flat", [True, False], ids=["flat-cpu", "per-segment"])
+@pytest.mark.parametrize("specs", [MIXED, DECODE_ONLY], ids=["mixed", "decode-only"])
+def test_paged_context_matches_dense(kv_dtype, flat, specs):
     torch.manual_seed(0)
     st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=3,
                    inline_tokens=SLOT, kv_dtype=kv_dtype)
-    # (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens)
-    specs = [
-        ((3, 5), 13, "pages", (9, 2, 11), 4, 12),  # prefill on top of prefix + some tail
-        ((), 0, "inline", (1,), 0, 7),  # cold short prompt in an inline slot
-        ((3, 5), 13, "inline", (0,), 10, 1),  # decode: prefix + inline tail
-        ((7,), 8, "pages", (4, 6), 9, 1),  # decode: full-page prefix + tail over two pages
-        ((), 0, "pages", (12, 13, 14), 0, 20),  # cold long prefill spanning pages
-    ]
     hist = {}  # (layer, seq) -> dense k, v of all tokens so far
     prefix_kv = {}
     for layer in range(LAYERS):
@@ -70,7 +81,7 @@ def test_paged_context_matches_dense(kv_dtype):
             _write(st, kind, layer, k, v, _slots(step, range(plen, plen + cached), block))
             pk, pv = prefix_kv.get((layer, pages), (torch.zeros(0, HKV, D),) * 2)
             hist[(layer, i)] = (torch.cat([pk, k]), torch.cat([pv, v]))
-    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5)
+    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=flat)
     total = sum(s.num_new for s in steps)
     for layer in range(LAYERS):
         q, k, v = torch.randn(total, H, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from edge_runtime.engine.flat_kv_index import FlatKVIndex
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
+from edge_runtime.kernels.flat_kv_cpu import gather_decode_attention, write_kv_flat
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,22 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
 class PagedKVContext:
     """Per-step view of the paged storage; pass to CausalLM.forward as `kv`."""
 
-    def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float):
+    def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float,
+                 flat: bool | None = None):
+        """flat: use the CPU flat-row paths (default: when the storage is on the CPU)."""
         self.storage = storage
         self.sm_scale = sm_scale
         self.num_tokens = sum(s.num_new for s in seqs)
         self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
         self._build(seqs)
+        # CPU: flat-row writes and one-softmax decode attention (kernels/flat_kv_cpu.py); the
+        # per-segment calls are kept only for tokens of multi-token (prefill) rows
+        if flat is None:
+            flat = storage.device.type == "cpu"
+        self.flat = FlatKVIndex(storage, seqs, self.slot_mapping) if flat else None
+        if self.flat is not None:
+            self._drop_decode_tokens_from_calls()
 
     def _build(self, seqs: list[SeqStep]) -> None:
         num_tokens = self.num_tokens
@@ -107,6 +118,13 @@ class PagedKVContext:
             self.slot_mapping[kind] = torch.where(token_in, slots, -1).to(torch.int64)
         assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == num_tokens
 
+    def _drop_decode_tokens_from_calls(self) -> None:
+        if self.flat.all_decode:
+            self.calls = []
+            return
+        for call in self.calls:
+            call.kv_lens[self.flat.decode_tokens] = 0
+
     def to(self, device: torch.device) -> "PagedKVContext":
         for c in self.calls:
             c.block_table, c.seq_idx, c.kv_lens = (
@@ -117,6 +135,8 @@ class PagedKVContext:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H, D] in q's dtype."""
         assert q.shape[0] == self.num_tokens, (q.shape, self.num_tokens)
+        if self.flat is not None:
+            return self._attend_flat(layer, q, k, v)
         for store, slots in self.slot_mapping.items():
             view = self.storage.view(store, layer)
             write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots)
@@ -128,3 +148,32 @@ class PagedKVContext:
             outs.append(out)
             lses.append(lse)
         return merge_attention(outs, lses).to(q.dtype)
+
+    def _attend_flat(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        flat = self.flat
+        for name, (tokens, rows) in flat.write.items():
+            st = self.storage.store(name)
+            sel = tokens if tokens.numel() != self.num_tokens else slice(None)
+            write_kv_flat(k[sel], v[sel], st.k, st.v, st.k_scale, st.v_scale,
+                          rows + flat.layer_offset(name, layer))
+        out = None
+        if self.calls:  # prefill rows: per-segment reference attention, decode tokens have kv_len 0
+            outs, lses = [], []
+            for call in self.calls:
+                view = self.storage.view(call.store, layer)
+                o, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
+                                         call.block_table, call.seq_idx, call.kv_lens, self.sm_scale)
+                outs.append(o)
+                lses.append(lse)
+            out = merge_attention(outs, lses)
+        if flat.decode_tokens.numel():
+            parts = []
+            for name, rows in flat.gather:
+                st = self.storage.store(name)
+                parts.append((st.k, st.v, st.k_scale, st.v_scale, rows + flat.layer_offset(name, layer)))
+            q_dec = q if flat.all_decode else q[flat.decode_tokens]
+            out_dec = gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale)
+            if out is None:
+                return out_dec.to(q.dtype)
+            out[flat.decode_tokens] = out_dec
+        return out.to(q.dtype)

@@ -1,0 +1,83 @@
+"""Per-step flat row numbers for the CPU KV paths (kernels/flat_kv_cpu.py), built once per step.
+
+For every store ("pages": the pool, "inline": the arena):
+- write rows: the layer-0 row numbers `[T_s, Hkv]` of the new tokens stored there, and which
+  tokens of the flattened batch they are;
+- decode gather: for each decode token (the only new token of its sequence), the layer-0 row
+  numbers `[R, Hkv, L_s]` of every K/V position it attends to in that store (prefix pages and
+  private tail pages both live in the pool, an inline tail in the arena), padded to the longest
+  row, with `mask_bias` `[R, 1, 1, sum L_s]` (-inf on padding).
+Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
+
+Invariant: a decode token's positions are exactly [0, pos] of its sequence: the prefix
+[0, prefix_len) in its prefix pages and the tail [prefix_len, pos] in its tail storage.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _slots(block_ids, length: int, block_tokens: int) -> torch.Tensor:
+    """Flat slots (block * P + offset) of the first `length` tokens of a block list -> long [length]."""
+    if length == 0:
+        return torch.zeros(0, dtype=torch.long)
+    used = -(-length // block_tokens)
+    blocks = torch.tensor(list(block_ids[:used]), dtype=torch.long)
+    return (blocks[:, None] * block_tokens + torch.arange(block_tokens)).flatten()[:length]
+
+
+class FlatKVIndex:
+    def __init__(self, storage, seqs, slot_mapping: dict[str, torch.Tensor]):
+        pool = storage.pool
+        self.num_layers = pool.k.shape[1]
+        self.num_kv_heads = pool.k.shape[3]
+        self._heads = torch.arange(self.num_kv_heads)
+        self._block = {"pages": pool.block_tokens}
+        if storage.inline is not None:
+            self._block["inline"] = storage.inline.block_tokens
+        self.write = {store: self._write_rows(store, slots) for store, slots in slot_mapping.items()}
+        self._build_decode(seqs)
+
+    def layer_offset(self, store: str, layer: int) -> int:
+        return layer * self._block[store] * self.num_kv_heads
+
+    def _rows(self, store: str, slots: torch.Tensor) -> torch.Tensor:
+        """flat slots long [...] -> layer-0 rows long [..., Hkv]."""
+        block = self._block[store]
+        base = (slots // block * self.num_layers * block + slots % block) * self.num_kv_heads
+        return base.unsqueeze(-1) + self._heads
+
+    def _write_rows(self, store: str, slots: torch.Tensor):
+        tokens = (slots >= 0).nonzero().flatten()
+        return tokens, self._rows(store, slots[tokens])
+
+    def _build_decode(self, seqs) -> None:
+        per_store: dict[str, list[torch.Tensor]] = {"pages": [], "inline": []}
+        tokens, offset = [], 0
+        for s in seqs:
+            if s.num_new == 1:
+                tokens.append(offset)
+                tail = _slots(s.tail_ids, s.start + 1 - s.prefix_len, self._block[s.tail_kind])
+                prefix = _slots(s.prefix_pages, s.prefix_len, self._block["pages"])
+                pool = torch.cat((prefix, tail)) if s.tail_kind == "pages" else prefix
+                per_store["pages"].append(pool)
+                per_store["inline"].append(tail if s.tail_kind == "inline" else tail[:0])
+            offset += s.num_new
+        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
+        self.all_decode = len(tokens) == offset
+        self.gather: list[tuple[str, torch.Tensor]] = []
+        masks = []
+        for store, lists in per_store.items():
+            width = max((x.numel() for x in lists), default=0)
+            if width == 0:
+                continue
+            slots = torch.zeros(len(lists), width, dtype=torch.long)  # padding reads slot 0, masked
+            valid = torch.zeros(len(lists), width, dtype=torch.bool)
+            for i, x in enumerate(lists):
+                slots[i, : x.numel()] = x
+                valid[i, : x.numel()] = True
+            self.gather.append((store, self._rows(store, slots).transpose(1, 2).contiguous()))
+            masks.append(valid)
+        if tokens:
+            valid = torch.cat(masks, dim=1)
+            self.mask_bias = torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]
