@@ -1,8 +1,10 @@
 """Backend choice per op: Triton on CUDA tensors, the torch reference elsewhere.
 
 `describe_backends()` reports what a call on this machine would use, for `edge-runtime plan` and
-/metrics: op -> "triton" | "torch-reference" | "torch-int4pack-cpu". The choice per call follows the
-tensors' device, so CPU tensors on a CUDA machine still take the reference.
+/metrics: op -> "triton" | "torch-reference" | "torch-int4pack-cpu", plus the engine's own CPU paths
+("linear": oneDNN packed fp32 weights, kernels/cpu_linear.py; "decode_attention": the C kernel of
+kernels/csrc/flat_kv.c or its torch fallback, kernels/flat_kv_cpu.py). The choice per call follows
+the tensors' device, so CPU tensors on a CUDA machine still take the reference.
 
 W4A16 on CPU: `AWQLinear` (quant/awq_linear.py) repacks its weights once for torch's CPU int4 op
 and calls that directly; `awq_gemm` here (the dequantizing reference) is only its fallback, so
@@ -105,7 +107,18 @@ def describe_backends(device=None) -> dict:
              for op in OPS}
     if not on_cuda and cpu_int4pack_available():
         names["awq_gemm"] = "torch-int4pack-cpu"
+    names.update(_engine_paths(on_cuda))
     return names
+
+
+def _engine_paths(on_cuda: bool) -> dict:
+    """What the engine runs beyond the ops above: fp32 linears and CPU decode attention."""
+    if on_cuda:
+        return {"linear": "torch", "decode_attention": "triton paged_decode"}
+    from edge_runtime.kernels import cpu_linear, cpu_native
+
+    return {"linear": "onednn-packed" if cpu_linear.available() else "torch",
+            "decode_attention": "c-flat-int8" if cpu_native.library() is not None else "torch-flat"}
 
 
 def cpu_int4pack_available() -> bool:

@@ -83,3 +83,42 @@ def _cat(pairs):
     values = torch.cat([p[0] for p in pairs], dim=2)
     scales = None if pairs[0][1] is None else torch.cat([p[1] for p in pairs], dim=2)
     return values, scales
+
+
+class NativeDecodeAttention:
+    """`gather_decode_attention` for int8 stores in C (kernels/csrc/flat_kv.c), its per-step
+    arguments prepared once; a layer call sets the parts' layer offsets and runs one C call."""
+
+    def __init__(self, lib, parts, num_heads: int, sm_scale: float):
+        """parts: [(k_store, v_store, k_scale_store, v_scale_store, index long [R, Hkv, W],
+        lens int32 [R], layer_stride)] with int8 stores; lens[r] entries of row r are valid."""
+        from edge_runtime.kernels.cpu_native import FlatPart
+
+        self.lib, self.num_heads, self.sm_scale = lib, num_heads, sm_scale
+        self._keep = [(p[4].contiguous(), p[5].to(torch.int32).contiguous()) for p in parts]
+        self._strides = [p[6] for p in parts]
+        self.parts = (FlatPart * len(parts))()
+        for slot, (k, v, ks, vs, *_), (index, lens) in zip(self.parts, parts, self._keep):
+            assert k.dtype == torch.int8 and k.is_contiguous() and ks.dtype == torch.float16
+            slot.k, slot.v, slot.ks, slot.vs = k.data_ptr(), v.data_ptr(), ks.data_ptr(), vs.data_ptr()
+            slot.index, slot.lens, slot.width = index.data_ptr(), lens.data_ptr(), index.shape[2]
+        self.num_rows, self.num_kv_heads = parts[0][4].shape[:2]
+        self.head_dim = parts[0][0].shape[-1]
+        total = sum(lens for _, lens in self._keep)
+        assert bool((total > 0).all()), "every decode row attends to one key at least"
+        self.scratch = torch.empty(num_heads * int(total.max()), dtype=torch.float32)
+
+    def __call__(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        """q: [R, H, D] float32 (heads contiguous) -> out float32 [R, H, D]."""
+        r, h, d = q.shape
+        assert (r, h, d) == (self.num_rows, self.num_heads, self.head_dim) and q.dtype == torch.float32
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
+        for slot, stride in zip(self.parts, self._strides):
+            slot.layer_offset = layer * stride
+        out = torch.empty(r, h, d, dtype=torch.float32)
+        rc = self.lib.decode_attention_int8(q.data_ptr(), self.parts, len(self.parts), r, h,
+                                            self.num_kv_heads, d, q.stride(0), self.sm_scale,
+                                            out.data_ptr(), self.scratch.data_ptr())
+        assert rc == 0, f"decode_attention_int8 returned {rc}"
+        return out

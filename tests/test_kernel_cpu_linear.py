@@ -1,17 +1,16 @@
 """PackedLinear (kernels/cpu_linear.py) against F.linear, and model/linear_packing.py on a random
 Llama: fused q/k/v and gate/up, packed LM head, the same logits as the unpacked model."""
 
-import copy
-
 import pytest
 import torch
 from torch import nn
 
 from model_helpers import our_logits, random_ids
-from engine_helpers import tiny
+from engine_helpers import tiny_folder
 
 from edge_runtime.kernels import cpu_linear
 from edge_runtime.kernels.cpu_linear import PackedLinear, packable
+from edge_runtime.model.loader import load_model
 from edge_runtime.model.linear_packing import pack_linears
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="torch without oneDNN linear ops")
@@ -56,8 +55,8 @@ def test_only_plain_fp32_cpu_linears_are_packed():
 
 
 def test_pack_linears_keeps_the_model_function():
-    loaded = tiny()
-    model = copy.deepcopy(loaded.model)
+    loaded = load_model(str(tiny_folder()), progress=None)  # its own copy: engines pack tiny()'s
+    model = loaded.model
     ids = random_ids(37, loaded.config.vocab_size, seed=3)
     want = our_logits(model, ids)
     count = pack_linears(model)
@@ -73,6 +72,6 @@ def test_pack_linears_keeps_the_model_function():
 
 def test_dense_switch_leaves_the_model_alone(monkeypatch):
     monkeypatch.setenv(cpu_linear.ENV_SWITCH, "dense")
-    model = copy.deepcopy(tiny().model)
+    model = load_model(str(tiny_folder()), progress=None).model
     assert pack_linears(model) == 0
     assert isinstance(model.model.layers[0].self_attn.q_proj, nn.Linear)

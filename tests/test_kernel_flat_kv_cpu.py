@@ -82,3 +82,48 @@ def test_gather_decode_attention_equals_merged_segments(kv_dtype):
     bias.masked_fill_(~torch.cat(masks, 1), float("-inf"))
     got = gather_decode_attention(q, parts, bias[:, None, None, :], sm)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _native_or_skip():
+    import shutil
+
+    from edge_runtime.kernels import cpu_native
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the torch path is used (tools/bootstrap.sh installs gcc)")
+    lib = cpu_native.library()
+    assert lib is not None, "a compiler is present but kernels/csrc/flat_kv.c did not build"
+    return lib
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_native_decode_attention_equals_torch_path(head_dim):
+    from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
+
+    lib = _native_or_skip()
+    gen = torch.Generator().manual_seed(3)
+    layers, page, hkv, heads = 3, 8, 2, 6
+    stores = []
+    for blocks in (7, 3):  # pool, arena
+        shape = (blocks, layers, page, hkv, head_dim)
+        (kq, ks), (vq, vs) = quantize_int8(torch.randn(shape, generator=gen)), quantize_int8(torch.randn(shape, generator=gen))
+        stores.append((kq, vq, ks, vs))
+    lens = [[13, 0, 20, 1], [0, 9, 4, 2]]  # per store, per row: ragged, one row in each store only
+    parts, masks = [], []
+    for (kq, vq, ks, vs), store_lens in zip(stores, lens):
+        width = max(store_lens)
+        n_tok = kq.shape[0] * page
+        tok = torch.stack([torch.randperm(n_tok, generator=gen)[:width] for _ in store_lens])  # [R, W]
+        slots_base = (tok // page * layers * page + tok % page) * hkv
+        index = (slots_base[:, None, :] + torch.arange(hkv)[None, :, None]).contiguous()  # [R, Hkv, W]
+        valid = torch.arange(width)[None, :] < torch.tensor(store_lens)[:, None]
+        parts.append((kq, vq, ks, vs, index, torch.tensor(store_lens, dtype=torch.int32), page * hkv))
+        masks.append(valid)
+    bias = torch.zeros(4, sum(m.shape[1] for m in masks)).masked_fill_(~torch.cat(masks, 1), float("-inf"))
+    qkv = torch.randn(4, heads + 2, head_dim, generator=gen)
+    q = qkv[:, :heads]  # strided rows, as the model's fused q/k/v split gives
+    native = NativeDecodeAttention(lib, parts, heads, head_dim ** -0.5)
+    for layer in (0, 2):
+        torch_parts = [(k, v, ks, vs, idx + layer * stride) for k, v, ks, vs, idx, _, stride in parts]
+        want = gather_decode_attention(q, torch_parts, bias[:, None, None, :], head_dim ** -0.5)
+        torch.testing.assert_close(native(q, layer), want, atol=1e-5, rtol=1e-4)

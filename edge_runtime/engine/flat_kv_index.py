@@ -66,6 +66,7 @@ class FlatKVIndex:
         self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
         self.all_decode = len(tokens) == offset
         self.gather: list[tuple[str, torch.Tensor]] = []
+        self.gather_lens: list[torch.Tensor] = []  # int32 [R] valid entries per row, per store
         masks = []
         for store, lists in per_store.items():
             width = max((x.numel() for x in lists), default=0)
@@ -77,6 +78,7 @@ class FlatKVIndex:
                 slots[i, : x.numel()] = x
                 valid[i, : x.numel()] = True
             self.gather.append((store, self._rows(store, slots).transpose(1, 2).contiguous()))
+            self.gather_lens.append(valid.sum(dim=1, dtype=torch.int32))
             masks.append(valid)
         if tokens:
             valid = torch.cat(masks, dim=1)

@@ -28,7 +28,8 @@ import torch
 from edge_runtime.engine.flat_kv_index import FlatKVIndex
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
-from edge_runtime.kernels.flat_kv_cpu import gather_decode_attention, write_kv_flat
+from edge_runtime.kernels import cpu_native
+from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention, gather_decode_attention, write_kv_flat
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class PagedKVContext:
         if flat is None:
             flat = storage.device.type == "cpu"
         self.flat = FlatKVIndex(storage, seqs, self.slot_mapping) if flat else None
+        self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
         if self.flat is not None:
             self._drop_decode_tokens_from_calls()
 
@@ -167,13 +169,30 @@ class PagedKVContext:
                 lses.append(lse)
             out = merge_attention(outs, lses)
         if flat.decode_tokens.numel():
-            parts = []
-            for name, rows in flat.gather:
-                st = self.storage.store(name)
-                parts.append((st.k, st.v, st.k_scale, st.v_scale, rows + flat.layer_offset(name, layer)))
             q_dec = q if flat.all_decode else q[flat.decode_tokens]
-            out_dec = gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale)
+            out_dec = self._decode(layer, q_dec)
             if out is None:
                 return out_dec.to(q.dtype)
             out[flat.decode_tokens] = out_dec
         return out.to(q.dtype)
+
+    def _decode(self, layer: int, q_dec: torch.Tensor) -> torch.Tensor:
+        """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
+        flat = self.flat
+        if self._native is None:
+            lib = cpu_native.library() if self.storage.kv_dtype == "int8" else None
+            self._native = False
+            if lib is not None:
+                parts = []
+                for (name, rows), lens in zip(flat.gather, flat.gather_lens):
+                    st = self.storage.store(name)
+                    parts.append((st.k, st.v, st.k_scale, st.v_scale, rows, lens,
+                                  flat.layer_offset(name, 1)))
+                self._native = NativeDecodeAttention(lib, parts, q_dec.shape[1], self.sm_scale)
+        if self._native:
+            return self._native(q_dec, layer)
+        parts = []
+        for name, rows in flat.gather:
+            st = self.storage.store(name)
+            parts.append((st.k, st.v, st.k_scale, st.v_scale, rows + flat.layer_offset(name, layer)))
+        return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale)

@@ -31,7 +31,16 @@ def pack_linears(model: nn.Module) -> int:
         model.lm_head = PackedLinear([model.lm_head])
         count += 1
     model.linears_packed = count
+    _own_storage(model)
     return count
+
+
+def _own_storage(model: nn.Module) -> None:
+    """Copy every remaining tensor into memory of its own. safetensors' tensors live in one
+    private mapping of the file; while one of them (the embedding, a norm weight) lives, the
+    mapping stays, with every page that packing read resident (+517 MiB RSS for SmolLM2, measured)."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        t.data = t.data.clone()
 
 
 def _fuse(owner: nn.Module, names: tuple[str, ...], fused_name: str) -> int:

@@ -1,0 +1,91 @@
+"""Build kernels/csrc/flat_kv.c once per machine with the system C compiler and call it via ctypes.
+
+Why C: decode attention over int8 KV in torch ops materializes float copies of every gathered
+key and value and runs M=3 matmuls; per (row, kv head) one pass over int8 keys and one over int8
+values reads each byte once (docs/perf.md, "CPU decode attention").
+
+- The shared library is cached under $XDG_CACHE_HOME (default ~/.cache)/edge-runtime/native/, keyed
+  by the source, the compiler's version and the machine (it is built with -march=native), and
+  written atomically (compile to a temporary name, then rename).
+- No compiler, a failed build, or EDGE_RUNTIME_CPU_NATIVE=0: `library()` returns None and says
+  why once on stderr; callers use the torch path (kernels/flat_kv_cpu.py), which computes the same.
+- ctypes releases the GIL during a call, so the service's event loop keeps running.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("csrc") / "flat_kv.c"
+ENV_SWITCH = "EDGE_RUNTIME_CPU_NATIVE"
+# reassociation lets the reductions vectorize; not -ffast-math, whose crtfastmath would set
+# flush-to-zero for the whole process (torch included)
+CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fassociative-math", "-fno-signed-zeros",
+          "-fno-trapping-math", "-fno-math-errno", "-fPIC", "-shared"]
+
+
+class FlatPart(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("ks", ctypes.c_void_p),
+                ("vs", ctypes.c_void_p), ("index", ctypes.c_void_p), ("lens", ctypes.c_void_p),
+                ("width", ctypes.c_int64), ("layer_offset", ctypes.c_int64)]
+
+
+def _say(msg: str) -> None:
+    print(f"edge-runtime: {msg}", file=sys.stderr)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edge-runtime" / "native"
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(CFLAGS).encode()
+                         + platform.machine().encode() + platform.node().encode()).hexdigest()[:16]
+    target = _cache_dir() / key / "flat_kv.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        run = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(run.stderr.strip()[-500:])
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (torch fallback) with the reason printed once."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        _say("no C compiler (install gcc); CPU decode attention uses the slower torch path")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, RuntimeError) as exc:
+        _say(f"building {SOURCE.name} failed ({exc}); CPU decode attention uses the torch path")
+        return None
+    fn = lib.decode_attention_int8
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(FlatPart), ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
+                   ctypes.c_void_p, ctypes.c_void_p]
+    return lib
