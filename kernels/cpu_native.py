@@ -83,6 +83,11 @@ def library() -> ctypes.CDLL | None:
     except (OSError, RuntimeError) as exc:
         _say(f"building {SOURCE.name} failed ({exc}); CPU decode attention uses the torch path")
         return None
+    lib.write_kv_int8.restype = None
+    lib.write_kv_int8.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p]
     fn = lib.decode_attention_int8
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(FlatPart), ctypes.c_int, ctypes.c_int,

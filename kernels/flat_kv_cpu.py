@@ -15,6 +15,8 @@ and the scales `[N, num_layers, P, Hkv]` are indexed by the same row number.
 - `gather_decode_attention`: one query per row, attending to the rows' index lists over one or two
   stores in a single softmax; equals paged_attention_ref over the segments merged by log-sum-exp
   (no lse is returned: nothing is left to merge). Padded positions carry -inf in `mask_bias`.
+- `gather_prefill_attention`: one sequence's new tokens (a prefill chunk) over all its keys with a
+  causal mask, through torch's SDPA on the dequantized keys/values.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def write_kv_flat(k, v, k_store, v_store, k_scale_store, v_scale_store, rows) ->
         return
     flat = rows.reshape(-1)
     d = k.shape[-1]
+    if k_store.dtype == torch.int8 and _write_native(k, v, k_store, v_store, k_scale_store, v_scale_store, rows):
+        return
     if k_store.dtype == torch.int8:
         q, s = quantize_int8(torch.stack((k, v)))  # q: [2, T, Hkv, D], s: [2, T, Hkv]
         flat_rows(k_store).index_copy_(0, flat, q[0].reshape(-1, d))
@@ -45,6 +49,22 @@ def write_kv_flat(k, v, k_store, v_store, k_scale_store, v_scale_store, rows) ->
     else:
         flat_rows(k_store).index_copy_(0, flat, k.reshape(-1, d).to(k_store.dtype))
         flat_rows(v_store).index_copy_(0, flat, v.reshape(-1, d).to(v_store.dtype))
+
+
+def _write_native(k, v, k_store, v_store, k_scale_store, v_scale_store, rows) -> bool:
+    """The C writer (kernels/csrc/flat_kv.c) when it is built and the layouts fit; False: not used."""
+    from edge_runtime.kernels import cpu_native
+
+    lib = cpu_native.library()
+    fits = (k.dtype == v.dtype == torch.float32 and k.stride(2) == v.stride(2) == 1
+            and k.stride(1) == v.stride(1) == k.shape[2] and rows.is_contiguous())
+    if lib is None or not fits:
+        return False
+    t, hkv, d = k.shape
+    lib.write_kv_int8(k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), t, hkv, d,
+                      rows.data_ptr(), 0, k_store.data_ptr(), v_store.data_ptr(),
+                      k_scale_store.data_ptr(), v_scale_store.data_ptr())
+    return True
 
 
 def _gather(store, scale_store, index):
@@ -75,6 +95,29 @@ def gather_decode_attention(q, parts, mask_bias, sm_scale):
     if v_scale is not None:
         probs.mul_(v_scale.unsqueeze(2))
     return torch.matmul(probs, v).view(r, h, d)  # [R, Hkv, g, D] -> [R, H, D]
+
+
+def gather_prefill_attention(q, parts, mask_bias, sm_scale):
+    """Causal attention of one sequence's new tokens over all its keys.
+    q: [n, H, D]; parts: [(k_store, v_store, k_scale_store | None, v_scale_store | None,
+    index long [Hkv, L_i])] whose concatenated keys are the positions 0 .. L-1 in order;
+    mask_bias: float32 [n, L], 0 where query i may see key j, -inf elsewhere -> float32 [n, H, D].
+    K/V are dequantized once and attended with torch's SDPA (blocked, multi-threaded on CPU)."""
+    ks, vs = [], []
+    for k, v, k_s, v_s, idx in parts:
+        ks.append(_dequantized(k, k_s, idx))
+        vs.append(_dequantized(v, v_s, idx))
+    k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)  # [Hkv, L, D]
+    v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+        attn_mask=mask_bias, scale=sm_scale, enable_gqa=True)  # [1, H, n, D]
+    return out[0].transpose(0, 1)
+
+
+def _dequantized(store, scale_store, index):
+    x, scale = _gather(store, scale_store, index)
+    return x if scale is None else x.mul_(scale.unsqueeze(-1))
 
 
 def _cat(pairs):

@@ -31,7 +31,14 @@ def _rows(slots, layer):
 
 @pytest.mark.parametrize("kv_dtype", list(DTYPES))
 @pytest.mark.parametrize("layer", [0, 2])
-def test_write_kv_flat_equals_reference(kv_dtype, layer):
+@pytest.mark.parametrize("native", [True, False], ids=["c", "torch"])
+def test_write_kv_flat_equals_reference(kv_dtype, layer, native, monkeypatch):
+    from edge_runtime.kernels import cpu_native
+
+    if native:
+        _native_or_skip()
+    else:
+        monkeypatch.setattr(cpu_native, "library", lambda: None)
     gen = torch.Generator().manual_seed(1)
     a = _store(6, DTYPES[kv_dtype], gen)
     b = tuple(None if t is None else t.clone() for t in a)
@@ -127,3 +134,24 @@ def test_native_decode_attention_equals_torch_path(head_dim):
         torch_parts = [(k, v, ks, vs, idx + layer * stride) for k, v, ks, vs, idx, _, stride in parts]
         want = gather_decode_attention(q, torch_parts, bias[:, None, None, :], head_dim ** -0.5)
         torch.testing.assert_close(native(q, layer), want, atol=1e-5, rtol=1e-4)
+
+
+def test_native_quantization_is_bit_exact_on_hard_values():
+    """Scales across fp16's normal and subnormal range, exact .5 ties of x / scale, zero rows."""
+    _native_or_skip()
+    gen = torch.Generator().manual_seed(4)
+    mags = torch.tensor([1e-9, 3e-7, 6e-6, 1e-4, 0.01, 1.0, 30.0, 1e3, 6e4])
+    x = torch.randn(len(mags) * 8, HKV, D, generator=gen) * mags.repeat_interleave(8)[:, None, None]
+    x[0] = 0.0
+    ties = torch.arange(-127, 127, 2).float()[: D - 1] + 0.5  # x / scale lands on .5 for scale 1
+    x[1, 0, : ties.numel()] = ties
+    x[1, 0, ties.numel()] = 127.0  # amax 127 -> scale 1 exactly
+    n = x.shape[0]
+    a, b = _store(-(-n // P), torch.int8, gen), None
+    b = tuple(t.clone() for t in a)
+    slots = list(range(n))
+    view = [t[:, 1] for t in a]
+    write_kv_ref(x, -x, view[0], view[1], view[2], view[3], torch.tensor(slots))
+    write_kv_flat(x, -x, *b, _rows(slots, 1))
+    for u, w in zip(a, b):
+        assert torch.equal(u, w)

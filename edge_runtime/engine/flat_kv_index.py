@@ -6,7 +6,9 @@ For every store ("pages": the pool, "inline": the arena):
 - decode gather: for each decode token (the only new token of its sequence), the layer-0 row
   numbers `[R, Hkv, L_s]` of every K/V position it attends to in that store (prefix pages and
   private tail pages both live in the pool, an inline tail in the arena), padded to the longest
-  row, with `mask_bias` `[R, 1, 1, sum L_s]` (-inf on padding).
+  row, with `mask_bias` `[R, 1, 1, sum L_s]` (-inf on padding);
+- prefill rows (several new tokens of one sequence): per row its key rows `[Hkv, L_s]` per store
+  and a causal `[n, L]` mask, one entry of `prefill`.
 Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
 
 Invariant: a decode token's positions are exactly [0, pos] of its sequence: the prefix
@@ -51,17 +53,35 @@ class FlatKVIndex:
         tokens = (slots >= 0).nonzero().flatten()
         return tokens, self._rows(store, slots[tokens])
 
+    def _key_slots(self, s) -> dict[str, torch.Tensor]:
+        """Flat slots of positions [0, start + num_new) of a sequence, per store, in position order
+        (pool: prefix then tail pages; arena: an inline tail)."""
+        tail = _slots(s.tail_ids, s.start + s.num_new - s.prefix_len, self._block[s.tail_kind])
+        prefix = _slots(s.prefix_pages, s.prefix_len, self._block["pages"])
+        pool = torch.cat((prefix, tail)) if s.tail_kind == "pages" else prefix
+        return {"pages": pool, "inline": tail if s.tail_kind == "inline" else tail[:0]}
+
+    def _build_prefill(self, s, offset: int) -> None:
+        """A multi-token row: its key rows per store [Hkv, L_s] and the causal mask [n, L]."""
+        slots = self._key_slots(s)
+        parts = [(store, self._rows(store, x).transpose(0, 1).contiguous())
+                 for store, x in slots.items() if x.numel()]
+        length = s.start + s.num_new
+        visible = torch.arange(length)[None, :] <= torch.arange(s.start, length)[:, None]  # [n, L]
+        bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+        self.prefill.append((offset, s.num_new, parts, bias))
+
     def _build_decode(self, seqs) -> None:
         per_store: dict[str, list[torch.Tensor]] = {"pages": [], "inline": []}
         tokens, offset = [], 0
+        self.prefill: list[tuple[int, int, list, torch.Tensor]] = []  # (first token, n, parts, bias)
         for s in seqs:
             if s.num_new == 1:
                 tokens.append(offset)
-                tail = _slots(s.tail_ids, s.start + 1 - s.prefix_len, self._block[s.tail_kind])
-                prefix = _slots(s.prefix_pages, s.prefix_len, self._block["pages"])
-                pool = torch.cat((prefix, tail)) if s.tail_kind == "pages" else prefix
-                per_store["pages"].append(pool)
-                per_store["inline"].append(tail if s.tail_kind == "inline" else tail[:0])
+                for store, x in self._key_slots(s).items():
+                    per_store[store].append(x)
+            else:
+                self._build_prefill(s, offset)
             offset += s.num_new
         self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
         self.all_decode = len(tokens) == offset

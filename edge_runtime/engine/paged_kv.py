@@ -29,7 +29,8 @@ from edge_runtime.engine.flat_kv_index import FlatKVIndex
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
 from edge_runtime.kernels import cpu_native
-from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention, gather_decode_attention, write_kv_flat
+from edge_runtime.kernels.flat_kv_cpu import (NativeDecodeAttention, gather_decode_attention,
+                                              gather_prefill_attention, write_kv_flat)
 
 
 @dataclass(frozen=True)
@@ -78,14 +79,12 @@ class PagedKVContext:
         self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
         self._build(seqs)
-        # CPU: flat-row writes and one-softmax decode attention (kernels/flat_kv_cpu.py); the
-        # per-segment calls are kept only for tokens of multi-token (prefill) rows
+        # CPU: flat-row writes, one-softmax decode attention and per-row causal prefill attention
+        # (kernels/flat_kv_cpu.py); the per-segment calls are then not used
         if flat is None:
             flat = storage.device.type == "cpu"
         self.flat = FlatKVIndex(storage, seqs, self.slot_mapping) if flat else None
         self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
-        if self.flat is not None:
-            self._drop_decode_tokens_from_calls()
 
     def _build(self, seqs: list[SeqStep]) -> None:
         num_tokens = self.num_tokens
@@ -120,12 +119,6 @@ class PagedKVContext:
             self.slot_mapping[kind] = torch.where(token_in, slots, -1).to(torch.int64)
         assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == num_tokens
 
-    def _drop_decode_tokens_from_calls(self) -> None:
-        if self.flat.all_decode:
-            self.calls = []
-            return
-        for call in self.calls:
-            call.kv_lens[self.flat.decode_tokens] = 0
 
     def to(self, device: torch.device) -> "PagedKVContext":
         for c in self.calls:
@@ -159,15 +152,11 @@ class PagedKVContext:
             write_kv_flat(k[sel], v[sel], st.k, st.v, st.k_scale, st.v_scale,
                           rows + flat.layer_offset(name, layer))
         out = None
-        if self.calls:  # prefill rows: per-segment reference attention, decode tokens have kv_len 0
-            outs, lses = [], []
-            for call in self.calls:
-                view = self.storage.view(call.store, layer)
-                o, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
-                                         call.block_table, call.seq_idx, call.kv_lens, self.sm_scale)
-                outs.append(o)
-                lses.append(lse)
-            out = merge_attention(outs, lses)
+        if flat.prefill:
+            out = torch.empty(q.shape, dtype=torch.float32)
+            for first, n, parts, bias in flat.prefill:
+                args = [self._store_args(name, rows, layer) for name, rows in parts]
+                out[first:first + n] = gather_prefill_attention(q[first:first + n], args, bias, self.sm_scale)
         if flat.decode_tokens.numel():
             q_dec = q if flat.all_decode else q[flat.decode_tokens]
             out_dec = self._decode(layer, q_dec)
@@ -191,8 +180,9 @@ class PagedKVContext:
                 self._native = NativeDecodeAttention(lib, parts, q_dec.shape[1], self.sm_scale)
         if self._native:
             return self._native(q_dec, layer)
-        parts = []
-        for name, rows in flat.gather:
-            st = self.storage.store(name)
-            parts.append((st.k, st.v, st.k_scale, st.v_scale, rows + flat.layer_offset(name, layer)))
+        parts = [self._store_args(name, rows, layer) for name, rows in flat.gather]
         return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale)
+
+    def _store_args(self, name: str, rows: torch.Tensor, layer: int):
+        st = self.storage.store(name)
+        return st.k, st.v, st.k_scale, st.v_scale, rows + self.flat.layer_offset(name, layer)

@@ -6,6 +6,9 @@
  * position order. Per (row, kv head): scores for the G query heads in one pass over the keys,
  * softmax, then one pass over the values. fp32 math; int8 K/V with fp16 per-(token, head) scales.
  * Row numbers are layer-0 rows; `layer_offset` of each part moves them to the layer at hand.
+ *
+ * write_kv_int8: quantize new K/V rows (symmetric absmax per token and head, kernels/quantize.py)
+ * and store them with their fp16 scales at flat rows; bit-exact with quantize_int8 + index_copy_.
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,6 +31,66 @@ static inline float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* float -> fp16 bits, round to nearest even (torch's .to(float16)); F. Giesen's branchy variant,
+ * portable C (no _Float16, which older compilers lack on x86). */
+static inline uint16_t float_to_half(float f) {
+    const uint32_t f32_infinity = 255u << 23, f16_max = (127u + 16u) << 23;
+    const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = x & 0x80000000u;
+    x ^= sign;
+    uint16_t o;
+    if (x >= f16_max) {
+        o = x > f32_infinity ? 0x7e00 : 0x7c00; /* NaN stays NaN, overflow -> inf */
+    } else if (x < (113u << 23)) { /* result is subnormal or zero: let the FPU round */
+        float xf, magic;
+        memcpy(&xf, &x, sizeof xf);
+        memcpy(&magic, &denorm_magic, sizeof magic);
+        volatile float sum = xf + magic; /* one rounding, never re-associated */
+        float sf = sum;
+        uint32_t bits;
+        memcpy(&bits, &sf, sizeof bits);
+        o = (uint16_t)(bits - denorm_magic);
+    } else {
+        uint32_t mant_odd = (x >> 13) & 1u;
+        x += ((uint32_t)(15 - 127) << 23) + 0xfffu;
+        x += mant_odd;
+        o = (uint16_t)(x >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scale_bits) {
+    float amax = 0.0f;
+    for (int i = 0; i < d; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    uint16_t h = float_to_half(amax > 0.0f ? amax / 127.0f : 1.0f);
+    float s = half_to_float(h);
+    for (int i = 0; i < d; i++) {
+        float r = rintf(x[i] / s); /* true division, as torch; rint: half to even */
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q[i] = (int8_t)r;
+    }
+    *scale_bits = h;
+}
+
+/* k, v: [T, Hkv, D] fp32, heads contiguous, tokens k_stride_t / v_stride_t floats apart;
+ * rows: [T, Hkv] layer-0 row numbers (+ layer_offset). Writes q rows and scales. */
+void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v_stride_t, int T,
+                   int Hkv, int D, const int64_t *rows, int64_t layer_offset, int8_t *k_store,
+                   int8_t *v_store, uint16_t *k_scales, uint16_t *v_scales) {
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < Hkv; h++) {
+            int64_t row = rows[(int64_t)t * Hkv + h] + layer_offset;
+            quantize_row(k + t * k_stride_t + (int64_t)h * D, D, k_store + row * D, k_scales + row);
+            quantize_row(v + t * v_stride_t + (int64_t)h * D, D, v_store + row * D, v_scales + row);
+        }
+    }
 }
 
 typedef struct {
