@@ -1,0 +1,98 @@
+"""`edge-runtime bench linear`: the model's fp32 linears alone, MKL's F.linear vs oneDNN packed.
+
+Runs every linear of one decode step (per layer q, k, v, o, gate, up, down, then the LM head) back
+to back on `rows` input rows, with the model's real weights: once as loaded (F.linear, the dense
+weights) and once packed and fused as the engine runs them (model/linear_packing.py). Reports the
+best of `--repeat` passes (after a warm-up) as ms per pass and weight GB/s (weight bytes / time) next
+to the machine's read bandwidth: how close the weight-bound part of decode is to its limit.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from edge_runtime.bench.engine_bench import parse_int_list, set_threads
+from edge_runtime.bench.report import Column, markdown_table, write_json
+
+COLUMNS = [Column("backend", "backend"), Column("rows", "rows"),
+           Column("ms", "ms per pass", "{:.2f}"), Column("gbps", "weight GB/s", "{:.1f}"),
+           Column("pct_read", "% of read bandwidth", "{:.0f}%")]
+
+
+def _dense_chain(model):
+    out = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        out += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    return out + [model.lm_head]
+
+
+def _packed_chain(model):
+    out = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        out += [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
+    return out + [model.lm_head]
+
+
+def _best_ms(chain, rows: int, repeat: int) -> float:
+    import torch
+
+    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in chain}
+    best = float("inf")
+    with torch.inference_mode():
+        for i in range(repeat + 1):
+            t0 = time.perf_counter()
+            for m in chain:
+                m(inputs[m.in_features])
+            if i:  # the first pass is the warm-up
+                best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def run(args) -> int:
+    from edge_runtime.bench.bandwidth import measure_bandwidth
+    from edge_runtime.bench.edge_systems import load
+    from edge_runtime.errors import InputError
+    from edge_runtime.kernels import cpu_linear
+    from edge_runtime.model.linear_packing import pack_linears
+
+    rows_list = parse_int_list(args.rows, "--rows")
+    if args.repeat < 1:
+        raise InputError("--repeat must be at least 1")
+    set_threads(args.threads)
+    bw = measure_bandwidth()
+    print(f"[bench linear] read {bw.read_gbps:.1f} GB/s; loading {args.model}...", file=sys.stderr)
+    loaded = load(args.model)
+    weight_bytes = sum(m.weight.numel() * 4 for m in _dense_chain(loaded.model))
+    results = []
+    chains = [("torch F.linear (MKL)", _dense_chain(loaded.model))]
+    for name, chain in chains + [("onednn-packed", None)]:
+        if chain is None:
+            if not cpu_linear.available():
+                print("[bench linear] oneDNN packing unavailable here", file=sys.stderr)
+                break
+            pack_linears(loaded.model)
+            chain = _packed_chain(loaded.model)
+        for rows in rows_list:
+            ms = _best_ms(chain, rows, args.repeat)
+            gbps = weight_bytes / (ms / 1e3) / 1e9
+            results.append({"backend": name, "rows": rows, "ms": ms, "gbps": gbps,
+                            "pct_read": 100 * gbps / bw.read_gbps})
+    print(f"model {args.model}: {weight_bytes / 1e6:.0f} MB of fp32 linear weights per pass "
+          f"(LM head included); read bandwidth {bw.read_gbps:.2f} GB/s, {bw.threads} threads")
+    print(markdown_table(results, COLUMNS))
+    if args.json:
+        write_json(args.json, {"bench": "linear", "model": args.model, "bandwidth": bw.to_dict(),
+                               "weight_bytes": weight_bytes, "rows": results})
+    return 0
+
+
+def register_subcommand(subparsers) -> None:
+    p = subparsers.add_parser("linear", help="one decode step's fp32 linears: F.linear vs oneDNN packed")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--rows", default="1,2,5,16")
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json")
+    p.set_defaults(func=run)
