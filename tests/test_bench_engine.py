@@ -67,3 +67,17 @@ def test_bench_step_json(tmp_path):
     for r in rows:
         assert r["engine_step_ms"] > 0 and r["hf_forward_ms"] > 0
         assert r["throughput_ratio"] == pytest.approx(r["batch"] / r["step_ratio"])
+
+
+def test_bench_linear_json(tmp_path):
+    from edge_runtime.kernels import cpu_linear
+
+    model = make_tiny_llama(tmp_path / "m")
+    out = tmp_path / "l.json"
+    assert main(["bench", "linear", "--model", str(model), "--rows", "1,3", "--repeat", "2",
+                 "--bandwidth-mib", "4", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    backends = ["torch F.linear (MKL)"] + (["onednn-packed"] if cpu_linear.available() else [])
+    assert [(r["backend"], r["rows"]) for r in data["rows"]] == [(b, n) for b in backends for n in (1, 3)]
+    for r in data["rows"]:
+        assert r["gbps"] == pytest.approx(data["weight_bytes"] / (r["ms"] / 1e3) / 1e9)

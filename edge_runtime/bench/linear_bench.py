@@ -61,7 +61,7 @@ def run(args) -> int:
     if args.repeat < 1:
         raise InputError("--repeat must be at least 1")
     set_threads(args.threads)
-    bw = measure_bandwidth()
+    bw = measure_bandwidth(size_mib=args.bandwidth_mib)
     print(f"[bench linear] read {bw.read_gbps:.1f} GB/s; loading {args.model}...", file=sys.stderr)
     loaded = load(args.model)
     weight_bytes = sum(m.weight.numel() * 4 for m in _dense_chain(loaded.model))
@@ -94,5 +94,6 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--rows", default="1,2,5,16")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--bandwidth-mib", type=int, default=512, help="size of the bandwidth test tensor")
     p.add_argument("--json")
     p.set_defaults(func=run)
