@@ -8,7 +8,11 @@ Backends, chosen once in `prepare()` from the device of the checkpoint tensors:
   out around it. torch's format dequantizes as `(q - 8) * scale + zero`, so an AWQ group
   (q - z) * s maps to zero = (8 - z) * s. bf16 costs ~0.2% relative error per matmul (measured in
   tests/test_awq_linear.py); the exact fp32 variant of the same op is ~100x slower on CPU.
-- "awq-gemm": CUDA; calls `edge_runtime.kernels.dispatch.awq_gemm` (Triton W4A16 kernel).
+- "awq-gemm": CUDA; the checkpoint tensors are converted once into the kernels' prepared layout
+  (`dispatch.prepare_awq`, same weight bytes) and dropped; a call runs
+  `dispatch.awq_gemm_prepared` (Triton W4A16; 1.26-1.45x faster than `awq_gemm` on the raw
+  AutoAWQ packing at M = 1..16 on an H200, docs/perf-gpu.md). On a CPU tensor the same backend runs
+  the prepared layout's torch reference (how the tests exercise it without a GPU).
 - "reference": dequantize per call with the plain-torch reference (exact; slow; any device);
   "auto" falls back to it on CPU when out_features % 16 != 0 (torch's int4 layout needs that).
 
@@ -23,6 +27,7 @@ from torch import nn
 from edge_runtime.quant import awq_pack
 
 BACKENDS = ("auto", "cpu-int4pack", "awq-gemm", "reference")
+_PREPARED_FIELDS = ("qweight8", "zeros", "scales", "counters")  # PreparedAWQ's tensors, in order
 
 
 def _has_cpu_int4pack() -> bool:
@@ -90,8 +95,21 @@ class AWQLinear(nn.Module):
             assert self.out_features % 16 == 0, ("cpu-int4pack needs out_features % 16 == 0",
                                                  self.out_features)
             self._repack_cpu()
+        if backend == "awq-gemm":
+            self._prepare_w4a16()
         self.backend = backend
         return self
+
+    def _prepare_w4a16(self) -> None:
+        from edge_runtime.kernels import dispatch
+
+        prepared = dispatch.prepare_awq(self.qweight, self.qzeros, self.scales, self.group_size)
+        # buffers, so weight_bytes_of counts them and .to(device) moves them; `prepared` rebuilds the tuple
+        for name in _PREPARED_FIELDS:
+            self.register_buffer(f"prepared_{name}", getattr(prepared, name), persistent=False)
+        self.qweight = None
+        self.qzeros = None
+        self.scales = None
 
     def _repack_cpu(self) -> None:
         q = awq_pack.unpack_int4(self.qweight)  # [K, N]
@@ -108,6 +126,15 @@ class AWQLinear(nn.Module):
         self.qzeros = None
         self.scales = None
 
+    @property
+    def prepared(self):
+        """The PreparedAWQ of the "awq-gemm" backend (None before / for other backends)."""
+        if getattr(self, "prepared_qweight8", None) is None:
+            return None
+        from edge_runtime.kernels.awq_prepared import PreparedAWQ
+
+        return PreparedAWQ(*(getattr(self, f"prepared_{n}") for n in _PREPARED_FIELDS), self.group_size)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # [M, K]
@@ -118,8 +145,7 @@ class AWQLinear(nn.Module):
         elif self.backend == "awq-gemm":
             from edge_runtime.kernels import dispatch
 
-            y = dispatch.awq_gemm(x2, self.qweight, self.qzeros, self.scales, self.group_size)
-            y = y.to(x.dtype)
+            y = dispatch.awq_gemm_prepared(x2.contiguous(), self.prepared).to(x.dtype)
         else:
             assert self.backend == "reference", self.backend
             w = awq_pack.dequantize(self.qweight, self.qzeros, self.scales, self.group_size)
@@ -131,6 +157,7 @@ class AWQLinear(nn.Module):
     def weight_bytes(self) -> int:
         tensors = [getattr(self, n, None) for n in
                    ("qweight", "qzeros", "scales", "bias", "int4_weight", "int4_scales_zeros")]
+        tensors += [getattr(self, f"prepared_{n}", None) for n in _PREPARED_FIELDS]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def extra_repr(self) -> str:

@@ -65,6 +65,22 @@ def test_from_linear_and_weight_bytes():
     assert not mod.state_dict()  # checkpoints are written by awq_model, not state_dict()
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_w4a16_backend_runs_the_prepared_layout(rows):
+    """The CUDA backend's code path on CPU tensors: prepared once, checkpoint tensors dropped, the
+    prepared reference gives the dequantized reference's result."""
+    qweight, qzeros, scales = _random_awq(576, 192, 64, seed=rows)
+    want_bytes = qweight.numel() * 4 + qzeros.numel() * 4 + scales.numel() * 2
+    mod = AWQLinear.from_tensors(qweight, qzeros, scales, 64, backend="awq-gemm")
+    assert mod.backend == "awq-gemm" and mod.qweight is None and mod.prepared is not None
+    assert mod.weight_bytes() <= 1.1 * want_bytes  # the same bytes per weight (+ zeros as uint8)
+    buffers = sum(b.numel() * b.element_size() for b in mod.buffers())
+    assert buffers == mod.weight_bytes()  # what the loader's weight_bytes_of (and plan) counts
+    x = torch.randn(rows, 576)
+    want = x @ awq_pack.dequantize(qweight, qzeros, scales, 64)
+    torch.testing.assert_close(mod(x), want, atol=1e-3, rtol=1e-4)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Triton W4A16 kernel)")
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_cuda_backend_matches_reference(rows):
