@@ -11,7 +11,9 @@ Addressing: a store tensor `[N, num_layers, P, Hkv, D]` (kv_storage layout) view
 and the scales `[N, num_layers, P, Hkv]` are indexed by the same row number.
 
 - `write_kv_flat`: same result as `write_kv_ref` (int8: the same quantize_int8, bit-exact; float
-  stores: cast), K and V quantized in one call.
+  stores: cast), K and V quantized in one call; int8 stores go through the C writer of
+  kernels/csrc/flat_kv.c when it is built (bit-exact too).
+- `NativeDecodeAttention`: `gather_decode_attention` for int8 stores in C, per-step arguments made once.
 - `gather_decode_attention`: one query per row, attending to the rows' index lists over one or two
   stores in a single softmax; equals paged_attention_ref over the segments merged by log-sum-exp
   (no lse is returned: nothing is left to merge). Padded positions carry -inf in `mask_bias`.
@@ -126,6 +128,9 @@ def _cat(pairs):
     values = torch.cat([p[0] for p in pairs], dim=2)
     scales = None if pairs[0][1] is None else torch.cat([p[1] for p in pairs], dim=2)
     return values, scales
+
+
+NATIVE_MAX_HEAD_DIM = 256  # MAX_HEAD_DIM of kernels/csrc/flat_kv.c
 
 
 class NativeDecodeAttention:

@@ -12,6 +12,11 @@ by log-sum-exp:
 
 A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away).
 
+On a CPU (`flat`, the default there) the calls are not used: engine/flat_kv_index.py turns the same
+segments into row numbers of the whole store once per step, and kernels/flat_kv_cpu.py writes K/V
+and attends each decode token over prefix + tail in one softmax (C for int8 stores) and each prefill
+row through one causal SDPA call.
+
 Invariants:
 - Every new token's position is >= its sequence's prefix length (new tokens are never in the
   shared prefix), and the tail storage was reserved (KVManager.reserve) before the step.
@@ -29,8 +34,9 @@ from edge_runtime.engine.flat_kv_index import FlatKVIndex
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
 from edge_runtime.kernels import cpu_native
-from edge_runtime.kernels.flat_kv_cpu import (NativeDecodeAttention, gather_decode_attention,
-                                              gather_prefill_attention, write_kv_flat)
+from edge_runtime.kernels.flat_kv_cpu import (NATIVE_MAX_HEAD_DIM, NativeDecodeAttention,
+                                              gather_decode_attention, gather_prefill_attention,
+                                              write_kv_flat)
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,6 @@ class PagedKVContext:
             self.slot_mapping[kind] = torch.where(token_in, slots, -1).to(torch.int64)
         assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == num_tokens
 
-
     def to(self, device: torch.device) -> "PagedKVContext":
         for c in self.calls:
             c.block_table, c.seq_idx, c.kv_lens = (
@@ -169,7 +174,8 @@ class PagedKVContext:
         """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
         flat = self.flat
         if self._native is None:
-            lib = cpu_native.library() if self.storage.kv_dtype == "int8" else None
+            fits = self.storage.kv_dtype == "int8" and q_dec.shape[-1] <= NATIVE_MAX_HEAD_DIM
+            lib = cpu_native.library() if fits else None
             self._native = False
             if lib is not None:
                 parts = []
