@@ -75,3 +75,18 @@ def test_dense_switch_leaves_the_model_alone(monkeypatch):
     model = load_model(str(tiny_folder()), progress=None).model
     assert pack_linears(model) == 0
     assert isinstance(model.model.layers[0].self_attn.q_proj, nn.Linear)
+
+
+def test_tied_head_shares_the_embedding(tmp_path):
+    from model_helpers import save_random_model, tiny_hf_config
+
+    folder = save_random_model(tiny_hf_config("llama", tie_word_embeddings=True), tmp_path / "tied")
+    loaded = load_model(str(folder), progress=None)
+    model = loaded.model
+    ids = random_ids(21, loaded.config.vocab_size, seed=5)
+    want = our_logits(model, ids)
+    pack_linears(model)
+    head, embedding = model.lm_head, model.model.embed_tokens.weight
+    assert isinstance(head, PackedLinear) and not head.reordered
+    assert head.packed.data_ptr() == embedding.data_ptr()  # no second copy of the matrix
+    torch.testing.assert_close(our_logits(model, ids), want, atol=1e-4 * float(want.abs().max()), rtol=0)

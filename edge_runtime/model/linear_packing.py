@@ -4,8 +4,9 @@ What changes (only when `kernels/cpu_linear.available()` and the model is fp32 o
 - per layer, q/k/v_proj become one `self_attn.qkv_proj` and gate/up_proj one `mlp.gate_up_proj`
   (each a PackedLinear over the concatenated rows; the HF-named modules are removed), o_proj and
   down_proj are packed in place;
-- lm_head is packed; with tied embeddings this is a second copy of the embedding matrix (the lookup
-  needs the dense one): +vocab x hidden x 4 bytes, paid for a 20% faster LM head.
+- lm_head is packed, except when tied to the embedding: a reordered copy would cost vocab x hidden
+  x 4 more bytes (108 MiB for SmolLM2) for a ~20% faster LM head, so a tied head runs oneDNN on the
+  embedding's dense weight itself (memory is the point of this runtime).
 AWQ (AWQLinear) and non-fp32 linears are left alone. Loading and quantizing work on the HF names,
 so this runs after loading, when an Engine takes the model (`Engine.__init__`), and only once.
 
@@ -27,11 +28,12 @@ def pack_linears(model: nn.Module) -> int:
     count = 0
     for layer in model.model.layers:
         count += _pack_layer(layer)
+    _own_storage(model)  # before the head: a tied head must share the embedding's final memory
     if packable(model.lm_head):
-        model.lm_head = PackedLinear([model.lm_head])
+        tied = model.lm_head.weight is model.model.embed_tokens.weight
+        model.lm_head = PackedLinear([model.lm_head], reorder=not tied)
         count += 1
     model.linears_packed = count
-    _own_storage(model)
     return count
 
 
