@@ -57,7 +57,6 @@ class PackedLinear(nn.Module):
         with torch.no_grad():
             weight = torch.cat([m.weight.detach() for m in linears]) if len(linears) > 1 \
                 else linears[0].weight.detach()
-            self.weight_nbytes = weight.numel() * weight.element_size()
             self.reordered = reorder
             self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch_hint)
                            if reorder else weight)

@@ -84,15 +84,16 @@ class PagedKVContext:
         self.num_tokens = sum(s.num_new for s in seqs)
         self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
-        self._build(seqs)
         # CPU: flat-row writes, one-softmax decode attention and per-row causal prefill attention
-        # (kernels/flat_kv_cpu.py); the per-segment calls are then not used
+        # (kernels/flat_kv_cpu.py); the per-segment calls are then not built
         if flat is None:
             flat = storage.device.type == "cpu"
+        self._build(seqs, with_calls=not flat)
         self.flat = FlatKVIndex(storage, seqs, self.slot_mapping) if flat else None
         self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
 
-    def _build(self, seqs: list[SeqStep]) -> None:
+    def _build(self, seqs: list[SeqStep], with_calls: bool) -> None:
+        """slot_mapping per store (always), and the per-segment calls when `with_calls`."""
         num_tokens = self.num_tokens
         seq_of_token = torch.repeat_interleave(
             torch.arange(len(seqs)), torch.tensor([s.num_new for s in seqs])
@@ -103,7 +104,7 @@ class PagedKVContext:
         tail_pos = positions - prefix_len  # [T] offset inside the tail
         tail_len = (tail_pos + 1).to(torch.int32)
         has_prefix = [s.prefix_len > 0 for s in seqs]
-        if any(has_prefix):
+        if with_calls and any(has_prefix):
             lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
             self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
                                     seq_of_token.to(torch.int32), lens))
@@ -115,8 +116,9 @@ class PagedKVContext:
             rows = [list(s.tail_ids) if s.tail_kind == kind else [] for s in seqs]
             table = _pad_rows(rows)
             block = self.storage.store(kind).block_tokens
-            self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
-                                    torch.where(token_in, tail_len, 0).to(torch.int32)))
+            if with_calls:
+                self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
+                                        torch.where(token_in, tail_len, 0).to(torch.int32)))
             block_id = table.long()[seq_of_token, (tail_pos // block).clamp(max=table.shape[1] - 1)]
             assert bool((tail_pos[token_in] // block < torch.tensor(
                 [len(s.tail_ids) for s in seqs])[seq_of_token][token_in]).all()), \
