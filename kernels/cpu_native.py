@@ -1,8 +1,10 @@
-"""Build kernels/csrc/flat_kv.c once per machine with the system C compiler and call it via ctypes.
+"""Build kernels/csrc/*.c once per machine with the system C compiler and call them via ctypes.
 
 Why C: decode attention over int8 KV in torch ops materializes float copies of every gathered
 key and value and runs M=3 matmuls; per (row, kv head) one pass over int8 keys and one over int8
-values reads each byte once (docs/perf.md, "CPU decode attention").
+values reads each byte once (docs/perf.md, "CPU decode attention"). And torch's fp32 GEMV (MKL,
+oneDNN) reads weights at 40-55% of the machine's bandwidth, linear_f32.c's blocked layout at
+~100% (docs/perf.md, "CPU linears"): decode speed is weight-read speed.
 
 - The shared library is cached under $XDG_CACHE_HOME (default ~/.cache)/edge-runtime/native/, keyed
   by the source, the compiler's version and the machine (it is built with -march=native), and
@@ -24,11 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csrc") / "flat_kv.c"
+SOURCES = [Path(__file__).with_name("csrc") / name
+           for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "decoder.c")]
 ENV_SWITCH = "EDGE_RUNTIME_CPU_NATIVE"
 # reassociation lets the reductions vectorize; not -ffast-math, whose crtfastmath would set
 # flush-to-zero for the whole process (torch included)
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fassociative-math", "-fno-signed-zeros",
+# -fopenmp: linear_f32.c splits output blocks over threads (libgomp comes with gcc)
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fassociative-math", "-fno-signed-zeros",
           "-fno-trapping-math", "-fno-math-errno", "-fPIC", "-shared"]
 
 
@@ -49,16 +53,16 @@ def _cache_dir() -> Path:
 
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(CFLAGS).encode()
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES) + version.encode() + " ".join(CFLAGS).encode()
                          + platform.machine().encode() + platform.node().encode()).hexdigest()[:16]
-    target = _cache_dir() / key / "flat_kv.so"
+    target = _cache_dir() / key / "edge_runtime_cpu.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        run = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"],
+        run = subprocess.run([compiler, *CFLAGS, "-o", tmp, *(str(s) for s in SOURCES if s.suffix == ".c"), "-lm"],
                              capture_output=True, text=True)
         if run.returncode != 0:
             raise RuntimeError(run.stderr.strip()[-500:])
@@ -76,12 +80,14 @@ def library() -> ctypes.CDLL | None:
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
-        _say("no C compiler (install gcc); CPU decode attention uses the slower torch path")
+        _say("no C compiler (install gcc); CPU decode attention and fp32 linears use the slower "
+             "torch paths")
         return None
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, RuntimeError) as exc:
-        _say(f"building {SOURCE.name} failed ({exc}); CPU decode attention uses the torch path")
+        _say(f"building kernels/csrc failed ({exc}); CPU decode attention and fp32 linears use "
+             "the torch paths")
         return None
     lib.write_kv_int8.restype = None
     lib.write_kv_int8.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -92,5 +98,10 @@ def library() -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(FlatPart), ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
-                   ctypes.c_void_p, ctypes.c_void_p]
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    fn = lib.linear_blocked_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int]
     return lib

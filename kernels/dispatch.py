@@ -2,14 +2,18 @@
 
 `describe_backends()` reports what a call on this machine would use, for `edge-runtime plan` and
 /metrics: op -> "triton" | "torch-reference" | "torch-int4pack-cpu", plus the engine's own CPU paths
-("linear": oneDNN packed fp32 weights, kernels/cpu_linear.py; "decode_attention": the C kernel of
-kernels/csrc/flat_kv.c or its torch fallback, kernels/flat_kv_cpu.py). The choice per call follows
+("linear": fp32 weights blocked for kernels/csrc/linear_f32.c, or oneDNN packed where that is not
+built, kernels/cpu_linear.py; "decode_attention": the C kernel of
+kernels/csrc/flat_kv.c or its torch fallback, kernels/flat_kv_cpu.py; "decode_step": the one-call C
+layer stack of kernels/cpu_decoder.py or the torch layer loop). The choice per call follows
 the tensors' device, so CPU tensors on a CUDA machine still take the reference.
 
 W4A16 on CPU: `AWQLinear` (quant/awq_linear.py) repacks its weights once for torch's CPU int4 op
 and calls that directly; `awq_gemm` here (the dequantizing reference) is only its fallback, so
 `describe_backends` names "torch-int4pack-cpu" for awq_gemm on CPU when torch has that op.
 """
+import os
+
 import torch
 
 from edge_runtime.kernels import awq_gemm as _awq
@@ -114,11 +118,19 @@ def describe_backends(device=None) -> dict:
 def _engine_paths(on_cuda: bool) -> dict:
     """What the engine runs beyond the ops above: fp32 linears and CPU decode attention."""
     if on_cuda:
-        return {"linear": "torch", "decode_attention": "triton paged_decode"}
+        return {"linear": "torch", "decode_attention": "triton paged_decode",
+                "decode_step": "torch-layers"}
     from edge_runtime.kernels import cpu_linear, cpu_native
 
-    return {"linear": "onednn-packed" if cpu_linear.available() else "torch",
-            "decode_attention": "c-flat-int8" if cpu_native.library() is not None else "torch-flat"}
+    from edge_runtime.kernels import cpu_decoder
+
+    linear = cpu_linear.backend()
+    native = cpu_native.library() is not None
+    fused = native and linear == "c-blocked" and os.environ.get(cpu_decoder.ENV_SWITCH, "1") != "0"
+    return {"linear": {"c-blocked": "c-blocked-f32", "onednn": "onednn-packed"}.get(linear or "", "torch"),
+            "decode_attention": "c-flat-int8" if native else "torch-flat",
+            # all-decode steps of an fp32 model with int8 KV: the whole layer stack in one C call
+            "decode_step": "c-fused-layers" if fused else "torch-layers"}
 
 
 def cpu_int4pack_available() -> bool:

@@ -154,7 +154,10 @@ class NativeDecodeAttention:
         self.head_dim = parts[0][0].shape[-1]
         total = sum(lens for _, lens in self._keep)
         assert bool((total > 0).all()), "every decode row attends to one key at least"
-        self.scratch = torch.empty(num_heads * int(total.max()), dtype=torch.float32)
+        # one region per (row, kv head) task: its G heads' scores over the row's keys
+        self.scratch_stride = num_heads // self.num_kv_heads * int(total.max())
+        self.scratch = torch.empty(self.num_rows * self.num_kv_heads * self.scratch_stride,
+                                   dtype=torch.float32)
 
     def __call__(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [R, H, D] float32 (heads contiguous) -> out float32 [R, H, D]."""
@@ -167,6 +170,7 @@ class NativeDecodeAttention:
         out = torch.empty(r, h, d, dtype=torch.float32)
         rc = self.lib.decode_attention_int8(q.data_ptr(), self.parts, len(self.parts), r, h,
                                             self.num_kv_heads, d, q.stride(0), self.sm_scale,
-                                            out.data_ptr(), self.scratch.data_ptr())
+                                            out.data_ptr(), self.scratch.data_ptr(),
+                                            self.scratch_stride, torch.get_num_threads())
         assert rc == 0, f"decode_attention_int8 returned {rc}"
         return out

@@ -29,6 +29,9 @@ def test_bench_engine_json(tmp_path):
         # weight GB/s is weight bytes x decode steps/s, steps/s = tok/s / batch
         want = data["weight_bytes"] * r["decode_tok_s"]["mean"] / r["batch"] / 1e9
         assert r["weight_read_gbps"]["mean"] == pytest.approx(want)
+        # the roofline of a row is the higher of the readings taken right before and after it
+        before, after = r["bandwidth"]
+        assert r["roofline_read_gbps"] == max(before["read_gbps"], after["read_gbps"]) > 0
     assert data["bandwidth"]["read_gbps"] > 0 and data["machine"]["cpu_model"]
 
 
@@ -43,7 +46,8 @@ def test_helpers():
     rows = table_rows([{"batch": 1, "prompt_tokens": 8, "gen_tokens": 4,
                         "prefill_tok_s": {"mean": 10.0, "stddev": 1.0, "n": 2},
                         "decode_tok_s": {"mean": 5.0, "stddev": 0.5, "n": 2},
-                        "weight_read_gbps": {"mean": 3.0, "stddev": 0.1, "n": 2}}], read_gbps=6.0)
+                        "weight_read_gbps": {"mean": 3.0, "stddev": 0.1, "n": 2},
+                        "roofline_read_gbps": 6.0}])
     assert rows[0]["roofline"] == 50.0 and rows[0]["decode"] == "5.0 ± 0.5"
 
 
@@ -70,14 +74,14 @@ def test_bench_step_json(tmp_path):
 
 
 def test_bench_linear_json(tmp_path):
-    from edge_runtime.kernels import cpu_linear
+    from edge_runtime.bench.linear_bench import packed_kinds
 
     model = make_tiny_llama(tmp_path / "m")
     out = tmp_path / "l.json"
     assert main(["bench", "linear", "--model", str(model), "--rows", "1,3", "--repeat", "2",
                  "--bandwidth-mib", "4", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    backends = ["torch F.linear (MKL)"] + (["onednn-packed"] if cpu_linear.available() else [])
+    backends = ["torch F.linear (MKL)"] + packed_kinds()
     assert [(r["backend"], r["rows"]) for r in data["rows"]] == [(b, n) for b in backends for n in (1, 3)]
     for r in data["rows"]:
         assert r["gbps"] == pytest.approx(data["weight_bytes"] / (r["ms"] / 1e3) / 1e9)

@@ -10,7 +10,10 @@ Decode at batch 1 reads every weight once per token, so its speed limit is how f
 
 Each is the best of `repeats` timed runs after one warm-up (best, not mean: the roofline is what the
 hardware can do; noise only ever makes a run slower). The tensor must be much larger than the last
-level cache (default 512 MiB) or the number measures cache, not DRAM.
+level cache (default 512 MiB) or the number measures cache, not DRAM. On a CPU the tensors live in
+huge-page-backed memory (kernels/huge_pages.py), as the engine's packed weights do: with 4 KiB pages
+the same sum reads slower (prefetchers stop at page boundaries), which would understate the limit.
+`BandwidthProbe` keeps its tensors to measure again next to each benchmark point.
 """
 
 from __future__ import annotations
@@ -50,21 +53,44 @@ def _best_seconds(fn, device: str, repeats: int) -> float:
     return best
 
 
-def measure_bandwidth(size_mib: int = 512, repeats: int = 5, device: str = "cpu") -> Bandwidth:
-    import torch
+class BandwidthProbe:
+    """Source and destination tensors allocated (and faulted in) once, so the bandwidth can be
+    measured again and again next to each measurement it is the roofline of: on a shared machine
+    (a VM) the available bandwidth moves by tens of percent within minutes."""
 
-    assert size_mib > 0 and repeats > 0, (size_mib, repeats)
-    numel = size_mib * 2**20 // 4
-    src = torch.randn(numel, dtype=torch.float32, device=device)  # random, never zeros
-    dst = torch.empty_like(src)
-    nbytes = src.numel() * src.element_size()
-    t_read = _best_seconds(lambda: src.sum(), device, repeats)
-    t_copy = _best_seconds(lambda: dst.copy_(src), device, repeats)
-    assert torch.equal(dst, src), "copy benchmark produced a wrong result"
-    return Bandwidth(
-        read_gbps=nbytes / t_read / 1e9,
-        copy_gbps=2 * nbytes / t_copy / 1e9,
-        tensor_bytes=nbytes,
-        device=device,
-        threads=torch.get_num_threads(),
-    )
+    def __init__(self, size_mib: int = 512, device: str = "cpu") -> None:
+        import torch
+
+        assert size_mib > 0, size_mib
+        numel = size_mib * 2**20 // 4
+        self.device = device
+        if device == "cpu":
+            from edge_runtime.kernels.huge_pages import HugePageArena
+
+            self._arena = HugePageArena(2 * numel)
+            self.src = self._arena.take(numel).normal_()  # random, never zeros
+            self.dst = self._arena.take(numel).zero_()
+        else:
+            self.src = torch.randn(numel, dtype=torch.float32, device=device)
+            self.dst = torch.zeros_like(self.src)
+
+    def measure(self, repeats: int = 5) -> Bandwidth:
+        import torch
+
+        assert repeats > 0, repeats
+        src, dst, device = self.src, self.dst, self.device
+        nbytes = src.numel() * src.element_size()
+        t_read = _best_seconds(lambda: src.sum(), device, repeats)
+        t_copy = _best_seconds(lambda: dst.copy_(src), device, repeats)
+        assert torch.equal(dst, src), "copy benchmark produced a wrong result"
+        return Bandwidth(
+            read_gbps=nbytes / t_read / 1e9,
+            copy_gbps=2 * nbytes / t_copy / 1e9,
+            tensor_bytes=nbytes,
+            device=device,
+            threads=torch.get_num_threads(),
+        )
+
+
+def measure_bandwidth(size_mib: int = 512, repeats: int = 5, device: str = "cpu") -> Bandwidth:
+    return BandwidthProbe(size_mib, device).measure(repeats)

@@ -1,8 +1,9 @@
-"""`edge-runtime bench linear`: the model's fp32 linears alone, MKL's F.linear vs oneDNN packed.
+"""`edge-runtime bench linear`: the model's fp32 linears alone, MKL's F.linear vs the packed backends.
 
 Runs every linear of one decode step (per layer q, k, v, o, gate, up, down, then the LM head) back
 to back on `rows` input rows, with the model's real weights: once as loaded (F.linear, the dense
-weights) and once packed and fused as the engine runs them (model/linear_packing.py). Reports the
+weights) and once per packed backend that exists here (kernels/cpu_linear.py: oneDNN reordered,
+the C blocked kernel), fused as the engine runs them (q/k/v and gate/up in one call). Reports the
 best of `--repeat` passes (after a warm-up) as ms per pass and weight GB/s (weight bytes / time) next
 to the machine's read bandwidth: how close the weight-bound part of decode is to its limit.
 """
@@ -27,12 +28,23 @@ def _dense_chain(model):
     return out + [model.lm_head]
 
 
-def _packed_chain(model):
+def _packed_chain(model, kind: str):
+    """The engine's fused chain with `kind` weights, built from the dense modules (a copy)."""
+    from edge_runtime.kernels.cpu_linear import PackedLinear
+
     out = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
-        out += [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
-    return out + [model.lm_head]
+        out += [PackedLinear([a.q_proj, a.k_proj, a.v_proj], kind=kind), PackedLinear([a.o_proj], kind=kind),
+                PackedLinear([m.gate_proj, m.up_proj], kind=kind), PackedLinear([m.down_proj], kind=kind)]
+    return out + [PackedLinear([model.lm_head], kind=kind)]
+
+
+def packed_kinds() -> list[str]:
+    from edge_runtime.kernels import cpu_linear, cpu_native
+
+    kinds = ["onednn"] if cpu_linear._onednn_available() else []
+    return kinds + (["c-blocked"] if cpu_native.library() is not None else [])
 
 
 def _best_ms(chain, rows: int, repeat: int) -> float:
@@ -54,9 +66,6 @@ def run(args) -> int:
     from edge_runtime.bench.bandwidth import measure_bandwidth
     from edge_runtime.bench.edge_systems import load
     from edge_runtime.errors import InputError
-    from edge_runtime.kernels import cpu_linear
-    from edge_runtime.model.linear_packing import pack_linears
-
     rows_list = parse_int_list(args.rows, "--rows")
     if args.repeat < 1:
         raise InputError("--repeat must be at least 1")
@@ -66,14 +75,12 @@ def run(args) -> int:
     loaded = load(args.model)
     weight_bytes = sum(m.weight.numel() * 4 for m in _dense_chain(loaded.model))
     results = []
-    chains = [("torch F.linear (MKL)", _dense_chain(loaded.model))]
-    for name, chain in chains + [("onednn-packed", None)]:
-        if chain is None:
-            if not cpu_linear.available():
-                print("[bench linear] oneDNN packing unavailable here", file=sys.stderr)
-                break
-            pack_linears(loaded.model)
-            chain = _packed_chain(loaded.model)
+    kinds = packed_kinds()
+    if len(kinds) < 2:
+        print(f"[bench linear] packed backends here: {kinds or 'none'} (oneDNN needs torch's mkldnn "
+              "ops, c-blocked a C compiler)", file=sys.stderr)
+    for name in ["torch F.linear (MKL)"] + kinds:
+        chain = _dense_chain(loaded.model) if name.startswith("torch") else _packed_chain(loaded.model, name)
         for rows in rows_list:
             ms = _best_ms(chain, rows, args.repeat)
             gbps = weight_bytes / (ms / 1e3) / 1e9
@@ -89,7 +96,7 @@ def run(args) -> int:
 
 
 def register_subcommand(subparsers) -> None:
-    p = subparsers.add_parser("linear", help="one decode step's fp32 linears: F.linear vs oneDNN packed")
+    p = subparsers.add_parser("linear", help="one decode step's fp32 linears: F.linear vs oneDNN vs C blocked")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--rows", default="1,2,5,16")
     p.add_argument("--repeat", type=int, default=10)

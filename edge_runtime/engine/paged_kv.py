@@ -172,11 +172,12 @@ class PagedKVContext:
             out[flat.decode_tokens] = out_dec
         return out.to(q.dtype)
 
-    def _decode(self, layer: int, q_dec: torch.Tensor) -> torch.Tensor:
-        """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
-        flat = self.flat
+    def _native_attention(self, num_heads: int, head_dim: int):
+        """The C decode attention for this step's decode tokens, made once; False where it does
+        not apply (float stores, head_dim too large, no C library)."""
         if self._native is None:
-            fits = self.storage.kv_dtype == "int8" and q_dec.shape[-1] <= NATIVE_MAX_HEAD_DIM
+            flat = self.flat
+            fits = self.storage.kv_dtype == "int8" and head_dim <= NATIVE_MAX_HEAD_DIM
             lib = cpu_native.library() if fits else None
             self._native = False
             if lib is not None:
@@ -185,9 +186,37 @@ class PagedKVContext:
                     st = self.storage.store(name)
                     parts.append((st.k, st.v, st.k_scale, st.v_scale, rows, lens,
                                   flat.layer_offset(name, 1)))
-                self._native = NativeDecodeAttention(lib, parts, q_dec.shape[1], self.sm_scale)
-        if self._native:
-            return self._native(q_dec, layer)
+                self._native = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale)
+        return self._native
+
+    def native_decode_args(self, num_heads: int, head_dim: int):
+        """Arguments for the one-call C decode step (kernels/cpu_decoder.py), or None where it
+        does not apply: not the CPU flat path, a prefill row in the step, or no C attention."""
+        from edge_runtime.kernels.cpu_decoder import KVWrite, NativeDecodeArgs
+
+        flat = self.flat
+        if flat is None or not flat.all_decode or self.num_tokens == 0:
+            return None
+        attention = self._native_attention(num_heads, head_dim)
+        if not attention:
+            return None
+        writes, keep = (KVWrite * len(flat.write))(), []
+        for slot, (name, (tokens, rows)) in zip(writes, flat.write.items()):
+            st = self.storage.store(name)
+            tokens, rows = tokens.contiguous(), rows.contiguous()
+            keep += [tokens, rows]
+            slot.k, slot.v = st.k.data_ptr(), st.v.data_ptr()
+            slot.ks, slot.vs = st.k_scale.data_ptr(), st.v_scale.data_ptr()
+            slot.tokens, slot.rows, slot.n = tokens.data_ptr(), rows.data_ptr(), tokens.numel()
+            slot.layer_stride = flat.layer_offset(name, 1)
+        return NativeDecodeArgs(attention, writes, keep)
+
+    def _decode(self, layer: int, q_dec: torch.Tensor) -> torch.Tensor:
+        """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
+        flat = self.flat
+        native = self._native_attention(q_dec.shape[1], q_dec.shape[-1])
+        if native:
+            return native(q_dec, layer)
         parts = [self._store_args(name, rows, layer) for name, rows in flat.gather]
         return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale)
 

@@ -1,13 +1,15 @@
-"""Run-time conversion of a loaded fp32 CPU model's linears to oneDNN packed weights.
+"""Run-time conversion of a loaded fp32 CPU model's linears to packed weights (kernels/cpu_linear.py).
 
 What changes (only when `kernels/cpu_linear.available()` and the model is fp32 on CPU):
 - per layer, q/k/v_proj become one `self_attn.qkv_proj` and gate/up_proj one `mlp.gate_up_proj`
   (each a PackedLinear over the concatenated rows; the HF-named modules are removed), o_proj and
   down_proj are packed in place;
-- lm_head is packed, except when tied to the embedding: a reordered copy would cost vocab x hidden
-  x 4 more bytes (108 MiB for SmolLM2) for a ~20% faster LM head, so a tied head runs oneDNN on the
-  embedding's dense weight itself (memory is the point of this runtime).
-AWQ (AWQLinear) and non-fp32 linears are left alone. Loading and quantizing work on the HF names,
+- lm_head is packed. A head tied to the embedding must not cost a second vocab x hidden x 4 bytes
+  (108 MiB for SmolLM2; memory is the point of this runtime): with the c-blocked backend the
+  embedding becomes a `BlockedEmbedding` reading the head's blocked tensor, with oneDNN the head
+  runs on the embedding's dense weight (~20% slower than reordered).
+When every layer got the c-blocked backend, `model.fused_decoder` runs all-decode CPU steps in one
+C call (kernels/cpu_decoder.py). AWQ (AWQLinear) and non-fp32 linears are left alone. Loading and quantizing work on the HF names,
 so this runs after loading, when an Engine takes the model (`Engine.__init__`), and only once.
 
 Invariant: the packed model computes the same function (fp32, summation order aside: tests compare
@@ -18,23 +20,58 @@ from __future__ import annotations
 from torch import nn
 
 from edge_runtime.kernels import cpu_linear
-from edge_runtime.kernels.cpu_linear import PackedLinear, packable
+from edge_runtime.kernels.cpu_decoder import FusedDecoder
+from edge_runtime.kernels.cpu_linear import BlockedEmbedding, PackedLinear, blocked_numel, packable
+from edge_runtime.kernels.huge_pages import HugePageArena
 
 
 def pack_linears(model: nn.Module) -> int:
     """Pack `model` (a CausalLM) in place; returns the number of PackedLinear modules (0: unchanged)."""
     if getattr(model, "linears_packed", 0) or not cpu_linear.available():
         return getattr(model, "linears_packed", 0)
+    kind = cpu_linear.backend()
+    groups = _groups(model)
+    arena = None
+    if kind == "c-blocked":  # every blocked weight in one huge-page-backed allocation
+        arena = HugePageArena(sum(blocked_numel(sum(m.out_features for m in parts), parts[0].in_features)
+                                  for _, _, parts in groups))
     count = 0
-    for layer in model.model.layers:
-        count += _pack_layer(layer)
+    for owner, (names, new_name), parts in groups:
+        if owner is model:
+            continue  # the head goes last, see below
+        setattr(owner, new_name, PackedLinear(parts, kind=kind, arena=arena))
+        for n in names:
+            if n != new_name:
+                delattr(owner, n)
+        count += 1
     _own_storage(model)  # before the head: a tied head must share the embedding's final memory
     if packable(model.lm_head):
         tied = model.lm_head.weight is model.model.embed_tokens.weight
-        model.lm_head = PackedLinear([model.lm_head], reorder=not tied)
+        model.lm_head = PackedLinear([model.lm_head], reorder=not tied or kind == "c-blocked",
+                                     kind=kind, arena=arena)
+        if tied and kind == "c-blocked":
+            model.model.embed_tokens = BlockedEmbedding(model.lm_head)
         count += 1
     model.linears_packed = count
+    model.fused_decoder = FusedDecoder.for_model(model)
     return count
+
+
+def _groups(model: nn.Module) -> list:
+    """(owner, (HF names, packed name), modules) of every linear (group) to pack, the head last."""
+    out = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for owner, names, new_name in ((attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+                                       (attn, ("o_proj",), "o_proj"),
+                                       (mlp, ("gate_proj", "up_proj"), "gate_up_proj"),
+                                       (mlp, ("down_proj",), "down_proj")):
+            parts = [getattr(owner, n) for n in names]
+            if all(packable(m) for m in parts):
+                out.append((owner, (names, new_name), parts))
+    if packable(model.lm_head):
+        out.append((model, (("lm_head",), "lm_head"), [model.lm_head]))
+    return out
 
 
 def _own_storage(model: nn.Module) -> None:
@@ -43,24 +80,3 @@ def _own_storage(model: nn.Module) -> None:
     mapping stays, with every page that packing read resident (+517 MiB RSS for SmolLM2, measured)."""
     for t in list(model.parameters()) + list(model.buffers()):
         t.data = t.data.clone()
-
-
-def _fuse(owner: nn.Module, names: tuple[str, ...], fused_name: str) -> int:
-    parts = [getattr(owner, n) for n in names]
-    if not all(packable(m) for m in parts):
-        return 0
-    setattr(owner, fused_name, PackedLinear(parts))
-    for n in names:
-        delattr(owner, n)
-    return 1
-
-
-def _pack_layer(layer: nn.Module) -> int:
-    attn, mlp = layer.self_attn, layer.mlp
-    count = _fuse(attn, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
-    count += _fuse(mlp, ("gate_proj", "up_proj"), "gate_up_proj")
-    for owner, name in ((attn, "o_proj"), (mlp, "down_proj")):
-        if packable(getattr(owner, name)):
-            setattr(owner, name, PackedLinear([getattr(owner, name)]))
-            count += 1
-    return count

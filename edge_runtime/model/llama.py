@@ -185,6 +185,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.model = DecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.fused_decoder = None  # set by model/linear_packing.py (kernels/cpu_decoder.py)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -213,8 +214,15 @@ class CausalLM(nn.Module):
             input_ids.shape, positions.shape)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.model.rotary_emb(positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, kv)
+        fused = self.fused_decoder  # the C layer stack for all-decode CPU steps (cpu_decoder.py)
+        args = None
+        if fused is not None and hasattr(kv, "native_decode_args"):
+            args = kv.native_decode_args(self.config.num_heads, self.config.head_dim)
+        if args is not None:
+            x = fused(x, cos, sin, args, kv.sm_scale)
+        else:
+            for layer in self.model.layers:
+                x = layer(x, cos, sin, kv)
         if logits_indices is not None:
             x = x[logits_indices]  # [B, hidden]
         return self.lm_head(self.model.norm(x)).float()  # [B, vocab]

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edge_runtime_cpu.h"
+
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
@@ -93,35 +95,6 @@ void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v
     }
 }
 
-typedef struct {
-    const int8_t *k, *v;        /* flat rows [*, D] */
-    const uint16_t *ks, *vs;    /* fp16 scales [*] (same row numbers) */
-    const int64_t *index;       /* [R, Hkv, width] layer-0 row numbers */
-    const int32_t *lens;        /* [R] valid entries of each row's list */
-    int64_t width;
-    int64_t layer_offset;
-} flat_part;
-
-/* exp(x) for x <= 0 (Cephes expf: Cody-Waite reduction + degree-6 polynomial, ~1 ulp), written
- * without branches or libm calls so the softmax loop vectorizes (libm's expf does not here). */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 #define MAX_HEAD_DIM 256
 
 static inline void to_float(float *dst, const int8_t *src, int d) {
@@ -141,88 +114,102 @@ static inline void axpy_f(float *acc, float w, const float *v, int d) {
     for (int i = 0; i < d; i++) acc[i] += w * v[i];
 }
 
-/* q: [R, H, D] fp32, heads contiguous, rows q_stride_r floats apart; out: [R, H, D] fp32
- * contiguous; scratch: at least H * (max total keys of a row) floats.
- * Returns 0; -1 when a row has no key (the caller guarantees one), -2 when D > MAX_HEAD_DIM. */
-static inline __attribute__((always_inline)) int
-decode_body(const float *q, const flat_part *parts, int num_parts, int R, int H, int Hkv,
-            const int D, int64_t q_stride_r, float sm_scale, float *out, float *scratch) {
-    /* token-major: a token's kv heads are adjacent rows (one contiguous run of Hkv * D bytes) */
+/* One (row r, kv head kh) task: the G query heads of kh attend to the row's keys.
+ * q: [R, H, D] fp32, heads contiguous, rows q_stride_r floats apart; out: [R, H, D] contiguous;
+ * scratch: G * (total keys of the row) floats of this task's own. */
+static inline __attribute__((always_inline)) void
+decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh, int H, int Hkv,
+            const int D, int64_t q_stride_r, float sm_scale, float *out, float *scratch,
+            int64_t total) {
+    /* token-major store: a token's kv heads are adjacent rows */
     const int G = H / Hkv;
+    const float *qr = q + (int64_t)r * q_stride_r + (int64_t)kh * G * D;
+    float *o = out + (int64_t)r * H * D + (int64_t)kh * G * D;
+    int64_t pos = 0;
+    for (int p = 0; p < num_parts; p++) { /* scores: scratch[g * total + pos] */
+        const flat_part *pt = &parts[p];
+        const int64_t *idx = pt->index + ((int64_t)r * Hkv + kh) * pt->width;
+        const int64_t n = pt->lens[r];
+        for (int64_t j = 0; j < n; j++, pos++) {
+            int64_t row = idx[j] + pt->layer_offset;
+            float kf[MAX_HEAD_DIM];
+            to_float(kf, pt->k + row * D, D);
+            float sc = half_to_float(pt->ks[row]) * sm_scale;
+            for (int g = 0; g < G; g++) scratch[g * total + pos] = dot_f(qr + g * D, kf, D) * sc;
+        }
+    }
+    for (int g = 0; g < G; g++) { /* softmax of each head's scores, in place */
+        float *sh = scratch + g * total;
+        float m = sh[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 1; j < total; j++) m = sh[j] > m ? sh[j] : m;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < total; j++) {
+            sh[j] = exp_nonpositive(sh[j] - m);
+            sum += sh[j];
+        }
+        float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < total; j++) sh[j] *= inv;
+    }
+    memset(o, 0, sizeof(float) * G * D);
+    pos = 0;
+    for (int p = 0; p < num_parts; p++) { /* out[g] = sum_j prob[g][j] * v_j * vscale_j */
+        const flat_part *pt = &parts[p];
+        const int64_t *idx = pt->index + ((int64_t)r * Hkv + kh) * pt->width;
+        const int64_t n = pt->lens[r];
+        for (int64_t j = 0; j < n; j++, pos++) {
+            int64_t row = idx[j] + pt->layer_offset;
+            float vf[MAX_HEAD_DIM];
+            to_float(vf, pt->v + row * D, D);
+            float vsc = half_to_float(pt->vs[row]);
+            for (int g = 0; g < G; g++) axpy_f(o + g * D, scratch[g * total + pos] * vsc, vf, D);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+decode_all(const float *q, const flat_part *parts, int num_parts, int R, int H, int Hkv, const int D,
+           int64_t q_stride_r, float sm_scale, float *out, float *scratch, int64_t scratch_stride,
+           int nthreads) {
+    const int tasks = R * Hkv;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
+    for (int t = 0; t < tasks; t++) {
+        const int r = t / Hkv, kh = t % Hkv;
+        int64_t total = 0;
+        for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
+        decode_task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out,
+                    scratch + (int64_t)t * scratch_stride, total);
+    }
+}
+
+/* q: [R, H, D]; out: [R, H, D]; scratch: R * Hkv tasks x scratch_stride floats, scratch_stride >=
+ * (H / Hkv) * (the most keys of a row). (Row, kv head) tasks run on `nthreads` OpenMP threads; the
+ * body has head_dim as a compile-time constant for the common sizes (a runtime trip count costs
+ * the vectorized loops their prologue/epilogue checks on every 64-element row).
+ * Returns 0; -1 when a row has no key (the caller guarantees one), -2 when D > MAX_HEAD_DIM. */
+int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
+                          int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
+                          float *scratch, int64_t scratch_stride, int nthreads) {
+    if (D > MAX_HEAD_DIM) return -2;
     for (int r = 0; r < R; r++) {
         int64_t total = 0;
         for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
         if (total == 0) return -1;
-        const float *qr = q + (int64_t)r * q_stride_r;
-        float *o = out + (int64_t)r * H * D;
-        int64_t pos = 0;
-        for (int p = 0; p < num_parts; p++) { /* scores: scratch[h * total + pos] */
-            const flat_part *pt = &parts[p];
-            const int64_t *idx = pt->index + (int64_t)r * Hkv * pt->width;
-            const int64_t n = pt->lens[r];
-            for (int64_t j = 0; j < n; j++, pos++) {
-                for (int kh = 0; kh < Hkv; kh++) {
-                    int64_t row = idx[kh * pt->width + j] + pt->layer_offset;
-                    float kf[MAX_HEAD_DIM];
-                    to_float(kf, pt->k + row * D, D);
-                    float sc = half_to_float(pt->ks[row]) * sm_scale;
-                    for (int g = 0; g < G; g++) {
-                        int h = kh * G + g;
-                        scratch[h * total + pos] = dot_f(qr + h * D, kf, D) * sc;
-                    }
-                }
-            }
-        }
-        for (int h = 0; h < H; h++) { /* softmax of each head's scores, in place */
-            float *sh = scratch + h * total;
-            float m = sh[0];
-#pragma omp simd reduction(max : m)
-            for (int64_t j = 1; j < total; j++) m = sh[j] > m ? sh[j] : m;
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < total; j++) {
-                sh[j] = exp_nonpositive(sh[j] - m);
-                sum += sh[j];
-            }
-            float inv = 1.0f / sum;
-#pragma omp simd
-            for (int64_t j = 0; j < total; j++) sh[j] *= inv;
-        }
-        memset(o, 0, sizeof(float) * H * D);
-        pos = 0;
-        for (int p = 0; p < num_parts; p++) { /* out[h] = sum_j prob[h][j] * v_j * vscale_j */
-            const flat_part *pt = &parts[p];
-            const int64_t *idx = pt->index + (int64_t)r * Hkv * pt->width;
-            const int64_t n = pt->lens[r];
-            for (int64_t j = 0; j < n; j++, pos++) {
-                for (int kh = 0; kh < Hkv; kh++) {
-                    int64_t row = idx[kh * pt->width + j] + pt->layer_offset;
-                    float vf[MAX_HEAD_DIM];
-                    to_float(vf, pt->v + row * D, D);
-                    float vsc = half_to_float(pt->vs[row]);
-                    for (int g = 0; g < G; g++) {
-                        int h = kh * G + g;
-                        axpy_f(o + h * D, scratch[h * total + pos] * vsc, vf, D);
-                    }
-                }
-            }
-        }
     }
-    return 0;
-}
-
-/* The body with head_dim as a compile-time constant for the common sizes: a runtime trip count
- * costs the vectorized loops their prologue/epilogue checks on every 64-element row. */
-int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
-                          int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
-                          float *scratch) {
-    if (D > MAX_HEAD_DIM) return -2;
     switch (D) {
     case 64:
-        return decode_body(q, parts, num_parts, R, H, Hkv, 64, q_stride_r, sm_scale, out, scratch);
+        decode_all(q, parts, num_parts, R, H, Hkv, 64, q_stride_r, sm_scale, out, scratch,
+                   scratch_stride, nthreads);
+        break;
     case 128:
-        return decode_body(q, parts, num_parts, R, H, Hkv, 128, q_stride_r, sm_scale, out, scratch);
+        decode_all(q, parts, num_parts, R, H, Hkv, 128, q_stride_r, sm_scale, out, scratch,
+                   scratch_stride, nthreads);
+        break;
     default:
-        return decode_body(q, parts, num_parts, R, H, Hkv, D, q_stride_r, sm_scale, out, scratch);
+        decode_all(q, parts, num_parts, R, H, Hkv, D, q_stride_r, sm_scale, out, scratch,
+                   scratch_stride, nthreads);
     }
+    return 0;
 }

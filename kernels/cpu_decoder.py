@@ -1,0 +1,141 @@
+"""A decode step's whole layer stack in one C call (kernels/csrc/decoder.c) on the CPU.
+
+Why: with the linears reading weights at the machine's bandwidth (c-blocked), the per-layer torch
+ops and Python around them were half of a batch-1 step (docs/perf.md, "CPU decode step").
+
+`FusedDecoder.for_model(model)` exists when every layer of a CausalLM was packed with the c-blocked
+backend (model/linear_packing.py) and the C library is built; `EDGE_RUNTIME_CPU_FUSED=0` turns it
+off (A/B runs, tests). `CausalLM.forward` uses it for a step whose KV context offers
+`native_decode_args()` (engine/paged_kv.py: CPU flat path, int8 KV, every new token a decode
+token); any other step runs the layers in torch as before. The reference is that layer loop:
+tests compare logits and the KV written (tests/test_kernel_cpu_decoder.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import torch
+
+ENV_SWITCH = "EDGE_RUNTIME_CPU_FUSED"
+
+
+class LayerWeights(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "input_norm", "post_norm", "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "gate_up_b",
+        "down_w", "down_b")]
+
+
+class DecoderDims(ctypes.Structure):
+    _fields_ = [("num_layers", ctypes.c_int64), ("hidden", ctypes.c_int64),
+                ("num_heads", ctypes.c_int64), ("num_kv_heads", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64),
+                ("eps", ctypes.c_float)]
+
+
+class KVWrite(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("ks", ctypes.c_void_p),
+                ("vs", ctypes.c_void_p), ("tokens", ctypes.c_void_p), ("rows", ctypes.c_void_p),
+                ("n", ctypes.c_int64), ("layer_stride", ctypes.c_int64)]
+
+
+@dataclass
+class NativeDecodeArgs:
+    """What the C step needs from a KV context: the attention parts (flat_kv_cpu's
+    NativeDecodeAttention) and where each new token's K/V goes."""
+
+    attention: object  # NativeDecodeAttention: parts, per-layer strides, scratch
+    writes: ctypes.Array
+    keep: list  # tensors the pointers above point into
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _declare(lib) -> None:
+    from edge_runtime.kernels.cpu_native import FlatPart
+
+    fn = lib.decode_layers
+    if fn.argtypes is None:
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(DecoderDims), ctypes.POINTER(LayerWeights), ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(KVWrite),
+                       ctypes.c_int, ctypes.POINTER(FlatPart), ctypes.POINTER(ctypes.c_int64),
+                       ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_int]
+
+
+class FusedDecoder:
+    """The layer stack of one packed fp32 Llama-architecture CausalLM as C arguments, made once."""
+
+    def __init__(self, lib, model) -> None:
+        cfg = model.config
+        self.lib = lib
+        _declare(lib)
+        layers = model.model.layers
+        self.dims = DecoderDims(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                                cfg.head_dim, cfg.intermediate_size,
+                                float(layers[0].input_layernorm.eps))
+        self.hidden, self.num_heads = cfg.hidden_size, cfg.num_heads
+        self.num_kv_heads, self.head_dim = cfg.num_kv_heads, cfg.head_dim
+        self.intermediate = cfg.intermediate_size
+        self.layers = (LayerWeights * len(layers))()
+        self._keep = []  # the tensors behind the pointers (the model holds them too)
+        for slot, layer in zip(self.layers, layers):
+            a, m = layer.self_attn, layer.mlp
+            tensors = dict(input_norm=layer.input_layernorm.weight.detach(),
+                           post_norm=layer.post_attention_layernorm.weight.detach(),
+                           qkv_w=a.qkv_proj.packed, qkv_b=a.qkv_proj.bias, o_w=a.o_proj.packed,
+                           o_b=a.o_proj.bias, gate_up_w=m.gate_up_proj.packed,
+                           gate_up_b=m.gate_up_proj.bias, down_w=m.down_proj.packed,
+                           down_b=m.down_proj.bias)
+            for name, t in tensors.items():
+                assert t is None or (t.dtype == torch.float32 and t.is_contiguous()), name
+                setattr(slot, name, _ptr(t))
+            self._keep.append(tensors)
+
+    @classmethod
+    def for_model(cls, model) -> "FusedDecoder | None":
+        """The fused stack when `model` qualifies (see the module doc), else None."""
+        from edge_runtime.kernels import cpu_native
+        from edge_runtime.kernels.cpu_linear import PackedLinear
+
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            return None
+        lib = cpu_native.library()
+        if lib is None:
+            return None
+        for layer in model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            mods = (getattr(a, "qkv_proj", None), getattr(a, "o_proj", None),
+                    getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None))
+            if not all(isinstance(x, PackedLinear) and x.kind == "c-blocked" for x in mods):
+                return None
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if any(w.dtype != torch.float32 for w in norms):
+                return None
+        return cls(lib, model)
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 args: NativeDecodeArgs, sm_scale: float) -> torch.Tensor:
+        """x: [R, hidden] fp32 (the embeddings; consumed); cos, sin: [R, 1, D] -> hidden states
+        after the last layer, [R, hidden] (before the final norm)."""
+        r = x.shape[0]
+        att = args.attention
+        assert x.dtype == torch.float32 and r == att.num_rows and att.num_heads == self.num_heads
+        x = x.contiguous()
+        cos = cos.reshape(r, self.head_dim).contiguous()
+        sin = sin.reshape(r, self.head_dim).contiguous()
+        qkv = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        work = torch.empty(r * (self.hidden + qkv + self.num_heads * self.head_dim
+                                + 3 * self.intermediate), dtype=torch.float32)
+        strides = (ctypes.c_int64 * len(att._strides))(*att._strides)
+        rc = self.lib.decode_layers(ctypes.byref(self.dims), self.layers, x.data_ptr(), r,
+                                    cos.data_ptr(), sin.data_ptr(), args.writes, len(args.writes),
+                                    att.parts, strides, len(att.parts), sm_scale, work.data_ptr(),
+                                    att.scratch.data_ptr(), att.scratch_stride,
+                                    torch.get_num_threads())
+        assert rc == 0, f"decode_layers returned {rc}"
+        return x

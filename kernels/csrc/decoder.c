@@ -1,0 +1,137 @@
+/* The whole decoder stack of a Llama-architecture model for one decode step, in C
+ * (kernels/cpu_decoder.py builds the arguments; its reference is the model's own layer loop,
+ * edge_runtime/model/llama.py, which tests compare it to).
+ *
+ * Why: with the linears at the machine's read bandwidth (linear_f32.c), the ~30 small torch ops
+ * per layer (norms, rope, the KV write, attention, silu, residual adds) and the Python around them
+ * cost as much as the weights' reads at batch 1 (docs/perf.md, "CPU decode step"). Here a step
+ * is one call: per layer RMSNorm -> fused q/k/v -> rope -> int8 KV write -> decode attention over
+ * the flat rows (flat_kv.c) -> o_proj + residual -> RMSNorm -> fused gate/up -> silu * up ->
+ * down_proj + residual. Every row is one decode token (one query per sequence).
+ *
+ * Math: fp32 throughout, the same formulas as the torch path (rms_norm: x * rsqrt(mean(x^2) + eps)
+ * * w; rope in the rotate-half form; silu(g) = g * sigmoid(g)); sums run in another order, so the
+ * results agree to rounding, not bit for bit. The KV write is bit-exact with quantize_int8.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "edge_runtime_cpu.h"
+
+typedef struct {
+    const float *input_norm, *post_norm;  /* [hidden] */
+    const float *qkv_w, *qkv_b;           /* blocked [(H + 2 Hkv) D] x hidden; bias or NULL */
+    const float *o_w, *o_b;               /* blocked [hidden] x H D */
+    const float *gate_up_w, *gate_up_b;   /* blocked [2 I] x hidden (gate rows, then up rows) */
+    const float *down_w, *down_b;         /* blocked [hidden] x I */
+} layer_weights;
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
+    float eps;
+} decoder_dims;
+
+typedef struct {               /* the new tokens' K/V that go to one store (pool or arena) */
+    int8_t *k, *v;
+    uint16_t *ks, *vs;
+    const int64_t *tokens;     /* [n]: which rows of the batch */
+    const int64_t *rows;       /* [n, Hkv]: their layer-0 row numbers in the store */
+    int64_t n, layer_stride;   /* layer l's rows = layer 0's + l * layer_stride */
+} kv_write;
+
+static void rms_norm(const float *x, const float *w, float *y, int64_t R, int64_t H, float eps) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * H;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < H; i++) ss += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        float *yr = y + r * H;
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * inv * w[i];
+    }
+}
+
+/* x: [heads, D] in place; cos, sin: [D] (rotate-half: pairs i, i + D/2) */
+static void rope(float *x, int64_t heads, int64_t D, const float *cos, const float *sin) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *a = x + h * D, *b = a + half;
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++) {
+            const float lo = a[i], hi = b[i];
+            a[i] = lo * cos[i] - hi * sin[i];
+            b[i] = hi * cos[i + half] + lo * sin[i + half];
+        }
+    }
+}
+
+static void add_into(float *x, const float *y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* act[r, i] = silu(gu[r, i]) * gu[r, I + i] */
+static void silu_mul(const float *gu, float *act, int64_t R, int64_t I) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = gu + r * 2 * I, *u = g + I;
+        float *a = act + r * I;
+#pragma omp simd
+        for (int64_t i = 0; i < I; i++) {
+            const float e = exp_nonpositive(-fabsf(g[i])); /* exp(-|g|) */
+            const float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            a[i] = g[i] * sig * u[i];
+        }
+    }
+}
+
+/* x: [R, hidden] residual stream, in/out. cos, sin: [R, D]. parts: the decode rows' keys (their
+ * layer_offset is set here per layer from part_strides). work: R * (hidden + qkv + H D + 3 I)
+ * floats; attn_scratch: R * Hkv * scratch_stride floats (flat_kv.c). Returns 0, or the first
+ * failing kernel's code (-1 bad linear argument / key-less row, -2 head_dim too large). */
+int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int64_t R,
+                  const float *cos, const float *sin, const kv_write *writes, int num_writes,
+                  flat_part *parts, const int64_t *part_strides, int num_parts, float sm_scale,
+                  float *work, float *attn_scratch, int64_t scratch_stride, int nthreads) {
+    const int64_t Hd = dm->hidden, H = dm->num_heads, Hkv = dm->num_kv_heads, D = dm->head_dim;
+    const int64_t I = dm->intermediate, QKV = (H + 2 * Hkv) * D;
+    float *h = work;               /* [R, hidden]: normed input, then a linear's output */
+    float *qkv = h + R * Hd;       /* [R, QKV] */
+    float *attn = qkv + R * QKV;   /* [R, H D] */
+    float *gu = attn + R * H * D;  /* [R, 2 I] */
+    float *act = gu + R * 2 * I;   /* [R, I] */
+    int rc;
+    for (int64_t l = 0; l < dm->num_layers; l++) {
+        const layer_weights *w = lw + l;
+        rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
+        if ((rc = linear_blocked_f32(w->qkv_w, w->qkv_b, h, Hd, qkv, QKV, QKV, Hd, R, nthreads)))
+            return rc;
+        for (int64_t r = 0; r < R; r++) /* q heads then k heads are adjacent: one pass */
+            rope(qkv + r * QKV, H + Hkv, D, cos + r * D, sin + r * D);
+        for (int s = 0; s < num_writes; s++) {
+            const kv_write *kw = writes + s;
+            for (int64_t i = 0; i < kw->n; i++) {
+                const float *row = qkv + kw->tokens[i] * QKV;
+                write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
+                              kw->rows + i * Hkv, l * kw->layer_stride, kw->k, kw->v, kw->ks, kw->vs);
+            }
+        }
+        for (int p = 0; p < num_parts; p++) parts[p].layer_offset = l * part_strides[p];
+        if ((rc = decode_attention_int8(qkv, parts, num_parts, (int)R, (int)H, (int)Hkv, (int)D, QKV,
+                                        sm_scale, attn, attn_scratch, scratch_stride, nthreads)))
+            return rc;
+        if ((rc = linear_blocked_f32(w->o_w, w->o_b, attn, H * D, h, Hd, Hd, H * D, R, nthreads)))
+            return rc;
+        add_into(x, h, R * Hd);
+        rms_norm(x, w->post_norm, h, R, Hd, dm->eps);
+        if ((rc = linear_blocked_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R,
+                                     nthreads)))
+            return rc;
+        silu_mul(gu, act, R, I);
+        if ((rc = linear_blocked_f32(w->down_w, w->down_b, act, I, h, Hd, Hd, I, R, nthreads)))
+            return rc;
+        add_into(x, h, R * Hd);
+    }
+    return 0;
+}

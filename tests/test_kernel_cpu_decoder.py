@@ -1,0 +1,148 @@
+"""The one-call C decode step (kernels/cpu_decoder.py, kernels/csrc/decoder.c) against the model's
+own torch layer loop over the same paged int8 KV: logits and the K/V it writes, for decode-only
+steps over shared prefixes, private tail pages and inline tails, GQA, 1 and 2 threads; and when
+it must not be used (prefill rows, fp32 KV, switched off)."""
+
+import pytest
+import torch
+
+from engine_helpers import tiny_folder
+from model_helpers import save_random_model, tiny_hf_config
+
+from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
+from edge_runtime.kernels.cpu_decoder import FusedDecoder
+from edge_runtime.model.linear_packing import pack_linears
+from edge_runtime.model.loader import load_model
+
+pytestmark = pytest.mark.skipif(cpu_native.library() is None,
+                                reason="kernels/csrc not built (no C compiler)")
+
+P, SLOT = 8, 24
+# (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens): one decode token each
+DECODE = [
+    ((3, 5), 13, "inline", (0,), 10),  # prefix with a partial last page + inline tail
+    ((), 0, "inline", (2,), 5),  # inline tail only
+    ((7,), 8, "pages", (4, 6), 9),  # full-page prefix + tail over two pages
+    ((3, 5), 13, "pages", (9,), 0),  # the first token after a shared partial prefix
+    ((), 0, "pages", (12, 13), 12),  # pages only, no prefix
+]
+
+
+def _packed(folder):
+    loaded = load_model(str(folder), progress=None)
+    pack_linears(loaded.model)
+    return loaded
+
+
+def _storage(cfg, kv_dtype, seed):
+    """A pool and an arena with random K/V in every slot (the history the decode rows attend to)."""
+    st = KVStorage(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_pages=16, page_tokens=P,
+                   num_inline_slots=3, inline_tokens=SLOT, kv_dtype=kv_dtype)
+    g = torch.Generator().manual_seed(seed)
+    for name in ("pages", "inline"):
+        s = st.store(name)
+        if kv_dtype == "int8":
+            s.k.copy_(torch.randint(-127, 128, s.k.shape, generator=g, dtype=torch.int8))
+            s.v.copy_(torch.randint(-127, 128, s.v.shape, generator=g, dtype=torch.int8))
+            s.k_scale.copy_((torch.rand(s.k_scale.shape, generator=g) * 0.02 + 0.001).half())
+            s.v_scale.copy_((torch.rand(s.v_scale.shape, generator=g) * 0.02 + 0.001).half())
+        else:
+            s.k.copy_(torch.randn(s.k.shape, generator=g))
+            s.v.copy_(torch.randn(s.v.shape, generator=g))
+    return st
+
+
+def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0):
+    """One forward of `specs` (one new token each) -> (logits, storage after the step)."""
+    cfg, model = loaded.config, loaded.model
+    st = _storage(cfg, kv_dtype, seed)
+    steps = [SeqStep(pages, plen, kind, ids, plen + cached, 1)
+             for pages, plen, kind, ids, cached in specs]
+    ctx = PagedKVContext(st, steps, sm_scale=cfg.head_dim ** -0.5)
+    ids = torch.tensor([5 + 7 * i for i in range(len(steps))])
+    positions = torch.tensor([s.start for s in steps])
+    keep, before = model.fused_decoder, torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        if not fused:
+            model.fused_decoder = None
+        logits = model(ids, positions, ctx, None)
+    finally:
+        model.fused_decoder = keep
+        torch.set_num_threads(before)
+    return logits, st
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    out = _packed(tiny_folder())
+    assert isinstance(out.model.fused_decoder, FusedDecoder)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("specs", [DECODE, DECODE[2:3], DECODE[:2]], ids=["mixed", "one", "inline"])
+def test_fused_step_matches_the_layer_loop(loaded, specs, threads):
+    got, st_got = _step(loaded, specs, "int8", fused=True, threads=threads)
+    want, st_want = _step(loaded, specs, "int8", fused=False)
+    torch.testing.assert_close(got, want, atol=2e-4 * float(want.abs().max()), rtol=0)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    for name in ("pages", "inline"):  # the new tokens' K/V: the same int8 up to a rounding flip
+        a, b = st_got.store(name), st_want.store(name)
+        for x, y in ((a.k, b.k), (a.v, b.v)):
+            diff = (x.int() - y.int()).abs()
+            assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 1e-3
+        torch.testing.assert_close(a.k_scale.float(), b.k_scale.float(), rtol=2e-3, atol=0)
+        torch.testing.assert_close(a.v_scale.float(), b.v_scale.float(), rtol=2e-3, atol=0)
+
+
+def test_fused_step_writes_exactly_the_new_rows(loaded):
+    _, st = _step(loaded, DECODE, "int8", fused=True)
+    untouched = _storage(loaded.config, "int8", seed=0)
+    changed = 0
+    for name in ("pages", "inline"):
+        a, b = st.store(name), untouched.store(name)
+        rows = (a.k != b.k).any(-1) | (a.v != b.v).any(-1)  # [blocks, layers, P, Hkv]
+        changed += int(rows.any(-1).sum())
+    # one token per sequence per layer; a rewritten random row differs in some byte for sure
+    assert changed == len(DECODE) * loaded.config.num_layers
+
+
+def test_biased_gqa_model(tmp_path):
+    """q/k/v and MLP biases, 3 query heads per kv head (qwen2-style attention bias)."""
+    folder = save_random_model(tiny_hf_config("qwen2", num_attention_heads=6, num_key_value_heads=2,
+                                              hidden_size=96, intermediate_size=100),
+                               tmp_path / "qwen2")
+    loaded = _packed(folder)
+    assert loaded.model.fused_decoder is not None
+    assert loaded.model.model.layers[0].self_attn.qkv_proj.bias is not None
+    got, _ = _step(loaded, DECODE, "int8", fused=True, threads=2)
+    want, _ = _step(loaded, DECODE, "int8", fused=False)
+    torch.testing.assert_close(got, want, atol=2e-4 * float(want.abs().max()), rtol=0)
+
+
+def test_not_used_for_prefill_rows_or_float_kv(loaded, monkeypatch):
+    calls = []
+    real = FusedDecoder.__call__
+    monkeypatch.setattr(FusedDecoder, "__call__", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = loaded.config
+    st = _storage(cfg, "int8", 0)
+    mixed = [SeqStep((3, 5), 13, "pages", (9,), 13, 4), SeqStep((7,), 8, "pages", (4, 6), 17, 1)]
+    ctx = PagedKVContext(st, mixed, sm_scale=cfg.head_dim ** -0.5)
+    assert ctx.native_decode_args(cfg.num_heads, cfg.head_dim) is None  # a prefill row
+    loaded.model(torch.arange(5, 10), torch.tensor([13, 14, 15, 16, 17]), ctx, None)
+    _step(loaded, DECODE, "fp32", fused=True)  # float KV: the torch path
+    assert not calls
+    _step(loaded, DECODE, "int8", fused=True)
+    assert calls == [1]
+
+
+def test_switches_and_backends_that_do_not_qualify(monkeypatch):
+    monkeypatch.setenv(cpu_decoder.ENV_SWITCH, "0")
+    assert _packed(tiny_folder()).model.fused_decoder is None
+    monkeypatch.delenv(cpu_decoder.ENV_SWITCH)
+    if cpu_linear._onednn_available():
+        monkeypatch.setenv(cpu_linear.ENV_SWITCH, "onednn")
+        assert _packed(tiny_folder()).model.fused_decoder is None
