@@ -30,14 +30,19 @@ def _dense_chain(model):
 
 def _packed_chain(model, kind: str):
     """The engine's fused chain with `kind` weights, built from the dense modules (a copy)."""
-    from edge_runtime.kernels.cpu_linear import PackedLinear
+    from edge_runtime.kernels.cpu_linear import PackedLinear, blocked_numel
+    from edge_runtime.kernels.huge_pages import HugePageArena
 
-    out = []
+    groups = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
-        out += [PackedLinear([a.q_proj, a.k_proj, a.v_proj], kind=kind), PackedLinear([a.o_proj], kind=kind),
-                PackedLinear([m.gate_proj, m.up_proj], kind=kind), PackedLinear([m.down_proj], kind=kind)]
-    return out + [PackedLinear([model.lm_head], kind=kind)]
+        groups += [[a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]]
+    groups.append([model.lm_head])
+    arena = None
+    if kind == "c-blocked":  # on huge pages, as model/linear_packing.py stores them
+        arena = HugePageArena(sum(blocked_numel(sum(x.out_features for x in g), g[0].in_features)
+                                  for g in groups))
+    return [PackedLinear(g, kind=kind, arena=arena) for g in groups]
 
 
 def packed_kinds() -> list[str]:
