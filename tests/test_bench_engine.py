@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_helpers import make_tiny_llama  # noqa: E402
 
-from edge_runtime.bench.engine_bench import parse_int_list, random_prompts, table_rows  # noqa: E402
+from edge_runtime.bench.engine_bench import (add_roofline, parse_int_list, random_prompts,  # noqa: E402
+                                             table_rows)
 from edge_runtime.cli import build_parser, main  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
@@ -29,9 +30,13 @@ def test_bench_engine_json(tmp_path):
         # weight GB/s is weight bytes x decode steps/s, steps/s = tok/s / batch
         want = data["weight_bytes"] * r["decode_tok_s"]["mean"] / r["batch"] / 1e9
         assert r["weight_read_gbps"]["mean"] == pytest.approx(want)
-        # the roofline of a row is the higher of the readings taken right before and after it
-        before, after = r["bandwidth"]
-        assert r["roofline_read_gbps"] == max(before["read_gbps"], after["read_gbps"]) > 0
+        # each run's roofline is the higher of the readings taken right before and after it
+        reads = [b["read_gbps"] for b in r["bandwidth"]]
+        assert len(reads) == 3 and min(reads) > 0
+        roofs = [max(a, b) for a, b in zip(reads, reads[1:])]
+        assert r["roofline_read_gbps"]["mean"] == pytest.approx(sum(roofs) / 2)
+        pct = [100 * g / x for g, x in zip(r["weight_read_gbps_samples"], roofs)]
+        assert r["roofline_pct"]["mean"] == pytest.approx(sum(pct) / 2)
     assert data["bandwidth"]["read_gbps"] > 0 and data["machine"]["cpu_model"]
 
 
@@ -43,12 +48,16 @@ def test_helpers():
     prompts = random_prompts(random.Random(0), 50, {0, 1, 2}, 3, 20)
     assert len(prompts) == 3 and all(len(p) == 20 for p in prompts)
     assert not {0, 1, 2} & {t for p in prompts for t in p} and len({tuple(p) for p in prompts}) == 3
-    rows = table_rows([{"batch": 1, "prompt_tokens": 8, "gen_tokens": 4,
-                        "prefill_tok_s": {"mean": 10.0, "stddev": 1.0, "n": 2},
-                        "decode_tok_s": {"mean": 5.0, "stddev": 0.5, "n": 2},
-                        "weight_read_gbps": {"mean": 3.0, "stddev": 0.1, "n": 2},
-                        "roofline_read_gbps": 6.0}])
-    assert rows[0]["roofline"] == 50.0 and rows[0]["decode"] == "5.0 ± 0.5"
+    row = {"batch": 1, "prompt_tokens": 8, "gen_tokens": 4,
+           "prefill_tok_s": {"mean": 10.0, "stddev": 1.0, "n": 2},
+           "decode_tok_s": {"mean": 5.0, "stddev": 0.5, "n": 2},
+           "weight_read_gbps": {"mean": 2.5, "stddev": 0.7, "n": 2},
+           "weight_read_gbps_samples": [3.0, 2.0], "repeat": 2}
+    add_roofline(row, [6.0, 4.0, 8.0])  # runs' rooflines: max(6, 4) = 6, max(4, 8) = 8
+    assert row["roofline_read_gbps"]["mean"] == 7.0
+    assert row["roofline_pct"]["mean"] == pytest.approx((50.0 + 25.0) / 2)
+    shown = table_rows([row])[0]
+    assert shown["decode"] == "5.0 ± 0.5" and shown["roofline"].startswith("38 ± ")
 
 
 def test_bench_subcommands_discovered(capsys):

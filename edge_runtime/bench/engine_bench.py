@@ -6,9 +6,10 @@ each run adds B requests of P random token ids (fresh per run, so the prefix cac
 - prefill tok/s = B*P / (time until every request has its first token)
 - decode tok/s  = B*(G-1) / (time from then until the last token)
 - weight GB/s   = weight_bytes * (G-1) / decode time: each batched decode step reads every weight
-  once, whatever B is. `% roofline` divides it by the read bandwidth (bench/bandwidth.py) measured
-  right before and right after that point's runs, the higher of the two (the machine's bandwidth
-  moves within minutes on a shared VM; the higher reading gives the lower, conservative percentage).
+  once, whatever B is. `% roofline` divides each run's weight GB/s by the read bandwidth
+  (bench/bandwidth.py) measured right before and right after that run, the higher of the two (on
+  a shared VM the bandwidth changes within seconds; the higher reading gives the lower,
+  conservative percentage), and reports mean ± stddev of those per-run percentages.
 Reported as mean ± sample stddev over the repeats.
 """
 
@@ -74,10 +75,14 @@ def timed_run(engine, prompts: list[list[int]], gen_tokens: int) -> tuple[float,
     return t_prefilled - t0, t_end - t_prefilled
 
 
-def bench_point(engine, loaded, batch, prompt_len, gen_tokens, repeat, rng, progress) -> dict:
+def bench_point(engine, loaded, batch, prompt_len, gen_tokens, repeat, rng, progress,
+                after_run=None) -> dict:
+    """after_run(): called after the warm-up and after every timed run (the bandwidth probe)."""
     vocab = loaded.config.vocab_size
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
     timed_run(engine, random_prompts(rng, vocab, special, batch, prompt_len), min(gen_tokens, 8))
+    if after_run:
+        after_run()
     prefill, decode = [], []
     for i in range(repeat):
         progress(f"batch {batch} prompt {prompt_len}: run {i + 1}/{repeat}")
@@ -86,21 +91,23 @@ def bench_point(engine, loaded, batch, prompt_len, gen_tokens, repeat, rng, prog
         )
         prefill.append(batch * prompt_len / t_pre)
         decode.append(batch * (gen_tokens - 1) / t_dec)
+        if after_run:
+            after_run()
     steps_per_s = [d / batch for d in decode]
     gbps = [loaded.weight_bytes * s / 1e9 for s in steps_per_s]
     return {
         "batch": batch, "prompt_tokens": prompt_len, "gen_tokens": gen_tokens, "repeat": repeat,
         "prefill_tok_s": Summary.of(prefill).to_dict(), "decode_tok_s": Summary.of(decode).to_dict(),
         "weight_read_gbps": Summary.of(gbps).to_dict(),
-        "prefill_samples": prefill, "decode_samples": decode,
+        "prefill_samples": prefill, "decode_samples": decode, "weight_read_gbps_samples": gbps,
     }
 
 
 COLUMNS = [
     Column("batch", "batch"), Column("prompt_tokens", "prompt"), Column("gen_tokens", "gen"),
     Column("prefill", "prefill tok/s"), Column("decode", "decode tok/s"),
-    Column("gbps", "weight read GB/s"), Column("read_gbps", "read GB/s (roofline)", "{:.1f}"),
-    Column("roofline", "% of read roofline", "{:.0f}%"),
+    Column("gbps", "weight read GB/s"), Column("read_gbps", "read GB/s (roofline)"),
+    Column("roofline", "% of read roofline"),
 ]
 
 
@@ -111,9 +118,20 @@ def table_rows(rows: list[dict]) -> list[dict]:
     return [{
         "batch": r["batch"], "prompt_tokens": r["prompt_tokens"], "gen_tokens": r["gen_tokens"],
         "prefill": fmt(r["prefill_tok_s"]), "decode": fmt(r["decode_tok_s"]),
-        "gbps": fmt(r["weight_read_gbps"], 2), "read_gbps": r["roofline_read_gbps"],
-        "roofline": 100 * r["weight_read_gbps"]["mean"] / r["roofline_read_gbps"],
+        "gbps": fmt(r["weight_read_gbps"], 2), "read_gbps": fmt(r["roofline_read_gbps"]),
+        "roofline": fmt(r["roofline_pct"], 0) + "%",
     } for r in rows]
+
+
+def add_roofline(row: dict, reads: list[float]) -> None:
+    """reads: read GB/s measured after the warm-up and after each timed run (repeat + 1 values).
+    Run i's roofline is the higher of the readings just before and just after it (the VM's bandwidth
+    changes within seconds; the higher reading gives the lower, conservative percentage)."""
+    gbps = [row["weight_read_gbps_samples"][i] for i in range(row["repeat"])]
+    assert len(reads) == len(gbps) + 1, (len(reads), len(gbps))
+    roofs = [max(a, b) for a, b in zip(reads, reads[1:])]
+    row["roofline_read_gbps"] = Summary.of(roofs).to_dict()
+    row["roofline_pct"] = Summary.of([100 * g / r for g, r in zip(gbps, roofs)]).to_dict()
 
 
 def set_threads(threads: int | None) -> None:
@@ -152,11 +170,11 @@ def run(args) -> int:
     rows = []
     for p in prompts:
         for b in batches:
-            before = probe.measure()
-            row = bench_point(engine, loaded, b, p, args.gen_tokens, args.repeat, rng, _progress)
-            after = probe.measure()
-            row["bandwidth"] = [before.to_dict(), after.to_dict()]
-            row["roofline_read_gbps"] = max(before.read_gbps, after.read_gbps)
+            readings = []
+            row = bench_point(engine, loaded, b, p, args.gen_tokens, args.repeat, rng, _progress,
+                              after_run=lambda: readings.append(probe.measure(repeats=3)))
+            add_roofline(row, [r.read_gbps for r in readings])
+            row["bandwidth"] = [r.to_dict() for r in readings]
             rows.append(row)
     readings = [x["read_gbps"] for r in rows for x in r["bandwidth"]]
     print(f"model {args.model} ({loaded.weight_bytes / 1e6:.0f} MB weights, "

@@ -28,7 +28,10 @@ static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 #define BLOCK_N 16
 #define MAX_ROWS 6
 #define ROW_BLOCK 48
-#define PREFETCH_FLOATS 256 /* 1 KiB ahead in the weight stream */
+/* Software prefetch 1 KiB ahead in the weight stream, for 3+ rows only: measured on huge pages
+ * (docs/perf.md, "CPU linears"), it helps 5 rows (+4%) and costs 1-2 rows (-4 to -8% when the
+ * machine's bandwidth is high): with one row the hardware prefetcher keeps up on its own. */
+#define PREFETCH_FLOATS 256
 
 #define DEFINE_KERNEL(RB)                                                                          \
     static void kernel_##RB(const float *wb, int64_t K, const float *X, int64_t ldx, float *Y,     \
@@ -36,7 +39,7 @@ static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
         v8 acc[RB][2];                                                                             \
         for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = (v8){0};                              \
         for (int64_t k = 0; k < K; k++) {                                                          \
-            __builtin_prefetch(wb + k * BLOCK_N + PREFETCH_FLOATS, 0, 0);                          \
+            if (RB >= 3) __builtin_prefetch(wb + k * BLOCK_N + PREFETCH_FLOATS, 0, 0);             \
             v8 w0 = load8(wb + k * BLOCK_N), w1 = load8(wb + k * BLOCK_N + 8);                     \
             for (int r = 0; r < RB; r++) {                                                         \
                 float x = X[r * ldx + k];                                                          \
