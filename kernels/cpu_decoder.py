@@ -15,8 +15,12 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
 
 ENV_SWITCH = "EDGE_RUNTIME_CPU_FUSED"
 
@@ -45,7 +49,7 @@ class NativeDecodeArgs:
     """What the C step needs from a KV context: the attention parts (flat_kv_cpu's
     NativeDecodeAttention) and where each new token's K/V goes."""
 
-    attention: object  # NativeDecodeAttention: parts, per-layer strides, scratch
+    attention: NativeDecodeAttention  # parts, layer_strides, scratch
     writes: ctypes.Array
     keep: list  # tensors the pointers above point into
 
@@ -131,7 +135,7 @@ class FusedDecoder:
         qkv = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         work = torch.empty(r * (self.hidden + qkv + self.num_heads * self.head_dim
                                 + 3 * self.intermediate), dtype=torch.float32)
-        strides = (ctypes.c_int64 * len(att._strides))(*att._strides)
+        strides = (ctypes.c_int64 * len(att.layer_strides))(*att.layer_strides)
         rc = self.lib.decode_layers(ctypes.byref(self.dims), self.layers, x.data_ptr(), r,
                                     cos.data_ptr(), sin.data_ptr(), args.writes, len(args.writes),
                                     att.parts, strides, len(att.parts), sm_scale, work.data_ptr(),

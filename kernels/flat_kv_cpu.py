@@ -144,7 +144,7 @@ class NativeDecodeAttention:
 
         self.lib, self.num_heads, self.sm_scale = lib, num_heads, sm_scale
         self._keep = [(p[4].contiguous(), p[5].to(torch.int32).contiguous()) for p in parts]
-        self._strides = [p[6] for p in parts]
+        self.layer_strides = [p[6] for p in parts]  # part i, layer l: rows + l * layer_strides[i]
         self.parts = (FlatPart * len(parts))()
         for slot, (k, v, ks, vs, *_), (index, lens) in zip(self.parts, parts, self._keep):
             assert k.dtype == torch.int8 and k.is_contiguous() and ks.dtype == torch.float16
@@ -165,7 +165,7 @@ class NativeDecodeAttention:
         assert (r, h, d) == (self.num_rows, self.num_heads, self.head_dim) and q.dtype == torch.float32
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
-        for slot, stride in zip(self.parts, self._strides):
+        for slot, stride in zip(self.parts, self.layer_strides):
             slot.layer_offset = layer * stride
         out = torch.empty(r, h, d, dtype=torch.float32)
         rc = self.lib.decode_attention_int8(q.data_ptr(), self.parts, len(self.parts), r, h,
