@@ -7,7 +7,7 @@ oneDNN) reads weights at 40-55% of the machine's bandwidth, linear_f32.c's block
 ~100% (docs/perf.md, "CPU linears"): decode speed is weight-read speed.
 
 - The shared library is cached under $XDG_CACHE_HOME (default ~/.cache)/edge-runtime/native/, keyed
-  by the source, the compiler's version and the machine (it is built with -march=native), and
+  by the sources, the compiler's version and the machine (it is built with -march=native), and
   written atomically (compile to a temporary name, then rename).
 - No compiler, a failed build, or EDGE_RUNTIME_CPU_NATIVE=0: `library()` returns None and says
   why once on stderr; callers use the torch path (kernels/flat_kv_cpu.py), which computes the same.
@@ -59,6 +59,7 @@ def _build(compiler: str) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    _say(f"compiling the CPU kernels (kernels/csrc) for this machine, once, into {target.parent}...")
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
