@@ -86,8 +86,9 @@ def packable(linear: nn.Module) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """y = x @ cat(W_i).T + cat(b_i) with the weights in oneDNN's layout; `out_splits` are the
-    parts' output sizes so the caller can split y."""
+    """y = x @ cat(W_i).T + cat(b_i) with the weights in the backend's layout (`packed`: blocked
+    [ceil(N/16), K, 16] for c-blocked, opaque for oneDNN); `out_splits` are the parts' output
+    sizes so the caller can split y."""
 
     def __init__(self, linears: list[nn.Linear], batch_hint: int = BATCH_HINT, reorder: bool = True,
                  kind: str | None = None, arena=None):
