@@ -1,6 +1,7 @@
 """`edge-runtime bench engine`: prefill and decode tokens/s per batch size, and the roofline.
 
-Method (llama-bench convention): per (batch B, prompt P), one warm-up run, then `repeat` timed runs;
+Method (llama-bench convention, interleaved): per prompt length P, one warm-up run per batch size B,
+then `repeat` rounds of one timed run per batch size (so drifting machine speed hits every B alike);
 each run adds B requests of P random token ids (fresh per run, so the prefix cache never hits) with
 `max_tokens=G, ignore_eos=True`, greedy, and steps the engine until all finish.
 - prefill tok/s = B*P / (time until every request has its first token)
@@ -75,32 +76,47 @@ def timed_run(engine, prompts: list[list[int]], gen_tokens: int) -> tuple[float,
     return t_prefilled - t0, t_end - t_prefilled
 
 
-def bench_point(engine, loaded, batch, prompt_len, gen_tokens, repeat, rng, progress,
-                after_run=None) -> dict:
-    """after_run(): called after the warm-up and after every timed run (the bandwidth probe)."""
+def bench_prompt(engine, loaded, batches, prompt_len, gen_tokens, repeat, rng, progress,
+                 measure=None) -> list[dict]:
+    """Rows for every batch size at one prompt length. The timed runs are interleaved (run i of
+    every batch size, then run i + 1), so on a machine whose speed drifts all batch sizes see the
+    same conditions and their ratio is fair. measure(): a bandwidth reading (bench/bandwidth.py),
+    taken after the warm-ups and after every timed run; each run keeps the readings around it."""
     vocab = loaded.config.vocab_size
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
-    timed_run(engine, random_prompts(rng, vocab, special, batch, prompt_len), min(gen_tokens, 8))
-    if after_run:
-        after_run()
-    prefill, decode = [], []
+    for batch in batches:  # warm-up
+        timed_run(engine, random_prompts(rng, vocab, special, batch, prompt_len), min(gen_tokens, 8))
+    last = measure() if measure else None
+    runs = {b: {"prefill": [], "decode": [], "bandwidth": []} for b in batches}
     for i in range(repeat):
-        progress(f"batch {batch} prompt {prompt_len}: run {i + 1}/{repeat}")
-        t_pre, t_dec = timed_run(
-            engine, random_prompts(rng, vocab, special, batch, prompt_len), gen_tokens
-        )
-        prefill.append(batch * prompt_len / t_pre)
-        decode.append(batch * (gen_tokens - 1) / t_dec)
-        if after_run:
-            after_run()
-    steps_per_s = [d / batch for d in decode]
-    gbps = [loaded.weight_bytes * s / 1e9 for s in steps_per_s]
-    return {
-        "batch": batch, "prompt_tokens": prompt_len, "gen_tokens": gen_tokens, "repeat": repeat,
-        "prefill_tok_s": Summary.of(prefill).to_dict(), "decode_tok_s": Summary.of(decode).to_dict(),
-        "weight_read_gbps": Summary.of(gbps).to_dict(),
-        "prefill_samples": prefill, "decode_samples": decode, "weight_read_gbps_samples": gbps,
-    }
+        for batch in batches:
+            progress(f"batch {batch} prompt {prompt_len}: run {i + 1}/{repeat}")
+            t_pre, t_dec = timed_run(
+                engine, random_prompts(rng, vocab, special, batch, prompt_len), gen_tokens)
+            r = runs[batch]
+            r["prefill"].append(batch * prompt_len / t_pre)
+            r["decode"].append(batch * (gen_tokens - 1) / t_dec)
+            if measure:
+                now = measure()
+                r["bandwidth"].append((last, now))
+                last = now
+    rows = []
+    for batch in batches:
+        r = runs[batch]
+        gbps = [loaded.weight_bytes * d / batch / 1e9 for d in r["decode"]]  # steps/s x bytes
+        row = {
+            "batch": batch, "prompt_tokens": prompt_len, "gen_tokens": gen_tokens, "repeat": repeat,
+            "prefill_tok_s": Summary.of(r["prefill"]).to_dict(),
+            "decode_tok_s": Summary.of(r["decode"]).to_dict(),
+            "weight_read_gbps": Summary.of(gbps).to_dict(),
+            "prefill_samples": r["prefill"], "decode_samples": r["decode"],
+            "weight_read_gbps_samples": gbps,
+        }
+        if measure:
+            add_roofline(row, [max(x.read_gbps, y.read_gbps) for x, y in r["bandwidth"]])
+            row["bandwidth"] = [[x.to_dict(), y.to_dict()] for x, y in r["bandwidth"]]
+        rows.append(row)
+    return rows
 
 
 COLUMNS = [
@@ -123,13 +139,12 @@ def table_rows(rows: list[dict]) -> list[dict]:
     } for r in rows]
 
 
-def add_roofline(row: dict, reads: list[float]) -> None:
-    """reads: read GB/s measured after the warm-up and after each timed run (repeat + 1 values).
-    Run i's roofline is the higher of the readings just before and just after it (the VM's bandwidth
-    changes within seconds; the higher reading gives the lower, conservative percentage)."""
-    gbps = [row["weight_read_gbps_samples"][i] for i in range(row["repeat"])]
-    assert len(reads) == len(gbps) + 1, (len(reads), len(gbps))
-    roofs = [max(a, b) for a, b in zip(reads, reads[1:])]
+def add_roofline(row: dict, roofs: list[float]) -> None:
+    """roofs: each timed run's roofline, the higher of the read GB/s measured just before and just
+    after it (the VM's bandwidth changes within seconds; the higher reading gives the lower,
+    conservative percentage)."""
+    gbps = row["weight_read_gbps_samples"]
+    assert len(roofs) == len(gbps) == row["repeat"], (len(roofs), len(gbps))
     row["roofline_read_gbps"] = Summary.of(roofs).to_dict()
     row["roofline_pct"] = Summary.of([100 * g / r for g, r in zip(gbps, roofs)]).to_dict()
 
@@ -169,17 +184,13 @@ def run(args) -> int:
     rng = random.Random(args.seed)
     rows = []
     for p in prompts:
-        for b in batches:
-            readings = []
-            row = bench_point(engine, loaded, b, p, args.gen_tokens, args.repeat, rng, _progress,
-                              after_run=lambda: readings.append(probe.measure(repeats=3)))
-            add_roofline(row, [r.read_gbps for r in readings])
-            row["bandwidth"] = [r.to_dict() for r in readings]
-            rows.append(row)
-    readings = [x["read_gbps"] for r in rows for x in r["bandwidth"]]
+        rows += bench_prompt(engine, loaded, batches, p, args.gen_tokens, args.repeat, rng,
+                             _progress, measure=lambda: probe.measure(repeats=3))
+    readings = [x["read_gbps"] for r in rows for pair in r["bandwidth"] for x in pair]
     print(f"model {args.model} ({loaded.weight_bytes / 1e6:.0f} MB weights, "
-          f"quantization {loaded.quantization}), KV {args.kv_dtype}; roofline: read bandwidth "
-          f"measured before and after each row, {min(readings):.1f}-{max(readings):.1f} GB/s "
+          f"quantization {loaded.quantization}), KV {args.kv_dtype}; runs of the batch sizes "
+          f"interleaved; roofline: read bandwidth measured around each run, "
+          f"{min(readings):.1f}-{max(readings):.1f} GB/s "
           f"(copy {bw.copy_gbps:.2f} GB/s read+written at the start), {bw.threads} threads")
     print(markdown_table(table_rows(rows), COLUMNS))
     if args.json:
