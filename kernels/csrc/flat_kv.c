@@ -96,6 +96,9 @@ void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v
 }
 
 #define MAX_HEAD_DIM 256
+#ifndef KV_PREFETCH
+#define KV_PREFETCH 16 /* keys ahead */
+#endif
 
 static inline void to_float(float *dst, const int8_t *src, int d) {
 #pragma omp simd
@@ -132,6 +135,8 @@ decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh
         const int64_t n = pt->lens[r];
         for (int64_t j = 0; j < n; j++, pos++) {
             int64_t row = idx[j] + pt->layer_offset;
+            if (j + KV_PREFETCH < n) /* rows come from DRAM: keep several in flight */
+                __builtin_prefetch(pt->k + (idx[j + KV_PREFETCH] + pt->layer_offset) * D, 0, 0);
             float kf[MAX_HEAD_DIM];
             to_float(kf, pt->k + row * D, D);
             float sc = half_to_float(pt->ks[row]) * sm_scale;
@@ -161,6 +166,8 @@ decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh
         const int64_t n = pt->lens[r];
         for (int64_t j = 0; j < n; j++, pos++) {
             int64_t row = idx[j] + pt->layer_offset;
+            if (j + KV_PREFETCH < n)
+                __builtin_prefetch(pt->v + (idx[j + KV_PREFETCH] + pt->layer_offset) * D, 0, 0);
             float vf[MAX_HEAD_DIM];
             to_float(vf, pt->v + row * D, D);
             float vsc = half_to_float(pt->vs[row]);
