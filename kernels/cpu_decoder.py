@@ -82,9 +82,6 @@ class FusedDecoder:
         self.dims = DecoderDims(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                                 cfg.head_dim, cfg.intermediate_size,
                                 float(layers[0].input_layernorm.eps))
-        self.hidden, self.num_heads = cfg.hidden_size, cfg.num_heads
-        self.num_kv_heads, self.head_dim = cfg.num_kv_heads, cfg.head_dim
-        self.intermediate = cfg.intermediate_size
         self.layers = (LayerWeights * len(layers))()
         self._keep = []  # the tensors behind the pointers (the model holds them too)
         for slot, layer in zip(self.layers, layers):
@@ -126,15 +123,16 @@ class FusedDecoder:
                  args: NativeDecodeArgs, sm_scale: float) -> torch.Tensor:
         """x: [R, hidden] fp32 (the embeddings; consumed); cos, sin: [R, 1, D] -> hidden states
         after the last layer, [R, hidden] (before the final norm)."""
-        r = x.shape[0]
+        r, dm = x.shape[0], self.dims
         att = args.attention
-        assert x.dtype == torch.float32 and r == att.num_rows and att.num_heads == self.num_heads
+        assert x.dtype == torch.float32 and r == att.num_rows and att.num_heads == dm.num_heads
         x = x.contiguous()
-        cos = cos.reshape(r, self.head_dim).contiguous()
-        sin = sin.reshape(r, self.head_dim).contiguous()
-        qkv = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        work = torch.empty(r * (self.hidden + qkv + self.num_heads * self.head_dim
-                                + 3 * self.intermediate), dtype=torch.float32)
+        cos = cos.reshape(r, dm.head_dim).contiguous()
+        sin = sin.reshape(r, dm.head_dim).contiguous()
+        qkv = (dm.num_heads + 2 * dm.num_kv_heads) * dm.head_dim
+        # decoder.c's buffers: normed input, q/k/v, attention out, gate/up, silu(gate) * up
+        work = torch.empty(r * (dm.hidden + qkv + dm.num_heads * dm.head_dim + 3 * dm.intermediate),
+                           dtype=torch.float32)
         strides = (ctypes.c_int64 * len(att.layer_strides))(*att.layer_strides)
         rc = self.lib.decode_layers(ctypes.byref(self.dims), self.layers, x.data_ptr(), r,
                                     cos.data_ptr(), sin.data_ptr(), args.writes, len(args.writes),

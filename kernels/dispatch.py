@@ -116,13 +116,11 @@ def describe_backends(device=None) -> dict:
 
 
 def _engine_paths(on_cuda: bool) -> dict:
-    """What the engine runs beyond the ops above: fp32 linears and CPU decode attention."""
+    """What the engine runs beyond the ops above: fp32 linears, CPU decode attention and step."""
     if on_cuda:
         return {"linear": "torch", "decode_attention": "triton paged_decode",
                 "decode_step": "torch-layers"}
-    from edge_runtime.kernels import cpu_linear, cpu_native
-
-    from edge_runtime.kernels import cpu_decoder
+    from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
 
     linear = cpu_linear.backend()
     native = cpu_native.library() is not None

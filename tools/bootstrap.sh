@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything edge-runtime needs on a fresh machine, idempotently:
 #   - Debian packages for the voice loop and its tests (espeak-ng, sox, curl), gcc (the CPU
-#     decode-attention kernel, kernels/csrc/flat_kv.c, is built on first use) and systemd
+#     kernels in kernels/csrc are built on first use) and systemd
 #     (systemd-analyze verify of the service units) when run as root;
 #   - a virtual environment in .venv with torch installed FIRST (torch==2.13.0, the CPU build, on
 #     x86; on a Jetson the JetPack wheel that is already installed is used via system site-packages),

@@ -29,20 +29,14 @@ def _dense_chain(model):
 
 
 def _packed_chain(model, kind: str):
-    """The engine's fused chain with `kind` weights, built from the dense modules (a copy)."""
-    from edge_runtime.kernels.cpu_linear import PackedLinear, blocked_numel
-    from edge_runtime.kernels.huge_pages import HugePageArena
+    """The engine's fused chain with `kind` weights, built from the dense modules (a copy), stored
+    as model/linear_packing.py stores them."""
+    from edge_runtime.kernels.cpu_linear import PackedLinear
+    from edge_runtime.model.linear_packing import blocked_arena, linear_groups
 
-    groups = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        groups += [[a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]]
-    groups.append([model.lm_head])
-    arena = None
-    if kind == "c-blocked":  # on huge pages, as model/linear_packing.py stores them
-        arena = HugePageArena(sum(blocked_numel(sum(x.out_features for x in g), g[0].in_features)
-                                  for g in groups))
-    return [PackedLinear(g, kind=kind, arena=arena) for g in groups]
+    groups = linear_groups(model)
+    arena = blocked_arena(groups) if kind == "c-blocked" else None
+    return [PackedLinear(parts, kind=kind, arena=arena) for _, _, parts in groups]
 
 
 def packed_kinds() -> list[str]:

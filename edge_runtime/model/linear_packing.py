@@ -30,11 +30,8 @@ def pack_linears(model: nn.Module) -> int:
     if getattr(model, "linears_packed", 0) or not cpu_linear.available():
         return getattr(model, "linears_packed", 0)
     kind = cpu_linear.backend()
-    groups = _groups(model)
-    arena = None
-    if kind == "c-blocked":  # every blocked weight in one huge-page-backed allocation
-        arena = HugePageArena(sum(blocked_numel(sum(m.out_features for m in parts), parts[0].in_features)
-                                  for _, _, parts in groups))
+    groups = linear_groups(model)
+    arena = blocked_arena(groups) if kind == "c-blocked" else None
     count = 0
     for owner, (names, new_name), parts in groups:
         if owner is model:
@@ -57,7 +54,13 @@ def pack_linears(model: nn.Module) -> int:
     return count
 
 
-def _groups(model: nn.Module) -> list:
+def blocked_arena(groups: list) -> HugePageArena:
+    """One huge-page-backed allocation that holds the c-blocked weights of all `groups`."""
+    return HugePageArena(sum(blocked_numel(sum(m.out_features for m in parts), parts[0].in_features)
+                             for _, _, parts in groups))
+
+
+def linear_groups(model: nn.Module) -> list:
     """(owner, (HF names, packed name), modules) of every linear (group) to pack, the head last."""
     out = []
     for layer in model.model.layers:
