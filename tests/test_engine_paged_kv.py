@@ -1,5 +1,6 @@
 """PagedKVContext vs dense causal attention on random data: shared prefix (partial last page),
-private tail pages, inline tail, prefill with cached prefix + decode mixed in one step, GQA."""
+private tail pages, inline tail, full tail pages followed by inline slots, prefill with cached
+prefix + decode mixed in one step, GQA."""
 
 import pytest
 import torch
@@ -34,18 +35,24 @@ def _write(storage, store, layer, k, v, slots):
                  torch.tensor(slots, dtype=torch.int64))
 
 
-def _slots(step_like, positions, block):
-    return [step_like.tail_ids[(p - step_like.prefix_len) // block] * block
-            + (p - step_like.prefix_len) % block for p in positions]
+def _locate(step, pos):
+    """(store, flat slot) of a tail position: full pages first, then the tail's own blocks."""
+    off = pos - step.prefix_len
+    if off < len(step.full_pages) * P:
+        return "pages", step.full_pages[off // P] * P + off % P
+    off -= len(step.full_pages) * P
+    block = P if step.tail_kind == "pages" else SLOT
+    return step.tail_kind, step.tail_ids[off // block] * block + off % block
 
 
-# (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens)
+# (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens[, full pages])
 MIXED = [
     ((3, 5), 13, "pages", (9, 2, 11), 4, 12),  # prefill on top of prefix + some tail
     ((), 0, "inline", (1,), 0, 7),  # cold short prompt in an inline slot
     ((3, 5), 13, "inline", (0,), 10, 1),  # decode: prefix + inline tail
     ((7,), 8, "pages", (4, 6), 9, 1),  # decode: full-page prefix + tail over two pages
     ((), 0, "pages", (12, 13, 14), 0, 20),  # cold long prefill spanning pages
+    ((7,), 8, "inline", (3, 4), 28, 6, (10,)),  # prefill: a full tail page, then two slots
 ]
 DECODE_ONLY = [
     ((3, 5), 13, "inline", (0,), 10, 1),  # prefix + inline tail
@@ -53,6 +60,7 @@ DECODE_ONLY = [
     ((7,), 8, "pages", (4, 6), 9, 1),  # full-page prefix + tail over two pages
     ((3, 5), 13, "pages", (9,), 0, 1),  # the first token after a shared partial prefix
     ((), 0, "pages", (12, 13), 12, 1),  # pages only, no prefix
+    ((3, 5), 13, "inline", (4, 5), 46, 1, (10, 15)),  # prefix, two full tail pages, two slots
 ]
 
 
@@ -61,7 +69,7 @@ DECODE_ONLY = [
 @pytest.mark.parametrize("specs", [MIXED, DECODE_ONLY], ids=["mixed", "decode-only"])
 def test_paged_context_matches_dense(kv_dtype, flat, specs):
     torch.manual_seed(0)
-    st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=3,
+    st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
                    inline_tokens=SLOT, kv_dtype=kv_dtype)
     hist = {}  # (layer, seq) -> dense k, v of all tokens so far
     prefix_kv = {}
@@ -72,13 +80,16 @@ def test_paged_context_matches_dense(kv_dtype, flat, specs):
             _write(st, "pages", layer, k, v, slots)
             prefix_kv[(layer, pages)] = (k, v)
     steps = []
-    for i, (pages, plen, kind, ids, cached, new) in enumerate(specs):
-        step = SeqStep(pages, plen, kind, ids, plen + cached, new)
+    for i, (pages, plen, kind, ids, cached, new, *full) in enumerate(specs):
+        step = SeqStep(pages, plen, kind, ids, plen + cached, new, *full)
         steps.append(step)
-        block = P if kind == "pages" else SLOT
+        where = [_locate(step, pos) for pos in range(plen, plen + cached)]
         for layer in range(LAYERS):
             k, v = torch.randn(cached, HKV, D), torch.randn(cached, HKV, D)
-            _write(st, kind, layer, k, v, _slots(step, range(plen, plen + cached), block))
+            for store in ("pages", "inline"):
+                sel = [j for j, (name, _) in enumerate(where) if name == store]
+                if sel:
+                    _write(st, store, layer, k[sel], v[sel], [where[j][1] for j in sel])
             pk, pv = prefix_kv.get((layer, pages), (torch.zeros(0, HKV, D),) * 2)
             hist[(layer, i)] = (torch.cat([pk, k]), torch.cat([pv, v]))
     ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=flat)

@@ -87,20 +87,84 @@ def test_inline_slot_outgrows_to_pages_and_is_kept_on_finish():
     assert mgr.slot_of("S", 2) == ("inline", 2) and mgr.stats()["inline_slots_used"] == 1
     assert mgr.reserve("S", 1) == []
     mgr.commit("S", [7])
-    # outgrows its slot: moved to a page, slot freed
-    assert mgr.reserve("S", 1) == [CopyOp("inline", 0, "pages", 0, 4)]
-    assert mgr.segments("S").tail_kind == "pages" and mgr.arena.num_used == 0
+    # outgrows its slot: a second slot (no copy) while the inline end stays within a page
+    assert mgr.reserve("S", 1) == [] and mgr.segments("S").tail_ids == (0, 1)
     mgr.commit("S", [8])
-    assert mgr.pool.pages[0].tokens == [1, 2, 3, 7, 8]
+    assert mgr.slot_of("S", 4) == ("inline", 4) and mgr.segments("S").tail_capacity == 8
+    assert mgr.reserve("S", 3) == []
+    mgr.commit("S", [9, 10, 11])
+    # beyond a page's worth: both slots moved into a page (one copy each), slots freed
+    assert mgr.reserve("S", 1) == [CopyOp("inline", 0, "pages", 0, 4),
+                                   CopyOp("inline", 4, "pages", 4, 4)]
+    assert mgr.segments("S").tail_kind == "pages" and mgr.arena.num_used == 0
+    mgr.commit("S", [12])
+    assert mgr.pool.pages[0].tokens == [1, 2, 3, 7, 8, 9, 10, 11] and mgr.pool.pages[1].tokens == [12]
     assert mgr.finish("S") == []
 
-    assert mgr.admit("T", [9, 9], 2).inline_slot == 1  # slot 0 went to the back of the queue
+    assert mgr.admit("T", [9, 9], 2).inline_slots == [0]
     prefill(mgr, "T", [9, 9])
-    assert mgr.finish("T") == [CopyOp("inline", 4, "pages", 8, 2)]  # kept for the next turn
-    assert mgr.pool.pages[1].tokens == [9, 9] and mgr.pool.lru_ids() == [0, 1]
-    u = mgr.admit("U", [9, 9, 5], 2)  # finds it and takes the page over
-    assert (u.num_cached_tokens, u.tail_kind, u.tail_pages, u.prefix_len) == (2, "pages", [1], 0)
+    assert mgr.finish("T") == [CopyOp("inline", 0, "pages", 16, 2)]  # kept for the next turn
+    assert mgr.pool.pages[2].tokens == [9, 9] and mgr.pool.lru_ids() == [1, 2]  # leaves
+    u = mgr.admit("U", [9, 9, 5], 2)  # finds it and takes the page over (fresh: no slots)
+    assert (u.num_cached_tokens, u.tail_kind, u.tail_pages, u.prefix_len) == (2, "pages", [2], 0)
     mgr.release("U")
+    mgr.check_leaks()
+
+
+def test_next_turn_copies_its_partial_history_page_into_slots_and_takes_it_back_on_finish():
+    mgr = KVManager(num_pages=6, page_tokens=8, num_inline_slots=4, inline_tokens=2)
+    mgr.admit("A", [1, 2, 3], 2)  # fresh and 3 + 2 > one slot: pages, indexed as written
+    assert mgr.seqs["A"].tail_kind == "pages"
+    prefill(mgr, "A", [1, 2, 3])
+    mgr.reserve("A", 1)
+    mgr.commit("A", [4])
+    assert mgr.finish("A") == [] and mgr.pool.pages[0].tokens == [1, 2, 3, 4]
+    # the next turn: 4 cached + 1 new + 1 to generate = 6 tokens fit 3 slots (< a page's 4):
+    # page 0 is not taken over but copied into slots, and stays cached, first to evict
+    b = mgr.admit("B", [1, 2, 3, 4, 5], 1)
+    assert (b.num_cached_tokens, b.took_over, b.tail_pages) == (4, False, [0])
+    assert prefill(mgr, "B", [1, 2, 3, 4, 5]) == [CopyOp("pages", 0, "inline", 0, 2),
+                                                  CopyOp("pages", 2, "inline", 2, 2)]
+    seg = mgr.segments("B")
+    assert (seg.tail_kind, seg.tail_ids, seg.full_pages, seg.tail_capacity) == ("inline", (0, 1, 2), (), 6)
+    assert mgr.pool.pages[0].state == "cached" and mgr.pool.lru_ids()[0] == 0
+    assert mgr.stats()["pages_live"] == 0 and mgr.stats()["inline_slots_used"] == 3
+    assert mgr.slot_of("B", 4) == ("inline", 4)
+    assert mgr.reserve("B", 1) == []
+    mgr.commit("B", [6])
+    # finish: page 0 still holds [1, 2, 3, 4]: taken back, only positions 4-5 copied into it
+    assert mgr.finish("B") == [CopyOp("inline", 4, "pages", 4, 2)]
+    assert mgr.pool.pages[0].tokens == [1, 2, 3, 4, 5, 6] and mgr.arena.num_used == 0
+    assert mgr.counters.pages_to_slots == 1 and mgr.counters.take_overs == 1
+    c = mgr.admit("C", [1, 2, 3, 4, 5, 6, 7], 1)
+    assert c.num_cached_tokens == 6
+    mgr.release("C")
+    mgr.check_leaks()
+
+
+def test_owned_page_filled_then_the_turn_continues_in_slots():
+    mgr = KVManager(num_pages=6, page_tokens=8, num_inline_slots=4, inline_tokens=2)
+    a = [1, 2, 3, 4, 5, 6, 7]
+    mgr.admit("A", a, 1)
+    prefill(mgr, "A", a)
+    mgr.finish("A")
+    # 10 + 2 tokens from position 0 do not fit 3 slots: page 0 is taken over; its last free
+    # position and then slots take the rest (2 + 2 from the page end fit 2 slots)
+    b = a + [8, 9, 10]
+    assert mgr.admit("B", b, 2).took_over
+    assert prefill(mgr, "B", b) == []
+    seg = mgr.segments("B")
+    assert (seg.tail_kind, seg.full_pages, seg.tail_ids, seg.tail_capacity) == ("inline", (0,), (0,), 10)
+    assert mgr.pool.pages[0].tokens == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert mgr.slot_of("B", 7) == ("pages", 7) and mgr.slot_of("B", 9) == ("inline", 1)
+    assert mgr.reserve("B", 1) == [] and mgr.segments("B").tail_ids == (0, 1)
+    mgr.commit("B", [11])
+    assert mgr.finish("B") == [CopyOp("inline", 0, "pages", 8, 2), CopyOp("inline", 2, "pages", 10, 1)]
+    new = mgr.pool.pages[1]
+    assert (new.tokens, new.start, new.parent) == ([9, 10, 11], 8, 0)
+    c = mgr.admit("C", b + [11, 12], 1)
+    assert c.num_cached_tokens == 11 and c.prefix_pages == [0]
+    mgr.release("C")
     mgr.check_leaks()
 
 

@@ -19,6 +19,7 @@ from edge_runtime.cache.kv_manager import KVManager
 from edge_runtime.errors import OutOfPages
 
 STEPS = {"n": 0}
+COVER = {"pages_to_slots": 0, "inline_to_pages": 0, "take_overs": 0}  # paths the run must reach
 BASES = [[7, 3, 9, 1, 4, 4, 2, 8, 5, 6, 1, 3], [7, 3, 9, 1, 5], [2, 2, 2, 2, 2, 2, 2, 2, 2]]
 
 
@@ -26,7 +27,7 @@ def snapshot(mgr: KVManager):
     pages = [(p.state, p.ref_count, p.owner, tuple(p.tokens), p.start, p.parent,
               tuple(sorted(p.children)), p.indexed) for p in mgr.pool.pages]
     seqs = {k: (tuple(s.prefix_pages), s.prefix_len, s.tail_kind, tuple(s.tail_pages),
-                s.inline_slot, tuple(s.token_ids), s.capacity) for k, s in mgr.seqs.items()}
+                tuple(s.inline_slots), tuple(s.token_ids), s.capacity) for k, s in mgr.seqs.items()}
     arena = (tuple(mgr.arena.ref_count), tuple(mgr.arena.owner), tuple(mgr.arena.num_tokens),
              tuple(mgr.arena.free_queue))
     return pages, seqs, arena, tuple(mgr.pool.free_queue), tuple(mgr.pool.lru_ids())
@@ -34,9 +35,12 @@ def snapshot(mgr: KVManager):
 
 class KVMachine(RuleBasedStateMachine):
     @initialize(page_tokens=st.sampled_from([1, 2, 4, 8]), num_pages=st.integers(3, 16),
-                slots=st.integers(0, 3), cache=st.sampled_from([True, True, False]))
-    def setup(self, page_tokens, num_pages, slots, cache):
-        inline = page_tokens  # a slot as large as a page: short requests use it often
+                slots=st.integers(0, 6), cache=st.sampled_from([True, True, False]),
+                slots_per_page=st.sampled_from([1, 2, 4]))
+    def setup(self, page_tokens, num_pages, slots, cache, slots_per_page):
+        # a slot as large as a page: short requests use it often; smaller: page tails continue
+        # in slots (kv_tail.py) and inline ends spill into pages
+        inline = max(1, page_tokens // slots_per_page)
         self.mgr = KVManager(num_pages, page_tokens, slots, inline, enable_prefix_cache=cache,
                              enable_inline=slots > 0)
         self.store: dict[tuple[str, int], int] = {}
@@ -189,6 +193,8 @@ class KVMachine(RuleBasedStateMachine):
     def teardown(self):
         if not hasattr(self, "mgr"):
             return
+        for name in COVER:
+            COVER[name] += getattr(self.mgr.counters, name)
         for sid in list(self.pending):
             self.mgr.release(sid)
         self.mgr.check_leaks()
@@ -196,7 +202,9 @@ class KVMachine(RuleBasedStateMachine):
 
 def test_kv_manager_state_machine_10k_steps():
     STEPS["n"] = 0
+    COVER.update(dict.fromkeys(COVER, 0))
     run_state_machine_as_test(KVMachine, settings=settings(
         max_examples=185, stateful_step_count=80, deadline=None, derandomize=True,
         suppress_health_check=list(HealthCheck)))
     assert STEPS["n"] >= 10_000, f"only {STEPS['n']} steps ran"
+    assert all(COVER.values()), f"a tail path was never reached: {COVER}"

@@ -23,18 +23,26 @@ def _check_seq(mgr, seq) -> None:
         hi = min(p, lo + P)
         assert page.tokens[: hi - lo] == toks[lo:hi], f"prefix page {pid} differs from {seq.seq_id!r}"
     if seq.tail_kind == INLINE:
-        assert not seq.tail_pages and seq.inline_slot is not None, seq.seq_id
-        assert mgr.arena.num_tokens[seq.inline_slot] >= seq.num_tokens - p, seq.seq_id
-        if mgr.arena.owner[seq.inline_slot] == seq.seq_id:
-            assert mgr.arena.num_tokens[seq.inline_slot] == seq.num_tokens - p, seq.seq_id
-        return
-    assert seq.inline_slot is None, seq.seq_id
+        start, S = seq.inline_start(P), mgr.inline_tokens
+        assert seq.inline_slots, seq.seq_id
+        for i, slot in enumerate(seq.inline_slots):
+            mine = max(0, min(S, seq.num_tokens - start - i * S))
+            assert mgr.arena.num_tokens[slot] >= mine, (seq.seq_id, slot, mine)
+            if mgr.arena.owner[slot] == seq.seq_id:
+                assert mgr.arena.num_tokens[slot] == mine, (seq.seq_id, slot, mine)
+            else:
+                assert i == len(seq.inline_slots) - 1 or mine == S, (seq.seq_id, slot)
+    else:
+        assert not seq.inline_slots, seq.seq_id
     for i, pid in enumerate(seq.tail_pages):
         page, lo = pages[pid], p + i * P
         assert page.start == lo, f"tail page {page} of {seq.seq_id!r} not at {lo}"
         hi = min(seq.num_tokens, lo + P)
         if hi > lo:
             assert page.tokens[: hi - lo] == toks[lo:hi], f"tail page {pid} differs from {seq.seq_id!r}"
+        if seq.tail_kind == INLINE and hi - lo < P:  # only an owned last page being filled
+            assert i == len(seq.tail_pages) - 1 and page.owner == seq.seq_id, \
+                f"tail page {pid} before inline slots of {seq.seq_id!r} neither full nor ours"
         if page.owner == seq.seq_id:
             assert len(page.tokens) == max(0, hi - lo), f"owner {seq.seq_id!r} out of step: {page}"
             assert i == len(seq.tail_pages) - 1 or len(page.tokens) == P, page
@@ -48,8 +56,8 @@ def check_manager(mgr) -> None:
     for seq in mgr.seqs.values():
         assert len(set(seq.all_pages())) == len(seq.all_pages()), f"page twice in {seq.seq_id!r}"
         page_refs.update(seq.all_pages())
-        if seq.inline_slot is not None:
-            slot_refs[seq.inline_slot] += 1
+        assert len(set(seq.inline_slots)) == len(seq.inline_slots), f"slot twice in {seq.seq_id!r}"
+        slot_refs.update(seq.inline_slots)
         _check_seq(mgr, seq)
     for page in mgr.pool.pages:
         assert page.ref_count == page_refs[page.page_id], \
@@ -60,7 +68,7 @@ def check_manager(mgr) -> None:
     for slot in range(mgr.arena.num_slots):
         assert mgr.arena.ref_count[slot] == slot_refs[slot], (slot, mgr.arena.ref_count[slot])
         own = mgr.arena.owner[slot]
-        assert own is None or mgr.seqs[own].inline_slot == slot, (slot, own)
+        assert own is None or slot in mgr.seqs[own].inline_slots, (slot, own)
 
 
 def manager_stats(mgr) -> dict:

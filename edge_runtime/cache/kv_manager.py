@@ -3,7 +3,8 @@
 Life of a sequence: `admit` maps the longest cached prefix (ref += 1 on each page) and picks the
 tail storage (an idle cached tail page taken over, an inline slot, or pages later); `reserve` gives
 storage for the tokens about to be written and returns the CopyOps the engine must run first
-(copy-on-write of a page or slot it does not own, an inline tail that outgrows its slot);
+(copy-on-write of a page or slot it does not own, an inline end that outgrows its slots, a page
+tail whose end continues in slots: kv_tail.py says when);
 `commit` records the written tokens (first token of a page indexes it in the prefix cache, so a
 concurrent request can already share it); `finish` moves an inline tail into a page (CopyOp) so the
 next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
@@ -63,13 +64,16 @@ class KVManager(TailStorage):
             raise RequestError("the prompt is empty; send at least one token")
         m = self.prefix.match(prompt[:-1]) if self.enable_prefix_cache else Match()
         seq = SeqKV(seq_id, len(prompt), max_new_tokens, m.num_cached, list(m.prefix_pages),
-                    m.prefix_len, PAGES, list(m.tail_pages), None, prompt[:m.num_cached])
+                    m.prefix_len, PAGES, list(m.tail_pages), [], prompt[:m.num_cached])
         uncached = len(prompt) - m.num_cached
         use_inline = (self.enable_inline and not m.tail_pages and self.arena.num_free > 0
                       and uncached + max_new_tokens <= self.inline_tokens)
-        if not use_inline:
+        # an idle cached last page is taken over (appended in place) unless the rest of this
+        # turn fits in fewer slots than a page: then it is copied into slots by reserve
+        take_over = m.take_over and self._slot_plan(seq, len(prompt), owns_last=False) is None
+        if not use_inline and self._slot_plan(seq, len(prompt), owns_last=take_over) is None:
             pinned = sum(self.pool.pages[p].state == CACHED for p in seq.all_pages())
-            n_new, _ = self._pages_needed(seq, len(prompt), owns_last=m.take_over)
+            n_new, _ = self._pages_needed(seq, len(prompt), owns_last=take_over)
             if n_new > self.pool.num_available - pinned:
                 self.counters.failed_allocations += 1
                 raise OutOfPages(f"prompt of {len(prompt)} tokens ({m.num_cached} cached) needs "
@@ -77,13 +81,13 @@ class KVManager(TailStorage):
                                  f"are free or evictable")
         for pid in seq.all_pages():
             self.pool.incref(pid, seq_id)
-        if m.take_over:
+        if take_over:
             last = self.pool.pages[seq.tail_pages[-1]]
             assert last.owner is None, last
             last.owner, seq.took_over = seq_id, True
             self.counters.take_overs += 1
         if use_inline:
-            seq.tail_kind, seq.inline_slot = INLINE, self.arena.allocate(seq_id)
+            seq.tail_kind, seq.inline_slots = INLINE, [self.arena.allocate(seq_id)]
         self.seqs[seq_id] = seq
         self._update_capacity(seq)
         self.counters.admitted += 1
@@ -100,9 +104,7 @@ class KVManager(TailStorage):
         if target <= seq.capacity:
             return []
         if seq.tail_kind == INLINE:
-            if target - seq.prefix_len <= self.inline_tokens and self.arena.num_free:
-                return self._copy_slot(seq)
-            return self._inline_to_pages(seq, target)
+            return self._grow_inline(seq, target)
         return self._grow_pages(seq, target)
 
     def commit(self, seq_id, token_ids) -> None:
@@ -112,8 +114,9 @@ class KVManager(TailStorage):
         for tok in token_ids:
             pos = seq.num_tokens
             assert pos < seq.capacity, f"commit past reserved storage: {seq_id!r} pos {pos}"
-            if seq.tail_kind == INLINE:
-                self.arena.append(seq.inline_slot, seq_id, 1)
+            off = pos - seq.inline_start(P)
+            if seq.tail_kind == INLINE and off >= 0:
+                self.arena.append(seq.inline_slots[off // self.inline_tokens], seq_id, 1)
             else:
                 page = self.pool.pages[seq.tail_pages[(pos - p) // P]]
                 assert page.owner == seq_id and len(page.tokens) == (pos - p) % P, (seq_id, page)
@@ -128,14 +131,17 @@ class KVManager(TailStorage):
         assert child_id not in self.seqs, f"sequence {child_id!r} already admitted"
         par = self.seqs[parent_id]
         used_pages = _ceil_div(par.num_tokens - par.prefix_len, self.page_tokens)
+        slots = []
+        if par.tail_kind == INLINE:
+            used = max(0, par.num_tokens - par.inline_start(self.page_tokens))
+            slots = par.inline_slots[:_ceil_div(used, self.inline_tokens)]
         child = SeqKV(child_id, par.prompt_len, par.max_new_tokens, par.num_cached_tokens,
-                      list(par.prefix_pages), par.prefix_len, par.tail_kind,
-                      list(par.tail_pages[:used_pages]) if par.tail_kind == PAGES else [],
-                      par.inline_slot, list(par.token_ids))
+                      list(par.prefix_pages), par.prefix_len, INLINE if slots else PAGES,
+                      list(par.tail_pages[:used_pages]), list(slots), list(par.token_ids))
         for pid in child.all_pages():
             self.pool.incref(pid, child_id)
-        if child.tail_kind == INLINE:
-            self.arena.incref(child.inline_slot)
+        for slot in slots:
+            self.arena.incref(slot)
         self.seqs[child_id] = child
         self._update_capacity(child)
         self.log("fork", child_id, parent=parent_id)
@@ -145,17 +151,13 @@ class KVManager(TailStorage):
         """Done: keep the K/V cached for the next turn; returns copies to run now (an inline
         tail moved into a page), then drops every reference."""
         seq, copies = self.seqs[seq_id], []
-        if (seq.tail_kind == INLINE and self.enable_prefix_cache and seq.num_tokens > seq.prefix_len
-                and self.arena.owner[seq.inline_slot] in (seq_id, None)
-                and self.pool.num_available > 0):
-            pid = self._allocate(1, seq_id)[0]
-            used = seq.num_tokens - seq.prefix_len
-            copies.append(self._copied(CopyOp(INLINE, seq.inline_slot * self.inline_tokens,
-                                              PAGES, pid * self.page_tokens, used)))
-            self.arena.decref(seq.inline_slot, seq_id)
-            seq.tail_kind, seq.inline_slot = PAGES, None
-            self._new_tail_page(seq, pid, seq.token_ids[seq.prefix_len:])
-            self.counters.inline_to_pages += 1
+        if (seq.tail_kind == INLINE and self.enable_prefix_cache
+                and seq.num_tokens > seq.inline_start(self.page_tokens)
+                and self.arena.owner[seq.inline_slots[-1]] in (seq_id, None)):
+            if self._page_to_take_back(seq):
+                copies = self._slots_into_page(seq, None)
+            elif self.pool.num_available > 0:
+                copies = self._slots_into_page(seq, self._allocate(1, seq_id)[0])
         self.counters.finished += 1
         self._drop(seq)
         return copies
@@ -184,8 +186,8 @@ class KVManager(TailStorage):
         # deepest first, so leaves enter the LRU before (older than) their parents
         for pid in reversed(seq.all_pages()):
             self.pool.decref(pid, seq.seq_id)
-        if seq.inline_slot is not None:
-            self.arena.decref(seq.inline_slot, seq.seq_id)
+        for slot in seq.inline_slots:
+            self.arena.decref(slot, seq.seq_id)
         del self.seqs[seq.seq_id]
         self.log("drop", seq.seq_id, tokens=seq.num_tokens)
 
@@ -213,8 +215,10 @@ class KVManager(TailStorage):
         if position < seq.prefix_len:
             return PAGES, seq.prefix_pages[position // P] * P + position % P
         off = position - seq.prefix_len
-        if seq.tail_kind == INLINE:
-            return INLINE, seq.inline_slot * self.inline_tokens + off
+        if seq.tail_kind == INLINE and off >= len(seq.tail_pages) * P:
+            off -= len(seq.tail_pages) * P
+            S = self.inline_tokens
+            return INLINE, seq.inline_slots[off // S] * S + off % S
         return PAGES, seq.tail_pages[off // P] * P + off % P
 
     # -- observability ------------------------------------------------------------------------

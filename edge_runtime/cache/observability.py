@@ -37,6 +37,7 @@ class KVCounters:
     copies: int = 0
     copied_tokens: int = 0
     inline_to_pages: int = 0
+    pages_to_slots: int = 0  # a page tail continued in inline slots
     take_overs: int = 0
     failed_allocations: int = 0
 

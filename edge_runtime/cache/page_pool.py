@@ -213,8 +213,9 @@ class PagePool:
         page.ref_count += 1
         self.on_event("ref+", seq_id, page=page_id, ref=page.ref_count)
 
-    def decref(self, page_id: int, seq_id=None) -> None:
-        """Drop one reference; at 0 an indexed page becomes CACHED, any other page FREE."""
+    def decref(self, page_id: int, seq_id=None, evict_first: bool = False) -> None:
+        """Drop one reference; at 0 an indexed page becomes CACHED, any other page FREE.
+        `evict_first`: it enters the LRU as the next to evict (its content is also elsewhere)."""
         page = self.pages[page_id]
         assert page.state == LIVE and page.ref_count > 0, page
         page.ref_count -= 1
@@ -228,7 +229,7 @@ class PagePool:
             page.state = CACHED
             self.num_cached += 1
             if not page.children:
-                self.lru.push_back(page)
+                (self.lru.push_front if evict_first else self.lru.push_back)(page)
         else:
             assert not page.children, f"unindexed page with children: {page}"
             self.on_event("free", seq_id, page=page_id)

@@ -41,7 +41,8 @@ class SimResult:
     peak_pages: int = 0  # live + cached at the worst step
     peak_live_pages: int = 0
     peak_inline_slots: int = 0
-    peak_kv_bytes: int = 0
+    peak_kv_bytes: int = 0  # live + cached pages and used slots
+    peak_live_kv_bytes: int = 0  # live pages and used slots only (bench trace's "peak KV bytes")
     utilization_at_peak: float = 0.0
     mean_utilization: float = 0.0
     prompt_tokens: int = 0  # the trace's prompts, what a runtime without a cache computes
@@ -164,6 +165,8 @@ class Simulator:
         tokens = sum(len(p.tokens) for p in pool.pages if p.state != "free")
         util = tokens / (held * mgr.page_tokens) if held else 0.0
         self._util_sum += util
+        live_bytes = pool.num_live * self.page_bytes + mgr.arena.num_used * self.slot_bytes
+        r.peak_live_kv_bytes = max(r.peak_live_kv_bytes, live_bytes)
         if kv_bytes > r.peak_kv_bytes:
             r.peak_kv_bytes, r.peak_pages, r.utilization_at_peak = kv_bytes, held, util
             r.system_prompt_copies = sum(1 for p in pool.pages if p.state != "free" and p.start == 0)

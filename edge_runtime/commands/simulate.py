@@ -104,8 +104,9 @@ def simulate_all(streams: dict, page_sizes: list[int], args, bytes_per_token: in
 
 def format_table(results: list[dict]) -> str:
     head = ("| page | mode | pages | peak pages | peak live | inline | peak KV MiB | KV vs base "
-            "| util@peak | hit rate | computed/base | sys copies | copies | evictions | preempt |")
-    lines = [head, "|" + "---|" * 15]
+            "| live KV MiB | live vs base | util@peak | hit rate | computed/base | sys copies "
+            "| copies | evictions | preempt |")
+    lines = [head, "|" + "---|" * 17]
     base = {r["page_tokens"]: r for r in results if not r["sharing"]}
     for r in results:
         b = base[r["page_tokens"]]
@@ -113,7 +114,9 @@ def format_table(results: list[dict]) -> str:
         lines.append(
             f"| {r['page_tokens']} | {mode} | {r['num_pages']} | {r['peak_pages']} | "
             f"{r['peak_live_pages']} | {r['peak_inline_slots']} | {r['peak_kv_bytes'] / 2**20:.2f} | "
-            f"{r['peak_kv_bytes'] / b['peak_kv_bytes']:.0%} | {r['utilization_at_peak']:.0%} | "
+            f"{r['peak_kv_bytes'] / b['peak_kv_bytes']:.0%} | "
+            f"{r['peak_live_kv_bytes'] / 2**20:.2f} | "
+            f"{r['peak_live_kv_bytes'] / b['peak_live_kv_bytes']:.0%} | {r['utilization_at_peak']:.0%} | "
             f"{r['hit_rate']:.1%} | {r['computed_prompt_tokens'] / b['prompt_tokens']:.1%} | "
             f"{r['system_prompt_copies']} | {r['copies']} | {r['evictions']} | {r['preemptions']} |")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ For every store ("pages": the pool, "inline": the arena):
   tokens of the flattened batch they are;
 - decode gather: for each decode token (the only new token of its sequence), the layer-0 row
   numbers `[R, Hkv, L_s]` of every K/V position it attends to in that store (prefix pages and
-  private tail pages both live in the pool, an inline tail in the arena), padded to the longest
+  tail pages both live in the pool, an inline tail's slots in the arena), padded to the longest
   row, with `mask_bias` `[R, 1, 1, sum L_s]` (-inf on padding);
 - prefill rows (several new tokens of one sequence): per row its key rows `[Hkv, L_s]` per store
   and a causal `[n, L]` mask, one entry of `prefill`.
@@ -55,11 +55,16 @@ class FlatKVIndex:
 
     def _key_slots(self, s) -> dict[str, torch.Tensor]:
         """Flat slots of positions [0, start + num_new) of a sequence, per store, in position order
-        (pool: prefix then tail pages; arena: an inline tail)."""
-        tail = _slots(s.tail_ids, s.start + s.num_new - s.prefix_len, self._block[s.tail_kind])
-        prefix = _slots(s.prefix_pages, s.prefix_len, self._block["pages"])
-        pool = torch.cat((prefix, tail)) if s.tail_kind == "pages" else prefix
-        return {"pages": pool, "inline": tail if s.tail_kind == "inline" else tail[:0]}
+        (pool: prefix then tail pages; arena: the inline end of an inline tail)."""
+        P, length = self._block["pages"], s.start + s.num_new - s.prefix_len
+        prefix = _slots(s.prefix_pages, s.prefix_len, P)
+        if s.tail_kind == "pages":
+            return {"pages": torch.cat((prefix, _slots(s.tail_ids, length, P))),
+                    "inline": prefix[:0]}
+        in_pages = len(s.full_pages) * P
+        full = _slots(s.full_pages, min(length, in_pages), P)
+        inline = _slots(s.tail_ids, max(0, length - in_pages), self._block["inline"])
+        return {"pages": torch.cat((prefix, full)), "inline": inline}
 
     def _build_prefill(self, s, offset: int) -> None:
         """A multi-token row: its key rows per store [Hkv, L_s] and the causal mask [n, L]."""

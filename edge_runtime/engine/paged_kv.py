@@ -1,14 +1,15 @@
 """A KVContext over the paged storage for one engine step (edge_runtime/model/kv_interface.py).
 
 A sequence's KV is two segments (design.md): the shared prefix `[0, p)` in pool pages (read-only,
-the last may be partial) and the private tail `[p, L)` starting at slot 0 of an inline slot or of
-its first private page. Per layer, `attend` writes the new tokens' K/V into the tail (write_kv), then
-runs paged_attention once per segment kind over the whole flattened batch and merges the results
-by log-sum-exp:
+the last may be partial) and the private tail `[p, L)` starting at slot 0 of its first tail page;
+an "inline" tail is F full tail pages followed by inline slots holding `[b, L)`, b = p + F * P
+(F = 0: the slots start at p). Per layer, `attend` writes the new tokens' K/V into the tail
+(write_kv), then runs paged_attention once per segment kind over the whole flattened batch and
+merges the results by log-sum-exp:
 
   call "prefix":      pool,  row = the sequence's prefix pages,  kv_len = p
-  call "tail_pages":  pool,  row = its private tail pages,        kv_len = pos + 1 - p
-  call "tail_inline": arena, row = [its slot],                   kv_len = pos + 1 - p
+  call "tail_pages":  pool,  row = its tail pages,                kv_len = min(pos + 1, b) - p
+  call "tail_inline": arena, row = its slots,                     kv_len = pos + 1 - b
 
 A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away).
 
@@ -46,15 +47,21 @@ class SeqStep:
     prefix_pages: tuple[int, ...]
     prefix_len: int
     tail_kind: str  # "inline" | "pages"
-    tail_ids: tuple[int, ...]  # (slot id,) or private page ids
+    tail_ids: tuple[int, ...]  # inline: slot ids; pages: private page ids
     start: int
     num_new: int
+    full_pages: tuple[int, ...] = ()  # inline: the full tail pages before the slots
 
     @classmethod
     def from_segments(cls, seg, start: int, num_new: int) -> "SeqStep":
         tail_ids = seg.tail_ids if isinstance(seg.tail_ids, (list, tuple)) else (seg.tail_ids,)
         return cls(tuple(seg.prefix_pages), int(seg.prefix_len), seg.tail_kind,
-                   tuple(int(i) for i in tail_ids), start, num_new)
+                   tuple(int(i) for i in tail_ids), start, num_new,
+                   tuple(int(i) for i in getattr(seg, "full_pages", ())))
+
+    def page_rows(self) -> tuple[int, ...]:
+        """The tail's pool pages (all of a page tail, the full pages of an inline tail)."""
+        return self.tail_ids if self.tail_kind == "pages" else self.full_pages
 
 
 @dataclass
@@ -108,23 +115,36 @@ class PagedKVContext:
             lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
             self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
                                     seq_of_token.to(torch.int32), lens))
+        P = self.storage.store("pages").block_tokens
+        # tokens before an inline tail's slots: its full pages ([p, b) in the pool)
+        in_pages = torch.tensor([len(s.full_pages) * P if s.tail_kind == "inline" else 1 << 40
+                                 for s in seqs])[seq_of_token]  # [T]
         for kind in ("pages", "inline"):
-            member = torch.tensor([s.tail_kind == kind for s in seqs])
-            if not bool(member.any()):
+            rows = [list(s.page_rows()) if kind == "pages" else
+                    list(s.tail_ids) if s.tail_kind == "inline" else [] for s in seqs]
+            if not any(rows):
                 continue
-            token_in = member[seq_of_token]  # [T] bool
-            rows = [list(s.tail_ids) if s.tail_kind == kind else [] for s in seqs]
             table = _pad_rows(rows)
             block = self.storage.store(kind).block_tokens
+            if kind == "pages":
+                lens, pos_in, writes = torch.minimum(tail_len, in_pages), tail_pos, tail_pos < in_pages
+            else:
+                lens = (tail_len - in_pages).clamp(min=0)
+                pos_in, writes = tail_pos - in_pages, tail_pos >= in_pages
+            has_rows = torch.tensor([len(r) > 0 for r in rows])[seq_of_token]
             if with_calls:
                 self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
-                                        torch.where(token_in, tail_len, 0).to(torch.int32)))
-            block_id = table.long()[seq_of_token, (tail_pos // block).clamp(max=table.shape[1] - 1)]
-            assert bool((tail_pos[token_in] // block < torch.tensor(
-                [len(s.tail_ids) for s in seqs])[seq_of_token][token_in]).all()), \
+                                        torch.where(has_rows, lens, 0).to(torch.int32)))
+            writes &= has_rows
+            if not bool(writes.any()):
+                continue
+            idx = (pos_in // block).clamp(min=0, max=table.shape[1] - 1)
+            block_id = table.long()[seq_of_token, idx]
+            n_blocks = torch.tensor([len(r) for r in rows])[seq_of_token]
+            assert bool((pos_in[writes] // block < n_blocks[writes]).all()), \
                 "tail storage not reserved for every new token"
-            slots = block_id * block + tail_pos % block
-            self.slot_mapping[kind] = torch.where(token_in, slots, -1).to(torch.int64)
+            slots = block_id * block + pos_in.clamp(min=0) % block
+            self.slot_mapping[kind] = torch.where(writes, slots, -1).to(torch.int64)
         assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == num_tokens
 
     def to(self, device: torch.device) -> "PagedKVContext":
