@@ -35,7 +35,7 @@ class DecoderDims(ctypes.Structure):
     _fields_ = [("num_layers", ctypes.c_int64), ("hidden", ctypes.c_int64),
                 ("num_heads", ctypes.c_int64), ("num_kv_heads", ctypes.c_int64),
                 ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64),
-                ("eps", ctypes.c_float)]
+                ("eps", ctypes.c_float), ("rotate_kv", ctypes.c_int64)]
 
 
 class KVWrite(ctypes.Structure):
@@ -52,6 +52,7 @@ class NativeDecodeArgs:
     attention: NativeDecodeAttention  # parts, layer_strides, scratch
     writes: ctypes.Array
     keep: list  # tensors the pointers above point into
+    rotated: bool = False  # the store holds Hadamard-rotated K/V heads (kernels/hadamard.py)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -81,7 +82,7 @@ class FusedDecoder:
         layers = model.model.layers
         self.dims = DecoderDims(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                                 cfg.head_dim, cfg.intermediate_size,
-                                float(layers[0].input_layernorm.eps))
+                                float(layers[0].input_layernorm.eps), 0)
         self.layers = (LayerWeights * len(layers))()
         self._keep = []  # the tensors behind the pointers (the model holds them too)
         for slot, layer in zip(self.layers, layers):
@@ -127,6 +128,7 @@ class FusedDecoder:
         att = args.attention
         assert x.dtype == torch.float32 and r == att.num_rows and att.num_heads == dm.num_heads
         x = x.contiguous()
+        dm.rotate_kv = int(args.rotated)
         cos = cos.reshape(r, dm.head_dim).contiguous()
         sin = sin.reshape(r, dm.head_dim).contiguous()
         qkv = (dm.num_heads + 2 * dm.num_kv_heads) * dm.head_dim

@@ -7,6 +7,7 @@ import torch
 
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kernels import hadamard
 from edge_runtime.kernels.kv_write import write_kv_ref
 from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
 
@@ -24,12 +25,15 @@ def _dense(q, k, v, start):
 
 
 def _fake(x, kv_dtype):
+    """What attention reads back: int8 stores hold Hadamard-rotated heads, quantized."""
     if kv_dtype != "int8":
         return x
-    return dequantize_int8(*quantize_int8(x))
+    return hadamard.rotate(dequantize_int8(*quantize_int8(hadamard.rotate(x))))
 
 
 def _write(storage, store, layer, k, v, slots):
+    if storage.rotated:  # as PagedKVContext writes them
+        k, v = hadamard.rotate(k), hadamard.rotate(v)
     view = storage.view(store, layer)
     write_kv_ref(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
                  torch.tensor(slots, dtype=torch.int64))

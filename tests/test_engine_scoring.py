@@ -43,5 +43,9 @@ def test_eval_ppl_command(tmp_path, capsys):
     assert all(1 < r["ppl"] < 100 and r["predicted_tokens"] == 94 for r in report["results"])
     fp32 = report["results"][1]["ppl"]
     assert abs(report["transformers_fp32_ppl"] / fp32 - 1) < 1e-5  # same numbers as transformers
-    assert "int8 vs fp32" in capsys.readouterr().out
+    fid = report["fidelity"]
+    assert (fid["test"], fid["reference"], fid["positions"]) == ("int8", "fp32", 94)
+    assert 0 < fid["mean_kl"] < 0.01 and 0 <= fid["near_tie_flips"] <= fid["argmax_flips"] <= 94
+    printed = capsys.readouterr().out
+    assert "int8 vs fp32" in printed and "mean KL" in printed
     assert main(["eval-ppl", "--text", str(tmp_path / "missing.txt")]) == 2

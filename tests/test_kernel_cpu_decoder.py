@@ -27,6 +27,7 @@ DECODE = [
     ((7,), 8, "pages", (4, 6), 9),  # full-page prefix + tail over two pages
     ((3, 5), 13, "pages", (9,), 0),  # the first token after a shared partial prefix
     ((), 0, "pages", (12, 13), 12),  # pages only, no prefix
+    ((7,), 8, "inline", (1,), 13, (10,)),  # a full tail page, then a slot
 ]
 
 
@@ -58,8 +59,8 @@ def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0)
     """One forward of `specs` (one new token each) -> (logits, storage after the step)."""
     cfg, model = loaded.config, loaded.model
     st = _storage(cfg, kv_dtype, seed)
-    steps = [SeqStep(pages, plen, kind, ids, plen + cached, 1)
-             for pages, plen, kind, ids, cached in specs]
+    steps = [SeqStep(pages, plen, kind, ids, plen + cached, 1, *full)
+             for pages, plen, kind, ids, cached, *full in specs]
     ctx = PagedKVContext(st, steps, sm_scale=cfg.head_dim ** -0.5)
     ids = torch.tensor([5 + 7 * i for i in range(len(steps))])
     positions = torch.tensor([s.start for s in steps])

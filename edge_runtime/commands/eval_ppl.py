@@ -131,6 +131,36 @@ def hf_perplexity(loaded, windows: list[list[int]]) -> float:
     return math.exp(total / count)
 
 
+def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens: int,
+             window: int) -> dict:
+    """Next-token distributions of KV dtype `test` vs `ref` at every position of the windows:
+    mean KL(ref || test), and how often the greedy (argmax) token differs, overall and where the
+    reference's top two logits are within 0.5 (near-ties, where greedy decoding flips). Far less
+    noisy than a perplexity difference, whose per-token changes cancel."""
+    import torch
+
+    from edge_runtime.engine.scoring import score_logits
+
+    engines = {d: _engine(loaded, d, page_tokens, window, prefix_cache=False) for d in (test, ref)}
+    kl_sum, flips, ties, tie_flips, n = 0.0, 0, 0, 0, 0
+    for i, w in enumerate(windows):
+        print(f"\reval-ppl [{test} vs {ref}] window {i + 1}/{len(windows)}", end="",
+              file=sys.stderr, flush=True)
+        for (_, a), (_, b) in zip(score_logits(engines[test], w), score_logits(engines[ref], w)):
+            a, b = a[: len(w) - 1].double(), b[: len(w) - 1].double()
+            lp_a, lp_b = torch.log_softmax(a, dim=-1), torch.log_softmax(b, dim=-1)
+            kl_sum += float((lp_b.exp() * (lp_b - lp_a)).sum())
+            flip = a.argmax(-1) != b.argmax(-1)
+            top2 = b.topk(2, dim=-1).values
+            near = (top2[:, 0] - top2[:, 1]) < 0.5
+            flips, ties, tie_flips = flips + int(flip.sum()), ties + int(near.sum()), \
+                tie_flips + int((flip & near).sum())
+            n += a.shape[0]
+    print(file=sys.stderr)
+    return {"test": test, "reference": ref, "positions": n, "mean_kl": kl_sum / n,
+            "argmax_flips": flips, "near_ties": ties, "near_tie_flips": tie_flips}
+
+
 def agreement(loaded, dtypes: list[str], n: int, max_tokens: int, page_tokens: int) -> dict:
     from edge_runtime.engine.api import SamplingParams
     from edge_runtime.model.chat import encode_prompt
@@ -183,6 +213,8 @@ def run(args) -> int:
     if len(dtypes) > 1:
         first, last = report["results"][0], report["results"][-1]
         report["relative_ppl_change"] = first["ppl"] / last["ppl"] - 1
+        report["fidelity"] = fidelity(loaded, windows, dtypes[0], dtypes[-1], args.page_tokens,
+                                      args.window)
     if args.agreement > 0:
         report["agreement"] = agreement(loaded, dtypes, min(args.agreement, len(CHAT_PROMPTS)),
                                         args.agreement_tokens, args.page_tokens)
@@ -205,6 +237,11 @@ def _print(report: dict, as_json: bool) -> None:
     if "relative_ppl_change" in report:
         first, last = report["results"][0]["kv_dtype"], report["results"][-1]["kv_dtype"]
         print(f"{first} vs {last}: {100 * report['relative_ppl_change']:+.3f}% perplexity")
+    if "fidelity" in report:
+        f = report["fidelity"]
+        print(f"{f['test']} vs {f['reference']} next-token distributions: mean KL {f['mean_kl']:.3e}, "
+              f"argmax differs at {f['argmax_flips']}/{f['positions']} positions "
+              f"({f['near_tie_flips']} of them among {f['near_ties']} near-ties, top-2 gap < 0.5)")
     if "transformers_fp32_ppl" in report:
         print(f"transformers fp32 (same windows): {report['transformers_fp32_ppl']:.4f}")
     if "agreement" in report:

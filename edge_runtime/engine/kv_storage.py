@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edge_runtime.kernels import hadamard
+
 KV_DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
 _MADV_DONTNEED = 4
 
@@ -82,6 +84,10 @@ class KVStorage:
         assert kv_dtype in KV_DTYPES, kv_dtype
         dtype = KV_DTYPES[kv_dtype]
         self.kv_dtype = kv_dtype
+        # int8 stores hold each head's K and V rotated by the normalized Hadamard matrix
+        # (kernels/hadamard.py): same attention, better int8 precision; readers and writers
+        # rotate q/k/v in and the attention output back
+        self.rotated = kv_dtype == "int8" and hadamard.applies(head_dim)
         self.device = torch.device(device)
         self.pool = _Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
         self.inline = None

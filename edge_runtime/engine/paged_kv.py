@@ -34,7 +34,7 @@ import torch
 from edge_runtime.engine.flat_kv_index import FlatKVIndex
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
-from edge_runtime.kernels import cpu_native
+from edge_runtime.kernels import cpu_native, hadamard
 from edge_runtime.kernels.flat_kv_cpu import (NATIVE_MAX_HEAD_DIM, NativeDecodeAttention,
                                               gather_decode_attention, gather_prefill_attention,
                                               write_kv_flat)
@@ -157,6 +157,12 @@ class PagedKVContext:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H, D] in q's dtype."""
         assert q.shape[0] == self.num_tokens, (q.shape, self.num_tokens)
+        if self.storage.rotated:  # the int8 store holds Hadamard-rotated heads (kernels/hadamard.py)
+            q, k, v = hadamard.rotate(q), hadamard.rotate(k), hadamard.rotate(v)
+            return hadamard.rotate(self._attend(layer, q, k, v))
+        return self._attend(layer, q, k, v)
+
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.flat is not None:
             return self._attend_flat(layer, q, k, v)
         for store, slots in self.slot_mapping.items():
@@ -229,7 +235,7 @@ class PagedKVContext:
             slot.ks, slot.vs = st.k_scale.data_ptr(), st.v_scale.data_ptr()
             slot.tokens, slot.rows, slot.n = tokens.data_ptr(), rows.data_ptr(), tokens.numel()
             slot.layer_stride = flat.layer_offset(name, 1)
-        return NativeDecodeArgs(attention, writes, keep)
+        return NativeDecodeArgs(attention, writes, keep, rotated=self.storage.rotated)
 
     def _decode(self, layer: int, q_dec: torch.Tensor) -> torch.Tensor:
         """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""

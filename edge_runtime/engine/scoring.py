@@ -23,33 +23,34 @@ _ids = itertools.count()
 
 def score_tokens(engine, token_ids: list[int]) -> torch.Tensor:
     """float64 [len(token_ids) - 1]: -log p(token[t+1] | token[:t+1])."""
+    nll = []
+    for start, logits in score_logits(engine, token_ids):
+        targets = torch.tensor(token_ids[start + 1:start + 1 + logits.shape[0]], dtype=torch.long)
+        logp = torch.log_softmax(logits[: targets.numel()].double(), dim=-1)
+        nll.append(-logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    return torch.cat(nll)
+
+
+def score_logits(engine, token_ids: list[int]):
+    """Yields (start, float32 logits [n, vocab]) for consecutive chunks of the positions."""
     assert len(token_ids) >= 2, "need at least two tokens to score"
     seq_id = f"score-{next(_ids)}"
-    kv = engine.kv
+    kv, chunk = engine.kv, engine.config.max_batch_tokens
     with engine._lock:
         plan = kv.admit(seq_id, token_ids, 1)
         try:
             assert plan.num_cached_tokens == 0, \
                 "scoring needs every position computed: use an engine without the prefix cache"
-            return _score_admitted(engine, seq_id, token_ids)
+            for start in range(0, len(token_ids), chunk):
+                ids = token_ids[start:start + chunk]
+                for op in kv.reserve(seq_id, len(ids)):
+                    engine.storage.copy(op)
+                step = SeqStep.from_segments(kv.segments(seq_id), start, len(ids))
+                logits = _all_logits(engine, ids, step)  # [n, vocab]
+                kv.commit(seq_id, ids)
+                yield start, logits
         finally:
             kv.release(seq_id)
-
-
-def _score_admitted(engine, seq_id: str, token_ids: list[int]) -> torch.Tensor:
-    kv, chunk = engine.kv, engine.config.max_batch_tokens
-    nll = []
-    for start in range(0, len(token_ids), chunk):
-        ids = token_ids[start:start + chunk]
-        for op in kv.reserve(seq_id, len(ids)):
-            engine.storage.copy(op)
-        step = SeqStep.from_segments(kv.segments(seq_id), start, len(ids))
-        logits = _all_logits(engine, ids, step)  # [n, vocab]
-        kv.commit(seq_id, ids)
-        targets = torch.tensor(token_ids[start + 1:start + 1 + len(ids)], dtype=torch.long)
-        logp = torch.log_softmax(logits[: targets.numel()].double(), dim=-1)
-        nll.append(-logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-    return torch.cat(nll)
 
 
 def _all_logits(engine, ids: list[int], step: SeqStep) -> torch.Tensor:

@@ -7,7 +7,9 @@
  * cost as much as the weights' reads at batch 1 (docs/perf.md, "CPU decode step"). Here a step
  * is one call: per layer RMSNorm -> fused q/k/v -> rope -> int8 KV write -> decode attention over
  * the flat rows (flat_kv.c) -> o_proj + residual -> RMSNorm -> fused gate/up -> silu * up ->
- * down_proj + residual. Every row is one decode token (one query per sequence).
+ * down_proj + residual. Every row is one decode token (one query per sequence). With
+ * `rotate_kv`, q, k and v heads are Hadamard-rotated after rope and the attention output rotated
+ * back, as engine/paged_kv.py does around its attention for rotated (int8) stores.
  *
  * Math: fp32 throughout, the same formulas as the torch path (rms_norm: x * rsqrt(mean(x^2) + eps)
  * * w; rope in the rotate-half form; silu(g) = g * sigmoid(g)); sums run in another order, so the
@@ -30,6 +32,7 @@ typedef struct {
 typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
     float eps;
+    int64_t rotate_kv; /* the KV store holds Hadamard-rotated heads (kernels/hadamard.py) */
 } decoder_dims;
 
 typedef struct {               /* the new tokens' K/V that go to one store (pool or arena) */
@@ -64,6 +67,25 @@ static void rope(float *x, int64_t heads, int64_t D, const float *cos, const flo
             a[i] = lo * cos[i] - hi * sin[i];
             b[i] = hi * cos[i + half] + lo * sin[i + half];
         }
+    }
+}
+
+/* x: [heads, D] in place: each head times the normalized Hadamard matrix (D a power of two), in
+ * the butterfly order of kernels/hadamard.py's rotate, so both write bit-identical K/V. */
+static void hadamard_rotate(float *x, int64_t heads, int64_t D) {
+    const float s = (float)(1.0 / sqrt((double)D)); /* as torch: x * (D ** -0.5) */
+    for (int64_t hd = 0; hd < heads; hd++) {
+        float *a = x + hd * D;
+        for (int64_t h = 1; h < D; h *= 2)
+            for (int64_t j = 0; j < D; j += 2 * h)
+#pragma omp simd
+                for (int64_t i = 0; i < h; i++) {
+                    const float lo = a[j + i], hi = a[j + h + i];
+                    a[j + i] = lo + hi;
+                    a[j + h + i] = lo - hi;
+                }
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) a[i] *= s;
     }
 }
 
@@ -107,8 +129,10 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
         rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
         if ((rc = linear_blocked_f32(w->qkv_w, w->qkv_b, h, Hd, qkv, QKV, QKV, Hd, R, nthreads)))
             return rc;
-        for (int64_t r = 0; r < R; r++) /* q heads then k heads are adjacent: one pass */
+        for (int64_t r = 0; r < R; r++) { /* q heads then k heads are adjacent: one pass */
             rope(qkv + r * QKV, H + Hkv, D, cos + r * D, sin + r * D);
+            if (dm->rotate_kv) hadamard_rotate(qkv + r * QKV, H + 2 * Hkv, D); /* q, k and v */
+        }
         for (int s = 0; s < num_writes; s++) {
             const kv_write *kw = writes + s;
             for (int64_t i = 0; i < kw->n; i++) {
@@ -121,6 +145,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
         if ((rc = decode_attention_int8(qkv, parts, num_parts, (int)R, (int)H, (int)Hkv, (int)D, QKV,
                                         sm_scale, attn, attn_scratch, scratch_stride, nthreads)))
             return rc;
+        if (dm->rotate_kv) hadamard_rotate(attn, R * H, D); /* back from the rotated basis */
         if ((rc = linear_blocked_f32(w->o_w, w->o_b, attn, H * D, h, Hd, Hd, H * D, R, nthreads)))
             return rc;
         add_into(x, h, R * Hd);
