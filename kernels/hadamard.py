@@ -9,10 +9,11 @@ softmax(...) . (Hv) = H (softmax(...) . v), so rotating the attention output bac
 Measured on SmolLM2-135M (docs/engine.md, "int8 KV quality"): the int8-vs-fp32 perplexity excess
 halves.
 
-`rotate(x)` is the fast Walsh-Hadamard transform over the last dimension (a power of two), in the
-butterfly order of kernels/csrc/decoder.c's `hadamard_rotate`, so the torch and C paths write
-bit-identical int8 K/V. Applied by engine/paged_kv.py (and the C decode step) exactly when the KV
-storage says `rotated` (int8 stores, power-of-two head_dim); float stores are not rotated.
+`rotate(x)` multiplies the last dimension (a power of two) by the matrix: one matmul, where a
+butterfly transform in torch would be ~20 small ops per tensor and layer (kernels/csrc/decoder.c
+uses the butterflies). Both agree to rounding; the C step's test bounds the int8 K/V differences.
+Applied by engine/paged_kv.py (and the C decode step) exactly when the KV storage says `rotated`
+(int8 stores, power-of-two head_dim); float stores are not rotated.
 """
 from __future__ import annotations
 
@@ -27,14 +28,14 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     """x [..., D] (D a power of two) -> x @ H, H the normalized Sylvester Hadamard matrix."""
     d = x.shape[-1]
     assert applies(d), f"Hadamard rotation needs a power-of-two head_dim, got {d}"
-    y = x.reshape(-1, d)
-    h = 1
-    while h < d:
-        y = y.view(-1, d // (2 * h), 2, h)
-        a, b = y[:, :, 0], y[:, :, 1]
-        y = torch.stack((a + b, a - b), dim=2).view(-1, d)
-        h *= 2
-    return (y * (d ** -0.5)).view(x.shape)
+    key = (d, x.dtype, x.device)
+    h = _MATRICES.get(key)
+    if h is None:
+        h = _MATRICES[key] = matrix(d, x.dtype).to(x.device)
+    return x @ h
+
+
+_MATRICES: dict = {}
 
 
 def matrix(d: int, dtype=torch.float32) -> torch.Tensor:

@@ -70,8 +70,8 @@ static void rope(float *x, int64_t heads, int64_t D, const float *cos, const flo
     }
 }
 
-/* x: [heads, D] in place: each head times the normalized Hadamard matrix (D a power of two), in
- * the butterfly order of kernels/hadamard.py's rotate, so both write bit-identical K/V. */
+/* x: [heads, D] in place: each head times the normalized Hadamard matrix (D a power of two), by
+ * butterflies (kernels/hadamard.py's rotate multiplies by the matrix: equal to rounding). */
 static void hadamard_rotate(float *x, int64_t heads, int64_t D) {
     const float s = (float)(1.0 / sqrt((double)D)); /* as torch: x * (D ** -0.5) */
     for (int64_t hd = 0; hd < heads; hd++) {
