@@ -70,8 +70,11 @@ class KVManager(TailStorage):
                       and uncached + max_new_tokens <= self.inline_tokens)
         # an idle cached last page is taken over (appended in place) unless the rest of this
         # turn fits in fewer slots than a page: then it is copied into slots by reserve
-        take_over = m.take_over and self._slot_plan(seq, len(prompt), owns_last=False) is None
-        if not use_inline and self._slot_plan(seq, len(prompt), owns_last=take_over) is None:
+        slots = self._slot_plan(seq, len(prompt), owns_last=False)
+        take_over = m.take_over and slots is None
+        if take_over:  # taken over, the last page is ours: slots only past its end
+            slots = self._slot_plan(seq, len(prompt), owns_last=True)
+        if not use_inline and slots is None:
             pinned = sum(self.pool.pages[p].state == CACHED for p in seq.all_pages())
             n_new, _ = self._pages_needed(seq, len(prompt), owns_last=take_over)
             if n_new > self.pool.num_available - pinned:

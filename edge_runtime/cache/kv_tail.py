@@ -63,8 +63,8 @@ class TailStorage:
         p, P, S = seq.prefix_len, self.page_tokens, self.inline_tokens
         if seq.tail_kind == INLINE:
             owns = self.arena.owner[seq.inline_slots[-1]] == seq.seq_id
-            full = seq.inline_start(P) + len(seq.inline_slots) * S
-            seq.capacity = full if owns else seq.num_tokens
+            end = seq.inline_start(P) + len(seq.inline_slots) * S
+            seq.capacity = end if owns else seq.num_tokens
             return
         have = len(seq.tail_pages)
         owns = have and self.pool.pages[seq.tail_pages[-1]].owner == seq.seq_id

@@ -146,8 +146,9 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
     for i, w in enumerate(windows):
         print(f"\reval-ppl [{test} vs {ref}] window {i + 1}/{len(windows)}", end="",
               file=sys.stderr, flush=True)
-        for (_, a), (_, b) in zip(score_logits(engines[test], w), score_logits(engines[ref], w)):
-            a, b = a[: len(w) - 1].double(), b[: len(w) - 1].double()
+        for (start, a), (_, b) in zip(score_logits(engines[test], w), score_logits(engines[ref], w)):
+            keep = min(a.shape[0], len(w) - 1 - start)  # positions that predict a next token
+            a, b = a[:keep].double(), b[:keep].double()
             lp_a, lp_b = torch.log_softmax(a, dim=-1), torch.log_softmax(b, dim=-1)
             kl_sum += float((lp_b.exp() * (lp_b - lp_a)).sum())
             flip = a.argmax(-1) != b.argmax(-1)
