@@ -103,13 +103,18 @@ def _native_or_skip():
     return lib
 
 
-@pytest.mark.parametrize("head_dim", [16, 64])
-def test_native_decode_attention_equals_torch_path(head_dim):
+# (head_dim, query heads, kv heads): flat_kv.c's vectorized task for head_dim 64/128 and 1-8 query
+# heads per kv head, its any-shape task otherwise (head_dim 16, 9 per kv head)
+SHAPES = [(16, 6, 2), (64, 6, 2), (64, 2, 2), (128, 8, 2), (64, 10, 2), (64, 16, 2), (64, 18, 2)]
+
+
+@pytest.mark.parametrize("head_dim,heads,hkv", SHAPES)
+def test_native_decode_attention_equals_torch_path(head_dim, heads, hkv):
     from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
 
     lib = _native_or_skip()
     gen = torch.Generator().manual_seed(3)
-    layers, page, hkv, heads = 3, 8, 2, 6
+    layers, page = 3, 8
     stores = []
     for blocks in (7, 3):  # pool, arena
         shape = (blocks, layers, page, hkv, head_dim)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from edge_runtime.kernels import hadamard
+from edge_runtime.kernels.huge_pages import HugePageArena
 
 KV_DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
 _MADV_DONTNEED = 4
@@ -44,6 +45,18 @@ class StoreView:
     v_scale: torch.Tensor | None
 
 
+def _zeros(shape, dtype, device) -> torch.Tensor:
+    """Zeros; on the CPU in memory advised to be backed by 2 MiB pages (kernels/huge_pages.py):
+    decode attention reads each row's keys at a 192-byte stride across a whole page of the pool,
+    and with 4 KiB pages it took TLB misses all along (docs/perf.md, "Fifth session")."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = 1
+    for n in shape:
+        numel *= n
+    return HugePageArena(numel, dtype).take(numel).view(shape).zero_()
+
+
 class _Store:
     """One paged tensor set (the pool or the arena)."""
 
@@ -52,8 +65,8 @@ class _Store:
         self.block_tokens = block_tokens
         self.num_blocks = num_blocks
         # Filled with zeros: allocating and touching every byte now, not on first use.
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.k_scale = self.v_scale = None
         if dtype == torch.int8:
             self.k_scale = torch.ones(shape[:-1], dtype=torch.float16, device=device)
