@@ -70,13 +70,50 @@ static void rope(float *x, int64_t heads, int64_t D, const float *cos, const flo
     }
 }
 
+/* one butterfly level h (1, 2 or 4) inside an 8-lane vector: lanes i and i + h of each 2h block
+ * become lo + hi and lo - hi (the exact operations of the scalar butterfly) */
+static inline v8f butterfly_in_vector(v8f x, int h) {
+    v8f lo, hi, sign;
+    if (h == 1) {
+        lo = SHUFFLE8(x, x, 0, 0, 2, 2, 4, 4, 6, 6);
+        hi = SHUFFLE8(x, x, 1, 1, 3, 3, 5, 5, 7, 7);
+        sign = (v8f){1, -1, 1, -1, 1, -1, 1, -1};
+    } else if (h == 2) {
+        lo = SHUFFLE8(x, x, 0, 1, 0, 1, 4, 5, 4, 5);
+        hi = SHUFFLE8(x, x, 2, 3, 2, 3, 6, 7, 6, 7);
+        sign = (v8f){1, 1, -1, -1, 1, 1, -1, -1};
+    } else {
+        lo = SHUFFLE8(x, x, 0, 1, 2, 3, 0, 1, 2, 3);
+        hi = SHUFFLE8(x, x, 4, 5, 6, 7, 4, 5, 6, 7);
+        sign = (v8f){1, 1, 1, 1, -1, -1, -1, -1};
+    }
+    return lo + hi * sign;
+}
+
 /* x: [heads, D] in place: each head times the normalized Hadamard matrix (D a power of two), by
- * butterflies (kernels/hadamard.py's rotate multiplies by the matrix: equal to rounding). */
+ * butterflies (kernels/hadamard.py's rotate multiplies by the matrix: equal to rounding). For D a
+ * multiple of 8 the levels below 8 run inside vectors (the scalar loops over 1-4 lanes cost ~4 us
+ * per token for 15 heads of 64, as much as the rest of a layer's small ops together). */
 static void hadamard_rotate(float *x, int64_t heads, int64_t D) {
     const float s = (float)(1.0 / sqrt((double)D)); /* as torch: x * (D ** -0.5) */
     for (int64_t hd = 0; hd < heads; hd++) {
         float *a = x + hd * D;
-        for (int64_t h = 1; h < D; h *= 2)
+        int64_t h = 1;
+        if (D % 8 == 0) {
+            for (int64_t c = 0; c < D; c += 8)
+                store_v8(a + c, butterfly_in_vector(butterfly_in_vector(butterfly_in_vector(
+                                                        load_v8(a + c), 1), 2), 4));
+            for (h = 8; h < D; h *= 2)
+                for (int64_t j = 0; j < D; j += 2 * h)
+                    for (int64_t i = 0; i < h; i += 8) {
+                        const v8f lo = load_v8(a + j + i), hi = load_v8(a + j + h + i);
+                        store_v8(a + j + i, lo + hi);
+                        store_v8(a + j + h + i, lo - hi);
+                    }
+            for (int64_t c = 0; c < D; c += 8) store_v8(a + c, load_v8(a + c) * splat_v8(s));
+            continue;
+        }
+        for (; h < D; h *= 2)
             for (int64_t j = 0; j < D; j += 2 * h)
 #pragma omp simd
                 for (int64_t i = 0; i < h; i++) {

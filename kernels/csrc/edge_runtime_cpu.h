@@ -46,4 +46,42 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+/* 8-lane fp32 vectors (one AVX2 register on x86; two NEON registers on Arm) and helpers */
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8f load_v8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store_v8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+static inline v8f splat_v8(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+static inline v8f i8_to_v8(const int8_t *p) { /* vpmovsxbd + vcvtdq2ps */
+    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    v8f v;
+    memcpy(&v, &f, sizeof v);
+    return v;
+}
+#else /* gcc's generic int8x8 -> float conversion extracts lanes one by one; a plain loop vectorizes */
+static inline v8f i8_to_v8(const int8_t *p) {
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = (float)p[i];
+    return load_v8(f);
+}
+#endif
+
+#if defined(__clang__)
+#define SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                                          \
+    __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
+#else
+#define SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7)                                          \
+    __builtin_shuffle(a, b, (v8i){i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
+
 #endif
