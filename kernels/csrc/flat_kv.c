@@ -191,6 +191,11 @@ decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh
  *   the first slice).
  * Measured (docs/perf.md, "Fifth session"): 2.0-2.7x faster than decode_task at 530 keys. */
 #define MAX_FAST_GROUP 8
+#if defined(__AVX512F__)
+#define VECTOR_REGISTERS 32 /* 8-lane vectors the compiler has: 32 ymm with AVX-512VL */
+#else /* 16 ymm with AVX2; 32 128-bit NEON registers hold 16 */
+#define VECTOR_REGISTERS 16
+#endif
 /* lanes [a01 a23 b01 b23 | a45 a67 b45 b67] (AVX's hadd: one shufps pair and an add) */
 static inline v8f pair_sums(v8f a, v8f b) {
     return SHUFFLE8(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + SHUFFLE8(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
@@ -223,7 +228,9 @@ static inline __attribute__((always_inline)) void
 decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int kh, int Hkv,
                const int G, const int D, int64_t q_stride_r, float sm_scale, float *out,
                float *scratch, int64_t total) {
-    const int CW = G <= 3 ? 4 : (G <= 6 ? 2 : 1); /* vectors per head per value slice */
+    /* vectors per head per value slice: G * CW accumulators + a value + G weights in registers */
+    const int CW = G * 8 + G + 1 <= VECTOR_REGISTERS ? 8 : G * 4 + G + 1 <= VECTOR_REGISTERS ? 4
+                 : G * 2 + G + 1 <= VECTOR_REGISTERS ? 2 : 1;
     const float *qr = q + (int64_t)r * q_stride_r + (int64_t)kh * G * D;
     float *o = out + (int64_t)r * Hkv * G * D + (int64_t)kh * G * D;
     int64_t pos = 0;
@@ -256,7 +263,7 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
     }
     softmax_rows(scratch, G, total);
     for (int c0 = 0; c0 < D / 8; c0 += CW) { /* out[g] = sum_j prob[g][j] * v_j * vscale_j */
-        v8f acc[MAX_FAST_GROUP][4];
+        v8f acc[MAX_FAST_GROUP][8];
         for (int g = 0; g < G; g++)
             for (int c = 0; c < CW; c++) acc[g][c] = (v8f){0};
         pos = 0;
