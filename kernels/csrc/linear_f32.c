@@ -28,10 +28,12 @@ static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 #define BLOCK_N 16
 #define MAX_ROWS 6
 #define ROW_BLOCK 48
-/* Software prefetch 1 KiB ahead in the weight stream, for 3+ rows only: measured on huge pages
- * (docs/perf.md, "CPU linears"), it helps 5 rows (+4%) and costs 1-2 rows (-4 to -8% when the
- * machine's bandwidth is high): with one row the hardware prefetcher keeps up on its own. */
-#define PREFETCH_FLOATS 256
+/* Software prefetch 4 KiB ahead in the weight stream, for 3+ rows only: measured on huge pages
+ * (docs/perf.md, "CPU linears"), it helps 5 rows and costs 1-2 rows (-4 to -8% when the
+ * machine's bandwidth is high): with one row the hardware prefetcher keeps up on its own. 4 KiB
+ * ahead: five-row passes over the model's linears 9.0 ms vs 9.7 ms at 1 KiB (2 and 8 KiB
+ * slower) in the high-bandwidth mode, equal in the low one (docs/perf.md, "Fifth session"). */
+#define PREFETCH_FLOATS 1024
 
 #define DEFINE_KERNEL(RB)                                                                          \
     static void kernel_##RB(const float *wb, int64_t K, const float *X, int64_t ldx, float *Y,     \
