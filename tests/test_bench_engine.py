@@ -99,3 +99,20 @@ def test_bench_linear_json(tmp_path):
     assert [(r["backend"], r["rows"]) for r in data["rows"]] == [(b, n) for b in backends for n in (1, 3)]
     for r in data["rows"]:
         assert r["gbps"] == pytest.approx(data["weight_bytes"] / (r["ms"] / 1e3) / 1e9)
+
+
+def test_bench_attention_json(tmp_path, capsys):
+    from edge_runtime.kernels import cpu_native
+
+    if cpu_native.library() is None:
+        pytest.skip("kernels/csrc not built (no C compiler)")
+    out = tmp_path / "a.json"
+    assert main(["bench", "attention", "--rows", "1,2", "--keys", "9,20", "--layers", "2",
+                 "--page-tokens", "8", "--flush-mib", "1", "--repeat", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [(r["rows"], r["keys"]) for r in data["rows"]] == [(1, 9), (1, 20), (2, 9), (2, 20)]
+    for r in data["rows"]:  # ns per (row, kv head, key, layer) visit, from the same best time
+        assert r["ns_per_key"] == pytest.approx(r["ms"] * 1e6 / (r["rows"] * 3 * r["keys"] * 2))
+    assert "ns per key visit" in capsys.readouterr().out
+    assert main(["bench", "attention", "--heads", "8", "--kv-heads", "3"]) != 0
+    assert "multiple of --kv-heads" in capsys.readouterr().err
