@@ -51,6 +51,16 @@ def _cache_dir() -> Path:
     return Path(base) / "edge-runtime" / "native"
 
 
+def compile_to(compiler: str, target: Path, cflags: list[str] = CFLAGS) -> None:
+    """Compile kernels/csrc into the shared library `target` (raises RuntimeError with the
+    compiler's message on failure). Tests build a portable variant with other `cflags`."""
+    run = subprocess.run([compiler, *cflags, "-o", str(target),
+                          *(str(s) for s in SOURCES if s.suffix == ".c"), "-lm"],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(run.stderr.strip()[-500:])
+
+
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES) + version.encode() + " ".join(CFLAGS).encode()
@@ -63,15 +73,32 @@ def _build(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        run = subprocess.run([compiler, *CFLAGS, "-o", tmp, *(str(s) for s in SOURCES if s.suffix == ".c"), "-lm"],
-                             capture_output=True, text=True)
-        if run.returncode != 0:
-            raise RuntimeError(run.stderr.strip()[-500:])
+        compile_to(compiler, Path(tmp))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument and result types of the kernels' entry points on a loaded library."""
+    lib.write_kv_int8.restype = None
+    lib.write_kv_int8.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p]
+    fn = lib.decode_attention_int8
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(FlatPart), ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    fn = lib.linear_blocked_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int]
+    return lib
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,19 +117,4 @@ def library() -> ctypes.CDLL | None:
         _say(f"building kernels/csrc failed ({exc}); CPU decode attention and fp32 linears use "
              "the torch paths")
         return None
-    lib.write_kv_int8.restype = None
-    lib.write_kv_int8.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                  ctypes.c_void_p]
-    fn = lib.decode_attention_int8
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(FlatPart), ctypes.c_int, ctypes.c_int,
-                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-    fn = lib.linear_blocked_f32
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int]
-    return lib
+    return declare(lib)

@@ -8,6 +8,7 @@ import torch
 
 from engine_helpers import tiny_folder
 from model_helpers import save_random_model, tiny_hf_config
+from native_helpers import portable_library
 
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
@@ -97,6 +98,21 @@ def test_fused_step_matches_the_layer_loop(loaded, specs, threads):
             assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 1e-3
         torch.testing.assert_close(a.k_scale.float(), b.k_scale.float(), rtol=2e-3, atol=0)
         torch.testing.assert_close(a.v_scale.float(), b.v_scale.float(), rtol=2e-3, atol=0)
+
+
+def test_baseline_isa_build_matches(loaded):
+    """kernels/csrc built without AVX2 (the code paths Arm compiles: plain int8 conversion,
+    generic vector shuffles for the Hadamard butterflies and the score sums) gives the same step."""
+    lib = portable_library()
+    want, _ = _step(loaded, DECODE, "int8", fused=True)
+    keep = loaded.model.fused_decoder
+    try:
+        loaded.model.fused_decoder = FusedDecoder(lib, loaded.model)
+        got, _ = _step(loaded, DECODE, "int8", fused=True)
+    finally:
+        loaded.model.fused_decoder = keep
+    torch.testing.assert_close(got, want, atol=2e-4 * float(want.abs().max()), rtol=0)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
 def test_fused_step_writes_exactly_the_new_rows(loaded):

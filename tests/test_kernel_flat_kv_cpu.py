@@ -1,6 +1,8 @@
 """kernels/flat_kv_cpu.py against the references: write_kv_flat == write_kv_ref bit for bit,
 gather_decode_attention == per-segment paged_attention_ref merged by log-sum-exp."""
 
+import platform
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from edge_runtime.kernels.flat_kv_cpu import gather_decode_attention, write_kv_f
 from edge_runtime.kernels.kv_write import write_kv_ref
 from edge_runtime.kernels.paged_attention_ref import merge_attention_ref, paged_attention_ref
 from edge_runtime.kernels.quantize import quantize_int8
+from native_helpers import portable_library
 
 LAYERS, P, HKV, D = 3, 8, 2, 16
 DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
@@ -135,10 +138,14 @@ def test_native_decode_attention_equals_torch_path(head_dim, heads, hkv):
     qkv = torch.randn(4, heads + 2, head_dim, generator=gen)
     q = qkv[:, :heads]  # strided rows, as the model's fused q/k/v split gives
     native = NativeDecodeAttention(lib, parts, heads, head_dim ** -0.5)
+    portable = (NativeDecodeAttention(portable_library(), parts, heads, head_dim ** -0.5)
+                if platform.machine() == "x86_64" else None)
     for layer in (0, 2):
         torch_parts = [(k, v, ks, vs, idx + layer * stride) for k, v, ks, vs, idx, _, stride in parts]
         want = gather_decode_attention(q, torch_parts, bias[:, None, None, :], head_dim ** -0.5)
         torch.testing.assert_close(native(q, layer), want, atol=1e-5, rtol=1e-4)
+        if portable is not None:  # the baseline-ISA build's code paths give the same result
+            torch.testing.assert_close(portable(q, layer), want, atol=1e-5, rtol=1e-4)
 
 
 def test_native_quantization_is_bit_exact_on_hard_values():
