@@ -187,9 +187,11 @@ decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh
  *   all G heads); every 8 keys, the 8 vectors of a head are reduced together by a tree of pairwise
  *   adds (7 shuffle + add steps for 8 scores instead of a 3-level reduction for each);
  * - values: the G x D output accumulates in registers, a slice of CW vectors per head at a time
- *   (G * CW <= 12 of the 16 AVX2 registers); the rows are read once per slice (from cache after
- *   the first slice).
- * Measured (docs/perf.md, "Fifth session"): 2.0-2.7x faster than decode_task at 530 keys. */
+ *   (G * CW accumulators + a value + G weights within the compiler's vector registers: all of a
+ *   64-wide head with AVX-512VL's 32 for G <= 3, half with AVX2's 16); the rows are read once per
+ *   slice (from cache after the first).
+ * Measured (`edge-runtime bench attention`, docs/perf.md "Fifth session's runs"): ~2x faster
+ * than decode_task at 560 keys, 1 and 5 rows. */
 #define MAX_FAST_GROUP 8
 #if defined(__AVX512F__)
 #define VECTOR_REGISTERS 32 /* 8-lane vectors the compiler has: 32 ymm with AVX-512VL */
