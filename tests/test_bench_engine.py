@@ -43,6 +43,14 @@ def test_bench_engine_json(tmp_path):
     assert b1["bandwidth"][0][1] == b2["bandwidth"][0][0]
     assert b2["bandwidth"][0][1] == b1["bandwidth"][1][0]
     assert data["bandwidth"]["read_gbps"] > 0 and data["machine"]["cpu_model"]
+    # batch 2 over batch 1: of the means, and run i over run i with batch 1's roofline of run i
+    (ratio,) = data["decode_ratios"]
+    assert (ratio["batch"], ratio["prompt_tokens"]) == (2, 9)
+    assert ratio["of_means"] == pytest.approx(b2["decode_tok_s"]["mean"] / b1["decode_tok_s"]["mean"])
+    assert ratio["per_run"] == pytest.approx([y / x for x, y in zip(b1["decode_samples"],
+                                                                      b2["decode_samples"])])
+    assert ratio["batch1_roofline_gbps"] == pytest.approx(
+        [max(x["read_gbps"], y["read_gbps"]) for x, y in b1["bandwidth"]])
 
 
 def test_helpers():

@@ -149,6 +149,39 @@ def add_roofline(row: dict, roofs: list[float]) -> None:
     row["roofline_pct"] = Summary.of([100 * g / r for g, r in zip(gbps, roofs)]).to_dict()
 
 
+def decode_ratios(rows: list[dict]) -> list[dict]:
+    """Per prompt length and batch size B > 1: decode tok/s of batch B over batch 1's, as the ratio
+    of the means and run by run (run i of every batch size ran seconds apart, interleaved, so each
+    pair saw the same machine), with batch 1's roofline of each run: on a machine whose bandwidth
+    changes (this VM's two modes) the per-run ratios show what each condition gives."""
+    out = []
+    for prompt in sorted({r["prompt_tokens"] for r in rows}):
+        at = {r["batch"]: r for r in rows if r["prompt_tokens"] == prompt}
+        if 1 not in at:
+            continue
+        one = at[1]
+        for batch in sorted(b for b in at if b > 1):
+            row = at[batch]
+            ratio = {"prompt_tokens": prompt, "batch": batch,
+                     "of_means": row["decode_tok_s"]["mean"] / one["decode_tok_s"]["mean"],
+                     "per_run": [b / a for a, b in zip(one["decode_samples"], row["decode_samples"])]}
+            if "bandwidth" in one:
+                ratio["batch1_roofline_gbps"] = [max(x["read_gbps"], y["read_gbps"])
+                                                 for x, y in one["bandwidth"]]
+            out.append(ratio)
+    return out
+
+
+def format_ratios(ratios: list[dict]) -> list[str]:
+    lines = []
+    for q in ratios:
+        runs = ", ".join(f"{x:.2f}" + (f" ({g:.0f} GB/s)" if "batch1_roofline_gbps" in q else "")
+                         for x, g in zip(q["per_run"], q.get("batch1_roofline_gbps", q["per_run"])))
+        lines.append(f"batch-{q['batch']}/batch-1 decode, {q['prompt_tokens']}-token prompts: "
+                     f"{q['of_means']:.2f}x (means); run by run: {runs}")
+    return lines
+
+
 def set_threads(threads: int | None) -> None:
     """Pin torch's intra-op threads; on a busy machine fewer threads than cores avoids OpenMP
     barrier stalls (each parallel op waits for a descheduled worker: milliseconds per op)."""
@@ -193,11 +226,13 @@ def run(args) -> int:
           f"{min(readings):.1f}-{max(readings):.1f} GB/s "
           f"(copy {bw.copy_gbps:.2f} GB/s read+written at the start), {bw.threads} threads")
     print(markdown_table(table_rows(rows), COLUMNS))
+    ratios = decode_ratios(rows)
+    print("\n".join(format_ratios(ratios)))
     if args.json:
         write_json(args.json, {"bench": "engine", "model": args.model,
                                "weight_bytes": loaded.weight_bytes, "kv_dtype": args.kv_dtype,
                                "quantization": loaded.quantization, "bandwidth": bw.to_dict(),
-                               "rows": rows})
+                               "rows": rows, "decode_ratios": ratios})
     return 0
 
 
