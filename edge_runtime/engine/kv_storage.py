@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 from dataclasses import dataclass
@@ -48,12 +49,10 @@ class StoreView:
 def _zeros(shape, dtype, device) -> torch.Tensor:
     """Zeros; on the CPU in memory advised to be backed by 2 MiB pages (kernels/huge_pages.py):
     decode attention reads each row's keys at a 192-byte stride across a whole page of the pool,
-    and with 4 KiB pages it took TLB misses all along (docs/perf.md, "Fifth session")."""
+    and with 4 KiB pages it took TLB misses all along (docs/perf.md, "Fifth session's runs")."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = math.prod(shape)
     return HugePageArena(numel, dtype).take(numel).view(shape).zero_()
 
 
