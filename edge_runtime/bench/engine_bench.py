@@ -175,10 +175,12 @@ def decode_ratios(rows: list[dict]) -> list[dict]:
 def format_ratios(ratios: list[dict]) -> list[str]:
     lines = []
     for q in ratios:
-        runs = ", ".join(f"{x:.2f}" + (f" ({g:.0f} GB/s)" if "batch1_roofline_gbps" in q else "")
-                         for x, g in zip(q["per_run"], q.get("batch1_roofline_gbps", q["per_run"])))
+        roofs = q.get("batch1_roofline_gbps")
+        runs = [f"{x:.2f}" for x in q["per_run"]]
+        if roofs:
+            runs = [f"{r} ({g:.0f} GB/s)" for r, g in zip(runs, roofs)]
         lines.append(f"batch-{q['batch']}/batch-1 decode, {q['prompt_tokens']}-token prompts: "
-                     f"{q['of_means']:.2f}x (means); run by run: {runs}")
+                     f"{q['of_means']:.2f}x (means); run by run: {', '.join(runs)}")
     return lines
 
 

@@ -90,6 +90,35 @@ static inline v8f butterfly_in_vector(v8f x, int h) {
     return lo + hi * sign;
 }
 
+/* one head, D a multiple of 8: levels 1, 2, 4 inside each vector, then across vectors */
+static void hadamard_head_v8(float *a, int64_t D, float s) {
+    for (int64_t c = 0; c < D; c += 8)
+        store_v8(a + c, butterfly_in_vector(butterfly_in_vector(butterfly_in_vector(
+                                                load_v8(a + c), 1), 2), 4));
+    for (int64_t h = 8; h < D; h *= 2)
+        for (int64_t j = 0; j < D; j += 2 * h)
+            for (int64_t i = 0; i < h; i += 8) {
+                const v8f lo = load_v8(a + j + i), hi = load_v8(a + j + h + i);
+                store_v8(a + j + i, lo + hi);
+                store_v8(a + j + h + i, lo - hi);
+            }
+    for (int64_t c = 0; c < D; c += 8) store_v8(a + c, load_v8(a + c) * splat_v8(s));
+}
+
+/* one head, any power of two D */
+static void hadamard_head_scalar(float *a, int64_t D, float s) {
+    for (int64_t h = 1; h < D; h *= 2)
+        for (int64_t j = 0; j < D; j += 2 * h)
+#pragma omp simd
+            for (int64_t i = 0; i < h; i++) {
+                const float lo = a[j + i], hi = a[j + h + i];
+                a[j + i] = lo + hi;
+                a[j + h + i] = lo - hi;
+            }
+#pragma omp simd
+    for (int64_t i = 0; i < D; i++) a[i] *= s;
+}
+
 /* x: [heads, D] in place: each head times the normalized Hadamard matrix (D a power of two), by
  * butterflies (kernels/hadamard.py's rotate multiplies by the matrix: equal to rounding). For D a
  * multiple of 8 the levels below 8 run inside vectors (the scalar loops over 1-4 lanes cost ~4 us
@@ -97,32 +126,10 @@ static inline v8f butterfly_in_vector(v8f x, int h) {
 static void hadamard_rotate(float *x, int64_t heads, int64_t D) {
     const float s = (float)(1.0 / sqrt((double)D)); /* as torch: x * (D ** -0.5) */
     for (int64_t hd = 0; hd < heads; hd++) {
-        float *a = x + hd * D;
-        int64_t h = 1;
-        if (D % 8 == 0) {
-            for (int64_t c = 0; c < D; c += 8)
-                store_v8(a + c, butterfly_in_vector(butterfly_in_vector(butterfly_in_vector(
-                                                        load_v8(a + c), 1), 2), 4));
-            for (h = 8; h < D; h *= 2)
-                for (int64_t j = 0; j < D; j += 2 * h)
-                    for (int64_t i = 0; i < h; i += 8) {
-                        const v8f lo = load_v8(a + j + i), hi = load_v8(a + j + h + i);
-                        store_v8(a + j + i, lo + hi);
-                        store_v8(a + j + h + i, lo - hi);
-                    }
-            for (int64_t c = 0; c < D; c += 8) store_v8(a + c, load_v8(a + c) * splat_v8(s));
-            continue;
-        }
-        for (; h < D; h *= 2)
-            for (int64_t j = 0; j < D; j += 2 * h)
-#pragma omp simd
-                for (int64_t i = 0; i < h; i++) {
-                    const float lo = a[j + i], hi = a[j + h + i];
-                    a[j + i] = lo + hi;
-                    a[j + h + i] = lo - hi;
-                }
-#pragma omp simd
-        for (int64_t i = 0; i < D; i++) a[i] *= s;
+        if (D % 8 == 0)
+            hadamard_head_v8(x + hd * D, D, s);
+        else
+            hadamard_head_scalar(x + hd * D, D, s);
     }
 }
 
