@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "decoder.c")]
+           for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "decoder.c",
+                        "argmax.c")]
 ENV_SWITCH = "EDGE_RUNTIME_CPU_NATIVE"
 # reassociation lets the reductions vectorize; not -ffast-math, whose crtfastmath would set
 # flush-to-zero for the whole process (torch included)
@@ -98,6 +99,9 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_int]
+    lib.argmax_rows.restype = None
+    lib.argmax_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                ctypes.c_void_p]
     return lib
 
 

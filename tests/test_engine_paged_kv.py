@@ -112,6 +112,33 @@ def test_paged_context_matches_dense(kv_dtype, flat, specs):
 
 
 def test_unreserved_tail_is_refused():
-    st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, kv_dtype="fp32")
-    with pytest.raises(AssertionError):
-        PagedKVContext(st, [SeqStep((), 0, "pages", (1,), 0, P + 1)], sm_scale=1.0)
+    st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, num_inline_slots=2,
+                   inline_tokens=SLOT, kv_dtype="fp32")
+    for flat in (True, False):
+        with pytest.raises(AssertionError):
+            PagedKVContext(st, [SeqStep((), 0, "pages", (1,), 0, P + 1)], sm_scale=1.0, flat=flat)
+        with pytest.raises(AssertionError):  # an inline tail: one full page, then one slot
+            PagedKVContext(st, [SeqStep((), 0, "inline", (0,), 0, P + SLOT + 1, (2,))],
+                           sm_scale=1.0, flat=flat)
+
+
+@pytest.mark.parametrize("specs", [MIXED, DECODE_ONLY], ids=["mixed", "decode-only"])
+def test_flat_and_per_segment_slot_mappings_agree(specs):
+    """The CPU flat index (numpy) and the per-segment builder (torch) place every new token in the
+    same store slot."""
+    st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
+                   inline_tokens=SLOT, kv_dtype="int8")
+    steps = [SeqStep(pages, plen, kind, ids, plen + cached, new, *full)
+             for pages, plen, kind, ids, cached, new, *full in specs]
+    flat = PagedKVContext(st, steps, sm_scale=1.0, flat=True).slot_mapping
+    per_segment = PagedKVContext(st, steps, sm_scale=1.0, flat=False).slot_mapping
+    assert flat.keys() == per_segment.keys()
+    for store in flat:
+        assert flat[store].tolist() == per_segment[store].tolist(), store
+
+
+def test_new_token_inside_the_prefix_is_refused():
+    st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, kv_dtype="int8")
+    for flat in (True, False):
+        with pytest.raises(AssertionError):
+            PagedKVContext(st, [SeqStep((1,), 5, "pages", (2,), 3, 1)], sm_scale=1.0, flat=flat)

@@ -204,20 +204,21 @@ class Engine:
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
                          events: list[TokenEvent]) -> None:
-        plain_rows, plain_seqs = [], []
+        plain_rows, plain_seqs = [], []  # plain_rows: the logits row of each plain sequence
         beam_groups: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
-        for seq, row in zip(seqs, logits):
+        for i, seq in enumerate(seqs):
             if seq.request.is_beam:
-                beam_groups.setdefault(seq.request.request_id, []).append((seq, row))
+                beam_groups.setdefault(seq.request.request_id, []).append((seq, logits[i]))
                 continue
             for s in self._fork_children(seq):  # n > 1: children share the prompt's pages
-                plain_rows.append(row)
+                plain_rows.append(i)
                 plain_seqs.append(s)
-            plain_rows.append(row)
+            plain_rows.append(i)
             plain_seqs.append(seq)
         if plain_seqs:
             rows = [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs]
-            tokens = sample(torch.stack(plain_rows), rows)
+            same = plain_rows == list(range(logits.shape[0]))
+            tokens = sample(logits if same else logits[torch.tensor(plain_rows)], rows)
             for seq, tok in sorted(zip(plain_seqs, tokens), key=lambda x: x[0].index):
                 self._append_token(seq, tok, events)
         for rid, group in beam_groups.items():

@@ -1,110 +1,162 @@
 """Per-step flat row numbers for the CPU KV paths (kernels/flat_kv_cpu.py), built once per step.
 
 For every store ("pages": the pool, "inline": the arena):
+- slot mapping: the flat slot (block * block_tokens + offset) of every new token stored there, -1
+  for the others (the same `slot_mapping` the per-segment GPU path builds);
 - write rows: the layer-0 row numbers `[T_s, Hkv]` of the new tokens stored there, and which
   tokens of the flattened batch they are;
 - decode gather: for each decode token (the only new token of its sequence), the layer-0 row
   numbers `[R, Hkv, L_s]` of every K/V position it attends to in that store (prefix pages and
   tail pages both live in the pool, an inline tail's slots in the arena), padded to the longest
-  row, with `mask_bias` `[R, 1, 1, sum L_s]` (-inf on padding);
+  row, with the valid length of each row (`gather_lens`; `mask_bias` for the torch path);
 - prefill rows (several new tokens of one sequence): per row its key rows `[Hkv, L_s]` per store
   and a causal `[n, L]` mask, one entry of `prefill`.
 Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
 
-Invariant: a decode token's positions are exactly [0, pos] of its sequence: the prefix
-[0, prefix_len) in its prefix pages and the tail [prefix_len, pos] in its tail storage.
+Built with numpy: a decode step runs this for every row, and numpy's small-array operations cost
+~1 us where torch's cost 3-10 us (a batch-5 step spent ~1.3 ms here with torch ops; docs/perf.md).
+
+Invariants (asserted):
+- a sequence's positions are, in order, its prefix [0, prefix_len) in its prefix pages, then its
+  tail in its full pages (inline tails) or tail pages, then its inline slots; so each store's key
+  positions are in position order and the new tokens are the last `num_new` positions;
+- every new token lies outside the shared prefix, and its tail storage was reserved.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+_EMPTY = np.zeros(0, dtype=np.int64)
 
-def _slots(block_ids, length: int, block_tokens: int) -> torch.Tensor:
-    """Flat slots (block * P + offset) of the first `length` tokens of a block list -> long [length]."""
-    if length == 0:
-        return torch.zeros(0, dtype=torch.long)
+
+def _block_bases(block_ids, length: int, block_tokens: int, layer_tokens: int,
+                 num_kv_heads: int) -> np.ndarray:
+    """Layer-0 base rows (head 0) of the first `length` tokens of a block list -> int64 [length];
+    a block's layer 0 starts at row block * layer_tokens * num_kv_heads (layer_tokens = layers x
+    block_tokens), token o of it at + o * num_kv_heads."""
+    if length <= 0:
+        return _EMPTY
     used = -(-length // block_tokens)
-    blocks = torch.tensor(list(block_ids[:used]), dtype=torch.long)
-    return (blocks[:, None] * block_tokens + torch.arange(block_tokens)).flatten()[:length]
+    assert used <= len(block_ids), f"{length} tokens need {used} blocks, {len(block_ids)} reserved"
+    blocks = np.fromiter(block_ids[:used], dtype=np.int64, count=used)
+    offsets = np.arange(block_tokens, dtype=np.int64)
+    return ((blocks[:, None] * layer_tokens + offsets) * num_kv_heads).ravel()[:length]
 
 
 class FlatKVIndex:
-    def __init__(self, storage, seqs, slot_mapping: dict[str, torch.Tensor]):
+    def __init__(self, storage, seqs):
         pool = storage.pool
         self.num_layers = pool.k.shape[1]
         self.num_kv_heads = pool.k.shape[3]
-        self._heads = torch.arange(self.num_kv_heads)
+        self._heads = np.arange(self.num_kv_heads, dtype=np.int64)
         self._block = {"pages": pool.block_tokens}
         if storage.inline is not None:
             self._block["inline"] = storage.inline.block_tokens
-        self.write = {store: self._write_rows(store, slots) for store, slots in slot_mapping.items()}
-        self._build_decode(seqs)
+        self.num_tokens = sum(s.num_new for s in seqs)
+        self.prefill: list[tuple[int, int, list, torch.Tensor]] = []  # (first token, n, parts, bias)
+        decode_keys: dict[str, list[np.ndarray]] = {"pages": [], "inline": []}
+        new_bases: dict[str, list[tuple[int, np.ndarray]]] = {"pages": [], "inline": []}
+        tokens, offset = [], 0
+        for s in seqs:
+            keys = self._key_bases(s)
+            self._new_tokens(s, keys, offset, new_bases)
+            if s.num_new == 1:
+                tokens.append(offset)
+                for store, x in keys.items():
+                    decode_keys[store].append(x)
+            else:
+                self._add_prefill(s, keys, offset)
+            offset += s.num_new
+        self._build_writes(new_bases)
+        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
+        self.all_decode = len(tokens) == offset
+        self._build_gather(decode_keys)
 
     def layer_offset(self, store: str, layer: int) -> int:
         return layer * self._block[store] * self.num_kv_heads
 
-    def _rows(self, store: str, slots: torch.Tensor) -> torch.Tensor:
-        """flat slots long [...] -> layer-0 rows long [..., Hkv]."""
+    def _bases(self, store: str, block_ids, length: int) -> np.ndarray:
         block = self._block[store]
-        base = (slots // block * self.num_layers * block + slots % block) * self.num_kv_heads
-        return base.unsqueeze(-1) + self._heads
+        return _block_bases(block_ids, length, block, self.num_layers * block, self.num_kv_heads)
 
-    def _write_rows(self, store: str, slots: torch.Tensor):
-        tokens = (slots >= 0).nonzero().flatten()
-        return tokens, self._rows(store, slots[tokens])
+    def _slots(self, store: str, bases: np.ndarray) -> np.ndarray:
+        """Layer-0 base rows -> flat slots (block * block_tokens + offset)."""
+        block = self._block[store]
+        block_id, offset = np.divmod(bases // self.num_kv_heads, self.num_layers * block)
+        return block_id * block + offset
 
-    def _key_slots(self, s) -> dict[str, torch.Tensor]:
-        """Flat slots of positions [0, start + num_new) of a sequence, per store, in position order
-        (pool: prefix then tail pages; arena: the inline end of an inline tail)."""
+    def _key_bases(self, s) -> dict[str, np.ndarray]:
+        """Layer-0 base rows of positions [0, start + num_new) of a sequence, per store, in position
+        order (pool: prefix then tail pages; arena: the inline end of an inline tail)."""
+        assert s.start >= s.prefix_len, f"a new token (position {s.start}) lies inside the shared " \
+                                         f"prefix of {s.prefix_len} tokens"
         P, length = self._block["pages"], s.start + s.num_new - s.prefix_len
-        prefix = _slots(s.prefix_pages, s.prefix_len, P)
+        prefix = self._bases("pages", s.prefix_pages, s.prefix_len)
         if s.tail_kind == "pages":
-            return {"pages": torch.cat((prefix, _slots(s.tail_ids, length, P))),
-                    "inline": prefix[:0]}
+            return {"pages": np.concatenate((prefix, self._bases("pages", s.tail_ids, length))),
+                    "inline": _EMPTY}
         in_pages = len(s.full_pages) * P
-        full = _slots(s.full_pages, min(length, in_pages), P)
-        inline = _slots(s.tail_ids, max(0, length - in_pages), self._block["inline"])
-        return {"pages": torch.cat((prefix, full)), "inline": inline}
+        full = self._bases("pages", s.full_pages, min(length, in_pages))
+        return {"pages": np.concatenate((prefix, full)),
+                "inline": self._bases("inline", s.tail_ids, length - in_pages)}
 
-    def _build_prefill(self, s, offset: int) -> None:
+    @staticmethod
+    def _new_tokens(s, keys, offset: int, out) -> None:
+        """The new tokens are the last num_new positions: the inline store's end, then the pool's."""
+        left = s.num_new
+        for store in ("inline", "pages"):
+            x = keys[store]
+            n = min(left, x.size)
+            if n:
+                out[store].append((offset + left - n, x[x.size - n:]))
+            left -= n
+        assert left == 0, "tail storage not reserved for every new token"
+
+    def _build_writes(self, new_bases) -> None:
+        self.slot_mapping: dict[str, torch.Tensor] = {}
+        self.write: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for store, pieces in new_bases.items():
+            if not pieces:
+                continue
+            tokens = np.concatenate([first + np.arange(x.size) for first, x in pieces])
+            bases = np.concatenate([x for _, x in pieces])
+            mapping = np.full(self.num_tokens, -1, dtype=np.int64)
+            mapping[tokens] = self._slots(store, bases)
+            self.slot_mapping[store] = torch.from_numpy(mapping)
+            self.write[store] = (torch.from_numpy(tokens), torch.from_numpy(bases[:, None] + self._heads))
+
+    def _add_prefill(self, s, keys, offset: int) -> None:
         """A multi-token row: its key rows per store [Hkv, L_s] and the causal mask [n, L]."""
-        slots = self._key_slots(s)
-        parts = [(store, self._rows(store, x).transpose(0, 1).contiguous())
-                 for store, x in slots.items() if x.numel()]
+        parts = [(store, torch.from_numpy(x[None, :] + self._heads[:, None]))  # [Hkv, L_s]
+                 for store, x in keys.items() if x.size]
         length = s.start + s.num_new
         visible = torch.arange(length)[None, :] <= torch.arange(s.start, length)[:, None]  # [n, L]
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
         self.prefill.append((offset, s.num_new, parts, bias))
 
-    def _build_decode(self, seqs) -> None:
-        per_store: dict[str, list[torch.Tensor]] = {"pages": [], "inline": []}
-        tokens, offset = [], 0
-        self.prefill: list[tuple[int, int, list, torch.Tensor]] = []  # (first token, n, parts, bias)
-        for s in seqs:
-            if s.num_new == 1:
-                tokens.append(offset)
-                for store, x in self._key_slots(s).items():
-                    per_store[store].append(x)
-            else:
-                self._build_prefill(s, offset)
-            offset += s.num_new
-        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
-        self.all_decode = len(tokens) == offset
+    def _build_gather(self, decode_keys) -> None:
         self.gather: list[tuple[str, torch.Tensor]] = []
         self.gather_lens: list[torch.Tensor] = []  # int32 [R] valid entries per row, per store
-        masks = []
-        for store, lists in per_store.items():
-            width = max((x.numel() for x in lists), default=0)
+        for store, lists in decode_keys.items():
+            width = max((x.size for x in lists), default=0)
             if width == 0:
                 continue
-            slots = torch.zeros(len(lists), width, dtype=torch.long)  # padding reads slot 0, masked
-            valid = torch.zeros(len(lists), width, dtype=torch.bool)
+            bases = np.zeros((len(lists), width), dtype=np.int64)  # padding reads row 0, masked
+            lens = np.fromiter((x.size for x in lists), dtype=np.int32, count=len(lists))
             for i, x in enumerate(lists):
-                slots[i, : x.numel()] = x
-                valid[i, : x.numel()] = True
-            self.gather.append((store, self._rows(store, slots).transpose(1, 2).contiguous()))
-            self.gather_lens.append(valid.sum(dim=1, dtype=torch.int32))
-            masks.append(valid)
-        if tokens:
-            valid = torch.cat(masks, dim=1)
-            self.mask_bias = torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]
+                bases[i, : x.size] = x
+            rows = bases[:, None, :] + self._heads[None, :, None]  # [R, Hkv, W]
+            self.gather.append((store, torch.from_numpy(rows)))
+            self.gather_lens.append(torch.from_numpy(lens))
+        self._mask_bias = None
+
+    @property
+    def mask_bias(self) -> torch.Tensor:
+        """float32 [R, 1, 1, sum W_s]: 0 on a row's valid positions, -inf on its padding (the torch
+        decode path's mask; the C path takes `gather_lens`)."""
+        if self._mask_bias is None:
+            valid = torch.cat([torch.arange(rows.shape[2])[None, :] < lens[:, None]
+                               for (_, rows), lens in zip(self.gather, self.gather_lens)], dim=1)
+            self._mask_bias = torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]
+        return self._mask_bias

@@ -13,8 +13,8 @@ merges the results by log-sum-exp:
 
 A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away).
 
-On a CPU (`flat`, the default there) the calls are not used: engine/flat_kv_index.py turns the same
-segments into row numbers of the whole store once per step, and kernels/flat_kv_cpu.py writes K/V
+On a CPU (`flat`, the default there) the calls are not built: engine/flat_kv_index.py turns the same
+segments into slot mappings and row numbers of the whole store once per step, and kernels/flat_kv_cpu.py writes K/V
 and attends each decode token over prefix + tail in one softmax (C for int8 stores) and each prefill
 row through one causal SDPA call.
 
@@ -92,15 +92,18 @@ class PagedKVContext:
         self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
         # CPU: flat-row writes, one-softmax decode attention and per-row causal prefill attention
-        # (kernels/flat_kv_cpu.py); the per-segment calls are then not built
+        # (kernels/flat_kv_cpu.py), indexed by engine/flat_kv_index.py; no per-segment calls
         if flat is None:
             flat = storage.device.type == "cpu"
-        self._build(seqs, with_calls=not flat)
-        self.flat = FlatKVIndex(storage, seqs, self.slot_mapping) if flat else None
+        self.flat = FlatKVIndex(storage, seqs) if flat else None
+        if flat:
+            self.slot_mapping = self.flat.slot_mapping
+        else:
+            self._build(seqs)
         self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
 
-    def _build(self, seqs: list[SeqStep], with_calls: bool) -> None:
-        """slot_mapping per store (always), and the per-segment calls when `with_calls`."""
+    def _build(self, seqs: list[SeqStep]) -> None:
+        """slot_mapping per store and the per-segment attention calls."""
         num_tokens = self.num_tokens
         seq_of_token = torch.repeat_interleave(
             torch.arange(len(seqs)), torch.tensor([s.num_new for s in seqs])
@@ -111,7 +114,7 @@ class PagedKVContext:
         tail_pos = positions - prefix_len  # [T] offset inside the tail
         tail_len = (tail_pos + 1).to(torch.int32)
         has_prefix = [s.prefix_len > 0 for s in seqs]
-        if with_calls and any(has_prefix):
+        if any(has_prefix):
             lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
             self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
                                     seq_of_token.to(torch.int32), lens))
@@ -132,9 +135,8 @@ class PagedKVContext:
                 lens = (tail_len - in_pages).clamp(min=0)
                 pos_in, writes = tail_pos - in_pages, tail_pos >= in_pages
             has_rows = torch.tensor([len(r) > 0 for r in rows])[seq_of_token]
-            if with_calls:
-                self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
-                                        torch.where(has_rows, lens, 0).to(torch.int32)))
+            self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
+                                    torch.where(has_rows, lens, 0).to(torch.int32)))
             writes &= has_rows
             if not bool(writes.any()):
                 continue

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from edge_runtime.engine.api import SamplingParams
+from edge_runtime.kernels.argmax_cpu import argmax_rows
 
 
 @dataclass
@@ -86,10 +87,10 @@ def sample(logits: torch.Tensor, rows: list[SamplerRow]) -> list[int]:
     logits = apply_repetition_penalty(
         logits, [r.seen_ids for r in rows], [r.params.repetition_penalty for r in rows]
     )
+    if all(r.params.temperature == 0 for r in rows):
+        return argmax_rows(logits)
     greedy = torch.tensor([r.params.temperature == 0 for r in rows])
     out = logits.argmax(dim=-1)
-    if bool(greedy.all()):
-        return out.tolist()
     temps = torch.tensor([r.params.temperature if r.params.temperature > 0 else 1.0 for r in rows])
     scaled = logits / temps.unsqueeze(-1)
     scaled = top_k_mask(scaled, torch.tensor([r.params.top_k for r in rows], dtype=torch.long))

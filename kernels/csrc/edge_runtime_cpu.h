@@ -23,6 +23,8 @@ int decode_attention_int8(const float *q, const flat_part *parts, int num_parts,
                           int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
                           float *scratch, int64_t scratch_stride, int nthreads);
 
+void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t row_stride, int64_t *out);
+
 int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
                        int64_t ldy, int64_t N, int64_t K, int64_t R, int nthreads);
 
