@@ -93,6 +93,33 @@ def test_bench_step_json(tmp_path):
     for r in rows:
         assert r["engine_step_ms"] > 0 and r["hf_forward_ms"] > 0
         assert r["throughput_ratio"] == pytest.approx(r["batch"] / r["step_ratio"])
+        assert 0 < r["layers_ms"] < r["engine_step_ms"] and 0 < r["lm_head_ms"] < r["engine_step_ms"]
+        assert r["other_ms"] > 0
+
+
+@pytest.mark.parametrize("fused", ["1", "0"], ids=["c-stack", "torch-layers"])
+def test_step_phases_time_layers_and_head_then_leave_the_model_as_it_was(tmp_path, monkeypatch,
+                                                                        fused):
+    from edge_runtime.bench.edge_systems import build_engine, load
+    from edge_runtime.bench.step_phases import StepPhases
+    from edge_runtime.engine.api import SamplingParams
+
+    monkeypatch.setenv("EDGE_RUNTIME_CPU_FUSED", fused)
+    engine = build_engine(load(str(make_tiny_llama(tmp_path / "m"))), "edge", max_tokens=64)
+    before = engine.model.fused_decoder
+    if fused == "1" and before is None:
+        pytest.skip("kernels/csrc not built (no C compiler): no C layer stack")
+    assert (before is None) == (fused == "0")
+    phases = StepPhases(engine.model)
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0))
+    while engine.has_unfinished():
+        engine.step()
+        split = phases.take()
+        assert split["layers"] > 0 and split["lm_head"] > 0, split
+    phases.remove()
+    assert engine.model.fused_decoder is before
+    engine.step()
+    assert phases.take() == {"layers": 0.0, "lm_head": 0.0}
 
 
 def test_bench_linear_json(tmp_path):

@@ -4,7 +4,9 @@ Both run in this process on the same weights, alternating step by step, so they 
 the ratio is meaningful even on a busy machine. Per batch size B: B sequences of `--prompt-tokens`
 random ids are prefilled, then `--steps` engine steps (each decodes B tokens) alternate with
 transformers forwards of one token (batch 1, DynamicCache) — the baseline's unit of work. Reports
-medians. `--profile` prints the top cProfile entries of the engine steps (where a step's time goes).
+medians, and how an engine step splits into the decoder layers, the LM head and everything else
+(bench/step_phases.py: the Python around them). `--profile` prints the top cProfile entries of
+the engine steps.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 from edge_runtime.bench.engine_bench import parse_int_list, random_prompts, set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
+from edge_runtime.bench.step_phases import StepPhases
 from edge_runtime.errors import InputError
 
 
@@ -50,27 +53,37 @@ def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None) -> dic
     while waiting_first:  # prefill: until every request has its first token
         waiting_first -= {ev.request_id for ev in engine.step() if ev.token_ids}
     hf_step = _hf_stepper(loaded, prompts[0])
-    t_eng, t_hf = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        if profiler:
-            profiler.enable()
-        engine.step()
-        if profiler:
-            profiler.disable()
-        t1 = time.perf_counter()
-        hf_step()
-        t_hf.append(time.perf_counter() - t1)
-        t_eng.append(t1 - t0)
+    t_eng, t_hf, phases = [], [], StepPhases(engine.model)
+    try:
+        for _ in range(steps):
+            phases.take()
+            t0 = time.perf_counter()
+            if profiler:
+                profiler.enable()
+            engine.step()
+            if profiler:
+                profiler.disable()
+            t1 = time.perf_counter()
+            split = phases.take()
+            hf_step()
+            t_hf.append(time.perf_counter() - t1)
+            t_eng.append((t1 - t0, split["layers"], split["lm_head"]))
+    finally:
+        phases.remove()
     while engine.has_unfinished():
         engine.step()
-    e, h = statistics.median(t_eng), statistics.median(t_hf)
+    e, h = statistics.median(t[0] for t in t_eng), statistics.median(t_hf)
     return {"batch": batch, "prompt_tokens": prompt_len, "steps": steps,
             "engine_step_ms": e * 1e3, "hf_forward_ms": h * 1e3, "step_ratio": e / h,
-            "throughput_ratio": batch * h / e}
+            "throughput_ratio": batch * h / e,
+            "layers_ms": statistics.median(t[1] for t in t_eng) * 1e3,
+            "lm_head_ms": statistics.median(t[2] for t in t_eng) * 1e3,
+            "other_ms": statistics.median(t[0] - t[1] - t[2] for t in t_eng) * 1e3}
 
 
 COLUMNS = [Column("batch", "batch"), Column("engine_step_ms", "engine step ms", "{:.1f}"),
+           Column("layers_ms", "layers ms", "{:.2f}"), Column("lm_head_ms", "LM head ms", "{:.2f}"),
+           Column("other_ms", "other ms", "{:.2f}"),
            Column("hf_forward_ms", "hf forward ms (1 token)", "{:.1f}"),
            Column("step_ratio", "step / forward", "{:.2f}"),
            Column("throughput_ratio", "decode tok/s vs hf", "{:.2f}x")]
