@@ -30,6 +30,9 @@ SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "decoder.c",
                         "argmax.c")]
 ENV_SWITCH = "EDGE_RUNTIME_CPU_NATIVE"
+# build for another target than this machine, e.g. `haswell` or `x86-64-v3` to measure here what
+# an AVX2-only machine gets (docs/kernels.md, "AVX2 builds"); default: native
+ENV_MARCH = "EDGE_RUNTIME_CPU_MARCH"
 # reassociation lets the reductions vectorize; not -ffast-math, whose crtfastmath would set
 # flush-to-zero for the whole process (torch included)
 # -fopenmp: linear_f32.c splits output blocks over threads (libgomp comes with gcc)
@@ -62,10 +65,18 @@ def compile_to(compiler: str, target: Path, cflags: list[str] = CFLAGS) -> None:
         raise RuntimeError(run.stderr.strip()[-500:])
 
 
+def build_flags() -> list[str]:
+    """CFLAGS with -march from EDGE_RUNTIME_CPU_MARCH when it is set."""
+    march = os.environ.get(ENV_MARCH, "native")
+    return [f"-march={march}" if f == "-march=native" else f for f in CFLAGS]
+
+
 def _build(compiler: str) -> Path:
+    flags = build_flags()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES) + version.encode() + " ".join(CFLAGS).encode()
-                         + platform.machine().encode() + platform.node().encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES) + version.encode()
+                         + " ".join(flags).encode() + platform.machine().encode()
+                         + platform.node().encode()).hexdigest()[:16]
     target = _cache_dir() / key / "edge_runtime_cpu.so"
     if target.is_file():
         return target
@@ -74,7 +85,7 @@ def _build(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        compile_to(compiler, Path(tmp))
+        compile_to(compiler, Path(tmp), flags)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -52,23 +52,23 @@ static inline float exp_nonpositive(float x) {
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-static inline v8f load_v8(const float *p) {
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+/* Unaligned loads and stores through a may_alias vector type, not memcpy: for AVX2-only targets
+ * (-march=haswell, skylake, znver2/3, x86-64-v3) gcc 12 lowers a 32-byte memcpy into two 16-byte
+ * moves bounced through the stack, and every vector load then waits on a failed store-to-load
+ * forward: the linears and the attention ran ~10x slower there than on AVX-512 targets
+ * (docs/kernels.md, "AVX2 builds"). A dereference is one vmovups (or its two halves) everywhere. */
+typedef float v8f_unaligned __attribute__((vector_size(32), aligned(4), may_alias));
 
-static inline void store_v8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+static inline v8f load_v8(const float *p) { return *(const v8f_unaligned *)p; }
+
+static inline void store_v8(float *p, v8f v) { *(v8f_unaligned *)p = v; }
 
 static inline v8f splat_v8(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
 
 #if defined(__AVX2__)
 #include <immintrin.h>
 static inline v8f i8_to_v8(const int8_t *p) { /* vpmovsxbd + vcvtdq2ps */
-    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-    v8f v;
-    memcpy(&v, &f, sizeof v);
-    return v;
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 #else /* gcc's generic int8x8 -> float conversion extracts lanes one by one; a plain loop vectorizes */
 static inline v8f i8_to_v8(const int8_t *p) {
