@@ -6,10 +6,13 @@ token and head, kernels/quantize.py) and report mean KL(fp32 || variant) and arg
 `edge-runtime eval-ppl` (docs/engine.md, "int8 KV quality"); this answers "would X lower the
 error?" before X is built.
 
-Variants, `keepN-gG`: the first N positions of every window stay unquantized (IntactKV's
-"attention sink" idea) and the scale covers groups of G channels (64 = one per head, as shipped).
+Variants, `keepN-gG[-recentW]`: the first N positions of every window stay unquantized (IntactKV's
+"attention sink" idea), the scale covers groups of G channels (64 = one per head, as shipped), and
+with `-recentW` every query reads the W keys nearest to it (itself included) unquantized (KIVI's
+full-precision window of recent tokens).
 
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep1-g64,keep4-g64,keep0-g32
+    python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep0-g64-recent16,keep0-g64-recent64
 """
 from __future__ import annotations
 
@@ -33,6 +36,20 @@ def fake_int8(x: torch.Tensor, keep: int, group: int) -> torch.Tensor:
     return back
 
 
+def recent_window_attention(query, key, value, key_q, value_q, window: int, scaling: float):
+    """Causal attention where query i reads keys j > i - window exact and older keys quantized.
+    query [1, H, L, D]; key*, value* [1, Hkv, L, D] -> [1, L, H, D] (transformers' layout)."""
+    group = query.shape[1] // key.shape[1]
+    key, value, key_q, value_q = (t.repeat_interleave(group, dim=1) for t in (key, value, key_q, value_q))
+    n = query.shape[2]
+    dist = torch.arange(n)[:, None] - torch.arange(n)[None, :]  # [L, L]: i - j
+    exact = (dist >= 0) & (dist < window)
+    scores = torch.where(exact, query @ key.transpose(-1, -2), query @ key_q.transpose(-1, -2))
+    probs = (scores * scaling).masked_fill(dist < 0, float("-inf")).softmax(-1)
+    out = (probs * exact) @ value + (probs * ~exact) @ value_q
+    return out.transpose(1, 2).contiguous(), None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
@@ -49,10 +66,14 @@ def main() -> None:
     variant = {"on": False}
 
     def attention(module, query, key, value, attention_mask, **kw):
-        if variant["on"]:
-            key = fake_int8(key, variant["keep"], variant["group"])
-            value = fake_int8(value, variant["keep"], variant["group"])
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+        if not variant["on"]:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+        key_q = fake_int8(key, variant["keep"], variant["group"])
+        value_q = fake_int8(value, variant["keep"], variant["group"])
+        if not variant["recent"]:
+            return sdpa_attention_forward(module, query, key_q, value_q, attention_mask, **kw)
+        return recent_window_attention(query, key, value, key_q, value_q, variant["recent"],
+                                       kw.get("scaling") or query.shape[-1] ** -0.5)
 
     AttentionInterface.register("int8_probe", attention)
     model.set_attn_implementation("int8_probe")
@@ -66,8 +87,9 @@ def main() -> None:
     reference = [log_probs(w) for w in windows]
     print("| variant | mean KL vs fp32 KV | argmax differs |\n|---|---:|---:|")
     for name in args.variants.split(","):
-        keep, group = name.split("-")
-        variant.update(on=True, keep=int(keep.removeprefix("keep")), group=int(group.removeprefix("g")))
+        keep, group, *recent = name.split("-")
+        variant.update(on=True, keep=int(keep.removeprefix("keep")), group=int(group.removeprefix("g")),
+                       recent=int(recent[0].removeprefix("recent")) if recent else 0)
         kl, flips, n = 0.0, 0, 0
         for w, ref in zip(windows, reference):
             got = log_probs(w)
