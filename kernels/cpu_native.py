@@ -62,7 +62,14 @@ def compile_to(compiler: str, target: Path, cflags: list[str] = CFLAGS) -> None:
                           *(str(s) for s in SOURCES if s.suffix == ".c"), "-lm"],
                          capture_output=True, text=True)
     if run.returncode != 0:
-        raise RuntimeError(run.stderr.strip()[-500:])
+        raise RuntimeError(_first_errors(run.stderr))
+
+
+def _first_errors(stderr: str) -> str:
+    """The compiler's first error lines (the cause; later lines are often long lists), or its
+    output's end when no line says error."""
+    errors = dict.fromkeys(line.strip() for line in stderr.splitlines() if "error" in line.lower())
+    return " | ".join(list(errors)[:3])[:500] if errors else stderr.strip()[-500:]
 
 
 def build_flags() -> list[str]:
@@ -90,6 +97,8 @@ def _build(compiler: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if not target.exists() and not any(target.parent.iterdir()):
+            target.parent.rmdir()  # a failed build leaves no empty cache entry
     return target
 
 
@@ -129,7 +138,9 @@ def library() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, RuntimeError) as exc:
-        _say(f"building kernels/csrc failed ({exc}); CPU decode attention and fp32 linears use "
-             "the torch paths")
+        march = os.environ.get(ENV_MARCH)
+        cause = f" with {ENV_MARCH}={march} (unset it, or name a target the compiler knows)" if march else ""
+        _say(f"building kernels/csrc failed{cause} ({exc}); CPU decode attention and fp32 linears "
+             "use the torch paths")
         return None
     return declare(lib)
