@@ -55,9 +55,9 @@ def _cache_dir() -> Path:
     return Path(base) / "edge-runtime" / "native"
 
 
-def compile_to(compiler: str, target: Path, cflags: list[str] = CFLAGS) -> None:
-    """Compile kernels/csrc into the shared library `target` (raises RuntimeError with the
-    compiler's message on failure). Tests build a portable variant with other `cflags`."""
+def compile_to(compiler: str, target: Path, cflags: list[str]) -> None:
+    """Compile kernels/csrc into the shared library `target` with `cflags` (`build_flags()`; tests
+    build a portable variant with others); raises RuntimeError with the compiler's first errors."""
     run = subprocess.run([compiler, *cflags, "-o", str(target),
                           *(str(s) for s in SOURCES if s.suffix == ".c"), "-lm"],
                          capture_output=True, text=True)

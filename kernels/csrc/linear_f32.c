@@ -15,13 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* loads and stores through a may_alias type, not memcpy: see load_v8 in edge_runtime_cpu.h (a
- * 32-byte memcpy made AVX2-only builds ~10x slower) */
-typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
-
-static inline v8 load8(const float *p) { return *(const v8 *)p; }
-
-static inline void store8(float *p, v8 v) { *(v8 *)p = v; }
+#include "edge_runtime_cpu.h" /* v8f, load_v8, store_v8, splat_v8 */
 
 #define BLOCK_N 16
 #define MAX_ROWS 6
@@ -35,23 +29,23 @@ static inline void store8(float *p, v8 v) { *(v8 *)p = v; }
 
 #define DEFINE_KERNEL(RB)                                                                          \
     static void kernel_##RB(const float *wb, int64_t K, const float *X, int64_t ldx, float *Y,     \
-                            int64_t ldy, int ncols, const float *bias) {                          \
-        v8 acc[RB][2];                                                                             \
-        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = (v8){0};                              \
+                            int64_t ldy, int ncols, const float *bias) {                           \
+        v8f acc[RB][2];                                                                            \
+        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = (v8f){0};                             \
         for (int64_t k = 0; k < K; k++) {                                                          \
             if (RB >= 3) __builtin_prefetch(wb + k * BLOCK_N + PREFETCH_FLOATS, 0, 0);             \
-            v8 w0 = load8(wb + k * BLOCK_N), w1 = load8(wb + k * BLOCK_N + 8);                     \
+            const v8f w0 = load_v8(wb + k * BLOCK_N), w1 = load_v8(wb + k * BLOCK_N + 8);          \
             for (int r = 0; r < RB; r++) {                                                         \
                 float x = X[r * ldx + k];                                                          \
-                v8 xb = {x, x, x, x, x, x, x, x};                                                  \
+                const v8f xb = splat_v8(x);                                                        \
                 acc[r][0] += w0 * xb;                                                              \
                 acc[r][1] += w1 * xb;                                                              \
             }                                                                                      \
         }                                                                                          \
         for (int r = 0; r < RB; r++) {                                                             \
             float out[BLOCK_N];                                                                    \
-            store8(out, acc[r][0]);                                                                \
-            store8(out + 8, acc[r][1]);                                                            \
+            store_v8(out, acc[r][0]);                                                              \
+            store_v8(out + 8, acc[r][1]);                                                          \
             if (bias)                                                                              \
                 for (int j = 0; j < ncols; j++) out[j] += bias[j];                                 \
             memcpy(Y + r * ldy, out, sizeof(float) * ncols);                                       \
