@@ -32,11 +32,12 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
     v = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     ks = (torch.rand(shape[:-1], generator=gen) * 0.02 + 0.001).half()
     vs = (torch.rand(shape[:-1], generator=gen) * 0.02 + 0.001).half()
-    tok = torch.arange(keys)
+    from edge_runtime.engine.flat_kv_index import block_bases
+
     index = torch.empty(rows, kv_heads, keys, dtype=torch.long)
-    for r in range(rows):
-        pg = r * pages_per_row + tok // page
-        base = (pg * layers * page + tok % page) * kv_heads  # layer-0 rows (flat_kv_index.py)
+    for r in range(rows):  # row r's keys fill its own pages, as the engine's layer-0 rows
+        pages = tuple(range(r * pages_per_row, (r + 1) * pages_per_row))
+        base = torch.from_numpy(block_bases(pages, keys, page, layers * page, kv_heads))
         index[r] = base[None, :] + torch.arange(kv_heads)[:, None]
     lens = torch.full((rows,), keys, dtype=torch.int32)
     return (k.view(-1, head_dim), v.view(-1, head_dim), ks.view(-1), vs.view(-1), index, lens,

@@ -30,7 +30,7 @@ import torch
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
-def _block_bases(block_ids, length: int, block_tokens: int, layer_tokens: int,
+def block_bases(block_ids, length: int, block_tokens: int, layer_tokens: int,
                  num_kv_heads: int) -> np.ndarray:
     """Layer-0 base rows (head 0) of the first `length` tokens of a block list -> int64 [length];
     a block's layer 0 starts at row block * layer_tokens * num_kv_heads (layer_tokens = layers x
@@ -78,7 +78,7 @@ class FlatKVIndex:
 
     def _bases(self, store: str, block_ids, length: int) -> np.ndarray:
         block = self._block[store]
-        return _block_bases(block_ids, length, block, self.num_layers * block, self.num_kv_heads)
+        return block_bases(block_ids, length, block, self.num_layers * block, self.num_kv_heads)
 
     def _slots(self, store: str, bases: np.ndarray) -> np.ndarray:
         """Layer-0 base rows -> flat slots (block * block_tokens + offset)."""
