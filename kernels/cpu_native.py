@@ -109,6 +109,10 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                   ctypes.c_void_p]
+    lib.write_kv_f16.restype = None
+    lib.write_kv_f16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
     fn = lib.decode_attention_int8
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(FlatPart), ctypes.c_int, ctypes.c_int,

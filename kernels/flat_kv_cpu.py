@@ -99,16 +99,20 @@ def gather_decode_attention(q, parts, mask_bias, sm_scale):
     return torch.matmul(probs, v).view(r, h, d)  # [R, Hkv, g, D] -> [R, H, D]
 
 
-def gather_prefill_attention(q, parts, mask_bias, sm_scale):
+def gather_prefill_attention(q, parts, mask_bias, sm_scale, new_kv=None):
     """Causal attention of one sequence's new tokens over all its keys.
     q: [n, H, D]; parts: [(k_store, v_store, k_scale_store | None, v_scale_store | None,
-    index long [Hkv, L_i])] whose concatenated keys are the positions 0 .. L-1 in order;
+    index long [Hkv, L_i])] whose concatenated keys are the positions 0 .. L-1 in order, or
+    0 .. L-n-1 with `new_kv` = (k, v) [n, Hkv, D], the new tokens' own K/V, read as they are;
     mask_bias: float32 [n, L], 0 where query i may see key j, -inf elsewhere -> float32 [n, H, D].
     K/V are dequantized once and attended with torch's SDPA (blocked, multi-threaded on CPU)."""
     ks, vs = [], []
     for k, v, k_s, v_s, idx in parts:
         ks.append(_dequantized(k, k_s, idx))
         vs.append(_dequantized(v, v_s, idx))
+    if new_kv is not None:
+        ks.append(new_kv[0].float().transpose(0, 1))
+        vs.append(new_kv[1].float().transpose(0, 1))
     k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)  # [Hkv, L, D]
     v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
     out = torch.nn.functional.scaled_dot_product_attention(
@@ -123,10 +127,14 @@ def _dequantized(store, scale_store, index):
 
 
 def _cat(pairs):
+    """(values, scales) pairs of the parts -> one pair; a part without scales (a float store, the
+    fp16 window next to int8 parts) gets scale 1."""
     if len(pairs) == 1:
         return pairs[0]
     values = torch.cat([p[0] for p in pairs], dim=2)
-    scales = None if pairs[0][1] is None else torch.cat([p[1] for p in pairs], dim=2)
+    if all(p[1] is None for p in pairs):
+        return values, None
+    scales = torch.cat([p[1] if p[1] is not None else torch.ones(p[0].shape[:-1]) for p in pairs], dim=2)
     return values, scales
 
 
@@ -135,7 +143,8 @@ NATIVE_MAX_HEAD_DIM = 256  # MAX_HEAD_DIM of kernels/csrc/flat_kv.c
 
 class NativeDecodeAttention:
     """`gather_decode_attention` for int8 stores in C (kernels/csrc/flat_kv.c), its per-step
-    arguments prepared once; a layer call sets the parts' layer offsets and runs one C call."""
+    arguments prepared once; a layer call sets the parts' layer offsets and runs one C call.
+    A part may be an fp16 store without scales (a recent-key window)."""
 
     def __init__(self, lib, parts, num_heads: int, sm_scale: float):
         """parts: [(k_store, v_store, k_scale_store, v_scale_store, index long [R, Hkv, W],
@@ -147,8 +156,12 @@ class NativeDecodeAttention:
         self.layer_strides = [p[6] for p in parts]  # part i, layer l: rows + l * layer_strides[i]
         self.parts = (FlatPart * len(parts))()
         for slot, (k, v, ks, vs, *_), (index, lens) in zip(self.parts, parts, self._keep):
-            assert k.dtype == torch.int8 and k.is_contiguous() and ks.dtype == torch.float16
-            slot.k, slot.v, slot.ks, slot.vs = k.data_ptr(), v.data_ptr(), ks.data_ptr(), vs.data_ptr()
+            # int8 with fp16 scales, or fp16 without (the recent-key window: the C kernel reads a
+            # part without scales as fp16 rows)
+            assert k.is_contiguous() and ((k.dtype == torch.int8 and ks.dtype == torch.float16)
+                                          or (k.dtype == torch.float16 and ks is None)), k.dtype
+            slot.k, slot.v = k.data_ptr(), v.data_ptr()
+            slot.ks, slot.vs = (None, None) if ks is None else (ks.data_ptr(), vs.data_ptr())
             slot.index, slot.lens, slot.width = index.data_ptr(), lens.data_ptr(), index.shape[2]
         self.num_rows, self.num_kv_heads = parts[0][4].shape[:2]
         self.head_dim = parts[0][0].shape[-1]

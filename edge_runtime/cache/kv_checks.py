@@ -69,6 +69,11 @@ def check_manager(mgr) -> None:
         assert mgr.arena.ref_count[slot] == slot_refs[slot], (slot, mgr.arena.ref_count[slot])
         own = mgr.arena.owner[slot]
         assert own is None or slot in mgr.seqs[own].inline_slots, (slot, own)
+    held = [(s.window, s.seq_id) for s in mgr.seqs.values() if s.window is not None]
+    assert len({w for w, _ in held}) == len(held), f"a window held twice: {held}"
+    mgr.windows.check_invariants(dict(held))
+    for seq in mgr.seqs.values():
+        assert seq.window_start <= seq.num_tokens, (seq.seq_id, seq.window_start, seq.num_tokens)
 
 
 def manager_stats(mgr) -> dict:
@@ -83,6 +88,9 @@ def manager_stats(mgr) -> dict:
         "pages_retired": pool.num_retired,
         "inline_slots_total": mgr.arena.num_slots,
         "inline_slots_used": mgr.arena.num_used,
+        "windows_total": mgr.windows.num_windows,
+        "windows_used": mgr.windows.num_used,
+        "window_tokens": mgr.windows.window_tokens,
         "running_sequences": len(mgr.seqs),
         "tokens_in_pages": tokens_held,
         "page_utilization": tokens_held / (held * mgr.page_tokens) if held else 0.0,

@@ -8,7 +8,9 @@ tail whose end continues in slots: kv_tail.py says when);
 `commit` records the written tokens (first token of a page indexes it in the prefix cache, so a
 concurrent request can already share it); `finish` moves an inline tail into a page (CopyOp) so the
 next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
-reference. Pages whose count reaches 0 stay CACHED when they hold committed tokens and the prefix
+reference. A sequence also holds a recent-key window while it runs when windows are configured
+(cache/recent_windows.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
+by finish/release/preempt). Pages whose count reaches 0 stay CACHED when they hold committed tokens and the prefix
 cache is on; committed tokens are K/V already written, so they are complete by definition.
 
 Invariants (`check_invariants`, after every step in tests, `check_leaks` when idle):
@@ -29,6 +31,7 @@ from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
 from edge_runtime.cache.observability import EventLog, KVCounters, dump_state
 from edge_runtime.cache.page_pool import CACHED, PagePool
 from edge_runtime.cache.prefix_cache import Match, PrefixCache
+from edge_runtime.cache.recent_windows import RecentWindows
 from edge_runtime.errors import OutOfPages, RequestError
 
 
@@ -36,7 +39,7 @@ class KVManager(TailStorage):
     def __init__(self, num_pages: int, page_tokens: int, num_inline_slots: int = 0,
                  inline_tokens: int = 0, enable_prefix_cache: bool = True,
                  enable_inline: bool = True, debug: bool | None = None,
-                 dump_below_free: int = 0):
+                 dump_below_free: int = 0, num_windows: int = 0, window_tokens: int = 0):
         assert page_tokens > 0 and inline_tokens <= page_tokens, (page_tokens, inline_tokens)
         self.page_tokens = page_tokens
         self.inline_tokens = inline_tokens
@@ -46,6 +49,7 @@ class KVManager(TailStorage):
         self.pool = PagePool(num_pages, on_evict=self._on_evict, on_event=self.log)
         self.prefix = PrefixCache(self.pool, page_tokens)
         self.arena = InlineArena(num_inline_slots if self.enable_inline else 0, inline_tokens)
+        self.windows = RecentWindows(num_windows, window_tokens)
         self.seqs: dict[object, SeqKV] = {}
         self.counters = KVCounters()
         self.dump_below_free = dump_below_free
@@ -91,6 +95,7 @@ class KVManager(TailStorage):
             self.counters.take_overs += 1
         if use_inline:
             seq.tail_kind, seq.inline_slots = INLINE, [self.arena.allocate(seq_id)]
+        seq.window, seq.window_start = self.windows.allocate(seq_id), m.num_cached
         self.seqs[seq_id] = seq
         self._update_capacity(seq)
         self.counters.admitted += 1
@@ -145,10 +150,22 @@ class KVManager(TailStorage):
             self.pool.incref(pid, child_id)
         for slot in slots:
             self.arena.incref(slot)
+        child.window = self.windows.allocate(child_id)
+        # the child's window is a copy of the parent's (window_copy); with nothing to copy it
+        # starts empty at the next position
+        child.window_start = par.window_start if par.window is not None else par.num_tokens
         self.seqs[child_id] = child
         self._update_capacity(child)
         self.log("fork", child_id, parent=parent_id)
         return child
+
+    def window_copy(self, parent_id, child_id) -> CopyOp | None:
+        """After `fork`: the copy of the parent's recent-key window into the child's (run it
+        before the next step), or None when either holds none."""
+        par, child, W = self.seqs[parent_id], self.seqs[child_id], self.windows.window_tokens
+        if par.window is None or child.window is None:
+            return None
+        return CopyOp("window", par.window * W, "window", child.window * W, W)
 
     def finish(self, seq_id) -> list[CopyOp]:
         """Done: keep the K/V cached for the next turn; returns copies to run now (an inline
@@ -191,6 +208,8 @@ class KVManager(TailStorage):
             self.pool.decref(pid, seq.seq_id)
         for slot in seq.inline_slots:
             self.arena.decref(slot, seq.seq_id)
+        if seq.window is not None:
+            self.windows.release(seq.window, seq.seq_id)
         del self.seqs[seq.seq_id]
         self.log("drop", seq.seq_id, tokens=seq.num_tokens)
 
@@ -235,7 +254,7 @@ class KVManager(TailStorage):
         """When idle: no live page, no inline slot in use, all invariants hold."""
         assert not self.seqs, f"check_leaks with running sequences: {list(self.seqs)}"
         self.check_invariants()
-        assert self.pool.num_live == 0 and self.arena.num_used == 0, \
+        assert self.pool.num_live == 0 and self.arena.num_used == 0 and self.windows.num_used == 0, \
             "KV leak: references held with no sequence running\n" + self.dump()
 
     def stats(self) -> dict:

@@ -21,7 +21,7 @@ PAGES, INLINE = "pages", "inline"
 class CopyOp:
     """Copy num_tokens tokens (all layers, K, V, scales) from src to dst flat slots."""
 
-    src_store: str  # "pages" | "inline"
+    src_store: str  # "pages" | "inline" | "window"
     src_slot_start: int
     dst_store: str
     dst_slot_start: int
@@ -37,6 +37,8 @@ class Segments:
     tail_len: int  # committed tokens in the tail
     tail_capacity: int  # reserved positions in the tail (>= tail_len)
     full_pages: tuple[int, ...] = ()  # inline: the full tail pages before the slots
+    window: int | None = None  # its recent-key window (cache/recent_windows.py), if it holds one
+    window_start: int = 0  # the first position it computed itself: the window's offset 0
 
 
 @dataclass
@@ -56,6 +58,8 @@ class SeqKV:
     capacity: int = 0  # positions [0, capacity) have storage
     took_over: bool = False  # admitted by taking over an idle cached tail page
     copied_from: int | None = None  # the shared partial page an inline end was copied from
+    window: int | None = None  # recent-key window held (cache/recent_windows.py), None: none
+    window_start: int = 0  # first position computed by this sequence (the window's offset 0)
 
     @property
     def num_tokens(self) -> int:
@@ -77,4 +81,4 @@ class SeqKV:
         full = tuple(self.tail_pages) if self.tail_kind == INLINE else ()
         return Segments(tuple(self.prefix_pages), self.prefix_len, self.tail_kind,
                         self.tail_ids(), self.num_tokens - self.prefix_len,
-                        self.capacity - self.prefix_len, full)
+                        self.capacity - self.prefix_len, full, self.window, self.window_start)

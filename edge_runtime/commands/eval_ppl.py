@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
 from edge_runtime.errors import InputError, RequestError
 
 CHAT_PROMPTS = [
@@ -44,6 +45,13 @@ def register(subparsers) -> None:
                    help="comma-separated KV dtypes to evaluate (int8, fp16, fp32)")
     p.add_argument("--window", type=int, default=1024, help="tokens per window (default 1024)")
     p.add_argument("--page-tokens", type=int, default=512, help="KV page size")
+    p.add_argument("--chunk", type=int, default=0,
+                   help="tokens computed per engine step (default: the whole window in one prefill; "
+                        "1: every position as a decode step, which is what generation reads: with "
+                        "a recent-key window, a prefill reads its own tokens exact)")
+    p.add_argument("--recent-window", type=int, default=None, metavar="W",
+                   help="int8 KV: positions read exact per sequence (engine default "
+                        f"{DEFAULT_WINDOW_TOKENS}; 0: off)")
     p.add_argument("--max-windows", type=int, default=0, help="evaluate only the first N windows")
     p.add_argument("--hf-reference", action="store_true",
                    help="also compute transformers' fp32 perplexity on the same windows")
@@ -83,22 +91,26 @@ def _windows(ids: list[int], window: int, limit: int) -> list[list[int]]:
     return wins[:limit] if limit > 0 else wins
 
 
-def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: bool):
+def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: bool,
+            chunk: int = 0, recent_window: int | None = None):
+    """An engine for scoring: it computes `chunk` positions per step (0: `window`, one prefill)."""
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
 
     pages = math.ceil(window / page_tokens) + 1
+    chunk = chunk or max(window, 8)
+    extra = {} if recent_window is None else {"recent_window": recent_window}
     cfg = EngineConfig(kv_dtype=kv_dtype, page_tokens=page_tokens, num_pages=max(pages, 2 * 8),
                        enable_prefix_cache=prefix_cache, enable_inline=False,
-                       max_batch_tokens=max(window, 8), max_num_seqs=8)
+                       max_batch_tokens=chunk, max_num_seqs=min(8, chunk), **extra)
     return Engine(loaded, cfg)
 
 
 def perplexity(loaded, windows: list[list[int]], kv_dtype: str, page_tokens: int,
-               window: int) -> dict:
+               window: int, chunk: int = 0, recent_window: int | None = None) -> dict:
     from edge_runtime.engine.scoring import score_tokens
 
-    engine = _engine(loaded, kv_dtype, page_tokens, window, prefix_cache=False)
+    engine = _engine(loaded, kv_dtype, page_tokens, window, False, chunk, recent_window)
     total, count, t0 = 0.0, 0, time.perf_counter()
     for i, w in enumerate(windows):
         print(f"\reval-ppl [{kv_dtype}] window {i + 1}/{len(windows)}", end="", file=sys.stderr,
@@ -132,7 +144,7 @@ def hf_perplexity(loaded, windows: list[list[int]]) -> float:
 
 
 def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens: int,
-             window: int) -> dict:
+             window: int, chunk: int = 0, recent_window: int | None = None) -> dict:
     """Next-token distributions of KV dtype `test` vs `ref` at every position of the windows:
     mean KL(ref || test), and how often the greedy (argmax) token differs, overall and where the
     reference's top two logits are within 0.5 (near-ties, where greedy decoding flips). Far less
@@ -141,7 +153,8 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
 
     from edge_runtime.engine.scoring import score_logits
 
-    engines = {d: _engine(loaded, d, page_tokens, window, prefix_cache=False) for d in (test, ref)}
+    engines = {d: _engine(loaded, d, page_tokens, window, False, chunk, recent_window)
+               for d in (test, ref)}
     kl_sum, flips, ties, tie_flips, n = 0.0, 0, 0, 0, 0
     for i, w in enumerate(windows):
         print(f"\reval-ppl [{test} vs {ref}] window {i + 1}/{len(windows)}", end="",
@@ -196,26 +209,32 @@ def run(args) -> int:
     dtypes = _dtypes(args.kv_dtype)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    if args.window < 2 or args.page_tokens < 1:
-        raise RequestError("--window must be >= 2 and --page-tokens >= 1")
+    if args.window < 2 or args.page_tokens < 1 or args.chunk < 0:
+        raise RequestError("--window must be >= 2, --page-tokens >= 1 and --chunk >= 0")
+    if args.recent_window is not None and args.recent_window < 0:
+        raise RequestError("--recent-window must be >= 0 (0 turns the window off)")
     text = _read_texts(args.text)
     loaded = load_model(args.model)
     ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     windows = _windows(ids, args.window, args.max_windows)
     if not windows:
         raise InputError("the text has fewer than 2 tokens; nothing to evaluate")
+    recent = args.recent_window
     report = {"model": args.model, "text": args.text, "tokens": len(ids), "window": args.window,
               "windows": len(windows), "page_tokens": args.page_tokens,
+              "chunk": args.chunk or args.window,
+              "recent_window": DEFAULT_WINDOW_TOKENS if recent is None else recent,
               "torch_threads": torch.get_num_threads(), "results": []}
     for d in dtypes:
-        report["results"].append(perplexity(loaded, windows, d, args.page_tokens, args.window))
+        report["results"].append(perplexity(loaded, windows, d, args.page_tokens, args.window,
+                                            args.chunk, recent))
     if args.hf_reference:
         report["transformers_fp32_ppl"] = hf_perplexity(loaded, windows)
     if len(dtypes) > 1:
         first, last = report["results"][0], report["results"][-1]
         report["relative_ppl_change"] = first["ppl"] / last["ppl"] - 1
         report["fidelity"] = fidelity(loaded, windows, dtypes[0], dtypes[-1], args.page_tokens,
-                                      args.window)
+                                      args.window, args.chunk, recent)
     if args.agreement > 0:
         report["agreement"] = agreement(loaded, dtypes, min(args.agreement, len(CHAT_PROMPTS)),
                                         args.agreement_tokens, args.page_tokens)
@@ -230,7 +249,8 @@ def _print(report: dict, as_json: bool) -> None:
         print(json.dumps(report, indent=2))
         return
     print(f"model {report['model']}  tokens {report['tokens']}  windows {report['windows']} x "
-          f"{report['window']}  page_tokens {report['page_tokens']}")
+          f"{report['window']}  page_tokens {report['page_tokens']}  chunk {report['chunk']}  "
+          f"recent_window {report['recent_window']}")
     print(f"{'kv_dtype':>8} {'ppl':>10} {'nll':>8} {'tokens':>8} {'seconds':>8}")
     for r in report["results"]:
         print(f"{r['kv_dtype']:>8} {r['ppl']:>10.4f} {r['nll_mean']:>8.5f} "

@@ -113,7 +113,7 @@ def _advance(engine, req, state: BeamGroup, chosen: list) -> None:
             new_running.append(None)
     for slot, parent, token, score in forks:  # fork before any parent gets its new token
         child = engine._new_seq(req, len(req.seqs), list(parent.token_ids))
-        engine.kv.fork(parent.seq_id, child.seq_id)
+        engine.fork_kv(parent, child)
         child.num_computed = parent.num_computed
         engine.scheduler.add_running(child)
         new_running[slot] = (child, token, score)

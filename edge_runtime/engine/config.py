@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
 from edge_runtime.engine.kv_storage import KV_DTYPES
 from edge_runtime.errors import ConfigError
 
@@ -22,6 +23,9 @@ class EngineConfig:
     num_pages: int | None = None  # None: from the memory plan, else DEFAULT_POOL_TOKENS worth
     num_inline_slots: int = 8
     inline_tokens: int = 128
+    # int8 KV: each running sequence's last recent_window positions are also kept exact (fp16) and
+    # attention reads them from there (engine/recent_window.py); 0 = off. CPU flat path only.
+    recent_window: int = DEFAULT_WINDOW_TOKENS
     enable_prefix_cache: bool = True
     enable_inline: bool = True
     max_num_seqs: int = 8  # sequences running at once (n > 1 and beams count each sequence)
@@ -35,6 +39,9 @@ class EngineConfig:
         for name in ("page_tokens", "max_num_seqs", "max_batch_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.recent_window, int) or self.recent_window < 0:
+            raise ConfigError(f"recent_window must be a whole number of tokens >= 0 (0 turns it "
+                              f"off), got {self.recent_window!r}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ConfigError(f"num_pages must be a positive integer, got {self.num_pages!r}")
         if self.enable_inline and (self.num_inline_slots < 1 or self.inline_tokens < 1):

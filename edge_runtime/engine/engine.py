@@ -20,7 +20,7 @@ import time
 import torch
 
 from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.engine import beam
+from edge_runtime.engine import beam, recent_window
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.kv_storage import KVStorage
@@ -48,11 +48,14 @@ class Engine:
         slots = cfg.num_inline_slots if cfg.enable_inline else 0
         # an inline slot bigger than a page would never be chosen over a page: cap it
         inline_tokens = min(cfg.inline_tokens, cfg.page_tokens)
+        windows, window_tokens = recent_window.sizes(cfg)
         self.storage = KVStorage(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.num_pages,
-                                 cfg.page_tokens, slots, inline_tokens, cfg.kv_dtype, cfg.device)
+                                 cfg.page_tokens, slots, inline_tokens, cfg.kv_dtype, cfg.device,
+                                 windows, window_tokens)
         self.kv = KVManager(self.num_pages, cfg.page_tokens, slots, inline_tokens,
                             enable_prefix_cache=cfg.enable_prefix_cache,
-                            enable_inline=cfg.enable_inline)
+                            enable_inline=cfg.enable_inline, num_windows=windows,
+                            window_tokens=window_tokens)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
         self.pool_chunks = PoolChunks(self.num_pages)
@@ -231,7 +234,7 @@ class Engine:
         children = []
         for i in range(1, req.params.n):
             child = self._new_seq(req, i, list(parent.token_ids), seed_offset=i)
-            self.kv.fork(parent.seq_id, child.seq_id)
+            self.fork_kv(parent, child)
             child.num_computed = parent.num_computed
             self.scheduler.add_running(child)
             children.append(child)
@@ -254,6 +257,14 @@ class Engine:
                 self._finish_request(req, events)
 
     # --- bookkeeping helpers ----------------------------------------------------------------
+    def fork_kv(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares the parent's KV (KVManager.fork) and gets a copy of its recent-key
+        window."""
+        self.kv.fork(parent.seq_id, child.seq_id)
+        op = self.kv.window_copy(parent.seq_id, child.seq_id)
+        if op is not None:
+            self.storage.copy(op)
+
     def _new_seq(self, req: Request, index: int, token_ids: list[int], seed_offset: int = 0):
         p = req.params
         seed = None if p.seed is None else p.seed + seed_offset

@@ -13,6 +13,12 @@ For every store ("pages": the pool, "inline": the arena):
   and a causal `[n, L]` mask, one entry of `prefill`.
 Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
 
+A sequence that holds a recent-key window (engine/recent_window.py) has its new tokens' K/V also
+written there ("window" in `write`, the last W of them), and reads its most recent positions from
+it: a decode token reads [max(window_start, L - W), L) from the window and only the positions
+before from int8; a prefill row reads its own new tokens exact (`fresh`: the caller passes the
+step's K/V) and the window's positions before them, so the int8 parts stop where those begin.
+
 Built with numpy: a decode step runs this for every row, and numpy's small-array operations cost
 ~1 us where torch's cost 3-10 us (a batch-5 step spent ~1.3 ms here with torch ops; docs/perf.md).
 
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from edge_runtime.cache.recent_windows import exact_from
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -44,6 +52,14 @@ def block_bases(block_ids, length: int, block_tokens: int, layer_tokens: int,
     return ((blocks[:, None] * layer_tokens + offsets) * num_kv_heads).ravel()[:length]
 
 
+def _first_positions(keys: dict, n: int) -> dict:
+    """The first n positions of a sequence's int8 keys (pool positions come before the arena's)."""
+    pages, inline = keys["pages"], keys["inline"]
+    if n <= pages.size:
+        return {"pages": pages[:n], "inline": _EMPTY}
+    return {"pages": pages, "inline": inline[:n - pages.size]}
+
+
 class FlatKVIndex:
     def __init__(self, storage, seqs):
         pool = storage.pool
@@ -53,22 +69,33 @@ class FlatKVIndex:
         self._block = {"pages": pool.block_tokens}
         if storage.inline is not None:
             self._block["inline"] = storage.inline.block_tokens
+        if getattr(storage, "window", None) is not None:
+            self._block["window"] = storage.window.block_tokens
         self.num_tokens = sum(s.num_new for s in seqs)
-        self.prefill: list[tuple[int, int, list, torch.Tensor]] = []  # (first token, n, parts, bias)
-        decode_keys: dict[str, list[np.ndarray]] = {"pages": [], "inline": []}
+        # (first token, n, parts, bias, fresh: the new tokens' own K/V are read exact)
+        self.prefill: list[tuple[int, int, list, torch.Tensor, bool]] = []
+        decode_keys: dict[str, list[np.ndarray]] = {"pages": [], "inline": [], "window": []}
         new_bases: dict[str, list[tuple[int, np.ndarray]]] = {"pages": [], "inline": []}
+        window_writes: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, layer-0 base rows)
         tokens, offset = [], 0
         for s in seqs:
             keys = self._key_bases(s)
             self._new_tokens(s, keys, offset, new_bases)
+            keys["window"], fresh = _EMPTY, False
+            if getattr(s, "window", None) is not None:
+                keys, fresh = self._window_keys(s, keys, offset, window_writes)
             if s.num_new == 1:
                 tokens.append(offset)
                 for store, x in keys.items():
                     decode_keys[store].append(x)
             else:
-                self._add_prefill(s, keys, offset)
+                self._add_prefill(s, keys, offset, fresh)
             offset += s.num_new
         self._build_writes(new_bases)
+        if window_writes:
+            self.write["window"] = (
+                torch.from_numpy(np.concatenate([t for t, _ in window_writes])),
+                torch.from_numpy(np.concatenate([b for _, b in window_writes])[:, None] + self._heads))
         self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
         self.all_decode = len(tokens) == offset
         self._build_gather(decode_keys)
@@ -101,6 +128,24 @@ class FlatKVIndex:
         return {"pages": np.concatenate((prefix, full)),
                 "inline": self._bases("inline", s.tail_ids, length - in_pages)}
 
+    def _window_keys(self, s, keys, offset: int, window_writes) -> tuple[dict, bool]:
+        """A windowed sequence: its window writes, its int8 keys cut where exact ones begin, and
+        the window's rows of the positions it reads there (position order)."""
+        W = self._block.get("window")
+        assert W, "a sequence holds a recent-key window but the storage has none"
+        end = s.start + s.num_new
+        assert s.window_start <= s.start, (s.window_start, s.start)
+        bases = self._bases("window", (s.window,), W)  # offsets 0..W-1
+        lo = exact_from(s.window_start, W, end)
+        written = np.arange(max(s.start, lo), end)
+        window_writes.append((offset + written - s.start, bases[(written - s.window_start) % W]))
+        if s.num_new > 1:  # a prefill row reads its new tokens fresh, earlier window rows too
+            lo = min(lo, s.start)
+            end = s.start
+        cut = _first_positions(keys, lo)
+        cut["window"] = bases[(np.arange(lo, end) - s.window_start) % W]
+        return cut, s.num_new > 1
+
     @staticmethod
     def _new_tokens(s, keys, offset: int, out) -> None:
         """The new tokens are the last num_new positions: the inline store's end, then the pool's."""
@@ -126,14 +171,15 @@ class FlatKVIndex:
             self.slot_mapping[store] = torch.from_numpy(mapping)
             self.write[store] = (torch.from_numpy(tokens), torch.from_numpy(bases[:, None] + self._heads))
 
-    def _add_prefill(self, s, keys, offset: int) -> None:
-        """A multi-token row: its key rows per store [Hkv, L_s] and the causal mask [n, L]."""
+    def _add_prefill(self, s, keys, offset: int, fresh: bool) -> None:
+        """A multi-token row: its key rows per store [Hkv, L_s] and the causal mask [n, L]
+        (with `fresh`, the parts end where the new tokens begin)."""
         parts = [(store, torch.from_numpy(x[None, :] + self._heads[:, None]))  # [Hkv, L_s]
                  for store, x in keys.items() if x.size]
         length = s.start + s.num_new
         visible = torch.arange(length)[None, :] <= torch.arange(s.start, length)[:, None]  # [n, L]
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
-        self.prefill.append((offset, s.num_new, parts, bias))
+        self.prefill.append((offset, s.num_new, parts, bias, fresh))
 
     def _build_gather(self, decode_keys) -> None:
         self.gather: list[tuple[str, torch.Tensor]] = []

@@ -5,7 +5,11 @@ Layout (docs/interfaces.md):
       int8 (with k_scales, v_scales: [num_pages, num_layers, page_tokens, num_kv_heads] fp16),
       or fp16 / fp32 without scales (reference runs).
   k_inline, v_inline (+ scales): the same with num_slots / slot_tokens.
-A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` in the arena).
+  k_window, v_window: [num_windows, num_layers, window_tokens, num_kv_heads, head_dim] fp16, no
+      scales: each running sequence's most recent K/V kept exact next to its int8 copy (the
+      recent-key window, engine/recent_window.py); int8 KV only, allocated when num_windows > 0.
+A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` in the arena,
+`window * window_tokens + offset` in the windows).
 
 Invariants:
 - The tensors are never reallocated: kernels and block tables address them by page id forever.
@@ -92,7 +96,8 @@ class KVStorage:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_pages: int,
                  page_tokens: int, num_inline_slots: int = 0, inline_tokens: int = 0,
-                 kv_dtype: str = "int8", device: str | torch.device = "cpu"):
+                 kv_dtype: str = "int8", device: str | torch.device = "cpu",
+                 num_windows: int = 0, window_tokens: int = 0):
         assert kv_dtype in KV_DTYPES, kv_dtype
         dtype = KV_DTYPES[kv_dtype]
         self.kv_dtype = kv_dtype
@@ -106,11 +111,16 @@ class KVStorage:
         if num_inline_slots > 0:
             self.inline = _Store(num_inline_slots, num_layers, inline_tokens, num_kv_heads,
                                  head_dim, dtype, device)
+        self.window = None
+        if num_windows > 0 and window_tokens > 0:
+            assert kv_dtype == "int8", "the recent-key window is for int8 KV (float KV is exact)"
+            self.window = _Store(num_windows, num_layers, window_tokens, num_kv_heads, head_dim,
+                                 torch.float16, device)
         self.released: set[int] = set()
 
     def store(self, name: str) -> _Store:
-        assert name in ("pages", "inline"), name
-        st = self.pool if name == "pages" else self.inline
+        assert name in ("pages", "inline", "window"), name
+        st = {"pages": self.pool, "inline": self.inline, "window": self.window}[name]
         assert st is not None, f"store {name!r} is not allocated"
         return st
 
@@ -118,7 +128,7 @@ class KVStorage:
         return self.store(name).view(layer)
 
     def nbytes(self) -> int:
-        return self.pool.nbytes() + (self.inline.nbytes() if self.inline else 0)
+        return sum(st.nbytes() for st in (self.pool, self.inline, self.window) if st is not None)
 
     def copy(self, op) -> None:
         """Execute a CopyOp: num_tokens tokens (all layers, K, V and scales) from src to dst."""

@@ -51,13 +51,16 @@ class SeqStep:
     start: int
     num_new: int
     full_pages: tuple[int, ...] = ()  # inline: the full tail pages before the slots
+    window: int | None = None  # its recent-key window (engine/recent_window.py), CPU flat path
+    window_start: int = 0  # the window's offset 0: the first position the sequence computed
 
     @classmethod
     def from_segments(cls, seg, start: int, num_new: int) -> "SeqStep":
         tail_ids = seg.tail_ids if isinstance(seg.tail_ids, (list, tuple)) else (seg.tail_ids,)
         return cls(tuple(seg.prefix_pages), int(seg.prefix_len), seg.tail_kind,
                    tuple(int(i) for i in tail_ids), start, num_new,
-                   tuple(int(i) for i in getattr(seg, "full_pages", ())))
+                   tuple(int(i) for i in getattr(seg, "full_pages", ())),
+                   getattr(seg, "window", None), int(getattr(seg, "window_start", 0)))
 
     def page_rows(self) -> tuple[int, ...]:
         """The tail's pool pages (all of a page tail, the full pages of an inline tail)."""
@@ -80,6 +83,10 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
     return table
 
 
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 class PagedKVContext:
     """Per-step view of the paged storage; pass to CausalLM.forward as `kv`."""
 
@@ -99,6 +106,8 @@ class PagedKVContext:
         if flat:
             self.slot_mapping = self.flat.slot_mapping
         else:
+            assert all(s.window is None for s in seqs), \
+                "the recent-key window is read by the CPU flat path only (engine/recent_window.py)"
             self._build(seqs)
         self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
 
@@ -189,9 +198,11 @@ class PagedKVContext:
         out = None
         if flat.prefill:
             out = torch.empty(q.shape, dtype=torch.float32)
-            for first, n, parts, bias in flat.prefill:
+            for first, n, parts, bias, fresh in flat.prefill:
                 args = [self._store_args(name, rows, layer) for name, rows in parts]
-                out[first:first + n] = gather_prefill_attention(q[first:first + n], args, bias, self.sm_scale)
+                new_kv = (k[first:first + n], v[first:first + n]) if fresh else None
+                out[first:first + n] = gather_prefill_attention(q[first:first + n], args, bias,
+                                                                self.sm_scale, new_kv)
         if flat.decode_tokens.numel():
             q_dec = q if flat.all_decode else q[flat.decode_tokens]
             out_dec = self._decode(layer, q_dec)
@@ -234,7 +245,8 @@ class PagedKVContext:
             tokens, rows = tokens.contiguous(), rows.contiguous()
             keep += [tokens, rows]
             slot.k, slot.v = st.k.data_ptr(), st.v.data_ptr()
-            slot.ks, slot.vs = st.k_scale.data_ptr(), st.v_scale.data_ptr()
+            # no scales: the fp16 window (decoder.c writes it as fp16)
+            slot.ks, slot.vs = _ptr(st.k_scale), _ptr(st.v_scale)
             slot.tokens, slot.rows, slot.n = tokens.data_ptr(), rows.data_ptr(), tokens.numel()
             slot.layer_stride = flat.layer_offset(name, 1)
         return NativeDecodeArgs(attention, writes, keep, rotated=self.storage.rotated)

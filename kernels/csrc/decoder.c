@@ -6,7 +6,7 @@
  * per layer (norms, rope, the KV write, attention, silu, residual adds) and the Python around them
  * cost as much as the weights' reads at batch 1 (docs/perf.md, "CPU decode step"). Here a step
  * is one call: per layer RMSNorm -> fused q/k/v -> rope -> int8 KV write -> decode attention over
- * the flat rows (flat_kv.c) -> o_proj + residual -> RMSNorm -> fused gate/up -> silu * up ->
+ * the flat rows (flat_kv.c; fp16 rows for a recent-key window) -> o_proj + residual -> RMSNorm -> fused gate/up -> silu * up ->
  * down_proj + residual. Every row is one decode token (one query per sequence). With
  * `rotate_kv`, q, k and v heads are Hadamard-rotated after rope and the attention output rotated
  * back, as engine/paged_kv.py does around its attention for rotated (int8) stores.
@@ -35,8 +35,8 @@ typedef struct {
     int64_t rotate_kv; /* the KV store holds Hadamard-rotated heads (kernels/hadamard.py) */
 } decoder_dims;
 
-typedef struct {               /* the new tokens' K/V that go to one store (pool or arena) */
-    int8_t *k, *v;
+typedef struct {               /* the new tokens' K/V that go to one store (pool, arena, window) */
+    int8_t *k, *v;             /* int8 rows, or fp16 bits when ks == NULL (the recent-key window) */
     uint16_t *ks, *vs;
     const int64_t *tokens;     /* [n]: which rows of the batch */
     const int64_t *rows;       /* [n, Hkv]: their layer-0 row numbers in the store */
@@ -181,8 +181,14 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
             const kv_write *kw = writes + s;
             for (int64_t i = 0; i < kw->n; i++) {
                 const float *row = qkv + kw->tokens[i] * QKV;
-                write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
-                              kw->rows + i * Hkv, l * kw->layer_stride, kw->k, kw->v, kw->ks, kw->vs);
+                if (kw->ks)
+                    write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
+                                  kw->rows + i * Hkv, l * kw->layer_stride, kw->k, kw->v, kw->ks,
+                                  kw->vs);
+                else
+                    write_kv_f16(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
+                                 kw->rows + i * Hkv, l * kw->layer_stride, (uint16_t *)kw->k,
+                                 (uint16_t *)kw->v);
             }
         }
         for (int p = 0; p < num_parts; p++) parts[p].layer_offset = l * part_strides[p];

@@ -7,8 +7,9 @@
 #include <string.h>
 
 typedef struct {
-    const int8_t *k, *v;        /* flat rows [*, D] */
-    const uint16_t *ks, *vs;    /* fp16 scales [*] (same row numbers) */
+    const int8_t *k, *v;        /* flat rows [*, D]: int8, or fp16 bits when ks == NULL */
+    const uint16_t *ks, *vs;    /* fp16 scales [*] (same row numbers); NULL: an fp16 part (the
+                                   recent-key window, engine/recent_window.py), read unscaled */
     const int64_t *index;       /* [R, Hkv, width] layer-0 row numbers */
     const int32_t *lens;        /* [R] valid entries of each row's list */
     int64_t width;
@@ -18,6 +19,10 @@ typedef struct {
 void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v_stride_t, int T,
                    int Hkv, int D, const int64_t *rows, int64_t layer_offset, int8_t *k_store,
                    int8_t *v_store, uint16_t *k_scales, uint16_t *v_scales);
+
+void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_stride_t, int T,
+                  int Hkv, int D, const int64_t *rows, int64_t layer_offset, uint16_t *k_store,
+                  uint16_t *v_store);
 
 int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
                           int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,

@@ -5,10 +5,13 @@
  * are the concatenation of its index lists over one or two stores ("parts": pool, arena), in
  * position order. Per (row, kv head): scores for the G query heads in one pass over the keys,
  * softmax, then one pass over the values. fp32 math; int8 K/V with fp16 per-(token, head) scales.
+ * A part without scales (ks == NULL) holds fp16 K/V: a sequence's recent-key window
+ * (engine/recent_window.py), whose positions the int8 parts then leave out.
  * Row numbers are layer-0 rows; `layer_offset` of each part moves them to the layer at hand.
  *
  * write_kv_int8: quantize new K/V rows (symmetric absmax per token and head, kernels/quantize.py)
  * and store them with their fp16 scales at flat rows; bit-exact with quantize_int8 + index_copy_.
+ * write_kv_f16: store new K/V rows as fp16 (round to nearest even, as torch's .to(float16)).
  */
 #include <math.h>
 #include <stdint.h>
@@ -65,6 +68,20 @@ static inline uint16_t float_to_half(float f) {
     return (uint16_t)(o | (sign >> 16));
 }
 
+/* 8 fp16 values -> an 8-lane fp32 vector (F16C's vcvtph2ps where the target has it) */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline v8f h8_to_v8(const uint16_t *p) {
+    return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+#else
+static inline v8f h8_to_v8(const uint16_t *p) {
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = half_to_float(p[i]);
+    return load_v8(f);
+}
+#endif
+
 static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scale_bits) {
     float amax = 0.0f;
     for (int i = 0; i < d; i++) {
@@ -95,6 +112,21 @@ void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v
     }
 }
 
+void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_stride_t, int T,
+                  int Hkv, int D, const int64_t *rows, int64_t layer_offset, uint16_t *k_store,
+                  uint16_t *v_store) {
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < Hkv; h++) {
+            const int64_t row = rows[(int64_t)t * Hkv + h] + layer_offset;
+            const float *kr = k + t * k_stride_t + (int64_t)h * D, *vr = v + t * v_stride_t + (int64_t)h * D;
+            for (int i = 0; i < D; i++) {
+                k_store[row * D + i] = float_to_half(kr[i]);
+                v_store[row * D + i] = float_to_half(vr[i]);
+            }
+        }
+    }
+}
+
 #define MAX_HEAD_DIM 256
 #ifndef KV_PREFETCH
 #define KV_PREFETCH 16 /* keys ahead */
@@ -103,6 +135,16 @@ void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v
 static inline void to_float(float *dst, const int8_t *src, int d) {
 #pragma omp simd
     for (int i = 0; i < d; i++) dst[i] = (float)src[i];
+}
+
+/* one K or V row of a part -> fp32: int8 rows (scaled by the caller), fp16 rows of a scale-less part */
+static inline void row_to_float(float *dst, const flat_part *pt, const int8_t *base, int64_t row, int d) {
+    if (pt->ks) {
+        to_float(dst, base + row * d, d);
+    } else {
+        const uint16_t *h = (const uint16_t *)(const void *)base + row * d;
+        for (int i = 0; i < d; i++) dst[i] = half_to_float(h[i]);
+    }
 }
 
 static inline float dot_f(const float *q, const float *k, int d) {
@@ -157,8 +199,8 @@ decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh
             if (j + KV_PREFETCH < n) /* rows come from DRAM: keep several in flight */
                 __builtin_prefetch(pt->k + (idx[j + KV_PREFETCH] + pt->layer_offset) * D, 0, 0);
             float kf[MAX_HEAD_DIM];
-            to_float(kf, pt->k + row * D, D);
-            float sc = half_to_float(pt->ks[row]) * sm_scale;
+            row_to_float(kf, pt, pt->k, row, D);
+            float sc = (pt->ks ? half_to_float(pt->ks[row]) : 1.0f) * sm_scale;
             for (int g = 0; g < G; g++) scratch[g * total + pos] = dot_f(qr + g * D, kf, D) * sc;
         }
     }
@@ -174,8 +216,8 @@ decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh
             if (j + KV_PREFETCH < n)
                 __builtin_prefetch(pt->v + (idx[j + KV_PREFETCH] + pt->layer_offset) * D, 0, 0);
             float vf[MAX_HEAD_DIM];
-            to_float(vf, pt->v + row * D, D);
-            float vsc = half_to_float(pt->vs[row]);
+            row_to_float(vf, pt, pt->v, row, D);
+            float vsc = pt->vs ? half_to_float(pt->vs[row]) : 1.0f;
             for (int g = 0; g < G; g++) axpy_f(o + g * D, scratch[g * total + pos] * vsc, vf, D);
         }
     }
@@ -216,6 +258,16 @@ static inline float sum_v8(v8f a) {
     return s;
 }
 
+/* G dot products of one fp16 key row (a window part) with the G query heads, 8-lane partial sums */
+static inline __attribute__((always_inline)) void
+key_dots_f16(const float *qr, const uint16_t *kp, const int G, const int D, v8f *acc) {
+    for (int g = 0; g < G; g++) acc[g] = (v8f){0};
+    for (int c = 0; c < D / 8; c++) {
+        const v8f kf = h8_to_v8(kp + 8 * c);
+        for (int g = 0; g < G; g++) acc[g] += load_v8(qr + g * D + 8 * c) * kf;
+    }
+}
+
 /* G dot products of one int8 key row with the G query heads, as 8-lane partial sums */
 static inline __attribute__((always_inline)) void
 key_dots(const float *qr, const int8_t *kp, const int G, const int D, v8f *acc) {
@@ -240,6 +292,15 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
         const flat_part *pt = &parts[p];
         const int64_t *idx = pt->index + ((int64_t)r * Hkv + kh) * pt->width;
         const int64_t n = pt->lens[r], off = pt->layer_offset;
+        if (!pt->ks) { /* fp16 window part: a few keys, one at a time */
+            const uint16_t *k16 = (const uint16_t *)(const void *)pt->k;
+            for (int64_t j = 0; j < n; j++, pos++) {
+                v8f acc[MAX_FAST_GROUP];
+                key_dots_f16(qr, k16 + (idx[j] + off) * D, G, D, acc);
+                for (int g = 0; g < G; g++) scratch[g * total + pos] = sum_v8(acc[g]) * sm_scale;
+            }
+            continue;
+        }
         int64_t j = 0;
         for (; j + 8 <= n; j += 8, pos += 8) {
             v8f dots[MAX_FAST_GROUP][8], acc[MAX_FAST_GROUP];
@@ -273,6 +334,19 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
             const flat_part *pt = &parts[p];
             const int64_t *idx = pt->index + ((int64_t)r * Hkv + kh) * pt->width;
             const int64_t n = pt->lens[r], off = pt->layer_offset;
+            if (!pt->vs) { /* fp16 window part */
+                const uint16_t *v16 = (const uint16_t *)(const void *)pt->v;
+                for (int64_t j = 0; j < n; j++, pos++) {
+                    const uint16_t *vp = v16 + (idx[j] + off) * D + 8 * c0;
+                    v8f w[MAX_FAST_GROUP];
+                    for (int g = 0; g < G; g++) w[g] = splat_v8(scratch[g * total + pos]);
+                    for (int c = 0; c < CW; c++) {
+                        const v8f vf = h8_to_v8(vp + 8 * c);
+                        for (int g = 0; g < G; g++) acc[g][c] += w[g] * vf;
+                    }
+                }
+                continue;
+            }
             for (int64_t j = 0; j < n; j++, pos++) {
                 const int64_t row = idx[j] + off;
                 if (c0 == 0 && j + KV_PREFETCH < n) /* later slices find the rows in cache */

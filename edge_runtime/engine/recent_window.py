@@ -1,0 +1,48 @@
+"""The recent-key window: int8 KV with each sequence's newest positions read exact.
+
+Why: int8 KV's error does not spread evenly over a query's keys. A decode query puts much of its
+attention on the last few tokens, so their int8 rounding moves its logits most. Measured on
+SmolLM2-135M (tools/kv_quant_probe.py, docs/engine.md "int8 KV quality"): reading each query's 8
+most recent keys unquantized cuts the KL against fp32 KV 2.4x, 16 keys 6.6x; it is what turns
+voice-home's two greedy near-ties back to fp16 KV's choices (docs/perf.md).
+
+How: every running sequence holds one window of `recent_window` (W) positions, fp16, allocated
+once with the pool (KVStorage "window" store; bookkeeping in cache/recent_windows.py). Every new
+token's K/V is written to its int8 page or slot as before and to the window, at offset
+(position - window_start) % W. Attention reads positions [max(window_start, L - W), L) from the
+window and the older ones from int8; a prefill chunk reads its own new tokens' K/V as computed
+(so a prompt's last token, the first answer token's query, sees the prompt's end exact).
+`window_start` is the first position the sequence computed itself: K/V that came from the prefix
+cache were only ever stored as int8, so they are read as int8. A fork copies the parent's window;
+finish, cancel and preemption give it back. Where every window is in use (beam forks at their
+peak), a sequence runs without one and reads int8 only.
+
+Cost: W x layers x 2 x kv heads x head_dim x 2 bytes per running sequence (W = 8: 184 KiB for
+SmolLM2-135M, 3% of one 512-token int8 page), counted in the KV bytes held; the decode kernels
+read W fp16 rows in place of W int8 rows.
+
+Scope: the CPU paths (kernels/csrc/flat_kv.c and decoder.c in C, kernels/flat_kv_cpu.py in torch).
+The per-segment GPU path (Triton kernels) does not read windows yet, so on CUDA the engine runs
+without them (`sizes` returns none) and int8 KV there is as before.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WINDOWS_PER_SEQUENCE = 2  # beam search forks before it drops the parents nobody chose
+
+
+def sizes(config) -> tuple[int, int]:
+    """(number of windows, tokens per window) for an EngineConfig; (0, 0) where windows are off:
+    recent_window 0, float KV (already exact) or a non-CPU device (not read there yet)."""
+    on = (config.recent_window > 0 and config.kv_dtype == "int8"
+          and torch.device(config.device).type == "cpu")
+    if not on:
+        return 0, 0
+    return WINDOWS_PER_SEQUENCE * config.max_num_seqs, config.recent_window
+
+
+def window_bytes(num_layers: int, num_kv_heads: int, head_dim: int, window_tokens: int) -> int:
+    """Bytes of one window: K and V, fp16, all layers."""
+    return window_tokens * num_layers * 2 * num_kv_heads * head_dim * 2

@@ -1,0 +1,242 @@
+"""The recent-key window (engine/recent_window.py): bookkeeping, attention reads, engine runs.
+
+- KVManager hands out windows at admit/fork and takes them back at finish/release/preempt; a fork's
+  window is a copy of its parent's; with every window in use a sequence runs without one.
+- PagedKVContext (CPU flat path, C and torch attention) reads a windowed sequence's newest
+  positions from its fp16 window and the older ones from int8, and a prefill chunk's own tokens
+  exact: checked against dense attention over exactly those values.
+- An engine whose window covers every position reads no int8 K/V at all: its greedy tokens equal
+  an fp16-KV engine's; with a short window the C decode step and the torch layer loop agree, and
+  n > 1 children (forked windows) continue exactly like a single sequence.
+"""
+
+import pytest
+import torch
+
+from edge_runtime.cache.kv_manager import KVManager
+from edge_runtime.cache.recent_windows import RecentWindows, exact_from
+from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kernels import cpu_native, hadamard
+from edge_runtime.kernels.kv_write import write_kv_ref
+from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
+from engine_helpers import engine_for, greedy, tiny, tiny_prompts
+
+H, HKV, D, LAYERS, P, SLOT, W = 6, 2, 16, 2, 8, 24, 5
+
+
+# --- bookkeeping ------------------------------------------------------------------------------
+def _write_tokens(kv, sid, tokens):
+    kv.reserve(sid, len(tokens))
+    kv.commit(sid, tokens)
+
+
+def test_windows_follow_the_sequences():
+    kv = KVManager(8, 16, num_windows=2, window_tokens=4)
+    a = kv.admit("a", list(range(10)), 4)
+    assert a.window is not None and a.window_start == 0
+    _write_tokens(kv, "a", list(range(10)))
+    b = kv.admit("b", list(range(12)), 4)  # its first 9 tokens come from a's page
+    assert b.window is not None and b.window != a.window and b.window_start == b.num_cached_tokens > 0
+    c = kv.admit("c", [5, 6, 7], 4)  # every window in use: it runs without one
+    assert c.window is None
+    assert kv.stats()["windows_used"] == 2
+    kv.check_invariants()
+    kv.release("b")
+    child = kv.fork("a", "a2")  # takes b's window and copies a's into it
+    assert child.window is not None and child.window_start == a.window_start
+    op = kv.window_copy("a", "a2")
+    assert (op.src_store, op.dst_store, op.num_tokens) == ("window", "window", 4)
+    assert (op.src_slot_start, op.dst_slot_start) == (a.window * 4, child.window * 4)
+    assert kv.window_copy("c", "a") is None  # c has none
+    kv.check_invariants()
+    for sid in ("a", "a2", "c"):
+        kv.finish(sid)
+    kv.check_leaks()
+    assert kv.windows.num_used == 0
+
+
+def test_fork_of_a_windowless_parent_starts_an_empty_window():
+    kv = KVManager(8, 16, num_windows=1, window_tokens=4)
+    kv.admit("x", [1, 2, 3], 4)  # holds the only window
+    kv.admit("p", [4, 5, 6], 4)
+    _write_tokens(kv, "p", [4, 5, 6])
+    kv.finish("x")
+    child = kv.fork("p", "q")
+    assert child.window is not None and child.window_start == 3  # nothing exact to inherit
+    assert kv.window_copy("p", "q") is None
+    kv.check_invariants()
+
+
+def test_window_invariants_catch_a_stolen_window():
+    kv = KVManager(8, 16, num_windows=2, window_tokens=4)
+    kv.admit("a", [1, 2, 3], 4)
+    kv.seqs["a"].window = 1  # not the window the allocator gave it
+    with pytest.raises(AssertionError):
+        kv.check_invariants()
+
+
+def test_exact_range():
+    assert exact_from(0, 8, 5) == 0  # fewer positions than the window
+    assert exact_from(0, 8, 20) == 12
+    assert exact_from(15, 8, 20) == 15  # positions before 15 came from the prefix cache
+    rw = RecentWindows(3, 0)  # zero-token windows: none at all
+    assert rw.num_windows == 0 and rw.allocate("s") is None
+
+
+# --- attention reads --------------------------------------------------------------------------
+def _dense(q, k, v, start):
+    g = H // HKV
+    kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q, kk) / D**0.5
+    pos = torch.arange(start, start + q.shape[0]).unsqueeze(1)
+    scores = scores.masked_fill(torch.arange(k.shape[0]).unsqueeze(0) > pos, float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), vv)
+
+
+def _int8(x):
+    return hadamard.rotate(dequantize_int8(*quantize_int8(hadamard.rotate(x))))
+
+
+def _fp16(x):
+    return hadamard.rotate(hadamard.rotate(x).half().float())
+
+
+def _write(st, store, layer, k, v, slots):
+    k, v = hadamard.rotate(k), hadamard.rotate(v)
+    view = st.view(store, layer)
+    write_kv_ref(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
+                 torch.tensor(slots, dtype=torch.int64))
+
+
+def _locate(step, pos):
+    off = pos - step.prefix_len
+    if off < len(step.full_pages) * P:
+        return "pages", step.full_pages[off // P] * P + off % P
+    off -= len(step.full_pages) * P
+    block = P if step.tail_kind == "pages" else SLOT
+    return step.tail_kind, step.tail_ids[off // block] * block + off % block
+
+
+# (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens, full pages,
+#  window start - prefix_len)
+SPECS = [
+    ((3, 5), 13, "pages", (9, 2, 11), 4, 12, (), 0),  # prefill past the window's length
+    ((), 0, "inline", (1,), 0, 3, (), 0),  # a cold prompt shorter than the window
+    ((3, 5), 13, "inline", (0,), 10, 1, (), 0),  # decode: window full and wrapped
+    ((7,), 8, "pages", (4, 6), 9, 1, (), 7),  # decode: window started late (cache hit)
+    ((3, 5), 13, "pages", (12,), 2, 2, (), 0),  # prefill chunk that reads earlier window rows
+    ((7,), 8, "inline", (3, 4), 28, 1, (10,), 25),  # decode: full page + slots, 4 exact
+    ((), 0, "pages", (13, 14), 3, 1, (), 0),  # decode with every position in the window
+]
+
+
+def _run_specs(flat_native: bool, monkeypatch):
+    if not flat_native:
+        monkeypatch.setattr(cpu_native, "library", lambda: None)
+    elif cpu_native.library() is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(0)
+    st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
+                   inline_tokens=SLOT, kv_dtype="int8", num_windows=len(SPECS), window_tokens=W)
+    hist, prefix_kv, steps = {}, {}, []
+    for layer in range(LAYERS):
+        for pages, plen in {(s[0], s[1]) for s in SPECS if s[1]}:
+            k, v = torch.randn(plen, HKV, D), torch.randn(plen, HKV, D)
+            _write(st, "pages", layer, k, v, [pages[i // P] * P + i % P for i in range(plen)])
+            prefix_kv[(layer, pages)] = (k, v)
+    for i, (pages, plen, kind, ids, cached, new, full, ws) in enumerate(SPECS):
+        step = SeqStep(pages, plen, kind, ids, plen + cached, new, full, i, plen + ws)
+        steps.append(step)
+        where = [_locate(step, pos) for pos in range(plen, plen + cached)]
+        for layer in range(LAYERS):
+            k, v = torch.randn(cached, HKV, D), torch.randn(cached, HKV, D)
+            for store in ("pages", "inline"):
+                sel = [j for j, (name, _) in enumerate(where) if name == store]
+                if sel:
+                    _write(st, store, layer, k[sel], v[sel], [where[j][1] for j in sel])
+            pk, pv = prefix_kv.get((layer, pages), (torch.zeros(0, HKV, D),) * 2)
+            hk, hv = torch.cat([pk, k]), torch.cat([pv, v])
+            hist[(layer, i)] = (hk, hv)
+            # the window holds the positions written before this step that are still in it
+            for pos in range(max(step.window_start, step.start - W), step.start):
+                _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1],
+                       [i * W + (pos - step.window_start) % W])
+    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=True)
+    total = sum(s.num_new for s in steps)
+    for layer in range(LAYERS):
+        q, k, v = torch.randn(total, H, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
+        out = ctx.attend(layer, q, k, v)
+        at = 0
+        for i, s in enumerate(steps):
+            hk, hv = hist[(layer, i)]
+            kk, vv = torch.cat([hk, k[at:at + s.num_new]]), torch.cat([hv, v[at:at + s.num_new]])
+            end = s.start + s.num_new
+            lo = exact_from(s.window_start, W, end)
+            if s.num_new > 1:  # prefill: earlier window rows fp16, its own tokens exact
+                lo = min(lo, s.start)
+                rk = torch.cat([_int8(kk[:lo]), _fp16(kk[lo:s.start]), kk[s.start:]])
+                rv = torch.cat([_int8(vv[:lo]), _fp16(vv[lo:s.start]), vv[s.start:]])
+            else:
+                rk, rv = torch.cat([_int8(kk[:lo]), _fp16(kk[lo:])]), torch.cat([_int8(vv[:lo]), _fp16(vv[lo:])])
+            ref = _dense(q[at:at + s.num_new], rk, rv, s.start)
+            torch.testing.assert_close(out[at:at + s.num_new], ref, atol=2e-5, rtol=1e-4)
+            # and the window now holds this step's newest tokens, fp16
+            for pos in range(max(s.start, end - W), end):
+                row = st.window.k[i, layer, (pos - s.window_start) % W].float()
+                torch.testing.assert_close(row, hadamard.rotate(kk[pos]).half().float())
+            at += s.num_new
+
+
+@pytest.mark.parametrize("flat_native", [True, False], ids=["c-attention", "torch-attention"])
+def test_windowed_attention_matches_dense(flat_native, monkeypatch):
+    _run_specs(flat_native, monkeypatch)
+
+
+def test_per_segment_path_refuses_windows():
+    st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, kv_dtype="int8", num_windows=1,
+                   window_tokens=W)
+    with pytest.raises(AssertionError, match="flat path only"):
+        PagedKVContext(st, [SeqStep((), 0, "pages", (1,), 0, 3, (), 0, 0)], sm_scale=1.0, flat=False)
+
+
+# --- the engine -------------------------------------------------------------------------------
+def _tokens(engine, prompts, **kw):
+    return [r.completions[0].token_ids for r in engine.generate(prompts, greedy(12, ignore_eos=True, **kw))]
+
+
+def test_a_window_covering_everything_reads_like_fp16_kv():
+    """Every position is in the window (W > prompt + answer): nothing is read from int8, so the
+    greedy tokens are fp16 KV's (the int8 engine without a window differs on these prompts)."""
+    prompts = tiny_prompts([40, 25, 61], seed=3)
+    fp16 = _tokens(engine_for(tiny(), kv_dtype="fp16"), prompts)
+    wide = engine_for(tiny(), kv_dtype="int8", recent_window=128)
+    assert _tokens(wide, prompts) == fp16
+    assert wide.storage.window is not None and wide.kv.windows.num_used == 0  # all given back
+
+
+def test_c_decode_step_and_torch_layers_agree_with_windows(monkeypatch):
+    prompts = tiny_prompts([30, 47], seed=5)
+    fused = _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts)
+    monkeypatch.setenv("EDGE_RUNTIME_CPU_FUSED", "0")
+    loop = _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts)
+    assert fused == loop
+
+
+def test_forked_children_continue_with_the_parents_window():
+    """n = 3 greedy children fork after the prompt and must all continue like n = 1: with a
+    missing or wrong window copy they would read other K/V for the prompt's last positions."""
+    prompt = tiny_prompts([33], seed=9)
+    single = _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=6), prompt)[0]
+    eng = engine_for(tiny(), kv_dtype="int8", recent_window=6)
+    res = eng.generate(prompt, greedy(12, ignore_eos=True, n=3))[0]
+    assert [c.token_ids for c in res.completions] == [single] * 3
+
+
+def test_recent_window_setting_is_validated():
+    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="recent_window"):
+        EngineConfig(recent_window=-1)
+    assert EngineConfig(recent_window=0, kv_dtype="int8").recent_window == 0
