@@ -152,6 +152,13 @@ def test_kv_bytes_per_token_matches_engine_tensors(tiny, kv_dtype):
     held, cached, _ = probe.read({"pages_live": 2, "inline_slots_used": 1, "pages_cached": 1,
                                   "page_utilization": 0.5})
     assert held == per_token * (2 * 64 + engine.config.inline_tokens) and cached == per_token * 64
+    # recent-key windows (int8 only) count at the bytes the window store really holds per window
+    held_w, _, _ = probe.read({"pages_live": 2, "inline_slots_used": 1, "pages_cached": 1,
+                               "page_utilization": 0.5, "windows_used": 3})
+    window = engine.storage.window
+    per_window = 0 if window is None else window.nbytes() // window.num_blocks
+    assert (window is None) == (kv_dtype != "int8")
+    assert held_w == held + 3 * per_window
 
 
 def test_prewarm_makes_first_turns_hit_the_cache(tiny, tmp_path):

@@ -8,7 +8,8 @@ And the `hf` baseline (bench/hf_backend.py) on the same converted fp32 weights.
 
 KV bytes held, sampled after every engine step (the step is wrapped, so each sample sees a
 consistent state from the engine's own thread): live pages (ref > 0) + inline slots in use, times
-their bytes (all layers, K+V, and the int8 scales). Cached pages (ref 0, evictable) are reported
+their bytes (all layers, K+V, and the int8 scales), + the recent-key windows held by running
+sequences (int8 KV: W fp16 positions each, engine/recent_window.py). Cached pages (ref 0, evictable) are reported
 separately as `peak_kv_cached_bytes`: they cost no new memory (the pool is allocated at start) and
 are reclaimed on demand.
 """
@@ -74,19 +75,25 @@ def build_engine(loaded, system: str, kv_dtype: str | None = None, num_pages: in
 
 
 class KVProbe:
-    """KV bytes held by an engine, from its stats: live pages + inline slots in use."""
+    """KV bytes held by an engine, from its stats: live pages + inline slots in use + the
+    recent-key windows of running sequences (engine/recent_window.py)."""
 
     def __init__(self, engine, model_config) -> None:
+        from edge_runtime.engine.recent_window import window_bytes
+
         cfg = engine.config
         per_token = kv_bytes_per_token(model_config, cfg.kv_dtype)
         self.page_bytes = per_token * cfg.page_tokens
         self.slot_bytes = per_token * cfg.inline_tokens
+        self.window_bytes = window_bytes(model_config.num_layers, model_config.num_kv_heads,
+                                         model_config.head_dim, engine.kv.windows.window_tokens)
         self.engine = engine
 
     def read(self, kv_stats: dict | None = None) -> tuple[int, int, float]:
         """(held bytes, cached-page bytes, page utilization) right now."""
         s = kv_stats if kv_stats is not None else self.engine.stats()["kv"]
-        held = s["pages_live"] * self.page_bytes + s["inline_slots_used"] * self.slot_bytes
+        held = (s["pages_live"] * self.page_bytes + s["inline_slots_used"] * self.slot_bytes
+                + s.get("windows_used", 0) * self.window_bytes)
         return held, s["pages_cached"] * self.page_bytes, s["page_utilization"]
 
 
