@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
 from edge_runtime.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "configs"
@@ -30,7 +31,8 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "m
 TOP_KEYS = {"name", "description", "device_memory", "reserve", "activation_reserve",
             "weight_dtype", "kv", "inline", "max_concurrent_sequences", "stream_context_tokens",
             "guard", "service"}
-SECTION_KEYS = {"reserve": {"os", "other"}, "kv": {"dtype", "page_tokens", "max_pool_bytes"},
+SECTION_KEYS = {"reserve": {"os", "other"},
+                "kv": {"dtype", "page_tokens", "max_pool_bytes", "recent_window"},
                 "inline": {"slots", "tokens"}}
 
 
@@ -58,6 +60,7 @@ class Budget:
     kv_dtype: str = "int8"
     page_tokens: int = 512
     max_pool_bytes: int | None = None  # optional cap on the page pool
+    recent_window: int = DEFAULT_WINDOW_TOKENS  # int8: newest positions read exact per sequence
     inline_slots: int = 8
     inline_tokens: int = 128
     max_concurrent_sequences: int = 8
@@ -90,6 +93,9 @@ class Budget:
                               "must be at least 1")
         if self.max_pool_bytes is not None and self.max_pool_bytes <= 0:
             raise ConfigError(f"{where}: kv.max_pool_bytes must be positive when set")
+        if self.recent_window < 0:
+            raise ConfigError(f"{where}: kv.recent_window must be 0 (off) or a number of tokens, "
+                              f"got {self.recent_window}")
         object.__setattr__(self, "guard", MappingProxyType(dict(self.guard)))
         object.__setattr__(self, "service", MappingProxyType(dict(self.service)))
 
@@ -153,6 +159,7 @@ def budget_from_dict(data: Any, source: str) -> Budget:
         weight_dtype=str(data.get("weight_dtype", "fp16")), kv_dtype=str(kv.get("dtype", "int8")),
         page_tokens=kv.get("page_tokens", 512),
         max_pool_bytes=None if pool_cap is None else parse_bytes(pool_cap, f"{source}: kv.max_pool_bytes"),
+        recent_window=_int(kv.get("recent_window", DEFAULT_WINDOW_TOKENS), f"{source}: kv.recent_window"),
         inline_slots=_int(inline.get("slots", 8), f"{source}: inline.slots"),
         inline_tokens=_int(inline.get("tokens", 128), f"{source}: inline.tokens"),
         max_concurrent_sequences=_int(data.get("max_concurrent_sequences", 8),

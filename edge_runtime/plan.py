@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from edge_runtime.budget import Budget, check_page_tokens
+from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE, window_bytes
 from edge_runtime.errors import ConfigError
 
 KV_ELEM_BYTES = {"int8": 1, "fp16": 2, "fp32": 4}
@@ -91,6 +92,8 @@ class MemoryPlan:
     inline_slots: int
     inline_tokens: int
     inline_arena_bytes: int
+    recent_window: int  # int8 KV: newest positions per sequence kept exact (engine/recent_window.py)
+    recent_window_bytes: int  # all windows (2 per concurrent sequence), allocated once
     pool_bytes: int  # num_pages * bytes_per_page (what is actually allocated)
     num_pages: int
     pool_tokens: int
@@ -110,8 +113,11 @@ def make_plan(budget: Budget, model_config, weight_bytes: int, kv_dtype: str | N
     per_token = kv_bytes_per_token(model_config, kv_dtype)
     per_page = per_token * page_tokens
     arena = budget.inline_slots * budget.inline_tokens * per_token
+    window = budget.recent_window if kv_dtype == "int8" else 0
+    windows = WINDOWS_PER_SEQUENCE * budget.max_concurrent_sequences * window_bytes(
+        model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, window)
     reserved = budget.os_reserve + budget.other_reserve + budget.activation_reserve
-    room = budget.device_memory - reserved - weight_bytes - arena
+    room = budget.device_memory - reserved - weight_bytes - arena - windows
     if budget.max_pool_bytes is not None:
         room = min(room, budget.max_pool_bytes)
     num_pages = max(0, room) // per_page
@@ -120,14 +126,15 @@ def make_plan(budget: Budget, model_config, weight_bytes: int, kv_dtype: str | N
             f"{budget.source}: the budget leaves no room for one KV page: device_memory "
             f"{_gib(budget.device_memory)} - reserve.os {_gib(budget.os_reserve)} - reserve.other "
             f"{_gib(budget.other_reserve)} - activation_reserve {_gib(budget.activation_reserve)} "
-            f"- weights {_gib(weight_bytes)} - inline arena {_gib(arena)} = {_gib(room)}, but one "
+            f"- weights {_gib(weight_bytes)} - inline arena {_gib(arena)} - recent-key windows "
+            f"{_gib(windows)} = {_gib(room)}, but one "
             f"page of {page_tokens} tokens needs {_gib(per_page)}; lower the reserves, the page "
             "size or the inline arena, or quantize the weights")
     pages_per_stream = -(-budget.stream_context_tokens // page_tokens)
     return MemoryPlan(
         budget.name, model_name, kv_dtype, page_tokens, budget.device_memory, reserved,
         weight_bytes, per_token, per_page, budget.inline_slots, budget.inline_tokens, arena,
-        num_pages * per_page, num_pages, num_pages * page_tokens, budget.stream_context_tokens,
+        window, windows, num_pages * per_page, num_pages, num_pages * page_tokens, budget.stream_context_tokens,
         num_pages // pages_per_stream, budget.max_concurrent_sequences)
 
 

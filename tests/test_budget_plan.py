@@ -44,6 +44,8 @@ def test_sizes_parse():
     ({"kv": {"page_tokens": 500}}, "kv.page_tokens must be a power of two"),
     ({"reserve": {"os": "-1GiB"}}, "os_reserve must not be negative"),
     ({"kv": {"dtype": "int4"}}, "kv.dtype must be one of"),
+    ({"kv": {"recent_window": -4}}, "kv.recent_window must be 0"),
+    ({"kv": {"recent_window": "eight"}}, "kv.recent_window: expected an integer"),
     ({"inline": {"slots": 4, "tokens": 1024}}, "inline.tokens"),
     ({"guard": {"poll_interval_s": 0}}, "guard"),
     ({"service": {"max_tokens": 0}}, "service"),
@@ -81,8 +83,11 @@ def test_plan_arithmetic_and_streams():
                           "stream_context_tokens": 1024}, "t.yaml")
     shape = REFERENCE_MODELS["smollm2-135m-shape"]
     plan = make_plan(b, shape, weight_bytes=300 * 2**20)
-    room = 8 * 2**30 - 2 * 2**30 - 2**29 - 300 * 2**20 - 2 * 128 * 11880
+    windows = 2 * b.max_concurrent_sequences * 8 * 30 * 2 * 3 * 64 * 2  # 8-token fp16 windows
+    assert plan.recent_window == 8 and plan.recent_window_bytes == windows
+    room = 8 * 2**30 - 2 * 2**30 - 2**29 - 300 * 2**20 - 2 * 128 * 11880 - windows
     assert plan.bytes_per_page == 512 * 11880 and plan.num_pages == room // (512 * 11880)
+    assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16").recent_window_bytes == 0  # exact KV
     assert plan.pool_tokens == plan.num_pages * 512 and plan.streams_that_fit == plan.num_pages // 2
     assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16", page_tokens=64).bytes_per_page == 64 * 30 * 2 * 3 * 128
 

@@ -75,7 +75,7 @@ def test_memory_limits_come_from_the_budget_plan(tmp_path):
     plan = make_plan(budget, model, weight_bytes, model_name=name)
     high, hard = unit_memory_limits(budget, plan)
     assert high == (plan.weight_bytes + plan.pool_bytes + plan.inline_arena_bytes
-                    + budget.activation_reserve + RUNTIME_OVERHEAD)
+                    + plan.recent_window_bytes + budget.activation_reserve + RUNTIME_OVERHEAD)
     assert high < hard < budget.device_memory
     service = (tmp_path / "edge-runtime.service").read_text()
     assert f"MemoryHigh={high}\n" in service and f"MemoryMax={hard}\n" in service

@@ -14,6 +14,13 @@ sequence; used + free == total.
 from __future__ import annotations
 
 DEFAULT_WINDOW_TOKENS = 8  # EngineConfig.recent_window's default (docs/engine.md: what 8 buys)
+WINDOWS_PER_SEQUENCE = 2  # windows allocated per max running sequence: beam search forks before
+# it drops the parents nobody chose
+
+
+def window_bytes(num_layers: int, num_kv_heads: int, head_dim: int, window_tokens: int) -> int:
+    """Bytes of one window: K and V, fp16, all layers."""
+    return window_tokens * num_layers * 2 * num_kv_heads * head_dim * 2
 
 
 def exact_from(window_start: int, window_tokens: int, end: int) -> int:

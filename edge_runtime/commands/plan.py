@@ -81,6 +81,8 @@ def format_plan(plan) -> str:
         (f"bytes per page ({plan.page_tokens} tokens)", f"{plan.bytes_per_page:,}"),
         (f"inline arena ({plan.inline_slots} x {plan.inline_tokens} tokens)",
          f"{plan.inline_arena_bytes / mib:,.1f} MiB"),
+        (f"recent-key windows ({plan.recent_window} tokens, 2 per sequence)",
+         f"{plan.recent_window_bytes / mib:,.2f} MiB"),
         ("page pool", f"{plan.pool_bytes / mib:,.1f} MiB"),
         ("pages", f"{plan.num_pages:,}"),
         ("pool tokens", f"{plan.pool_tokens:,}"),

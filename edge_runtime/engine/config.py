@@ -67,7 +67,8 @@ class EngineConfig:
         for ours, theirs in (("num_pages", "num_pages"), ("page_tokens", "page_tokens"),
                              ("kv_dtype", "kv_dtype"), ("num_inline_slots", "inline_slots"),
                              ("inline_tokens", "inline_tokens"),
-                             ("max_num_seqs", "max_concurrent_sequences")):
+                             ("max_num_seqs", "max_concurrent_sequences"),
+                             ("recent_window", "recent_window")):
             if getattr(plan, theirs, None) is not None:
                 values[ours] = getattr(plan, theirs)
         if values.get("num_inline_slots") == 0 or values.get("inline_tokens") == 0:

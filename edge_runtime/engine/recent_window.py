@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-WINDOWS_PER_SEQUENCE = 2  # beam search forks before it drops the parents nobody chose
+from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE, window_bytes  # noqa: F401
 
 
 def sizes(config) -> tuple[int, int]:
@@ -41,8 +41,3 @@ def sizes(config) -> tuple[int, int]:
     if not on:
         return 0, 0
     return WINDOWS_PER_SEQUENCE * config.max_num_seqs, config.recent_window
-
-
-def window_bytes(num_layers: int, num_kv_heads: int, head_dim: int, window_tokens: int) -> int:
-    """Bytes of one window: K and V, fp16, all layers."""
-    return window_tokens * num_layers * 2 * num_kv_heads * head_dim * 2

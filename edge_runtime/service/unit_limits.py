@@ -20,7 +20,7 @@ RUNTIME_OVERHEAD = 512 * MIB  # measured: 460 MiB RSS beyond weights + KV (docs/
 
 def unit_memory_limits(budget, plan) -> tuple[int, int]:
     planned = plan.weight_bytes + plan.pool_bytes + plan.inline_arena_bytes \
-        + budget.activation_reserve
+        + plan.recent_window_bytes + budget.activation_reserve
     high = planned + RUNTIME_OVERHEAD
     return high, int(high * 1.15) + 256 * MIB
 
