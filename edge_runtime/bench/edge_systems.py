@@ -59,13 +59,16 @@ def kv_bytes_per_token(model_config, kv_dtype: str) -> int:
 
 
 def build_engine(loaded, system: str, kv_dtype: str | None = None, num_pages: int = 32,
-                 page_tokens: int | None = None, max_batch: int = 8, max_tokens: int = 0):
+                 page_tokens: int | None = None, max_batch: int = 8, max_tokens: int = 0,
+                 recent_window: int | None = None):
     """An Engine configured as `system`; `kv_dtype` overrides the system's KV dtype."""
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
 
     dtype, share, inline = SYSTEM_FLAGS[system]
     extra = {"page_tokens": page_tokens} if page_tokens else {}
+    if recent_window is not None:
+        extra["recent_window"] = recent_window
     cfg = EngineConfig(kv_dtype=kv_dtype or dtype, enable_prefix_cache=share, enable_inline=inline,
                        num_pages=num_pages, max_num_seqs=max(8, max_batch), **extra)
     engine = Engine(loaded, cfg)
@@ -125,7 +128,8 @@ class EdgeBackend:
     def create(cls, model: str, system: str, opts: dict) -> "EdgeBackend":
         loaded = load(model, opts.get("weights", "fp32"))
         engine = build_engine(loaded, system, num_pages=opts.get("num_pages") or 32,
-                              page_tokens=opts.get("page_tokens"))
+                              page_tokens=opts.get("page_tokens"),
+                              recent_window=opts.get("recent_window"))
         return cls(loaded, system, engine)
 
     def _sample(self) -> None:

@@ -102,6 +102,7 @@ def _payload(args, trace, results: dict, cmp_rows=None, same=None) -> dict:
         "arrivals": getattr(args, "arrivals", "ignore"), "threads": getattr(args, "threads", None),
         "history": getattr(args, "history", "generated"),
         "prewarm": getattr(args, "prewarm", False),
+        "recent_window": getattr(args, "recent_window", None),
         "complete": cmp_rows is not None,
         "rows": [r["row"] for r in results.values()], "comparisons": cmp_rows,
         "edge_vs_fp16kv_identical": same,
@@ -177,7 +178,8 @@ def run(args) -> int:
     opts = {"model": args.model, "streams": args.streams, "arrivals": args.arrivals,
             "history": args.history, "prewarm": args.prewarm,
             "target_model": args.target_model, "page_tokens": args.page_tokens,
-            "num_pages": args.num_pages, "threads": args.threads}
+            "num_pages": args.num_pages, "threads": args.threads,
+            "recent_window": args.recent_window}
     save = (lambda res: write_json(args.json, _payload(args, trace, res))) if args.json else None
     results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate, save=save)
     return _report(args, trace, results)
@@ -219,6 +221,9 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--page-tokens", type=int, default=None,
                    help="override the engine's page size (default: the engine's)")
     p.add_argument("--num-pages", type=int, default=32, help="KV pool size of the edge systems")
+    p.add_argument("--recent-window", type=int, default=None, metavar="W",
+                   help="int8 systems: positions per sequence read exact (default: the engine's; "
+                        "0: off; engine/recent_window.py)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads in every system (default: torch's choice)")
     p.add_argument("--no-isolate", action="store_true",
