@@ -215,7 +215,8 @@ def run(args) -> int:
     _progress(f"read {bw.read_gbps:.1f} GB/s, copy {bw.copy_gbps:.1f} GB/s; loading {args.model}...")
     loaded = load(args.model, args.weights)
     engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype,
-                          max_batch=max(batches), max_tokens=max(prompts) + args.gen_tokens)
+                          max_batch=max(batches), max_tokens=max(prompts) + args.gen_tokens,
+                          recent_window=args.recent_window)
     rng = random.Random(args.seed)
     rows = []
     for p in prompts:
@@ -223,7 +224,9 @@ def run(args) -> int:
                              _progress, measure=lambda: probe.measure(repeats=3))
     readings = [x["read_gbps"] for r in rows for pair in r["bandwidth"] for x in pair]
     print(f"model {args.model} ({loaded.weight_bytes / 1e6:.0f} MB weights, "
-          f"quantization {loaded.quantization}), KV {args.kv_dtype}; runs of the batch sizes "
+          f"quantization {loaded.quantization}), KV {args.kv_dtype}"
+          f"{f' (recent window {engine.kv.windows.window_tokens})' if engine.kv.windows.window_tokens else ''}"
+          f"; runs of the batch sizes "
           f"interleaved; roofline: read bandwidth measured around each run, "
           f"{min(readings):.1f}-{max(readings):.1f} GB/s "
           f"(copy {bw.copy_gbps:.2f} GB/s read+written at the start), {bw.threads} threads")
@@ -233,6 +236,7 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, {"bench": "engine", "model": args.model,
                                "weight_bytes": loaded.weight_bytes, "kv_dtype": args.kv_dtype,
+                               "recent_window": engine.kv.windows.window_tokens,
                                "quantization": loaded.quantization, "bandwidth": bw.to_dict(),
                                "rows": rows, "decode_ratios": ratios})
     return 0
@@ -248,6 +252,8 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp16", "fp32"])
+    p.add_argument("--recent-window", type=int, default=None, metavar="W",
+                   help="int8 KV: positions per sequence read exact (default: the engine's; 0: off)")
     p.add_argument("--bandwidth-mib", type=int, default=512,
                    help="tensor size for the read-bandwidth roofline (>> last-level cache)")
     p.add_argument("--seed", type=int, default=0)

@@ -99,7 +99,8 @@ def run(args) -> int:
     print(f"[bench step] loading {args.model}...", file=sys.stderr, flush=True)
     loaded = load(args.model)
     engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype, max_batch=max(batches),
-                          max_tokens=args.prompt_tokens + args.steps + 8)
+                          max_tokens=args.prompt_tokens + args.steps + 8,
+                          recent_window=args.recent_window)
     rng = random.Random(args.seed)
     profiler = cProfile.Profile() if args.profile else None
     rows = []
@@ -123,6 +124,8 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp16", "fp32"])
+    p.add_argument("--recent-window", type=int, default=None, metavar="W",
+                   help="int8 KV: positions per sequence read exact (default: the engine's; 0: off)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=int, default=0, metavar="N",
