@@ -83,8 +83,8 @@ def test_plan_arithmetic_and_streams():
                           "stream_context_tokens": 1024}, "t.yaml")
     shape = REFERENCE_MODELS["smollm2-135m-shape"]
     plan = make_plan(b, shape, weight_bytes=300 * 2**20)
-    windows = 2 * b.max_concurrent_sequences * 8 * 30 * 2 * 3 * 64 * 2  # 8-token fp16 windows
-    assert plan.recent_window == 8 and plan.recent_window_bytes == windows
+    windows = 2 * b.max_concurrent_sequences * 16 * 30 * 2 * 3 * 64 * 2  # 16-token fp16 windows
+    assert plan.recent_window == 16 and plan.recent_window_bytes == windows
     room = 8 * 2**30 - 2 * 2**30 - 2**29 - 300 * 2**20 - 2 * 128 * 11880 - windows
     assert plan.bytes_per_page == 512 * 11880 and plan.num_pages == room // (512 * 11880)
     assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16").recent_window_bytes == 0  # exact KV

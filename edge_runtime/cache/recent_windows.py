@@ -13,7 +13,7 @@ sequence; used + free == total.
 
 from __future__ import annotations
 
-DEFAULT_WINDOW_TOKENS = 8  # EngineConfig.recent_window's default (docs/engine.md: what 8 buys)
+DEFAULT_WINDOW_TOKENS = 16  # EngineConfig.recent_window's default (docs/engine.md: the KL knee)
 WINDOWS_PER_SEQUENCE = 2  # windows allocated per max running sequence: beam search forks before
 # it drops the parents nobody chose
 
