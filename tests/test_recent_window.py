@@ -2,9 +2,10 @@
 
 - KVManager hands out windows at admit/fork and takes them back at finish/release/preempt; a fork's
   window is a copy of its parent's; with every window in use a sequence runs without one.
-- PagedKVContext (CPU flat path, C and torch attention) reads a windowed sequence's newest
-  positions from its fp16 window and the older ones from int8, and a prefill chunk's own tokens
-  exact: checked against dense attention over exactly those values.
+- PagedKVContext (CPU flat path with C or torch attention, and the per-segment path) reads a
+  windowed decode token's newest positions from its fp16 window and the older ones from int8, and
+  a prefill chunk's own tokens exact, the positions before them int8: checked against dense
+  attention over exactly those values.
 - An engine whose window covers every position reads no int8 K/V at all: its greedy tokens equal
   an fp16-KV engine's; with a short window the C decode step and the torch layer loop agree, and
   n > 1 children (forked windows) continue exactly like a single sequence.
@@ -125,17 +126,17 @@ SPECS = [
     ((), 0, "inline", (1,), 0, 3, (), 0),  # a cold prompt shorter than the window
     ((3, 5), 13, "inline", (0,), 10, 1, (), 0),  # decode: window full and wrapped
     ((7,), 8, "pages", (4, 6), 9, 1, (), 7),  # decode: window started late (cache hit)
-    ((3, 5), 13, "pages", (12,), 2, 2, (), 0),  # prefill chunk that reads earlier window rows
+    ((3, 5), 13, "pages", (12,), 2, 2, (), 0),  # a prefill chunk after window rows (reads int8)
     ((7,), 8, "inline", (3, 4), 28, 1, (10,), 25),  # decode: full page + slots, 4 exact
     ((), 0, "pages", (13, 14), 3, 1, (), 0),  # decode with every position in the window
 ]
 
 
-def _run_specs(flat_native: bool, monkeypatch):
-    if not flat_native:
-        monkeypatch.setattr(cpu_native, "library", lambda: None)
-    elif cpu_native.library() is None:
+def _run_specs(path: str, monkeypatch):
+    if path == "c-attention" and cpu_native.library() is None:
         pytest.skip("no C compiler")
+    if path != "c-attention":
+        monkeypatch.setattr(cpu_native, "library", lambda: None)
     torch.manual_seed(0)
     st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
                    inline_tokens=SLOT, kv_dtype="int8", num_windows=len(SPECS), window_tokens=W)
@@ -162,7 +163,7 @@ def _run_specs(flat_native: bool, monkeypatch):
             for pos in range(max(step.window_start, step.start - W), step.start):
                 _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1],
                        [i * W + (pos - step.window_start) % W])
-    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=True)
+    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=path != "per-segment")
     total = sum(s.num_new for s in steps)
     for layer in range(LAYERS):
         q, k, v = torch.randn(total, H, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
@@ -173,10 +174,9 @@ def _run_specs(flat_native: bool, monkeypatch):
             kk, vv = torch.cat([hk, k[at:at + s.num_new]]), torch.cat([hv, v[at:at + s.num_new]])
             end = s.start + s.num_new
             lo = exact_from(s.window_start, W, end)
-            if s.num_new > 1:  # prefill: earlier window rows fp16, its own tokens exact
-                lo = min(lo, s.start)
-                rk = torch.cat([_int8(kk[:lo]), _fp16(kk[lo:s.start]), kk[s.start:]])
-                rv = torch.cat([_int8(vv[:lo]), _fp16(vv[lo:s.start]), vv[s.start:]])
+            if s.num_new > 1:  # prefill: earlier positions int8, its own tokens exact
+                rk = torch.cat([_int8(kk[:s.start]), kk[s.start:]])
+                rv = torch.cat([_int8(vv[:s.start]), vv[s.start:]])
             else:
                 rk, rv = torch.cat([_int8(kk[:lo]), _fp16(kk[lo:])]), torch.cat([_int8(vv[:lo]), _fp16(vv[lo:])])
             ref = _dense(q[at:at + s.num_new], rk, rv, s.start)
@@ -188,16 +188,11 @@ def _run_specs(flat_native: bool, monkeypatch):
             at += s.num_new
 
 
-@pytest.mark.parametrize("flat_native", [True, False], ids=["c-attention", "torch-attention"])
-def test_windowed_attention_matches_dense(flat_native, monkeypatch):
-    _run_specs(flat_native, monkeypatch)
-
-
-def test_per_segment_path_refuses_windows():
-    st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, kv_dtype="int8", num_windows=1,
-                   window_tokens=W)
-    with pytest.raises(AssertionError, match="flat path only"):
-        PagedKVContext(st, [SeqStep((), 0, "pages", (1,), 0, 3, (), 0, 0)], sm_scale=1.0, flat=False)
+@pytest.mark.parametrize("path", ["c-attention", "torch-attention", "per-segment"])
+def test_windowed_attention_matches_dense(path, monkeypatch):
+    """The CPU flat path (C and torch decode attention) and the per-segment path the GPU runs
+    (here through the torch reference kernels) read the same positions from the same places."""
+    _run_specs(path, monkeypatch)
 
 
 # --- the engine -------------------------------------------------------------------------------
@@ -231,6 +226,18 @@ def test_forked_children_continue_with_the_parents_window():
     eng = engine_for(tiny(), kv_dtype="int8", recent_window=6)
     res = eng.generate(prompt, greedy(12, ignore_eos=True, n=3))[0]
     assert [c.token_ids for c in res.completions] == [single] * 3
+
+
+def test_per_segment_engine_reads_windows_like_the_flat_path(monkeypatch):
+    """The engine with every step on the per-segment path (as on a GPU, through the torch
+    reference kernels here) decodes the same greedy tokens as the CPU flat path, with windows."""
+    from edge_runtime.engine import engine as engine_module
+
+    prompts = tiny_prompts([30, 47, 12], seed=7)
+    flat = _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts)
+    monkeypatch.setattr(engine_module, "PagedKVContext",
+                        lambda storage, steps, sm_scale: PagedKVContext(storage, steps, sm_scale, flat=False))
+    assert _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts) == flat
 
 
 def test_recent_window_setting_is_validated():

@@ -17,7 +17,7 @@ A sequence that holds a recent-key window (engine/recent_window.py) has its new 
 written there ("window" in `write`, the last W of them), and reads its most recent positions from
 it: a decode token reads [max(window_start, L - W), L) from the window and only the positions
 before from int8; a prefill row reads its own new tokens exact (`fresh`: the caller passes the
-step's K/V) and the window's positions before them, so the int8 parts stop where those begin.
+step's K/V) and every position before them from int8, so its int8 parts stop at its start.
 
 Built with numpy: a decode step runs this for every row, and numpy's small-array operations cost
 ~1 us where torch's cost 3-10 us (a batch-5 step spent ~1.3 ms here with torch ops; docs/perf.md).
@@ -139,9 +139,8 @@ class FlatKVIndex:
         lo = exact_from(s.window_start, W, end)
         written = np.arange(max(s.start, lo), end)
         window_writes.append((offset + written - s.start, bases[(written - s.window_start) % W]))
-        if s.num_new > 1:  # a prefill row reads its new tokens fresh, earlier window rows too
-            lo = min(lo, s.start)
-            end = s.start
+        if s.num_new > 1:  # a prefill row reads its new tokens fresh and the positions before
+            lo = end = s.start  # them from int8 (as the per-segment path does)
         cut = _first_positions(keys, lo)
         cut["window"] = bases[(np.arange(lo, end) - s.window_start) % W]
         return cut, s.num_new > 1

@@ -11,7 +11,10 @@ merges the results by log-sum-exp:
   call "tail_pages":  pool,  row = its tail pages,                kv_len = min(pos + 1, b) - p
   call "tail_inline": arena, row = its slots,                     kv_len = pos + 1 - b
 
-A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away).
+A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away). With
+recent-key windows (engine/recent_window.py) two more calls: "window" (a decode token's newest
+positions, from its fp16 window) and "fresh" (a prefill token's own chunk, from the step's K/V),
+and the int8 calls' kv_lens stop where those begin.
 
 On a CPU (`flat`, the default there) the calls are not built: engine/flat_kv_index.py turns the same
 segments into slot mappings and row numbers of the whole store once per step, and kernels/flat_kv_cpu.py writes K/V
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from edge_runtime.engine.flat_kv_index import FlatKVIndex
-from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.kv_storage import KVStorage, StoreView
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
 from edge_runtime.kernels import cpu_native, hadamard
 from edge_runtime.kernels.flat_kv_cpu import (NATIVE_MAX_HEAD_DIM, NativeDecodeAttention,
@@ -51,7 +54,7 @@ class SeqStep:
     start: int
     num_new: int
     full_pages: tuple[int, ...] = ()  # inline: the full tail pages before the slots
-    window: int | None = None  # its recent-key window (engine/recent_window.py), CPU flat path
+    window: int | None = None  # its recent-key window (engine/recent_window.py)
     window_start: int = 0  # the window's offset 0: the first position the sequence computed
 
     @classmethod
@@ -98,6 +101,8 @@ class PagedKVContext:
         self.num_tokens = sum(s.num_new for s in seqs)
         self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
+        self.window_slots: torch.Tensor | None = None  # per-segment path: window writes, -1 none
+        self.fresh: tuple | None = None  # per-segment path: (src tokens, dst rows, blocks, width)
         # CPU: flat-row writes, one-softmax decode attention and per-row causal prefill attention
         # (kernels/flat_kv_cpu.py), indexed by engine/flat_kv_index.py; no per-segment calls
         if flat is None:
@@ -106,8 +111,6 @@ class PagedKVContext:
         if flat:
             self.slot_mapping = self.flat.slot_mapping
         else:
-            assert all(s.window is None for s in seqs), \
-                "the recent-key window is read by the CPU flat path only (engine/recent_window.py)"
             self._build(seqs)
         self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
 
@@ -122,9 +125,12 @@ class PagedKVContext:
         assert bool((positions >= prefix_len).all()), "a new token lies inside the shared prefix"
         tail_pos = positions - prefix_len  # [T] offset inside the tail
         tail_len = (tail_pos + 1).to(torch.int32)
+        # int8 keys read by each token: positions < limit (recent-key windows cut it, below)
+        limit = self._window_calls(seqs, seq_of_token, positions)
         has_prefix = [s.prefix_len > 0 for s in seqs]
         if any(has_prefix):
             lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
+            lens = torch.minimum(lens, limit).to(torch.int32)
             self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
                                     seq_of_token.to(torch.int32), lens))
         P = self.storage.store("pages").block_tokens
@@ -138,10 +144,13 @@ class PagedKVContext:
                 continue
             table = _pad_rows(rows)
             block = self.storage.store(kind).block_tokens
+            tail_limit = (limit - prefix_len).clamp(min=0)  # int8 positions read in the tail
             if kind == "pages":
-                lens, pos_in, writes = torch.minimum(tail_len, in_pages), tail_pos, tail_pos < in_pages
+                lens = torch.minimum(torch.minimum(tail_len, in_pages), tail_limit)
+                pos_in, writes = tail_pos, tail_pos < in_pages
             else:
-                lens = (tail_len - in_pages).clamp(min=0)
+                lens = torch.minimum((tail_len - in_pages).clamp(min=0),
+                                     (tail_limit - in_pages).clamp(min=0))
                 pos_in, writes = tail_pos - in_pages, tail_pos >= in_pages
             has_rows = torch.tensor([len(r) > 0 for r in rows])[seq_of_token]
             self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
@@ -158,12 +167,61 @@ class PagedKVContext:
             self.slot_mapping[kind] = torch.where(writes, slots, -1).to(torch.int64)
         assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == num_tokens
 
+    def _window_calls(self, seqs: list[SeqStep], seq_of_token: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+        """Recent-key windows on the per-segment path (engine/recent_window.py): a windowed
+        decode token reads [max(window_start, L - W), L) through a "window" call, a windowed
+        prefill token its own chunk through a "fresh" call over the step's K/V; every new token
+        in the last W of its sequence is written to the window. Returns the per-token limit of
+        the int8 positions read (all of [0, pos] without a window)."""
+        limit = positions + 1
+        if not any(s.window is not None for s in seqs):
+            return limit
+        W = self.storage.store("window").block_tokens
+        per_seq = lambda f, dtype=torch.int64: torch.tensor([f(s) for s in seqs], dtype=dtype)[seq_of_token]
+        has = per_seq(lambda s: s.window is not None, torch.bool)
+        decode = per_seq(lambda s: s.num_new == 1, torch.bool)
+        start, ws = per_seq(lambda s: s.start), per_seq(lambda s: s.window_start)
+        end, window = per_seq(lambda s: s.start + s.num_new), per_seq(lambda s: s.window or 0)
+        lo = torch.maximum(ws, positions + 1 - W)  # cache/recent_windows.exact_from
+        limit = torch.where(has & decode, lo, torch.where(has, start, limit))
+        self.calls.append(_Call("window", _pad_rows([[s.window or 0] for s in seqs]),
+                                seq_of_token.to(torch.int32),
+                                torch.where(has & decode, positions + 1 - lo, 0).to(torch.int32)))
+        writes = has & (positions >= end - W)
+        self.window_slots = torch.where(writes, window * W + (positions - ws) % W, -1)
+        fresh = [i for i, s in enumerate(seqs) if s.window is not None and s.num_new > 1]
+        if fresh:
+            block = torch.zeros(len(seqs), dtype=torch.int64)
+            block[fresh] = torch.arange(len(fresh))
+            width = max(seqs[i].num_new for i in fresh)
+            src = torch.nonzero(has & ~decode).squeeze(1)  # the fresh tokens, in batch order
+            dst = block[seq_of_token[src]] * width + positions[src] - start[src]
+            self.fresh = (src, dst, len(fresh), width)
+            self.calls.append(_Call("fresh", block[:, None].to(torch.int32),
+                                    seq_of_token.to(torch.int32),
+                                    torch.where(has & ~decode, positions - start + 1, 0).to(torch.int32)))
+        return limit
+
     def to(self, device: torch.device) -> "PagedKVContext":
         for c in self.calls:
             c.block_table, c.seq_idx, c.kv_lens = (
                 c.block_table.to(device), c.seq_idx.to(device), c.kv_lens.to(device))
         self.slot_mapping = {k: v.to(device) for k, v in self.slot_mapping.items()}
+        if self.window_slots is not None:
+            self.window_slots = self.window_slots.to(device)
+        if self.fresh is not None:
+            src, dst, blocks, width = self.fresh
+            self.fresh = (src.to(device), dst.to(device), blocks, width)
         return self
+
+    def _fresh_store(self, x: torch.Tensor) -> torch.Tensor:
+        """The windowed prefill rows' own K or V [T, Hkv, D] as a paged store [B, width, Hkv, D]
+        (one block per row) for the "fresh" call."""
+        src, dst, blocks, width = self.fresh
+        out = x.new_zeros(blocks * width, *x.shape[1:])
+        out.index_copy_(0, dst, x[src])
+        return out.view(blocks, width, *x.shape[1:])
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H, D] in q's dtype."""
@@ -179,9 +237,15 @@ class PagedKVContext:
         for store, slots in self.slot_mapping.items():
             view = self.storage.view(store, layer)
             write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots)
+        if self.window_slots is not None:
+            view = self.storage.view("window", layer)
+            write_kv(k, v, view.k_cache, view.v_cache, None, None, self.window_slots)
         outs, lses = [], []
         for call in self.calls:
-            view = self.storage.view(call.store, layer)
+            if call.store == "fresh":
+                view = StoreView(self._fresh_store(k), self._fresh_store(v), None, None)
+            else:
+                view = self.storage.view(call.store, layer)
             out, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
                                        call.block_table, call.seq_idx, call.kv_lens, self.sm_scale)
             outs.append(out)

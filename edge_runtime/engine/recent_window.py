@@ -21,23 +21,20 @@ Cost: W x layers x 2 x kv heads x head_dim x 2 bytes per running sequence (W = 1
 SmolLM2-135M, the int8 bytes of 31 tokens, 6% of one 512-token page), counted in the KV bytes
 held; the decode kernels read W fp16 rows in place of W int8 rows (no measurable step time).
 
-Scope: the CPU paths (kernels/csrc/flat_kv.c and decoder.c in C, kernels/flat_kv_cpu.py in torch).
-The per-segment GPU path (Triton kernels) does not read windows yet, so on CUDA the engine runs
-without them (`sizes` returns none) and int8 KV there is as before.
+Readers: the CPU flat path (kernels/csrc/flat_kv.c and decoder.c in C, kernels/flat_kv_cpu.py in
+torch) and the per-segment path of the GPU (engine/paged_kv.py: a "window" call over the fp16
+window and a "fresh" call over the step's own K/V next to the int8 calls, through the same
+paged-attention kernel; tested on the CPU with the torch reference kernels, not yet on a GPU).
 """
 
 from __future__ import annotations
-
-import torch
 
 from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE, window_bytes  # noqa: F401
 
 
 def sizes(config) -> tuple[int, int]:
     """(number of windows, tokens per window) for an EngineConfig; (0, 0) where windows are off:
-    recent_window 0, float KV (already exact) or a non-CPU device (not read there yet)."""
-    on = (config.recent_window > 0 and config.kv_dtype == "int8"
-          and torch.device(config.device).type == "cpu")
-    if not on:
+    recent_window 0, or float KV (already exact)."""
+    if config.recent_window <= 0 or config.kv_dtype != "int8":
         return 0, 0
     return WINDOWS_PER_SEQUENCE * config.max_num_seqs, config.recent_window
