@@ -235,9 +235,12 @@ def test_per_segment_engine_reads_windows_like_the_flat_path(monkeypatch):
 
     prompts = tiny_prompts([30, 47, 12], seed=7)
     flat = _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts)
+    wide_prompts = tiny_prompts([40, 25, 61], seed=3)  # int8 without a window differs from fp16 KV
+    fp16 = _tokens(engine_for(tiny(), kv_dtype="fp16"), wide_prompts)
     monkeypatch.setattr(engine_module, "PagedKVContext",
                         lambda storage, steps, sm_scale: PagedKVContext(storage, steps, sm_scale, flat=False))
     assert _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts) == flat
+    assert _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=128), wide_prompts) == fp16
 
 
 def test_recent_window_setting_is_validated():
