@@ -132,11 +132,26 @@ SPECS = [
 ]
 
 
+def _use_triton_kernels(monkeypatch):
+    """The per-segment path with the Triton kernels a GPU runs (TRITON_INTERPRET=1 here)."""
+    from edge_runtime.engine import paged_kv
+    from edge_runtime.kernels import kv_write, paged_attention
+
+    if kv_write.triton is None:
+        pytest.skip("needs triton")
+    monkeypatch.setattr(paged_kv, "write_kv", kv_write.write_kv_triton)
+    monkeypatch.setattr(paged_kv, "paged_attention", paged_attention.paged_attention_triton)
+    monkeypatch.setattr(paged_kv, "merge_attention", paged_attention.merge_attention_triton)
+
+
 def _run_specs(path: str, monkeypatch):
     if path == "c-attention" and cpu_native.library() is None:
         pytest.skip("no C compiler")
     if path != "c-attention":
         monkeypatch.setattr(cpu_native, "library", lambda: None)
+    if path == "per-segment-triton":
+        _use_triton_kernels(monkeypatch)
+    tol = dict(atol=2e-2, rtol=2e-2) if path == "per-segment-triton" else dict(atol=2e-5, rtol=1e-4)
     torch.manual_seed(0)
     st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
                    inline_tokens=SLOT, kv_dtype="int8", num_windows=len(SPECS), window_tokens=W)
@@ -163,7 +178,7 @@ def _run_specs(path: str, monkeypatch):
             for pos in range(max(step.window_start, step.start - W), step.start):
                 _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1],
                        [i * W + (pos - step.window_start) % W])
-    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=path != "per-segment")
+    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=not path.startswith("per-segment"))
     total = sum(s.num_new for s in steps)
     for layer in range(LAYERS):
         q, k, v = torch.randn(total, H, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
@@ -180,7 +195,7 @@ def _run_specs(path: str, monkeypatch):
             else:
                 rk, rv = torch.cat([_int8(kk[:lo]), _fp16(kk[lo:])]), torch.cat([_int8(vv[:lo]), _fp16(vv[lo:])])
             ref = _dense(q[at:at + s.num_new], rk, rv, s.start)
-            torch.testing.assert_close(out[at:at + s.num_new], ref, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(out[at:at + s.num_new], ref, **tol)
             # and the window now holds this step's newest tokens, fp16
             for pos in range(max(s.start, end - W), end):
                 row = st.window.k[i, layer, (pos - s.window_start) % W].float()
@@ -188,10 +203,12 @@ def _run_specs(path: str, monkeypatch):
             at += s.num_new
 
 
-@pytest.mark.parametrize("path", ["c-attention", "torch-attention", "per-segment"])
+@pytest.mark.parametrize("path", ["c-attention", "torch-attention", "per-segment",
+                                  "per-segment-triton"])
 def test_windowed_attention_matches_dense(path, monkeypatch):
     """The CPU flat path (C and torch decode attention) and the per-segment path the GPU runs
-    (here through the torch reference kernels) read the same positions from the same places."""
+    (through the torch reference kernels, and through the Triton kernels in interpret mode) read
+    the same positions from the same places."""
     _run_specs(path, monkeypatch)
 
 
