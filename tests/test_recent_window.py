@@ -19,11 +19,11 @@ from edge_runtime.cache.recent_windows import RecentWindows, exact_from
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from edge_runtime.kernels import cpu_native, hadamard
-from edge_runtime.kernels.kv_write import write_kv_ref
-from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
 from engine_helpers import engine_for, greedy, tiny, tiny_prompts
+from paged_kv_helpers import D, H, HKV, LAYERS, P, SLOT, dense as _dense, int8_read_back
+from paged_kv_helpers import locate as _locate, write as _write
 
-H, HKV, D, LAYERS, P, SLOT, W = 6, 2, 16, 2, 8, 24, 5
+W = 5
 
 
 # --- bookkeeping ------------------------------------------------------------------------------
@@ -85,38 +85,10 @@ def test_exact_range():
     assert rw.num_windows == 0 and rw.allocate("s") is None
 
 
-# --- attention reads --------------------------------------------------------------------------
-def _dense(q, k, v, start):
-    g = H // HKV
-    kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    scores = torch.einsum("nhd,lhd->hnl", q, kk) / D**0.5
-    pos = torch.arange(start, start + q.shape[0]).unsqueeze(1)
-    scores = scores.masked_fill(torch.arange(k.shape[0]).unsqueeze(0) > pos, float("-inf"))
-    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), vv)
-
-
-def _int8(x):
-    return hadamard.rotate(dequantize_int8(*quantize_int8(hadamard.rotate(x))))
-
-
+# --- attention reads ---------------------------------------------------------------------------
 def _fp16(x):
+    """What attention reads back from a window: rotated heads in fp16."""
     return hadamard.rotate(hadamard.rotate(x).half().float())
-
-
-def _write(st, store, layer, k, v, slots):
-    k, v = hadamard.rotate(k), hadamard.rotate(v)
-    view = st.view(store, layer)
-    write_kv_ref(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
-                 torch.tensor(slots, dtype=torch.int64))
-
-
-def _locate(step, pos):
-    off = pos - step.prefix_len
-    if off < len(step.full_pages) * P:
-        return "pages", step.full_pages[off // P] * P + off % P
-    off -= len(step.full_pages) * P
-    block = P if step.tail_kind == "pages" else SLOT
-    return step.tail_kind, step.tail_ids[off // block] * block + off % block
 
 
 # (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens, full pages,
@@ -190,10 +162,10 @@ def _run_specs(path: str, monkeypatch):
             end = s.start + s.num_new
             lo = exact_from(s.window_start, W, end)
             if s.num_new > 1:  # prefill: earlier positions int8, its own tokens exact
-                rk = torch.cat([_int8(kk[:s.start]), kk[s.start:]])
-                rv = torch.cat([_int8(vv[:s.start]), vv[s.start:]])
+                rk = torch.cat([int8_read_back(kk[:s.start]), kk[s.start:]])
+                rv = torch.cat([int8_read_back(vv[:s.start]), vv[s.start:]])
             else:
-                rk, rv = torch.cat([_int8(kk[:lo]), _fp16(kk[lo:])]), torch.cat([_int8(vv[:lo]), _fp16(vv[lo:])])
+                rk, rv = torch.cat([int8_read_back(kk[:lo]), _fp16(kk[lo:])]), torch.cat([int8_read_back(vv[:lo]), _fp16(vv[lo:])])
             ref = _dense(q[at:at + s.num_new], rk, rv, s.start)
             torch.testing.assert_close(out[at:at + s.num_new], ref, **tol)
             # and the window now holds this step's newest tokens, fp16

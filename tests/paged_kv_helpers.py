@@ -1,0 +1,43 @@
+"""Shared by the PagedKVContext tests (test_engine_paged_kv.py, test_recent_window.py): the small
+shapes, dense causal attention as the reference, and writing K/V where a step's segments put them."""
+
+import torch
+
+from edge_runtime.kernels import hadamard
+from edge_runtime.kernels.kv_write import write_kv_ref
+from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
+
+H, HKV, D, LAYERS, P, SLOT = 6, 2, 16, 2, 8, 24
+
+
+def dense(q, k, v, start):
+    """q: [n, H, D] at positions start..; k, v: [L, HKV, D] all tokens -> [n, H, D]."""
+    g = H // HKV
+    kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q, kk) / D**0.5
+    pos = torch.arange(start, start + q.shape[0]).unsqueeze(1)
+    scores = scores.masked_fill(torch.arange(k.shape[0]).unsqueeze(0) > pos, float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), vv)
+
+
+def int8_read_back(x):
+    """What attention reads back from an int8 store: Hadamard-rotated heads, quantized."""
+    return hadamard.rotate(dequantize_int8(*quantize_int8(hadamard.rotate(x))))
+
+
+def write(storage, store, layer, k, v, slots):
+    if storage.rotated:  # as PagedKVContext writes them
+        k, v = hadamard.rotate(k), hadamard.rotate(v)
+    view = storage.view(store, layer)
+    write_kv_ref(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
+                 torch.tensor(slots, dtype=torch.int64))
+
+
+def locate(step, pos):
+    """(store, flat slot) of a tail position: full pages first, then the tail's own blocks."""
+    off = pos - step.prefix_len
+    if off < len(step.full_pages) * P:
+        return "pages", step.full_pages[off // P] * P + off % P
+    off -= len(step.full_pages) * P
+    block = P if step.tail_kind == "pages" else SLOT
+    return step.tail_kind, step.tail_ids[off // block] * block + off % block
