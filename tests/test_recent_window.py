@@ -204,9 +204,10 @@ def test_c_decode_step_and_torch_layers_agree_with_windows(monkeypatch):
     torch path's do (windows are handed out in the same order, and keep their rows after use)."""
     prompts = tiny_prompts([30, 47], seed=5)
     fused_engine = engine_for(tiny(), kv_dtype="int8", recent_window=4)
+    assert fused_engine.model.fused_decoder is not None or cpu_native.library() is None
     fused = _tokens(fused_engine, prompts)
-    monkeypatch.setenv("EDGE_RUNTIME_CPU_FUSED", "0")
     loop_engine = engine_for(tiny(), kv_dtype="int8", recent_window=4)
+    monkeypatch.setattr(loop_engine.model, "fused_decoder", None)  # the model object is shared
     loop = _tokens(loop_engine, prompts)
     assert fused == loop
     for a, b in ((fused_engine.storage.window.k, loop_engine.storage.window.k),
