@@ -41,3 +41,26 @@ def locate(step, pos):
     off -= len(step.full_pages) * P
     block = P if step.tail_kind == "pages" else SLOT
     return step.tail_kind, step.tail_ids[off // block] * block + off % block
+
+
+def fill_history(storage, steps):
+    """Random K/V for every step's positions before its new tokens, written where its segments
+    put them (one prefix per distinct prefix, shared) -> {(layer, step index): (k, v) [start, HKV, D]}."""
+    prefix_kv, hist = {}, {}
+    for layer in range(LAYERS):
+        for pages, plen in {(s.prefix_pages, s.prefix_len) for s in steps if s.prefix_len}:
+            k, v = torch.randn(plen, HKV, D), torch.randn(plen, HKV, D)
+            write(storage, "pages", layer, k, v, [pages[i // P] * P + i % P for i in range(plen)])
+            prefix_kv[(layer, pages)] = (k, v)
+    for i, step in enumerate(steps):
+        cached = step.start - step.prefix_len
+        where = [locate(step, pos) for pos in range(step.prefix_len, step.start)]
+        for layer in range(LAYERS):
+            k, v = torch.randn(cached, HKV, D), torch.randn(cached, HKV, D)
+            for store in ("pages", "inline"):
+                sel = [j for j, (name, _) in enumerate(where) if name == store]
+                if sel:
+                    write(storage, store, layer, k[sel], v[sel], [where[j][1] for j in sel])
+            pk, pv = prefix_kv.get((layer, step.prefix_pages), (torch.zeros(0, HKV, D),) * 2)
+            hist[(layer, i)] = (torch.cat([pk, k]), torch.cat([pv, v]))
+    return hist

@@ -8,7 +8,7 @@ import torch
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from paged_kv_helpers import D, H, HKV, LAYERS, P, SLOT, dense as _dense, int8_read_back
-from paged_kv_helpers import locate as _locate, write as _write
+from paged_kv_helpers import fill_history
 
 
 def _fake(x, kv_dtype):
@@ -42,27 +42,9 @@ def test_paged_context_matches_dense(kv_dtype, flat, specs):
     torch.manual_seed(0)
     st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
                    inline_tokens=SLOT, kv_dtype=kv_dtype)
-    hist = {}  # (layer, seq) -> dense k, v of all tokens so far
-    prefix_kv = {}
-    for layer in range(LAYERS):
-        for pages, plen in {(s[0], s[1]) for s in specs if s[1]}:
-            k, v = torch.randn(plen, HKV, D), torch.randn(plen, HKV, D)
-            slots = [pages[i // P] * P + i % P for i in range(plen)]
-            _write(st, "pages", layer, k, v, slots)
-            prefix_kv[(layer, pages)] = (k, v)
-    steps = []
-    for i, (pages, plen, kind, ids, cached, new, *full) in enumerate(specs):
-        step = SeqStep(pages, plen, kind, ids, plen + cached, new, *full)
-        steps.append(step)
-        where = [_locate(step, pos) for pos in range(plen, plen + cached)]
-        for layer in range(LAYERS):
-            k, v = torch.randn(cached, HKV, D), torch.randn(cached, HKV, D)
-            for store in ("pages", "inline"):
-                sel = [j for j, (name, _) in enumerate(where) if name == store]
-                if sel:
-                    _write(st, store, layer, k[sel], v[sel], [where[j][1] for j in sel])
-            pk, pv = prefix_kv.get((layer, pages), (torch.zeros(0, HKV, D),) * 2)
-            hist[(layer, i)] = (torch.cat([pk, k]), torch.cat([pv, v]))
+    steps = [SeqStep(pages, plen, kind, ids, plen + cached, new, *full)
+             for pages, plen, kind, ids, cached, new, *full in specs]
+    hist = fill_history(st, steps)  # (layer, seq) -> dense k, v of all tokens so far
     ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=flat)
     total = sum(s.num_new for s in steps)
     for layer in range(LAYERS):

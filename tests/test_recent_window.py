@@ -21,7 +21,7 @@ from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from edge_runtime.kernels import cpu_native, hadamard
 from engine_helpers import engine_for, greedy, tiny, tiny_prompts
 from paged_kv_helpers import D, H, HKV, LAYERS, P, SLOT, dense as _dense, int8_read_back
-from paged_kv_helpers import locate as _locate, write as _write
+from paged_kv_helpers import fill_history, write as _write
 
 W = 5
 
@@ -127,29 +127,14 @@ def _run_specs(path: str, monkeypatch):
     torch.manual_seed(0)
     st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
                    inline_tokens=SLOT, kv_dtype="int8", num_windows=len(SPECS), window_tokens=W)
-    hist, prefix_kv, steps = {}, {}, []
-    for layer in range(LAYERS):
-        for pages, plen in {(s[0], s[1]) for s in SPECS if s[1]}:
-            k, v = torch.randn(plen, HKV, D), torch.randn(plen, HKV, D)
-            _write(st, "pages", layer, k, v, [pages[i // P] * P + i % P for i in range(plen)])
-            prefix_kv[(layer, pages)] = (k, v)
-    for i, (pages, plen, kind, ids, cached, new, full, ws) in enumerate(SPECS):
-        step = SeqStep(pages, plen, kind, ids, plen + cached, new, full, i, plen + ws)
-        steps.append(step)
-        where = [_locate(step, pos) for pos in range(plen, plen + cached)]
-        for layer in range(LAYERS):
-            k, v = torch.randn(cached, HKV, D), torch.randn(cached, HKV, D)
-            for store in ("pages", "inline"):
-                sel = [j for j, (name, _) in enumerate(where) if name == store]
-                if sel:
-                    _write(st, store, layer, k[sel], v[sel], [where[j][1] for j in sel])
-            pk, pv = prefix_kv.get((layer, pages), (torch.zeros(0, HKV, D),) * 2)
-            hk, hv = torch.cat([pk, k]), torch.cat([pv, v])
-            hist[(layer, i)] = (hk, hv)
-            # the window holds the positions written before this step that are still in it
-            for pos in range(max(step.window_start, step.start - W), step.start):
-                _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1],
-                       [i * W + (pos - step.window_start) % W])
+    steps = [SeqStep(pages, plen, kind, ids, plen + cached, new, full, i, plen + ws)
+             for i, (pages, plen, kind, ids, cached, new, full, ws) in enumerate(SPECS)]
+    hist = fill_history(st, steps)
+    for (layer, i), (hk, hv) in hist.items():
+        step = steps[i]  # the window holds the positions written before this step still in it
+        for pos in range(max(step.window_start, step.start - W), step.start):
+            _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1],
+                   [i * W + (pos - step.window_start) % W])
     ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=not path.startswith("per-segment"))
     total = sum(s.num_new for s in steps)
     for layer in range(LAYERS):

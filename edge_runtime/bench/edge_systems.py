@@ -82,7 +82,7 @@ class KVProbe:
     recent-key windows of running sequences (engine/recent_window.py)."""
 
     def __init__(self, engine, model_config) -> None:
-        from edge_runtime.engine.recent_window import window_bytes
+        from edge_runtime.cache.recent_windows import window_bytes
 
         cfg = engine.config
         per_token = kv_bytes_per_token(model_config, cfg.kv_dtype)

@@ -86,10 +86,6 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
     return table
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 class PagedKVContext:
     """Per-step view of the paged storage; pass to CausalLM.forward as `kv`."""
 
@@ -309,8 +305,8 @@ class PagedKVContext:
             tokens, rows = tokens.contiguous(), rows.contiguous()
             keep += [tokens, rows]
             slot.k, slot.v = st.k.data_ptr(), st.v.data_ptr()
-            # no scales: the fp16 window (decoder.c writes it as fp16)
-            slot.ks, slot.vs = _ptr(st.k_scale), _ptr(st.v_scale)
+            if st.k_scale is not None:  # no scales: the fp16 window (decoder.c writes it as fp16)
+                slot.ks, slot.vs = st.k_scale.data_ptr(), st.v_scale.data_ptr()
             slot.tokens, slot.rows, slot.n = tokens.data_ptr(), rows.data_ptr(), tokens.numel()
             slot.layer_stride = flat.layer_offset(name, 1)
         return NativeDecodeArgs(attention, writes, keep, rotated=self.storage.rotated)

@@ -29,7 +29,7 @@ paged-attention kernel; tested on the CPU with the torch reference kernels, not 
 
 from __future__ import annotations
 
-from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE, window_bytes  # noqa: F401
+from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE
 
 
 def sizes(config) -> tuple[int, int]:
