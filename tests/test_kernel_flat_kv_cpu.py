@@ -167,3 +167,29 @@ def test_native_quantization_is_bit_exact_on_hard_values():
     write_kv_flat(x, -x, *b, _rows(slots, 1))
     for u, w in zip(a, b):
         assert torch.equal(u, w)
+
+
+@pytest.mark.parametrize("head_dim", [64, 12])  # 8-wide F16C conversions; and a 4-value tail
+def test_native_fp16_write_is_bit_exact(head_dim):
+    """write_kv_f16 (the recent-key window's store, written by the one-call decode step) gives the
+    bits of torch's .to(float16) on fp16's hard values: subnormals, round-to-even ties, overflow to
+    inf, signed zeros; in the machine's build (F16C) and the baseline-ISA one (software rounding)."""
+    lib = _native_or_skip()
+    hkv, tokens = 3, 4
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(tokens, hkv, head_dim, generator=gen) * 10.0 ** torch.randint(-9, 5, (tokens, hkv, head_dim), generator=gen)
+    hard = torch.tensor([0.0, -0.0, 6e-8, -3e-8, 1e-5, 65504.0, 65520.0, 7e4, -1e6, float("inf"),
+                         1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 2.0 ** -24 * 1.5, 2.0 ** -14 * 0.75])
+    x.view(-1)[: hard.numel()] = hard  # 1 + 2^-11: a tie, rounds to even (1.0); 1 + 3*2^-11 up
+    rows = torch.arange(tokens * hkv, dtype=torch.int64).flip(0).contiguous()  # [T, Hkv], scattered
+    neg = -x  # held: a temporary's data_ptr() would dangle during the call
+    libs = [lib] + ([portable_library()] if platform.machine() == "x86_64" else [])
+    for build in libs:
+        k_store = torch.zeros(tokens * hkv, head_dim, dtype=torch.int16)
+        v_store = torch.zeros_like(k_store)
+        build.write_kv_f16(x.data_ptr(), neg.data_ptr(), hkv * head_dim, hkv * head_dim, tokens, hkv,
+                           head_dim, rows.data_ptr(), 0, k_store.data_ptr(), v_store.data_ptr())
+        order = torch.empty_like(rows)
+        order[rows] = torch.arange(rows.numel())  # store row rows[j] holds input j
+        assert torch.equal(k_store, x.reshape(-1, head_dim).to(torch.float16).view(torch.int16)[order])
+        assert torch.equal(v_store, neg.reshape(-1, head_dim).to(torch.float16).view(torch.int16)[order])

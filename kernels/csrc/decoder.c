@@ -138,16 +138,23 @@ static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* act[r, i] = silu(gu[r, i]) * gu[r, I + i] */
-static void silu_mul(const float *gu, float *act, int64_t R, int64_t I) {
-    for (int64_t r = 0; r < R; r++) {
-        const float *g = gu + r * 2 * I, *u = g + I;
-        float *a = act + r * I;
+/* act[r, i] = silu(gu[r, i]) * gu[r, I + i]; from 3 rows on split over the threads by column
+ * chunks: run on one thread, it reads the half of gu the other thread's linear wrote back from
+ * that thread's cache (with the threads on two chiplets, ~4x its own time) while the other idles */
+static void silu_mul(const float *gu, float *act, int64_t R, int64_t I, int nthreads) {
+    const int64_t chunk = 64, chunks = (I + chunk - 1) / chunk;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads) if (nthreads > 1 && R >= 3)
+    for (int64_t c = 0; c < chunks; c++) {
+        for (int64_t r = 0; r < R; r++) {
+            const float *g = gu + r * 2 * I, *u = g + I;
+            float *a = act + r * I;
+            const int64_t end = (c + 1) * chunk < I ? (c + 1) * chunk : I;
 #pragma omp simd
-        for (int64_t i = 0; i < I; i++) {
-            const float e = exp_nonpositive(-fabsf(g[i])); /* exp(-|g|) */
-            const float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-            a[i] = g[i] * sig * u[i];
+            for (int64_t i = c * chunk; i < end; i++) {
+                const float e = exp_nonpositive(-fabsf(g[i])); /* exp(-|g|) */
+                const float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+                a[i] = g[i] * sig * u[i];
+            }
         }
     }
 }
@@ -173,12 +180,18 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
         rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
         if ((rc = linear_blocked_f32(w->qkv_w, w->qkv_b, h, Hd, qkv, QKV, QKV, Hd, R, nthreads)))
             return rc;
+        /* rows are independent: from 3 rows on, rope, rotation and the KV writes are split over
+         * the threads (each row on one thread, and a thread's rows stay in its cache) */
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && R >= 3)
+        {
+#pragma omp for schedule(static)
         for (int64_t r = 0; r < R; r++) { /* q heads then k heads are adjacent: one pass */
             rope(qkv + r * QKV, H + Hkv, D, cos + r * D, sin + r * D);
             if (dm->rotate_kv) hadamard_rotate(qkv + r * QKV, H + 2 * Hkv, D); /* q, k and v */
         }
         for (int s = 0; s < num_writes; s++) {
             const kv_write *kw = writes + s;
+#pragma omp for schedule(static)
             for (int64_t i = 0; i < kw->n; i++) {
                 const float *row = qkv + kw->tokens[i] * QKV;
                 if (kw->ks)
@@ -190,6 +203,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
                                  kw->rows + i * Hkv, l * kw->layer_stride, (uint16_t *)kw->k,
                                  (uint16_t *)kw->v);
             }
+        }
         }
         for (int p = 0; p < num_parts; p++) parts[p].layer_offset = l * part_strides[p];
         if ((rc = decode_attention_int8(qkv, parts, num_parts, (int)R, (int)H, (int)Hkv, (int)D, QKV,
@@ -203,7 +217,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
         if ((rc = linear_blocked_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R,
                                      nthreads)))
             return rc;
-        silu_mul(gu, act, R, I);
+        silu_mul(gu, act, R, I, nthreads);
         if ((rc = linear_blocked_f32(w->down_w, w->down_b, act, I, h, Hd, Hd, I, R, nthreads)))
             return rc;
         add_into(x, h, R * Hd);

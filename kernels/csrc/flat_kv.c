@@ -20,6 +20,13 @@
 
 #include "edge_runtime_cpu.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+static inline int thread_slot(void) { return omp_get_thread_num(); }
+#else
+static inline int thread_slot(void) { return 0; }
+#endif
+
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
@@ -119,7 +126,16 @@ void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_
         for (int h = 0; h < Hkv; h++) {
             const int64_t row = rows[(int64_t)t * Hkv + h] + layer_offset;
             const float *kr = k + t * k_stride_t + (int64_t)h * D, *vr = v + t * v_stride_t + (int64_t)h * D;
-            for (int i = 0; i < D; i++) {
+            int i = 0;
+#if defined(__F16C__) /* vcvtps2ph with round-to-nearest-even: the same bits as float_to_half */
+            for (; i + 8 <= D; i += 8) {
+                _mm_storeu_si128((__m128i *)(k_store + row * D + i),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(kr + i), _MM_FROUND_TO_NEAREST_INT));
+                _mm_storeu_si128((__m128i *)(v_store + row * D + i),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(vr + i), _MM_FROUND_TO_NEAREST_INT));
+            }
+#endif
+            for (; i < D; i++) {
                 k_store[row * D + i] = float_to_half(kr[i]);
                 v_store[row * D + i] = float_to_half(vr[i]);
             }
@@ -406,8 +422,9 @@ static task_fn task_for(int H, int Hkv, int D) {
     return task_any_shape;
 }
 
-/* q: [R, H, D]; out: [R, H, D]; scratch: R * Hkv tasks x scratch_stride floats, scratch_stride >=
- * (H / Hkv) * (the most keys of a row). (Row, kv head) tasks run on `nthreads` OpenMP threads.
+/* q: [R, H, D]; out: [R, H, D]; scratch: min(nthreads, R * Hkv) x scratch_stride floats (callers
+ * may pass R * Hkv regions), scratch_stride >= (H / Hkv) * (the most keys of a row), a region per
+ * thread. (Row, kv head) tasks run on up to `nthreads` OpenMP threads.
  * head_dim 64 or 128 with 1-8 query heads per kv head: decode_task_v8, head_dim and group size
  * compile-time constants; any other shape: decode_task.
  * Returns 0; -1 when a row has no key (the caller guarantees one), -2 when D > MAX_HEAD_DIM. */
@@ -421,14 +438,17 @@ int decode_attention_int8(const float *q, const flat_part *parts, int num_parts,
         if (total == 0) return -1;
     }
     const task_fn task = task_for(H, Hkv, D);
-    const int tasks = R * Hkv;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
+    const int tasks = R * Hkv, team = nthreads < tasks ? nthreads : tasks;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
     for (int t = 0; t < tasks; t++) {
         const int r = t / Hkv, kh = t % Hkv;
         int64_t total = 0;
         for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
+        /* a scratch region per thread, not per task: the same thread reuses the same lines every
+         * call, so they stay in its own cache (with the threads on two chiplets, a region that
+         * changes threads between calls moves across the fabric: docs/perf.md, "Eighth session") */
         task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out,
-             scratch + (int64_t)t * scratch_stride, total);
+             scratch + (int64_t)thread_slot() * scratch_stride, total);
     }
     return 0;
 }
