@@ -10,8 +10,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_helpers import make_tiny_llama  # noqa: E402
 
-from edge_runtime.bench.engine_bench import (add_roofline, parse_int_list, random_prompts,  # noqa: E402
-                                             table_rows)
+from edge_runtime.bench.engine_bench import (STEADY_SPREAD, add_roofline,  # noqa: E402
+                                             decode_ratios, format_ratios, parse_int_list,
+                                             random_prompts, table_rows)
 from edge_runtime.cli import build_parser, main  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
@@ -51,6 +52,26 @@ def test_bench_engine_json(tmp_path):
                                                                       b2["decode_samples"])])
     assert ratio["batch1_roofline_gbps"] == pytest.approx(
         [max(x["read_gbps"], y["read_gbps"]) for x, y in b1["bandwidth"]])
+    assert ratio["roofline_gbps"] == pytest.approx(
+        [max(x["read_gbps"], y["read_gbps"]) for x, y in b2["bandwidth"]])
+    for steady, a, b in zip(ratio["steady"], b1["bandwidth"], b2["bandwidth"]):
+        readings = [r["read_gbps"] for r in (*a, *b)]
+        assert steady == (max(readings) <= STEADY_SPREAD * min(readings))
+
+
+def test_ratio_pairs_whose_bandwidth_changed_are_marked():
+    def row(batch, samples, reads):
+        return {"prompt_tokens": 8, "batch": batch, "decode_tok_s": {"mean": sum(samples) / 2},
+                "decode_samples": samples,
+                "bandwidth": [({"read_gbps": a}, {"read_gbps": b}) for a, b in reads]}
+
+    ratios = decode_ratios([row(1, [10.0, 10.0], [(60, 62), (33, 61)]),
+                            row(5, [35.0, 45.0], [(62, 61), (35, 34)])])
+    (q,) = ratios
+    assert q["per_run"] == pytest.approx([3.5, 4.5]) and q["steady"] == [True, False]
+    lines = format_ratios(ratios)
+    assert "3.50 (62/62 GB/s)" in lines[0] and "4.50 (61/35 GB/s, unsteady)" in lines[0]
+    assert lines[-1].startswith("unsteady:")
 
 
 def test_helpers():

@@ -149,11 +149,18 @@ def add_roofline(row: dict, roofs: list[float]) -> None:
     row["roofline_pct"] = Summary.of([100 * g / r for g, r in zip(gbps, roofs)]).to_dict()
 
 
+# A pair of runs whose bandwidth readings differ by more than this factor may have run on
+# different machines: this VM's two modes read ~30-35 and ~45-65 GB/s (docs/perf.md)
+STEADY_SPREAD = 1.3
+
+
 def decode_ratios(rows: list[dict]) -> list[dict]:
     """Per prompt length and batch size B > 1: decode tok/s of batch B over batch 1's, as the ratio
-    of the means and run by run (run i of every batch size ran seconds apart, interleaved, so each
-    pair saw the same machine), with batch 1's roofline of each run: on a machine whose bandwidth
-    changes (this VM's two modes) the per-run ratios show what each condition gives."""
+    of the means and run by run (run i of every batch size ran seconds apart, interleaved), with
+    batch 1's and batch B's roofline of each run: on a machine whose bandwidth changes (this VM's
+    two modes) the per-run ratios show what each condition gives, and `steady` says whether the
+    four readings around a pair agree within STEADY_SPREAD (else the two runs of the pair may have
+    seen different machines, and their ratio mixes the two)."""
     out = []
     for prompt in sorted({r["prompt_tokens"] for r in rows}):
         at = {r["batch"]: r for r in rows if r["prompt_tokens"] == prompt}
@@ -165,22 +172,32 @@ def decode_ratios(rows: list[dict]) -> list[dict]:
             ratio = {"prompt_tokens": prompt, "batch": batch,
                      "of_means": row["decode_tok_s"]["mean"] / one["decode_tok_s"]["mean"],
                      "per_run": [b / a for a, b in zip(one["decode_samples"], row["decode_samples"])]}
-            if "bandwidth" in one:
+            if "bandwidth" in one and "bandwidth" in row:
                 ratio["batch1_roofline_gbps"] = [max(x["read_gbps"], y["read_gbps"])
                                                  for x, y in one["bandwidth"]]
+                ratio["roofline_gbps"] = [max(x["read_gbps"], y["read_gbps"])
+                                          for x, y in row["bandwidth"]]
+                ratio["steady"] = [max(rs) <= STEADY_SPREAD * min(rs) for rs in
+                                   ([r["read_gbps"] for r in (*a, *b)]
+                                    for a, b in zip(one["bandwidth"], row["bandwidth"]))]
             out.append(ratio)
     return out
 
 
 def format_ratios(ratios: list[dict]) -> list[str]:
-    lines = []
+    lines, unsteady = [], False
     for q in ratios:
-        roofs = q.get("batch1_roofline_gbps")
         runs = [f"{x:.2f}" for x in q["per_run"]]
-        if roofs:
-            runs = [f"{r} ({g:.0f} GB/s)" for r, g in zip(runs, roofs)]
+        if q.get("batch1_roofline_gbps"):
+            runs = [f"{r} ({g1:.0f}/{g:.0f} GB/s{'' if ok else ', unsteady'})" for r, g1, g, ok in
+                    zip(runs, q["batch1_roofline_gbps"], q["roofline_gbps"], q["steady"])]
+            unsteady = unsteady or not all(q["steady"])
         lines.append(f"batch-{q['batch']}/batch-1 decode, {q['prompt_tokens']}-token prompts: "
-                     f"{q['of_means']:.2f}x (means); run by run: {', '.join(runs)}")
+                     f"{q['of_means']:.2f}x (means); run by run (batch 1's/batch {q['batch']}'s "
+                     f"roofline): {', '.join(runs)}")
+    if unsteady:
+        lines.append(f"unsteady: the read bandwidth around the pair's two runs varied by more than "
+                     f"{STEADY_SPREAD}x, so they may have run in different conditions")
     return lines
 
 
