@@ -175,6 +175,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
     float *gu = attn + R * H * D;  /* [R, 2 I] */
     float *act = gu + R * 2 * I;   /* [R, I] */
     int rc;
+    if (nthreads < 1) nthreads = 1;
     for (int64_t l = 0; l < dm->num_layers; l++) {
         const layer_weights *w = lw + l;
         rms_norm(x, w->input_norm, h, R, Hd, dm->eps);

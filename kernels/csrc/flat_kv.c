@@ -144,8 +144,12 @@ void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_
 }
 
 #define MAX_HEAD_DIM 256
+/* Keys ahead that the passes prefetch. 40 rather than 16: with the VM's two vCPUs on two chiplets
+ * (the high-bandwidth mode, tools/vcpu_probe.c) the rows come from farther away, and in an
+ * alternated `bench engine` A/B the batch-5/batch-1 ratio's steady high-mode pairs had median
+ * 3.57 with 40 against 3.48 with 16 (docs/perf.md, "Eighth session"); the low mode is unchanged. */
 #ifndef KV_PREFETCH
-#define KV_PREFETCH 16 /* keys ahead */
+#define KV_PREFETCH 40
 #endif
 
 static inline void to_float(float *dst, const int8_t *src, int d) {
@@ -438,7 +442,7 @@ int decode_attention_int8(const float *q, const flat_part *parts, int num_parts,
         if (total == 0) return -1;
     }
     const task_fn task = task_for(H, Hkv, D);
-    const int tasks = R * Hkv, team = nthreads < tasks ? nthreads : tasks;
+    const int tasks = R * Hkv, team = nthreads < 1 ? 1 : nthreads < tasks ? nthreads : tasks;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
     for (int t = 0; t < tasks; t++) {
         const int r = t / Hkv, kh = t % Hkv;
