@@ -173,15 +173,21 @@ def decode_ratios(rows: list[dict]) -> list[dict]:
                      "of_means": row["decode_tok_s"]["mean"] / one["decode_tok_s"]["mean"],
                      "per_run": [b / a for a, b in zip(one["decode_samples"], row["decode_samples"])]}
             if "bandwidth" in one and "bandwidth" in row:
-                ratio["batch1_roofline_gbps"] = [max(x["read_gbps"], y["read_gbps"])
-                                                 for x, y in one["bandwidth"]]
-                ratio["roofline_gbps"] = [max(x["read_gbps"], y["read_gbps"])
-                                          for x, y in row["bandwidth"]]
-                ratio["steady"] = [max(rs) <= STEADY_SPREAD * min(rs) for rs in
-                                   ([r["read_gbps"] for r in (*a, *b)]
-                                    for a, b in zip(one["bandwidth"], row["bandwidth"]))]
+                ratio["batch1_roofline_gbps"] = _rooflines(one["bandwidth"])
+                ratio["roofline_gbps"] = _rooflines(row["bandwidth"])
+                ratio["steady"] = [_steady([*a, *b]) for a, b in zip(one["bandwidth"], row["bandwidth"])]
             out.append(ratio)
     return out
+
+
+def _rooflines(bandwidth: list) -> list[float]:
+    """Each run's roofline from its saved (before, after) readings: the higher of the two."""
+    return [max(before["read_gbps"], after["read_gbps"]) for before, after in bandwidth]
+
+
+def _steady(readings: list[dict]) -> bool:
+    gbps = [r["read_gbps"] for r in readings]
+    return max(gbps) <= STEADY_SPREAD * min(gbps)
 
 
 def format_ratios(ratios: list[dict]) -> list[str]:
