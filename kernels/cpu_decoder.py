@@ -132,14 +132,15 @@ class FusedDecoder:
         cos = cos.reshape(r, dm.head_dim).contiguous()
         sin = sin.reshape(r, dm.head_dim).contiguous()
         qkv = (dm.num_heads + 2 * dm.num_kv_heads) * dm.head_dim
-        # decoder.c's buffers: normed input, q/k/v, attention out, gate/up, silu(gate) * up
-        work = torch.empty(r * (dm.hidden + qkv + dm.num_heads * dm.head_dim + 3 * dm.intermediate),
-                           dtype=torch.float32)
+        threads = torch.get_num_threads()
+        # decoder.c's buffers: a linear's output, q/k/v, attention out, gate/up, silu(gate) * up,
+        # and each thread's normed input
+        work = torch.empty(r * (dm.hidden + qkv + dm.num_heads * dm.head_dim + 3 * dm.intermediate
+                                + threads * dm.hidden), dtype=torch.float32)
         strides = (ctypes.c_int64 * len(att.layer_strides))(*att.layer_strides)
         rc = self.lib.decode_layers(ctypes.byref(self.dims), self.layers, x.data_ptr(), r,
                                     cos.data_ptr(), sin.data_ptr(), args.writes, len(args.writes),
                                     att.parts, strides, len(att.parts), sm_scale, work.data_ptr(),
-                                    att.scratch.data_ptr(), att.scratch_stride,
-                                    torch.get_num_threads())
+                                    att.scratch.data_ptr(), att.scratch_stride, threads)
         assert rc == 0, f"decode_layers returned {rc}"
         return x

@@ -100,6 +100,33 @@ def test_fused_step_matches_the_layer_loop(loaded, specs, threads):
         torch.testing.assert_close(a.v_scale.float(), b.v_scale.float(), rtol=2e-3, atol=0)
 
 
+def _qwen2_gqa(tmp_path):
+    """q/k/v and MLP biases, 3 query heads per kv head (qwen2-style attention bias), and an
+    intermediate size (100) that is not a multiple of the linear's 16-output blocks."""
+    folder = save_random_model(tiny_hf_config("qwen2", num_attention_heads=6, num_key_value_heads=2,
+                                              hidden_size=96, intermediate_size=100),
+                               tmp_path / "qwen2")
+    return _packed(folder)
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen2"])
+def test_the_thread_count_does_not_change_a_bit(loaded, tmp_path, model):
+    """decoder.c splits every phase of a step over the team (columns of each linear, rows of the
+    KV writes, attention tasks and the heads they rotate back, silu*up of the paired or unpaired
+    gate/up columns): every value is computed by the same code whichever thread and however many,
+    so 1, 2 and 3 threads give the same bits. A column, head or row that a split misses or
+    computes twice shows here."""
+    m = loaded if model == "llama" else _qwen2_gqa(tmp_path)
+    want, st_want = _step(m, DECODE, "int8", fused=True, threads=1)
+    for threads in (2, 3):
+        got, st_got = _step(m, DECODE, "int8", fused=True, threads=threads)
+        assert torch.equal(got, want), threads
+        for name in ("pages", "inline"):
+            a, b = st_got.store(name), st_want.store(name)
+            assert all(torch.equal(x, y) for x, y in ((a.k, b.k), (a.v, b.v), (a.k_scale, b.k_scale),
+                                                       (a.v_scale, b.v_scale))), threads
+
+
 def test_baseline_isa_build_matches(loaded):
     """kernels/csrc built without AVX2 (the code paths Arm compiles: plain int8 conversion,
     generic vector shuffles for the Hadamard butterflies and the score sums) gives the same step."""
@@ -129,10 +156,7 @@ def test_fused_step_writes_exactly_the_new_rows(loaded):
 
 def test_biased_gqa_model(tmp_path):
     """q/k/v and MLP biases, 3 query heads per kv head (qwen2-style attention bias)."""
-    folder = save_random_model(tiny_hf_config("qwen2", num_attention_heads=6, num_key_value_heads=2,
-                                              hidden_size=96, intermediate_size=100),
-                               tmp_path / "qwen2")
-    loaded = _packed(folder)
+    loaded = _qwen2_gqa(tmp_path)
     assert loaded.model.fused_decoder is not None
     assert loaded.model.model.layers[0].self_attn.qkv_proj.bias is not None
     got, _ = _step(loaded, DECODE, "int8", fused=True, threads=2)

@@ -138,90 +138,143 @@ static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* act[r, i] = silu(gu[r, i]) * gu[r, I + i]; from 3 rows on split over the threads by column
- * chunks: run on one thread, it reads the half of gu the other thread's linear wrote back from
- * that thread's cache (with the threads on two chiplets, ~4x its own time) while the other idles */
-static void silu_mul(const float *gu, float *act, int64_t R, int64_t I, int nthreads) {
-    const int64_t chunk = 64, chunks = (I + chunk - 1) / chunk;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads) if (nthreads > 1 && R >= 3)
-    for (int64_t c = 0; c < chunks; c++) {
-        for (int64_t r = 0; r < R; r++) {
-            const float *g = gu + r * 2 * I, *u = g + I;
-            float *a = act + r * I;
-            const int64_t end = (c + 1) * chunk < I ? (c + 1) * chunk : I;
+/* act[r, i] = silu(gu[r, i]) * gu[r, I + i] for columns [c0, c1) of every row */
+static void silu_mul(const float *gu, float *act, int64_t R, int64_t I, int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = gu + r * 2 * I, *u = g + I;
+        float *a = act + r * I;
 #pragma omp simd
-            for (int64_t i = c * chunk; i < end; i++) {
-                const float e = exp_nonpositive(-fabsf(g[i])); /* exp(-|g|) */
-                const float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-                a[i] = g[i] * sig * u[i];
-            }
+        for (int64_t i = c0; i < c1; i++) {
+            const float e = exp_nonpositive(-fabsf(g[i])); /* exp(-|g|) */
+            const float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            a[i] = g[i] * sig * u[i];
         }
     }
 }
 
-/* x: [R, hidden] residual stream, in/out. cos, sin: [R, D]. parts: the decode rows' keys (their
- * layer_offset is set here per layer from part_strides). work: R * (hidden + qkv + H D + 3 I)
- * floats; attn_scratch: R * Hkv * scratch_stride floats (flat_kv.c). Returns 0, or the first
- * failing kernel's code (-1 bad linear argument / key-less row, -2 head_dim too large). */
+/* y[r, c] += d[r, c] for columns [c0, c1) of R rows of width n */
+static void add_columns(float *y, const float *d, int64_t R, int64_t n, int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < R; r++) add_into(y + r * n + c0, d + r * n + c0, c1 - c0);
+}
+
+#define MAX_PARTS 8
+#define BN LINEAR_BLOCK_N
+
+/* x: [R, hidden] residual stream, in/out. cos, sin: [R, D]. parts: the decode rows' keys (layer
+ * l's rows are at l * part_strides[p] past layer 0's). work: R * (hidden + qkv + H D + 3 I) +
+ * nthreads * R * hidden floats; attn_scratch: min(nthreads, R * Hkv) * scratch_stride floats
+ * (flat_kv.c). Returns 0, or what a kernel refuses, checked before any work (-1 a key-less row or
+ * a bad shape, -2 head_dim too large).
+ *
+ * The whole step is one OpenMP region, and each phase splits its work over the team in the same
+ * contiguous spans (span_of) every layer: a thread computes the same output columns of each
+ * linear, adds them into the residual stream itself, runs the silu*up of the gate/up columns it
+ * computed, rotates back the attention heads it computed, and normalizes the whole residual into
+ * its own copy of the linears' input (the norm is cheap; the copy saves the other thread reading
+ * it across the chiplets). Data crosses between threads only where a phase needs all of the
+ * previous one's columns (each linear's input, attention's q/k/v rows), and a layer has six
+ * barriers instead of ~14 fork/join and loop barriers of a region per kernel. With the VM's two
+ * vCPUs on two chiplets each crossing costs ~170 ns per line (tools/vcpu_probe.c; docs/perf.md,
+ * "Ninth session"). The results are bit-identical to a region per kernel: each output is computed
+ * by the same code on the same inputs, whichever thread computes it. */
 int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int64_t R,
                   const float *cos, const float *sin, const kv_write *writes, int num_writes,
                   flat_part *parts, const int64_t *part_strides, int num_parts, float sm_scale,
                   float *work, float *attn_scratch, int64_t scratch_stride, int nthreads) {
     const int64_t Hd = dm->hidden, H = dm->num_heads, Hkv = dm->num_kv_heads, D = dm->head_dim;
     const int64_t I = dm->intermediate, QKV = (H + 2 * Hkv) * D;
-    float *h = work;               /* [R, hidden]: normed input, then a linear's output */
-    float *qkv = h + R * Hd;       /* [R, QKV] */
+    if (Hd <= 0 || H <= 0 || Hkv <= 0 || D <= 0 || I <= 0 || R < 0 || num_parts > MAX_PARTS)
+        return -1;
+    int rc = decode_attention_check(parts, num_parts, (int)R, (int)D);
+    if (rc) return rc;
+    float *y = work;               /* [R, hidden]: o_proj's and down_proj's output */
+    float *qkv = y + R * Hd;       /* [R, QKV] */
     float *attn = qkv + R * QKV;   /* [R, H D] */
     float *gu = attn + R * H * D;  /* [R, 2 I] */
     float *act = gu + R * 2 * I;   /* [R, I] */
-    int rc;
+    float *norms = act + R * I;    /* nthreads x [R, hidden]: each thread's normed input */
+    const int64_t G = H / Hkv, tasks = R * Hkv;
+    /* gate block j and up block j cover the same columns when I is a multiple of the block, so a
+     * thread can compute both and then silu*up of those columns with no barrier between */
+    const int paired = I % BN == 0;
+    const int64_t qkv_blocks = (QKV + BN - 1) / BN, hd_blocks = (Hd + BN - 1) / BN;
+    const int64_t gu_blocks = (2 * I + BN - 1) / BN, gate_blocks = I / BN;
     if (nthreads < 1) nthreads = 1;
-    for (int64_t l = 0; l < dm->num_layers; l++) {
-        const layer_weights *w = lw + l;
-        rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
-        if ((rc = linear_blocked_f32(w->qkv_w, w->qkv_b, h, Hd, qkv, QKV, QKV, Hd, R, nthreads)))
-            return rc;
-        /* rows are independent: from 3 rows on, rope, rotation and the KV writes are split over
-         * the threads (each row on one thread, and a thread's rows stay in its cache) */
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && R >= 3)
-        {
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < R; r++) { /* q heads then k heads are adjacent: one pass */
-            rope(qkv + r * QKV, H + Hkv, D, cos + r * D, sin + r * D);
-            if (dm->rotate_kv) hadamard_rotate(qkv + r * QKV, H + 2 * Hkv, D); /* q, k and v */
-        }
-        for (int s = 0; s < num_writes; s++) {
-            const kv_write *kw = writes + s;
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < kw->n; i++) {
-                const float *row = qkv + kw->tokens[i] * QKV;
-                if (kw->ks)
-                    write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
-                                  kw->rows + i * Hkv, l * kw->layer_stride, kw->k, kw->v, kw->ks,
-                                  kw->vs);
-                else
-                    write_kv_f16(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
-                                 kw->rows + i * Hkv, l * kw->layer_stride, (uint16_t *)kw->k,
-                                 (uint16_t *)kw->v);
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        const int t = team_thread(), T = team_size();
+        float *h = norms + (int64_t)t * R * Hd;
+        flat_part own[MAX_PARTS]; /* layer offsets set per layer, per thread */
+        memcpy(own, parts, sizeof(flat_part) * (size_t)num_parts);
+        /* rows for rope / rotation / KV writes: split from 3 rows on (fewer: thread 0 does all) */
+        int64_t r0 = 0, r1 = t == 0 ? R : 0;
+        if (R >= 3) span_of(R, t, T, &r0, &r1);
+        int64_t qb0, qb1, hb0, hb1, a0, a1;
+        span_of(qkv_blocks, t, T, &qb0, &qb1);
+        span_of(hd_blocks, t, T, &hb0, &hb1);
+        const int64_t hc0 = hb0 * BN, hc1 = hb1 * BN < Hd ? hb1 * BN : Hd;
+        const int team = (int)(T < tasks ? T : tasks);
+        a0 = a1 = 0;
+        if (t < team) span_of(tasks, t, team, &a0, &a1);
+        for (int64_t l = 0; l < dm->num_layers; l++) {
+            const layer_weights *w = lw + l;
+            rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
+            linear_blocks_f32(w->qkv_w, w->qkv_b, h, Hd, qkv, QKV, QKV, Hd, R, qb0, qb1);
+#pragma omp barrier
+            for (int64_t r = r0; r < r1; r++) { /* q heads then k heads are adjacent: one pass */
+                rope(qkv + r * QKV, H + Hkv, D, cos + r * D, sin + r * D);
+                if (dm->rotate_kv) hadamard_rotate(qkv + r * QKV, H + 2 * Hkv, D); /* q, k, v */
             }
+            for (int s = 0; s < num_writes; s++) { /* the KV writes of this thread's rows */
+                const kv_write *kw = writes + s;
+                for (int64_t i = 0; i < kw->n; i++) {
+                    const int64_t tok = kw->tokens[i];
+                    if (tok < r0 || tok >= r1) continue;
+                    const float *row = qkv + tok * QKV;
+                    if (kw->ks)
+                        write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv,
+                                      (int)D, kw->rows + i * Hkv, l * kw->layer_stride, kw->k,
+                                      kw->v, kw->ks, kw->vs);
+                    else
+                        write_kv_f16(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv,
+                                     (int)D, kw->rows + i * Hkv, l * kw->layer_stride,
+                                     (uint16_t *)kw->k, (uint16_t *)kw->v);
+                }
+            }
+#pragma omp barrier
+            for (int p = 0; p < num_parts; p++) own[p].layer_offset = l * part_strides[p];
+            if (t < team) {
+                decode_attention_share(qkv, own, num_parts, (int)R, (int)H, (int)Hkv, (int)D, QKV,
+                                       sm_scale, attn, attn_scratch, scratch_stride, t, team);
+                if (dm->rotate_kv) /* back from the rotated basis: the heads this thread wrote */
+                    for (int64_t i = a0; i < a1; i++)
+                        hadamard_rotate(attn + (i / Hkv) * H * D + (i % Hkv) * G * D, G, D);
+            }
+#pragma omp barrier
+            linear_blocks_f32(w->o_w, w->o_b, attn, H * D, y, Hd, Hd, H * D, R, hb0, hb1);
+            add_columns(x, y, R, Hd, hc0, hc1);
+#pragma omp barrier
+            rms_norm(x, w->post_norm, h, R, Hd, dm->eps);
+            if (paired) {
+                int64_t g0, g1;
+                span_of(gate_blocks, t, T, &g0, &g1);
+                linear_blocks_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R, g0, g1);
+                linear_blocks_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R,
+                                  gate_blocks + g0, gate_blocks + g1);
+                silu_mul(gu, act, R, I, g0 * BN, g1 * BN);
+            } else {
+                int64_t g0, g1, c0, c1;
+                span_of(gu_blocks, t, T, &g0, &g1);
+                linear_blocks_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R, g0, g1);
+#pragma omp barrier
+                span_of(I, t, T, &c0, &c1);
+                silu_mul(gu, act, R, I, c0, c1);
+            }
+#pragma omp barrier
+            linear_blocks_f32(w->down_w, w->down_b, act, I, y, Hd, Hd, I, R, hb0, hb1);
+            add_columns(x, y, R, Hd, hc0, hc1);
+#pragma omp barrier
         }
-        }
-        for (int p = 0; p < num_parts; p++) parts[p].layer_offset = l * part_strides[p];
-        if ((rc = decode_attention_int8(qkv, parts, num_parts, (int)R, (int)H, (int)Hkv, (int)D, QKV,
-                                        sm_scale, attn, attn_scratch, scratch_stride, nthreads)))
-            return rc;
-        if (dm->rotate_kv) hadamard_rotate(attn, R * H, D); /* back from the rotated basis */
-        if ((rc = linear_blocked_f32(w->o_w, w->o_b, attn, H * D, h, Hd, Hd, H * D, R, nthreads)))
-            return rc;
-        add_into(x, h, R * Hd);
-        rms_norm(x, w->post_norm, h, R, Hd, dm->eps);
-        if ((rc = linear_blocked_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R,
-                                     nthreads)))
-            return rc;
-        silu_mul(gu, act, R, I, nthreads);
-        if ((rc = linear_blocked_f32(w->down_w, w->down_b, act, I, h, Hd, Hd, I, R, nthreads)))
-            return rc;
-        add_into(x, h, R * Hd);
     }
     return 0;
 }

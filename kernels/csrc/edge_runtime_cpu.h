@@ -24,14 +24,48 @@ void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_
                   int Hkv, int D, const int64_t *rows, int64_t layer_offset, uint16_t *k_store,
                   uint16_t *v_store);
 
+/* What decode_attention_int8 refuses, checked before any work: 0, -1 when a row has no key,
+ * -2 when D > the kernels' largest head_dim. */
+int decode_attention_check(const flat_part *parts, int num_parts, int R, int D);
+
+/* Thread t of a team of `team`: its contiguous span of the R * Hkv (row, kv head) tasks
+ * (span_of), into scratch region t. No OpenMP inside: callers run it in their own region. */
+void decode_attention_share(const float *q, const flat_part *parts, int num_parts, int R, int H,
+                            int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
+                            float *scratch, int64_t scratch_stride, int t, int team);
+
 int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
                           int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
                           float *scratch, int64_t scratch_stride, int nthreads);
 
 void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t row_stride, int64_t *out);
 
+/* Output blocks [b0, b1) of linear_blocked_f32 (blocks of LINEAR_BLOCK_N outputs) for all R rows:
+ * one thread's share; arguments as linear_blocked_f32's, checked by the caller. */
+#define LINEAR_BLOCK_N 16
+void linear_blocks_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
+                       int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0, int64_t b1);
+
 int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
                        int64_t ldy, int64_t N, int64_t K, int64_t R, int nthreads);
+
+/* The calling thread's number in its OpenMP team, and the team's size (0 and 1 without OpenMP). */
+#ifdef _OPENMP
+#include <omp.h>
+static inline int team_thread(void) { return omp_get_thread_num(); }
+static inline int team_size(void) { return omp_get_num_threads(); }
+#else
+static inline int team_thread(void) { return 0; }
+static inline int team_size(void) { return 1; }
+#endif
+
+/* [*a, *b): thread t's share of n units over a team of T, contiguous and balanced. Every phase of
+ * a split computation uses it, so a thread handles the same rows / columns in each of them and the
+ * data one phase writes is in that thread's cache when the next reads it. */
+static inline void span_of(int64_t n, int t, int T, int64_t *a, int64_t *b) {
+    *a = n * t / T;
+    *b = n * (t + 1) / T;
+}
 
 /* exp(x) for x <= 0 (Cephes expf: Cody-Waite reduction + degree-6 polynomial, ~1 ulp), written
  * without branches or libm calls so loops over it vectorize (libm's expf does not here). */

@@ -20,13 +20,6 @@
 
 #include "edge_runtime_cpu.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-static inline int thread_slot(void) { return omp_get_thread_num(); }
-#else
-static inline int thread_slot(void) { return 0; }
-#endif
-
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
@@ -426,33 +419,55 @@ static task_fn task_for(int H, int Hkv, int D) {
     return task_any_shape;
 }
 
-/* q: [R, H, D]; out: [R, H, D]; scratch: min(nthreads, R * Hkv) x scratch_stride floats (callers
- * may pass R * Hkv regions), scratch_stride >= (H / Hkv) * (the most keys of a row), a region per
- * thread. (Row, kv head) tasks run on up to `nthreads` OpenMP threads.
- * head_dim 64 or 128 with 1-8 query heads per kv head: decode_task_v8, head_dim and group size
- * compile-time constants; any other shape: decode_task.
- * Returns 0; -1 when a row has no key (the caller guarantees one), -2 when D > MAX_HEAD_DIM. */
-int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
-                          int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
-                          float *scratch, int64_t scratch_stride, int nthreads) {
+int decode_attention_check(const flat_part *parts, int num_parts, int R, int D) {
     if (D > MAX_HEAD_DIM) return -2;
     for (int r = 0; r < R; r++) {
         int64_t total = 0;
         for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
         if (total == 0) return -1;
     }
+    return 0;
+}
+
+static inline void run_task(task_fn task, const float *q, const flat_part *parts, int num_parts,
+                            int t, int H, int Hkv, int D, int64_t q_stride_r, float sm_scale,
+                            float *out, float *scratch) {
+    const int r = t / Hkv, kh = t % Hkv;
+    int64_t total = 0;
+    for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
+    task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out, scratch, total);
+}
+
+void decode_attention_share(const float *q, const flat_part *parts, int num_parts, int R, int H,
+                            int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
+                            float *scratch, int64_t scratch_stride, int t, int team) {
     const task_fn task = task_for(H, Hkv, D);
+    int64_t t0, t1;
+    span_of((int64_t)R * Hkv, t, team, &t0, &t1);
+    for (int64_t i = t0; i < t1; i++)
+        run_task(task, q, parts, num_parts, (int)i, H, Hkv, D, q_stride_r, sm_scale, out,
+                 scratch + (int64_t)t * scratch_stride);
+}
+
+/* q: [R, H, D]; out: [R, H, D]; scratch: min(nthreads, R * Hkv) x scratch_stride floats (callers
+ * may pass R * Hkv regions), scratch_stride >= (H / Hkv) * (the most keys of a row), a region per
+ * thread. The (row, kv head) tasks are split over up to `nthreads` OpenMP threads in contiguous
+ * spans (decode_attention_share): a row's kv heads stay on one thread (its K/V rows, written by
+ * that thread in the fused step, stay in its cache) and a thread reuses one scratch region. In an
+ * alternated `bench engine` A/B this beat handing tasks out one at a time (dynamic): batch-5 decode
+ * at 512-token prompts, median of steady pairs, 288 vs 282 tok/s in the VM's high-bandwidth mode,
+ * 245 vs 239 in the low one (docs/perf.md, "Ninth session").
+ * head_dim 64 or 128 with 1-8 query heads per kv head: decode_task_v8, head_dim and group size
+ * compile-time constants; any other shape: decode_task.
+ * Returns 0; -1 when a row has no key (the caller guarantees one), -2 when D > MAX_HEAD_DIM. */
+int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
+                          int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
+                          float *scratch, int64_t scratch_stride, int nthreads) {
+    const int rc = decode_attention_check(parts, num_parts, R, D);
+    if (rc || R == 0) return rc;
     const int tasks = R * Hkv, team = nthreads < 1 ? 1 : nthreads < tasks ? nthreads : tasks;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
-    for (int t = 0; t < tasks; t++) {
-        const int r = t / Hkv, kh = t % Hkv;
-        int64_t total = 0;
-        for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
-        /* a scratch region per thread, not per task: the same thread reuses the same lines every
-         * call, so they stay in its own cache (with the threads on two chiplets, a region that
-         * changes threads between calls moves across the fabric: docs/perf.md, "Eighth session") */
-        task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out,
-             scratch + (int64_t)thread_slot() * scratch_stride, total);
-    }
+#pragma omp parallel num_threads(team) if (team > 1)
+    decode_attention_share(q, parts, num_parts, R, H, Hkv, D, q_stride_r, sm_scale, out, scratch,
+                           scratch_stride, team_thread(), team_size());
     return 0;
 }

@@ -17,7 +17,7 @@
 
 #include "edge_runtime_cpu.h" /* v8f, load_v8, store_v8, splat_v8 */
 
-#define BLOCK_N 16
+#define BLOCK_N LINEAR_BLOCK_N
 #define MAX_ROWS 6
 #define ROW_BLOCK 48
 /* Software prefetch 4 KiB ahead in the weight stream, for 3+ rows only: measured on huge pages
@@ -94,18 +94,11 @@ typedef void (*kernel_fn)(const float *, int64_t, const float *, int64_t, float 
 static const kernel_fn KERNELS[MAX_ROWS + 1] = {0,        kernel_1, kernel_2, kernel_3,
                                                 kernel_4, kernel_5, kernel_6};
 
-/* Wb: [ceil(N/16)][K][16]; X: [R, K] with rows ldx floats apart; Y: [R, N] with rows ldy apart;
- * bias: [N] or NULL. Returns 0, or -1 on a bad argument. */
-int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
-                       int64_t ldy, int64_t N, int64_t K, int64_t R, int nthreads) {
-    if (N <= 0 || K <= 0 || R < 0 || ldx < K || ldy < N) return -1;
-    const int64_t nb = (N + BLOCK_N - 1) / BLOCK_N;
-    if (nthreads < 1) nthreads = 1;
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+void linear_blocks_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
+                       int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0, int64_t b1) {
     for (int64_t r0 = 0; r0 < R; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < R ? r0 + ROW_BLOCK : R;
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < nb; b++) {
+        for (int64_t b = b0; b < b1; b++) {
             const float *wb = Wb + b * K * BLOCK_N;
             const int ncols = (int)(N - b * BLOCK_N < BLOCK_N ? N - b * BLOCK_N : BLOCK_N);
             const float *bb = bias ? bias + b * BLOCK_N : 0;
@@ -114,6 +107,22 @@ int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64
                 KERNELS[rb](wb, K, X + r * ldx, ldx, Y + r * ldy + b * BLOCK_N, ldy, ncols, bb);
             }
         }
+    }
+}
+
+/* Wb: [ceil(N/16)][K][16]; X: [R, K] with rows ldx floats apart; Y: [R, N] with rows ldy apart;
+ * bias: [N] or NULL. Each thread computes a contiguous span of the output blocks for every row
+ * (span_of). Returns 0, or -1 on a bad argument. */
+int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
+                       int64_t ldy, int64_t N, int64_t K, int64_t R, int nthreads) {
+    if (N <= 0 || K <= 0 || R < 0 || ldx < K || ldy < N) return -1;
+    const int64_t nb = (N + BLOCK_N - 1) / BLOCK_N;
+    if (nthreads < 1) nthreads = 1;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        int64_t b0, b1;
+        span_of(nb, team_thread(), team_size(), &b0, &b1);
+        linear_blocks_f32(Wb, bias, X, ldx, Y, ldy, N, K, R, b0, b1);
     }
     return 0;
 }
