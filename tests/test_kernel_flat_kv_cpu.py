@@ -148,6 +148,34 @@ def test_native_decode_attention_equals_torch_path(head_dim, heads, hkv):
             torch.testing.assert_close(portable(q, layer), want, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("lens", [[600] * 5, [40, 900, 35, 610, 12], [3, 1, 700], [5], [2, 9]])
+@pytest.mark.parametrize("team", [1, 2, 3, 4])
+def test_attention_spans_are_contiguous_and_balanced_by_keys(lens, team):
+    """decode_attention_span gives each thread a contiguous run of (row, kv head) tasks; together
+    they cover every task once, and no thread has more than its share of the keys plus one task's
+    (rows of 900 and 12 keys split by keys, not by count)."""
+    import ctypes
+
+    from edge_runtime.kernels.cpu_native import FlatPart
+
+    lib, hkv = _native_or_skip(), 3
+    rows = torch.tensor(lens, dtype=torch.int32)
+    part = FlatPart(lens=rows.data_ptr())
+    spans = []
+    for t in range(team):
+        a0, a1 = ctypes.c_int64(), ctypes.c_int64()
+        lib.decode_attention_span(ctypes.byref(part), 1, len(lens), hkv, t, team, ctypes.byref(a0),
+                                  ctypes.byref(a1))
+        spans.append((a0.value, a1.value))
+    tasks = len(lens) * hkv
+    assert [i for a, b in spans for i in range(a, b)] == list(range(tasks)), spans
+    keys = [sum(lens[i // hkv] for i in range(a, b)) for a, b in spans]
+    assert max(keys) <= sum(lens) * hkv / team + max(lens), (spans, keys)
+    if len(set(lens)) == 1:  # equal rows: task counts differ by at most one
+        counts = [b - a for a, b in spans]
+        assert max(counts) - min(counts) <= 1, spans
+
+
 def test_native_quantization_is_bit_exact_on_hard_values():
     """Scales across fp16's normal and subnormal range, exact .5 ties of x / scale, zero rows."""
     _native_or_skip()

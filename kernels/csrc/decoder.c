@@ -215,7 +215,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
         const int64_t hc0 = hb0 * BN, hc1 = hb1 * BN < Hd ? hb1 * BN : Hd;
         const int team = (int)(T < tasks ? T : tasks);
         a0 = a1 = 0;
-        if (t < team) span_of(tasks, t, team, &a0, &a1);
+        if (t < team) decode_attention_span(parts, num_parts, (int)R, (int)Hkv, t, team, &a0, &a1);
         for (int64_t l = 0; l < dm->num_layers; l++) {
             const layer_weights *w = lw + l;
             rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
@@ -244,8 +244,8 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
 #pragma omp barrier
             for (int p = 0; p < num_parts; p++) own[p].layer_offset = l * part_strides[p];
             if (t < team) {
-                decode_attention_share(qkv, own, num_parts, (int)R, (int)H, (int)Hkv, (int)D, QKV,
-                                       sm_scale, attn, attn_scratch, scratch_stride, t, team);
+                decode_attention_share(qkv, own, num_parts, (int)H, (int)Hkv, (int)D, QKV, sm_scale,
+                                       attn, attn_scratch + (int64_t)t * scratch_stride, a0, a1);
                 if (dm->rotate_kv) /* back from the rotated basis: the heads this thread wrote */
                     for (int64_t i = a0; i < a1; i++)
                         hadamard_rotate(attn + (i / Hkv) * H * D + (i % Hkv) * G * D, G, D);

@@ -28,11 +28,16 @@ void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_
  * -2 when D > the kernels' largest head_dim. */
 int decode_attention_check(const flat_part *parts, int num_parts, int R, int D);
 
-/* Thread t of a team of `team`: its contiguous span of the R * Hkv (row, kv head) tasks
- * (span_of), into scratch region t. No OpenMP inside: callers run it in their own region. */
-void decode_attention_share(const float *q, const flat_part *parts, int num_parts, int R, int H,
-                            int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
-                            float *scratch, int64_t scratch_stride, int t, int team);
+/* Thread t of a team of `team`: its span [*a0, *a1) of the R * Hkv (row, kv head) tasks,
+ * contiguous and balanced by the tasks' key counts (within one task). */
+void decode_attention_span(const flat_part *parts, int num_parts, int R, int Hkv, int t, int team,
+                           int64_t *a0, int64_t *a1);
+
+/* Tasks [a0, a1) of decode_attention_int8, with one scratch region. No OpenMP inside: callers run
+ * it in their own region. */
+void decode_attention_share(const float *q, const flat_part *parts, int num_parts, int H, int Hkv,
+                            int D, int64_t q_stride_r, float sm_scale, float *out, float *scratch,
+                            int64_t a0, int64_t a1);
 
 int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
                           int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
