@@ -144,3 +144,24 @@ class FusedDecoder:
                                     att.scratch.data_ptr(), att.scratch_stride, threads)
         assert rc == 0, f"decode_layers returned {rc}"
         return x
+
+
+TIMED_THREADS = 16  # decoder.c times the first 16 threads
+DECODER_PHASES = ("norm + q/k/v", "rope, rotation, KV writes", "attention + rotation back",
+                  "o_proj + residual", "norm + gate/up + silu*up", "down_proj + residual")
+
+
+def read_phase_times(lib, threads: int) -> list[dict] | None:
+    """The decode step's per-phase timers since the last read (kernels/csrc/decoder.c, built with
+    EDGE_RUNTIME_CPU_PHASE_TIMES=1; None in a build without them), restarted from zero: per phase,
+    `all_s` (the phase's time, the slowest thread's, waiting included) and `work_s` per thread
+    (until it reached the phase's closing barrier), seconds summed over layers and steps."""
+    if lib is None or not hasattr(lib, "decoder_phase_times"):
+        return None
+    threads, phases = min(threads, TIMED_THREADS), len(DECODER_PHASES)
+    buf = (ctypes.c_double * (threads * 2 * phases))()
+    assert lib.decoder_phase_times(buf, threads) == phases
+    work = [[buf[(t * 2) * phases + i] for t in range(threads)] for i in range(phases)]
+    every = [[buf[(t * 2 + 1) * phases + i] for t in range(threads)] for i in range(phases)]
+    return [{"phase": name, "all_s": max(every[i]), "work_s": work[i]}
+            for i, name in enumerate(DECODER_PHASES)]

@@ -33,6 +33,8 @@ ENV_SWITCH = "EDGE_RUNTIME_CPU_NATIVE"
 # build for another target than this machine, e.g. `haswell` or `x86-64-v3` to measure here what
 # an AVX2-only machine gets (docs/kernels.md, "AVX2 builds"); default: native
 ENV_MARCH = "EDGE_RUNTIME_CPU_MARCH"
+# "1": build decoder.c with per-phase timers (`bench step --decoder-phases`; own cache entry)
+ENV_PHASE_TIMES = "EDGE_RUNTIME_CPU_PHASE_TIMES"
 # reassociation lets the reductions vectorize; not -ffast-math, whose crtfastmath would set
 # flush-to-zero for the whole process (torch included)
 # -fopenmp: linear_f32.c splits output blocks over threads (libgomp comes with gcc)
@@ -73,9 +75,13 @@ def _first_errors(stderr: str) -> str:
 
 
 def build_flags() -> list[str]:
-    """CFLAGS with -march from EDGE_RUNTIME_CPU_MARCH when it is set."""
+    """CFLAGS with -march from EDGE_RUNTIME_CPU_MARCH when it is set, and the decode step's
+    per-phase timers when EDGE_RUNTIME_CPU_PHASE_TIMES=1."""
     march = os.environ.get(ENV_MARCH, "native")
-    return [f"-march={march}" if f == "-march=native" else f for f in CFLAGS]
+    flags = [f"-march={march}" if f == "-march=native" else f for f in CFLAGS]
+    if os.environ.get(ENV_PHASE_TIMES) == "1":
+        flags.append("-DEDGE_RUNTIME_PHASE_TIMES")
+    return flags
 
 
 def _build(compiler: str) -> Path:
@@ -127,6 +133,9 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_int]
+    if hasattr(lib, "decoder_phase_times"):  # built with EDGE_RUNTIME_CPU_PHASE_TIMES=1
+        lib.decoder_phase_times.restype = ctypes.c_int
+        lib.decoder_phase_times.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.argmax_rows.restype = None
     lib.argmax_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                 ctypes.c_void_p]

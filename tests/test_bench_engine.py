@@ -118,6 +118,33 @@ def test_bench_step_json(tmp_path):
         assert r["other_ms"] > 0
 
 
+def test_bench_step_decoder_phases(tmp_path, monkeypatch, capsys):
+    """With EDGE_RUNTIME_CPU_PHASE_TIMES=1 the kernels build with timers and `--decoder-phases`
+    reports the six phases of the C decoder layers per step, per thread."""
+    from edge_runtime.kernels import cpu_native
+    from edge_runtime.kernels.cpu_decoder import DECODER_PHASES
+
+    if cpu_native.library() is None:
+        pytest.skip("kernels/csrc not built (no C compiler)")
+    model = make_tiny_llama(tmp_path / "m")
+    out = tmp_path / "s.json"
+    monkeypatch.setenv(cpu_native.ENV_PHASE_TIMES, "1")
+    cpu_native.library.cache_clear()
+    try:
+        assert main(["bench", "step", "--model", str(model), "--batch", "1,3", "--prompt-tokens",
+                     "7", "--steps", "4", "--threads", "2", "--decoder-phases",
+                     "--json", str(out)]) == 0
+    finally:
+        monkeypatch.delenv(cpu_native.ENV_PHASE_TIMES)
+        cpu_native.library.cache_clear()
+    rows = json.loads(out.read_text())["rows"]
+    for r in rows:
+        assert [p["phase"] for p in r["decoder_phases"]] == list(DECODER_PHASES)
+        assert all(p["ms"] > 0 and len(p["work_ms"]) == 2 for p in r["decoder_phases"])
+        assert sum(p["ms"] for p in r["decoder_phases"]) < 2 * r["engine_step_ms"]  # per step
+    assert "decoder layers of a batch-3 step, by phase" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fused", ["1", "0"], ids=["c-stack", "torch-layers"])
 def test_step_phases_time_layers_and_head_then_leave_the_model_as_it_was(tmp_path, monkeypatch,
                                                                         fused):

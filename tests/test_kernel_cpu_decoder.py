@@ -127,6 +127,49 @@ def test_the_thread_count_does_not_change_a_bit(loaded, tmp_path, model):
                                                        (a.v_scale, b.v_scale))), threads
 
 
+def test_phase_timers_time_every_phase_and_restart(loaded, tmp_path, monkeypatch):
+    """A build with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (what `bench step --decoder-phases` reads) times
+    each of the six phases on each thread, the phase at least as long as any thread's work in it,
+    and a read restarts the timers; it computes the same bits; the default build has no timers."""
+    import ctypes
+    import shutil
+
+    from edge_runtime.kernels.cpu_decoder import DECODER_PHASES, read_phase_times
+
+    assert read_phase_times(cpu_native.library(), 2) is None
+    monkeypatch.setenv(cpu_native.ENV_PHASE_TIMES, "1")
+    target = tmp_path / "timed.so"
+    cpu_native.compile_to(shutil.which("cc") or shutil.which("gcc"), target, cpu_native.build_flags())
+    lib = cpu_native.declare(ctypes.CDLL(str(target)))
+    want, _ = _step(loaded, DECODE, "int8", fused=True, threads=2)
+    keep = loaded.model.fused_decoder
+    try:
+        loaded.model.fused_decoder = FusedDecoder(lib, loaded.model)
+        read_phase_times(lib, 2)
+        got, _ = _step(loaded, DECODE, "int8", fused=True, threads=2)
+        times = read_phase_times(lib, 2)
+        again = read_phase_times(lib, 2)
+    finally:
+        loaded.model.fused_decoder = keep
+    assert torch.equal(got, want)
+    assert [p["phase"] for p in times] == list(DECODER_PHASES)
+    for p in times:
+        assert p["all_s"] > 0 and len(p["work_s"]) == 2, p
+        assert p["all_s"] >= max(p["work_s"]) > 0, p
+    assert all(p["all_s"] == 0 and p["work_s"] == [0, 0] for p in again)
+
+
+def test_bench_step_refuses_decoder_phases_without_timers():
+    import argparse
+
+    from edge_runtime.bench import step_bench
+    from edge_runtime.errors import InputError
+
+    args = argparse.Namespace(batch="1", steps=3, decoder_phases=True)
+    with pytest.raises(InputError, match="EDGE_RUNTIME_CPU_PHASE_TIMES=1"):
+        step_bench.run(args)
+
+
 def test_baseline_isa_build_matches(loaded):
     """kernels/csrc built without AVX2 (the code paths Arm compiles: plain int8 conversion,
     generic vector shuffles for the Hadamard butterflies and the score sums) gives the same step."""

@@ -6,7 +6,8 @@ random ids are prefilled, then `--steps` engine steps (each decodes B tokens) al
 transformers forwards of one token (batch 1, DynamicCache) — the baseline's unit of work. Reports
 medians, and how an engine step splits into the decoder layers, the LM head and everything else
 (bench/step_phases.py: the Python around them). `--profile` prints the top cProfile entries of
-the engine steps.
+the engine steps. `--decoder-phases` (with the kernels built with EDGE_RUNTIME_CPU_PHASE_TIMES=1)
+splits the one-call C decoder layers into their phases, per thread (kernels/cpu_decoder.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import statistics
 import sys
 import time
 
+from edge_runtime.bench.bandwidth import BandwidthProbe
 from edge_runtime.bench.engine_bench import parse_int_list, random_prompts, set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.step_phases import StepPhases
@@ -43,7 +45,17 @@ def _hf_stepper(loaded, prompt_ids):
     return step
 
 
-def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None) -> dict:
+def _phase_times(threads: int):
+    from edge_runtime.kernels import cpu_native
+    from edge_runtime.kernels.cpu_decoder import read_phase_times
+
+    return read_phase_times(cpu_native.library(), threads)
+
+
+def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None,
+            decoder_phases: bool = False) -> dict:
+    import torch
+
     from edge_runtime.engine.api import SamplingParams
 
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
@@ -54,6 +66,9 @@ def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None) -> dic
         waiting_first -= {ev.request_id for ev in engine.step() if ev.token_ids}
     hf_step = _hf_stepper(loaded, prompts[0])
     t_eng, t_hf, phases = [], [], StepPhases(engine.model)
+    threads = torch.get_num_threads()
+    if decoder_phases:
+        _phase_times(threads)  # restart the timers
     try:
         for _ in range(steps):
             phases.take()
@@ -70,10 +85,16 @@ def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None) -> dic
             t_eng.append((t1 - t0, split["layers"], split["lm_head"]))
     finally:
         phases.remove()
+    split = _phase_times(threads) if decoder_phases else None
     while engine.has_unfinished():
         engine.step()
     e, h = statistics.median(t[0] for t in t_eng), statistics.median(t_hf)
-    return {"batch": batch, "prompt_tokens": prompt_len, "steps": steps,
+    extra = {}
+    if split is not None:  # per step, ms: the phase (slowest thread) and each thread's work
+        extra["decoder_phases"] = [{"phase": p["phase"], "ms": p["all_s"] / steps * 1e3,
+                                    "work_ms": [w / steps * 1e3 for w in p["work_s"]]}
+                                   for p in split]
+    return {**extra, "batch": batch, "prompt_tokens": prompt_len, "steps": steps,
             "engine_step_ms": e * 1e3, "hf_forward_ms": h * 1e3, "step_ratio": e / h,
             "throughput_ratio": batch * h / e,
             "layers_ms": statistics.median(t[1] for t in t_eng) * 1e3,
@@ -89,12 +110,33 @@ COLUMNS = [Column("batch", "batch"), Column("engine_step_ms", "engine step ms", 
            Column("throughput_ratio", "decode tok/s vs hf", "{:.2f}x")]
 
 
+def phase_lines(row: dict) -> list[str]:
+    """Batch B's decoder phases as a markdown table (ms per step)."""
+    phases = row["decoder_phases"]
+    threads = len(phases[0]["work_ms"])
+    around = row.get("read_gbps_around")
+    seen = f"; read bandwidth {around[0]:.0f} / {around[1]:.0f} GB/s before / after" if around else ""
+    lines = [f"decoder layers of a batch-{row['batch']} step, by phase (ms per step; a thread's "
+             f"work ends at the phase's barrier, the phase at the slowest thread's{seen}):",
+             "| phase | ms | " + " | ".join(f"thread {t} work" for t in range(threads)) + " |",
+             "|---|---:|" + "---:|" * threads]
+    for p in phases:
+        lines.append(f"| {p['phase']} | {p['ms']:.2f} | "
+                     + " | ".join(f"{w:.2f}" for w in p["work_ms"]) + " |")
+    lines.append(f"| all layers | {sum(p['ms'] for p in phases):.2f} |" + " |" * threads)
+    return lines
+
+
 def run(args) -> int:
     from edge_runtime.bench.edge_systems import build_engine, load
 
     batches = parse_int_list(args.batch, "--batch")
     if args.steps < 3:
         raise InputError("--steps must be at least 3")
+    if args.decoder_phases and _phase_times(1) is None:
+        raise InputError("--decoder-phases needs the CPU kernels built with per-phase timers: run "
+                         "with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (they build once into their own cache "
+                         "entry; without a C compiler there is no C decode step to time)")
     set_threads(args.threads)
     print(f"[bench step] loading {args.model}...", file=sys.stderr, flush=True)
     loaded = load(args.model)
@@ -103,11 +145,22 @@ def run(args) -> int:
                           recent_window=args.recent_window)
     rng = random.Random(args.seed)
     profiler = cProfile.Profile() if args.profile else None
+    probe = BandwidthProbe(size_mib=256) if args.decoder_phases else None
     rows = []
     for b in batches:
         print(f"[bench step] batch {b}...", file=sys.stderr, flush=True)
-        rows.append(measure(engine, loaded, b, args.prompt_tokens, args.steps, rng, profiler))
+        before = probe.measure(repeats=3) if probe else None
+        rows.append(measure(engine, loaded, b, args.prompt_tokens, args.steps, rng, profiler,
+                            args.decoder_phases))
+        if probe:  # which bandwidth the phases saw (this VM's two modes: docs/perf.md)
+            after = probe.measure(repeats=3)
+            rows[-1]["read_gbps_around"] = [before.read_gbps, after.read_gbps]
     print(markdown_table(rows, COLUMNS))
+    for row in rows:
+        if "decoder_phases" in row:
+            print("\n" + "\n".join(phase_lines(row)))
+        elif args.decoder_phases:
+            print(f"\nbatch {row['batch']}: the one-call C decoder did not run (another decode path)")
     if profiler:
         buf = io.StringIO()
         pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(args.profile)
@@ -130,5 +183,8 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="print the N most expensive functions of the engine steps (cProfile)")
+    p.add_argument("--decoder-phases", action="store_true",
+                   help="split the C decoder layers into phases, per thread (needs "
+                        "EDGE_RUNTIME_CPU_PHASE_TIMES=1)")
     p.add_argument("--json")
     p.set_defaults(func=run)

@@ -157,6 +157,43 @@ static void add_columns(float *y, const float *d, int64_t R, int64_t n, int64_t 
     for (int64_t r = 0; r < R; r++) add_into(y + r * n + c0, d + r * n + c0, c1 - c0);
 }
 
+/* Per-phase timers, built in with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (kernels/cpu_native.py; `bench
+ * step --decoder-phases` prints them): per thread and phase of a layer, the time until the thread
+ * reached the phase's closing barrier ("work") and until it left it ("all": work + waiting for the
+ * slowest thread), summed over layers and calls until read. Each thread writes its own row. */
+#ifdef EDGE_RUNTIME_PHASE_TIMES
+#define TIMED_THREADS 16
+#define PHASES 6 /* norm + q/k/v, rope + KV writes, attention, o_proj + add, gate/up + silu, down + add */
+static double phase_work[TIMED_THREADS][PHASES], phase_all[TIMED_THREADS][PHASES];
+/* out: [threads][2][PHASES] (work, then all), seconds; the timers restart from zero. Returns the
+ * number of phases. */
+int decoder_phase_times(double *out, int threads) {
+    for (int t = 0; t < threads && t < TIMED_THREADS; t++)
+        for (int i = 0; i < PHASES; i++) {
+            out[(t * 2) * PHASES + i] = phase_work[t][i];
+            out[(t * 2 + 1) * PHASES + i] = phase_all[t][i];
+            phase_work[t][i] = phase_all[t][i] = 0.0;
+        }
+    return PHASES;
+}
+#define PHASE_START double phase_t0_ = omp_get_wtime()
+#define PHASE_WORK(i) if (t < TIMED_THREADS) phase_work[t][i] += omp_get_wtime() - phase_t0_
+#define PHASE_ALL(i)                                                                               \
+    if (t < TIMED_THREADS) {                                                                       \
+        const double now_ = omp_get_wtime();                                                       \
+        phase_all[t][i] += now_ - phase_t0_;                                                       \
+        phase_t0_ = now_;                                                                          \
+    }
+#else
+#define PHASE_START
+#define PHASE_WORK(i)
+#define PHASE_ALL(i)
+#endif
+/* the barrier that closes phase i */
+#define END_PHASE(i)                                                                               \
+    PHASE_WORK(i);                                                                                 \
+    _Pragma("omp barrier") PHASE_ALL(i)
+
 #define MAX_PARTS 8
 #define BN LINEAR_BLOCK_N
 
@@ -216,11 +253,12 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
         const int team = (int)(T < tasks ? T : tasks);
         a0 = a1 = 0;
         if (t < team) decode_attention_span(parts, num_parts, (int)R, (int)Hkv, t, team, &a0, &a1);
+        PHASE_START;
         for (int64_t l = 0; l < dm->num_layers; l++) {
             const layer_weights *w = lw + l;
             rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
             linear_blocks_f32(w->qkv_w, w->qkv_b, h, Hd, qkv, QKV, QKV, Hd, R, qb0, qb1);
-#pragma omp barrier
+            END_PHASE(0);
             for (int64_t r = r0; r < r1; r++) { /* q heads then k heads are adjacent: one pass */
                 rope(qkv + r * QKV, H + Hkv, D, cos + r * D, sin + r * D);
                 if (dm->rotate_kv) hadamard_rotate(qkv + r * QKV, H + 2 * Hkv, D); /* q, k, v */
@@ -241,7 +279,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
                                      (uint16_t *)kw->k, (uint16_t *)kw->v);
                 }
             }
-#pragma omp barrier
+            END_PHASE(1);
             for (int p = 0; p < num_parts; p++) own[p].layer_offset = l * part_strides[p];
             if (t < team) {
                 decode_attention_share(qkv, own, num_parts, (int)H, (int)Hkv, (int)D, QKV, sm_scale,
@@ -250,10 +288,10 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
                     for (int64_t i = a0; i < a1; i++)
                         hadamard_rotate(attn + (i / Hkv) * H * D + (i % Hkv) * G * D, G, D);
             }
-#pragma omp barrier
+            END_PHASE(2);
             linear_blocks_f32(w->o_w, w->o_b, attn, H * D, y, Hd, Hd, H * D, R, hb0, hb1);
             add_columns(x, y, R, Hd, hc0, hc1);
-#pragma omp barrier
+            END_PHASE(3);
             rms_norm(x, w->post_norm, h, R, Hd, dm->eps);
             if (paired) {
                 int64_t g0, g1;
@@ -266,14 +304,14 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
                 int64_t g0, g1, c0, c1;
                 span_of(gu_blocks, t, T, &g0, &g1);
                 linear_blocks_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R, g0, g1);
-#pragma omp barrier
+                END_PHASE(4);
                 span_of(I, t, T, &c0, &c1);
                 silu_mul(gu, act, R, I, c0, c1);
             }
-#pragma omp barrier
+            END_PHASE(4);
             linear_blocks_f32(w->down_w, w->down_b, act, I, y, Hd, Hd, I, R, hb0, hb1);
             add_columns(x, y, R, Hd, hc0, hc1);
-#pragma omp barrier
+            END_PHASE(5);
         }
     }
     return 0;
