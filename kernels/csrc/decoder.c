@@ -204,7 +204,8 @@ int decoder_phase_times(double *out, int threads) {
  * a bad shape, -2 head_dim too large).
  *
  * The whole step is one OpenMP region, and each phase splits its work over the team in the same
- * contiguous spans (span_of) every layer: a thread computes the same output columns of each
+ * contiguous spans every layer (span_of; the attention tasks by decode_attention_span, balanced by
+ * key counts): a thread computes the same output columns of each
  * linear, adds them into the residual stream itself, runs the silu*up of the gate/up columns it
  * computed, rotates back the attention heads it computed, and normalizes the whole residual into
  * its own copy of the linears' input (the norm is cheap; the copy saves the other thread reading
