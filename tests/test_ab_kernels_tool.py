@@ -53,3 +53,11 @@ def test_checkout_of_a_revision_has_the_committed_sources(tmp_path):
                                capture_output=True, text=True, check=True).stdout.split()
     assert sorted(p.name for p in (tmp_path / "csrc").iterdir()) == sorted(committed)
     assert "decoder.c" in committed
+
+
+def test_an_unknown_revision_is_refused_before_anything_runs(tmp_path, capsys):
+    before = sorted((ROOT / "kernels" / "csrc").iterdir())
+    with pytest.raises(SystemExit) as exc:
+        _tool().main(["--revs", "HEAD,no-such-revision", "--rounds", "1", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "no-such-revision" in capsys.readouterr().err
+    assert sorted((ROOT / "kernels" / "csrc").iterdir()) == before and not list(tmp_path.iterdir())

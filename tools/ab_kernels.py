@@ -103,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         sources = {}
         for rev in revs:
             sources[rev] = Path(tmp) / rev.replace("/", "_")
-            checkout_csrc(rev, sources[rev])
+            try:
+                checkout_csrc(rev, sources[rev])
+            except subprocess.CalledProcessError as exc:
+                ap.error(f"cannot read kernels/csrc at revision {rev!r}: {exc.stderr.strip()}")
         results: dict[str, list[dict]] = {rev: [] for rev in revs}
         try:
             for i in range(args.rounds):
