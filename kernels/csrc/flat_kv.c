@@ -470,8 +470,9 @@ void decode_attention_share(const float *q, const flat_part *parts, int num_part
 /* q: [R, H, D]; out: [R, H, D]; scratch: min(nthreads, R * Hkv) x scratch_stride floats (callers
  * may pass R * Hkv regions), scratch_stride >= (H / Hkv) * (the most keys of a row), a region per
  * thread. The (row, kv head) tasks are split over up to `nthreads` OpenMP threads in contiguous
- * spans balanced by keys (decode_attention_span): a row's kv heads stay on one thread (its K/V rows, written by
- * that thread in the fused step, stay in its cache) and a thread reuses one scratch region. In an
+ * spans balanced by keys (decode_attention_span): a row's kv heads stay together on one thread
+ * except where a span ends, a thread takes the same tasks every call (their K/V rows stay in its
+ * cache), and it reuses one scratch region. In an
  * alternated `bench engine` A/B this beat handing tasks out one at a time (dynamic): batch-5 decode
  * at 512-token prompts, median of steady pairs, 288 vs 282 tok/s in the VM's high-bandwidth mode,
  * 245 vs 239 in the low one (docs/perf.md, "Ninth session").
