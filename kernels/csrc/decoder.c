@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "decoder_ops.h"
 #include "edge_runtime_cpu.h"
 
 typedef struct {
@@ -42,120 +43,6 @@ typedef struct {               /* the new tokens' K/V that go to one store (pool
     const int64_t *rows;       /* [n, Hkv]: their layer-0 row numbers in the store */
     int64_t n, layer_stride;   /* layer l's rows = layer 0's + l * layer_stride */
 } kv_write;
-
-static void rms_norm(const float *x, const float *w, float *y, int64_t R, int64_t H, float eps) {
-    for (int64_t r = 0; r < R; r++) {
-        const float *xr = x + r * H;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < H; i++) ss += xr[i] * xr[i];
-        const float inv = 1.0f / sqrtf(ss / (float)H + eps);
-        float *yr = y + r * H;
-#pragma omp simd
-        for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * inv * w[i];
-    }
-}
-
-/* x: [heads, D] in place; cos, sin: [D] (rotate-half: pairs i, i + D/2) */
-static void rope(float *x, int64_t heads, int64_t D, const float *cos, const float *sin) {
-    const int64_t half = D / 2;
-    for (int64_t h = 0; h < heads; h++) {
-        float *a = x + h * D, *b = a + half;
-#pragma omp simd
-        for (int64_t i = 0; i < half; i++) {
-            const float lo = a[i], hi = b[i];
-            a[i] = lo * cos[i] - hi * sin[i];
-            b[i] = hi * cos[i + half] + lo * sin[i + half];
-        }
-    }
-}
-
-/* one butterfly level h (1, 2 or 4) inside an 8-lane vector: lanes i and i + h of each 2h block
- * become lo + hi and lo - hi (the exact operations of the scalar butterfly) */
-static inline v8f butterfly_in_vector(v8f x, int h) {
-    v8f lo, hi, sign;
-    if (h == 1) {
-        lo = SHUFFLE8(x, x, 0, 0, 2, 2, 4, 4, 6, 6);
-        hi = SHUFFLE8(x, x, 1, 1, 3, 3, 5, 5, 7, 7);
-        sign = (v8f){1, -1, 1, -1, 1, -1, 1, -1};
-    } else if (h == 2) {
-        lo = SHUFFLE8(x, x, 0, 1, 0, 1, 4, 5, 4, 5);
-        hi = SHUFFLE8(x, x, 2, 3, 2, 3, 6, 7, 6, 7);
-        sign = (v8f){1, 1, -1, -1, 1, 1, -1, -1};
-    } else {
-        lo = SHUFFLE8(x, x, 0, 1, 2, 3, 0, 1, 2, 3);
-        hi = SHUFFLE8(x, x, 4, 5, 6, 7, 4, 5, 6, 7);
-        sign = (v8f){1, 1, 1, 1, -1, -1, -1, -1};
-    }
-    return lo + hi * sign;
-}
-
-/* one head, D a multiple of 8: levels 1, 2, 4 inside each vector, then across vectors */
-static void hadamard_head_v8(float *a, int64_t D, float s) {
-    for (int64_t c = 0; c < D; c += 8)
-        store_v8(a + c, butterfly_in_vector(butterfly_in_vector(butterfly_in_vector(
-                                                load_v8(a + c), 1), 2), 4));
-    for (int64_t h = 8; h < D; h *= 2)
-        for (int64_t j = 0; j < D; j += 2 * h)
-            for (int64_t i = 0; i < h; i += 8) {
-                const v8f lo = load_v8(a + j + i), hi = load_v8(a + j + h + i);
-                store_v8(a + j + i, lo + hi);
-                store_v8(a + j + h + i, lo - hi);
-            }
-    for (int64_t c = 0; c < D; c += 8) store_v8(a + c, load_v8(a + c) * splat_v8(s));
-}
-
-/* one head, any power of two D */
-static void hadamard_head_scalar(float *a, int64_t D, float s) {
-    for (int64_t h = 1; h < D; h *= 2)
-        for (int64_t j = 0; j < D; j += 2 * h)
-#pragma omp simd
-            for (int64_t i = 0; i < h; i++) {
-                const float lo = a[j + i], hi = a[j + h + i];
-                a[j + i] = lo + hi;
-                a[j + h + i] = lo - hi;
-            }
-#pragma omp simd
-    for (int64_t i = 0; i < D; i++) a[i] *= s;
-}
-
-/* x: [heads, D] in place: each head times the normalized Hadamard matrix (D a power of two), by
- * butterflies (kernels/hadamard.py's rotate multiplies by the matrix: equal to rounding). For D a
- * multiple of 8 the levels below 8 run inside vectors (the scalar loops over 1-4 lanes cost ~4 us
- * per token for 15 heads of 64, as much as the rest of a layer's small ops together). */
-static void hadamard_rotate(float *x, int64_t heads, int64_t D) {
-    const float s = (float)(1.0 / sqrt((double)D)); /* as torch: x * (D ** -0.5) */
-    for (int64_t hd = 0; hd < heads; hd++) {
-        if (D % 8 == 0)
-            hadamard_head_v8(x + hd * D, D, s);
-        else
-            hadamard_head_scalar(x + hd * D, D, s);
-    }
-}
-
-static void add_into(float *x, const float *y, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
-}
-
-/* act[r, i] = silu(gu[r, i]) * gu[r, I + i] for columns [c0, c1) of every row */
-static void silu_mul(const float *gu, float *act, int64_t R, int64_t I, int64_t c0, int64_t c1) {
-    for (int64_t r = 0; r < R; r++) {
-        const float *g = gu + r * 2 * I, *u = g + I;
-        float *a = act + r * I;
-#pragma omp simd
-        for (int64_t i = c0; i < c1; i++) {
-            const float e = exp_nonpositive(-fabsf(g[i])); /* exp(-|g|) */
-            const float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-            a[i] = g[i] * sig * u[i];
-        }
-    }
-}
-
-/* y[r, c] += d[r, c] for columns [c0, c1) of R rows of width n */
-static void add_columns(float *y, const float *d, int64_t R, int64_t n, int64_t c0, int64_t c1) {
-    for (int64_t r = 0; r < R; r++) add_into(y + r * n + c0, d + r * n + c0, c1 - c0);
-}
 
 /* Per-phase timers, built in with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (kernels/cpu_native.py; `bench
  * step --decoder-phases` prints them): per thread and phase of a layer, the time until the thread
@@ -197,6 +84,120 @@ int decoder_phase_times(double *out, int threads) {
 #define MAX_PARTS 8
 #define BN LINEAR_BLOCK_N
 
+typedef struct { /* what every thread of a step reads: shapes, inputs and the shared buffers */
+    const decoder_dims *dm;
+    float *x;                       /* [R, hidden] residual stream */
+    int64_t R, Hd, H, Hkv, D, I, QKV, G;
+    const float *cos, *sin;         /* [R, D] */
+    const kv_write *writes;
+    int num_writes, num_parts;
+    const int64_t *part_strides;
+    float sm_scale;
+    float *y, *qkv, *attn, *gu, *act; /* [R, hidden], [R, QKV], [R, H D], [R, 2 I], [R, I] */
+    float *attn_scratch;
+    int64_t scratch_stride;
+    int paired;                     /* gate block j and up block j cover the same columns */
+} step_plan;
+
+typedef struct { /* one thread's share of every phase, the same each layer */
+    int t, T;
+    float *h;                       /* [R, hidden]: its copy of the normed residual */
+    int64_t r0, r1;                 /* rows of rope / rotation / KV writes */
+    int64_t a0, a1;                 /* attention tasks */
+    int64_t qb0, qb1, hb0, hb1;     /* output blocks of q/k/v, of o_proj and down_proj */
+    int64_t hc0, hc1;               /* the residual's columns those blocks cover */
+    int64_t g0, g1, c0, c1;         /* gate (paired) or gate/up blocks; silu columns (unpaired) */
+    flat_part own[MAX_PARTS];       /* the key parts, with this thread's layer offsets */
+} thread_share;
+
+static void share_of(const step_plan *p, const flat_part *parts, float *norms, int t, int T,
+                     thread_share *s) {
+    const int64_t tasks = p->R * p->Hkv, team = T < tasks ? T : tasks;
+    s->t = t;
+    s->T = T;
+    s->h = norms + (int64_t)t * p->R * p->Hd;
+    memcpy(s->own, parts, sizeof(flat_part) * (size_t)p->num_parts);
+    s->r0 = 0; /* from 3 rows on split over the threads; fewer: thread 0 does all */
+    s->r1 = t == 0 ? p->R : 0;
+    if (p->R >= 3) span_of(p->R, t, T, &s->r0, &s->r1);
+    s->a0 = s->a1 = 0;
+    if (t < team)
+        decode_attention_span(parts, p->num_parts, (int)p->R, (int)p->Hkv, t, (int)team, &s->a0,
+                              &s->a1);
+    span_of((p->QKV + BN - 1) / BN, t, T, &s->qb0, &s->qb1);
+    span_of((p->Hd + BN - 1) / BN, t, T, &s->hb0, &s->hb1);
+    s->hc0 = s->hb0 * BN;
+    s->hc1 = s->hb1 * BN < p->Hd ? s->hb1 * BN : p->Hd;
+    span_of(p->paired ? p->I / BN : (2 * p->I + BN - 1) / BN, t, T, &s->g0, &s->g1);
+    span_of(p->I, t, T, &s->c0, &s->c1);
+}
+
+/* RMSNorm of the residual into the thread's own copy, then its q/k/v blocks */
+static void qkv_phase(const step_plan *p, const thread_share *s, const layer_weights *w) {
+    rms_norm(p->x, w->input_norm, s->h, p->R, p->Hd, p->dm->eps);
+    linear_blocks_f32(w->qkv_w, w->qkv_b, s->h, p->Hd, p->qkv, p->QKV, p->QKV, p->Hd, p->R,
+                      s->qb0, s->qb1);
+}
+
+/* rope (and the Hadamard rotation) of the thread's rows, and their KV writes */
+static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) {
+    const int64_t H = p->H, Hkv = p->Hkv, D = p->D, QKV = p->QKV;
+    for (int64_t r = s->r0; r < s->r1; r++) { /* q heads then k heads are adjacent: one pass */
+        rope(p->qkv + r * QKV, H + Hkv, D, p->cos + r * D, p->sin + r * D);
+        if (p->dm->rotate_kv) hadamard_rotate(p->qkv + r * QKV, H + 2 * Hkv, D); /* q, k, v */
+    }
+    for (int w = 0; w < p->num_writes; w++) {
+        const kv_write *kw = p->writes + w;
+        for (int64_t i = 0; i < kw->n; i++) {
+            const int64_t tok = kw->tokens[i];
+            if (tok < s->r0 || tok >= s->r1) continue;
+            const float *row = p->qkv + tok * QKV;
+            if (kw->ks)
+                write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
+                              kw->rows + i * Hkv, l * kw->layer_stride, kw->k, kw->v, kw->ks,
+                              kw->vs);
+            else
+                write_kv_f16(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
+                             kw->rows + i * Hkv, l * kw->layer_stride, (uint16_t *)kw->k,
+                             (uint16_t *)kw->v);
+        }
+    }
+}
+
+/* the thread's attention tasks, and the rotation back of the heads they wrote */
+static void attention_phase(const step_plan *p, thread_share *s, int64_t l) {
+    for (int i = 0; i < p->num_parts; i++) s->own[i].layer_offset = l * p->part_strides[i];
+    if (s->a1 <= s->a0) return;
+    decode_attention_share(p->qkv, s->own, p->num_parts, (int)p->H, (int)p->Hkv, (int)p->D, p->QKV,
+                           p->sm_scale, p->attn, p->attn_scratch + (int64_t)s->t * p->scratch_stride,
+                           s->a0, s->a1);
+    if (p->dm->rotate_kv) /* back from the rotated basis */
+        for (int64_t i = s->a0; i < s->a1; i++)
+            hadamard_rotate(p->attn + (i / p->Hkv) * p->H * p->D + (i % p->Hkv) * p->G * p->D,
+                            p->G, p->D);
+}
+
+/* the thread's o_proj or down_proj blocks (weights w, bias b, input X of width K), added into
+ * the residual's columns they cover */
+static void out_proj_phase(const step_plan *p, const thread_share *s, const float *w,
+                           const float *b, const float *X, int64_t K) {
+    linear_blocks_f32(w, b, X, K, p->y, p->Hd, p->Hd, K, p->R, s->hb0, s->hb1);
+    add_columns(p->x, p->y, p->R, p->Hd, s->hc0, s->hc1);
+}
+
+/* RMSNorm into the thread's copy, then its gate/up blocks; paired: gate blocks [g0, g1) and the
+ * up blocks of the same columns, then silu * up of those columns */
+static void gate_up_phase(const step_plan *p, const thread_share *s, const layer_weights *w) {
+    const int64_t I = p->I;
+    rms_norm(p->x, w->post_norm, s->h, p->R, p->Hd, p->dm->eps);
+    linear_blocks_f32(w->gate_up_w, w->gate_up_b, s->h, p->Hd, p->gu, 2 * I, 2 * I, p->Hd, p->R,
+                      s->g0, s->g1);
+    if (!p->paired) return;
+    linear_blocks_f32(w->gate_up_w, w->gate_up_b, s->h, p->Hd, p->gu, 2 * I, 2 * I, p->Hd, p->R,
+                      I / BN + s->g0, I / BN + s->g1);
+    silu_mul(p->gu, p->act, p->R, I, s->g0 * BN, s->g1 * BN);
+}
+
 /* x: [R, hidden] residual stream, in/out. cos, sin: [R, D]. parts: the decode rows' keys (layer
  * l's rows are at l * part_strides[p] past layer 0's). work: R * (hidden + qkv + H D + 3 I) +
  * nthreads * R * hidden floats; attn_scratch: min(nthreads, R * Hkv) * scratch_stride floats
@@ -223,97 +224,46 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
     const int64_t I = dm->intermediate, QKV = (H + 2 * Hkv) * D;
     if (Hd <= 0 || H <= 0 || Hkv <= 0 || D <= 0 || I <= 0 || R < 0 || num_parts > MAX_PARTS)
         return -1;
-    int rc = decode_attention_check(parts, num_parts, (int)R, (int)D);
+    const int rc = decode_attention_check(parts, num_parts, (int)R, (int)D);
     if (rc) return rc;
-    float *y = work;               /* [R, hidden]: o_proj's and down_proj's output */
-    float *qkv = y + R * Hd;       /* [R, QKV] */
-    float *attn = qkv + R * QKV;   /* [R, H D] */
-    float *gu = attn + R * H * D;  /* [R, 2 I] */
-    float *act = gu + R * 2 * I;   /* [R, I] */
-    float *norms = act + R * I;    /* nthreads x [R, hidden]: each thread's normed input */
-    const int64_t G = H / Hkv, tasks = R * Hkv;
-    /* gate block j and up block j cover the same columns when I is a multiple of the block, so a
-     * thread can compute both and then silu*up of those columns with no barrier between */
-    const int paired = I % BN == 0;
-    const int64_t qkv_blocks = (QKV + BN - 1) / BN, hd_blocks = (Hd + BN - 1) / BN;
-    const int64_t gu_blocks = (2 * I + BN - 1) / BN, gate_blocks = I / BN;
+    step_plan p = {.dm = dm, .x = x, .R = R, .Hd = Hd, .H = H, .Hkv = Hkv, .D = D, .I = I,
+                   .QKV = QKV, .G = H / Hkv, .cos = cos, .sin = sin, .writes = writes,
+                   .num_writes = num_writes, .num_parts = num_parts, .part_strides = part_strides,
+                   .sm_scale = sm_scale, .attn_scratch = attn_scratch,
+                   .scratch_stride = scratch_stride, .paired = I % BN == 0};
+    p.y = work;
+    p.qkv = p.y + R * Hd;
+    p.attn = p.qkv + R * QKV;
+    p.gu = p.attn + R * H * D;
+    p.act = p.gu + R * 2 * I;
+    float *norms = p.act + R * I; /* nthreads x [R, hidden] */
     if (nthreads < 1) nthreads = 1;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
-        const int t = team_thread(), T = team_size();
-        float *h = norms + (int64_t)t * R * Hd;
-        flat_part own[MAX_PARTS]; /* layer offsets set per layer, per thread */
-        memcpy(own, parts, sizeof(flat_part) * (size_t)num_parts);
-        /* rows for rope / rotation / KV writes: split from 3 rows on (fewer: thread 0 does all) */
-        int64_t r0 = 0, r1 = t == 0 ? R : 0;
-        if (R >= 3) span_of(R, t, T, &r0, &r1);
-        int64_t qb0, qb1, hb0, hb1, a0, a1;
-        span_of(qkv_blocks, t, T, &qb0, &qb1);
-        span_of(hd_blocks, t, T, &hb0, &hb1);
-        const int64_t hc0 = hb0 * BN, hc1 = hb1 * BN < Hd ? hb1 * BN : Hd;
-        const int team = (int)(T < tasks ? T : tasks);
-        a0 = a1 = 0;
-        if (t < team) decode_attention_span(parts, num_parts, (int)R, (int)Hkv, t, team, &a0, &a1);
+        thread_share s;
+        share_of(&p, parts, norms, team_thread(), team_size(), &s);
+        const int t = s.t; /* for the phase timers */
         PHASE_START;
         for (int64_t l = 0; l < dm->num_layers; l++) {
             const layer_weights *w = lw + l;
-            rms_norm(x, w->input_norm, h, R, Hd, dm->eps);
-            linear_blocks_f32(w->qkv_w, w->qkv_b, h, Hd, qkv, QKV, QKV, Hd, R, qb0, qb1);
+            qkv_phase(&p, &s, w);
             END_PHASE(0);
-            for (int64_t r = r0; r < r1; r++) { /* q heads then k heads are adjacent: one pass */
-                rope(qkv + r * QKV, H + Hkv, D, cos + r * D, sin + r * D);
-                if (dm->rotate_kv) hadamard_rotate(qkv + r * QKV, H + 2 * Hkv, D); /* q, k, v */
-            }
-            for (int s = 0; s < num_writes; s++) { /* the KV writes of this thread's rows */
-                const kv_write *kw = writes + s;
-                for (int64_t i = 0; i < kw->n; i++) {
-                    const int64_t tok = kw->tokens[i];
-                    if (tok < r0 || tok >= r1) continue;
-                    const float *row = qkv + tok * QKV;
-                    if (kw->ks)
-                        write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv,
-                                      (int)D, kw->rows + i * Hkv, l * kw->layer_stride, kw->k,
-                                      kw->v, kw->ks, kw->vs);
-                    else
-                        write_kv_f16(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv,
-                                     (int)D, kw->rows + i * Hkv, l * kw->layer_stride,
-                                     (uint16_t *)kw->k, (uint16_t *)kw->v);
-                }
-            }
+            rope_kv_phase(&p, &s, l);
             END_PHASE(1);
-            for (int p = 0; p < num_parts; p++) own[p].layer_offset = l * part_strides[p];
-            if (t < team) {
-                decode_attention_share(qkv, own, num_parts, (int)H, (int)Hkv, (int)D, QKV, sm_scale,
-                                       attn, attn_scratch + (int64_t)t * scratch_stride, a0, a1);
-                if (dm->rotate_kv) /* back from the rotated basis: the heads this thread wrote */
-                    for (int64_t i = a0; i < a1; i++)
-                        hadamard_rotate(attn + (i / Hkv) * H * D + (i % Hkv) * G * D, G, D);
-            }
+            attention_phase(&p, &s, l);
             END_PHASE(2);
-            linear_blocks_f32(w->o_w, w->o_b, attn, H * D, y, Hd, Hd, H * D, R, hb0, hb1);
-            add_columns(x, y, R, Hd, hc0, hc1);
+            out_proj_phase(&p, &s, w->o_w, w->o_b, p.attn, H * D);
             END_PHASE(3);
-            rms_norm(x, w->post_norm, h, R, Hd, dm->eps);
-            if (paired) {
-                int64_t g0, g1;
-                span_of(gate_blocks, t, T, &g0, &g1);
-                linear_blocks_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R, g0, g1);
-                linear_blocks_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R,
-                                  gate_blocks + g0, gate_blocks + g1);
-                silu_mul(gu, act, R, I, g0 * BN, g1 * BN);
-            } else {
-                int64_t g0, g1, c0, c1;
-                span_of(gu_blocks, t, T, &g0, &g1);
-                linear_blocks_f32(w->gate_up_w, w->gate_up_b, h, Hd, gu, 2 * I, 2 * I, Hd, R, g0, g1);
+            gate_up_phase(&p, &s, w);
+            if (!p.paired) { /* silu * up once every gate/up column is there */
                 END_PHASE(4);
-                span_of(I, t, T, &c0, &c1);
-                silu_mul(gu, act, R, I, c0, c1);
+                silu_mul(p.gu, p.act, R, I, s.c0, s.c1);
             }
             END_PHASE(4);
-            linear_blocks_f32(w->down_w, w->down_b, act, I, y, Hd, Hd, I, R, hb0, hb1);
-            add_columns(x, y, R, Hd, hc0, hc1);
+            out_proj_phase(&p, &s, w->down_w, w->down_b, p.act, I);
             END_PHASE(5);
         }
+        (void)t;
     }
     return 0;
 }
