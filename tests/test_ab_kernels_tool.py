@@ -1,6 +1,7 @@
 """tools/ab_kernels.py: which run pairs of a `bench engine` JSON count as steady high- or low-mode,
 the summary over them, and the checkout of kernels/csrc at a revision."""
 import importlib.util
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -61,3 +62,23 @@ def test_an_unknown_revision_is_refused_before_anything_runs(tmp_path, capsys):
         _tool().main(["--revs", "HEAD,no-such-revision", "--rounds", "1", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "no-such-revision" in capsys.readouterr().err
     assert sorted((ROOT / "kernels" / "csrc").iterdir()) == before and not list(tmp_path.iterdir())
+
+
+def test_a_run_on_the_torch_paths_is_recognized(monkeypatch, capsys):
+    """A revision whose kernels/csrc lacks a file the working tree's Python compiles must stop the
+    A/B instead of timing the torch fallback: the message kernels/cpu_native.py prints then is the
+    one the tool looks for."""
+    from edge_runtime.kernels import cpu_native
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the library never builds here")
+    monkeypatch.setattr(cpu_native, "SOURCES", [*cpu_native.SOURCES, ROOT / "kernels" / "csrc" / "gone.h"])
+    cpu_native.library.cache_clear()
+    try:
+        assert cpu_native.library() is None
+    finally:
+        monkeypatch.undo()
+        cpu_native.library.cache_clear()
+    tool = _tool()
+    assert "gone.h" in tool.native_failure(capsys.readouterr().err)
+    assert tool.native_failure("edge-runtime: compiling the CPU kernels (kernels/csrc)...\n") is None

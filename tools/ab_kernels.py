@@ -11,8 +11,10 @@ STEADY_SPREAD; high mode: both rooflines >= 50 GB/s, low mode: both < 42).
 
     python tools/ab_kernels.py --revs 96df210,5441dde --rounds 7 --out /tmp/ab
 
-Only kernels/csrc changes between variants; the Python is the working tree's. Run it with no other
-job on the machine, and do not edit kernels/csrc while it runs.
+Only kernels/csrc changes between variants; the Python is the working tree's, so a revision whose
+kernels/csrc lacks a file the working tree's kernels/cpu_native.py compiles does not build: the
+engine would then run the slower torch paths, so a run whose log says the kernels did not build
+stops the A/B. Run it with no other job on the machine, and do not edit kernels/csrc while it runs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ def use_sources(src: Path) -> None:
         f.unlink()
     for f in src.iterdir():
         shutil.copy2(f, CSRC / f.name)
+
+
+def native_failure(log: str) -> str | None:
+    """The line of a run's log that says the C kernels were not used (kernels/cpu_native.py)."""
+    for line in log.splitlines():
+        if "edge-runtime:" in line and "torch paths" in line:
+            return line.strip()
+    return None
 
 
 def pairs(result: dict, batch: int) -> list[dict]:
@@ -117,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
                            *args.bench_args.split(), "--json", f"{stem}.json"]
                     with open(f"{stem}.log", "w") as log:
                         subprocess.run(cmd, cwd=ROOT, check=True, stdout=log, stderr=log)
+                    failure = native_failure(Path(f"{stem}.log").read_text())
+                    if failure:
+                        raise SystemExit(f"{rev}: the C kernels did not build, so this run measured "
+                                         f"the torch paths; stopped ({failure})")
                     results[rev].append(json.loads(Path(f"{stem}.json").read_text()))
                     ratios = [f"{p['ratio']:.2f} ({p['mode']})" for p in pairs(results[rev][-1], args.batch)]
                     print(f"round {i + 1} {rev}: {', '.join(ratios)}", flush=True)
