@@ -100,7 +100,7 @@ typedef struct { /* what every thread of a step reads: shapes, inputs and the sh
 } step_plan;
 
 typedef struct { /* one thread's share of every phase, the same each layer */
-    int t, T;
+    int t;
     float *h;                       /* [R, hidden]: its copy of the normed residual */
     int64_t r0, r1;                 /* rows of rope / rotation / KV writes */
     int64_t a0, a1;                 /* attention tasks */
@@ -114,7 +114,6 @@ static void share_of(const step_plan *p, const flat_part *parts, float *norms, i
                      thread_share *s) {
     const int64_t tasks = p->R * p->Hkv, team = T < tasks ? T : tasks;
     s->t = t;
-    s->T = T;
     s->h = norms + (int64_t)t * p->R * p->Hd;
     memcpy(s->own, parts, sizeof(flat_part) * (size_t)p->num_parts);
     s->r0 = 0; /* from 3 rows on split over the threads; fewer: thread 0 does all */

@@ -419,13 +419,17 @@ static task_fn task_for(int H, int Hkv, int D) {
     return task_any_shape;
 }
 
+/* the keys of row r over all parts */
+static inline int64_t row_keys(const flat_part *parts, int num_parts, int64_t r) {
+    int64_t n = 0;
+    for (int p = 0; p < num_parts; p++) n += parts[p].lens[r];
+    return n;
+}
+
 int decode_attention_check(const flat_part *parts, int num_parts, int R, int D) {
     if (D > MAX_HEAD_DIM) return -2;
-    for (int r = 0; r < R; r++) {
-        int64_t total = 0;
-        for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
-        if (total == 0) return -1;
-    }
+    for (int r = 0; r < R; r++)
+        if (row_keys(parts, num_parts, r) == 0) return -1;
     return 0;
 }
 
@@ -433,21 +437,18 @@ static inline void run_task(task_fn task, const float *q, const flat_part *parts
                             int t, int H, int Hkv, int D, int64_t q_stride_r, float sm_scale,
                             float *out, float *scratch) {
     const int r = t / Hkv, kh = t % Hkv;
-    int64_t total = 0;
-    for (int p = 0; p < num_parts; p++) total += parts[p].lens[r];
-    task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out, scratch, total);
+    task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out, scratch,
+         row_keys(parts, num_parts, r));
 }
 
 void decode_attention_span(const flat_part *parts, int num_parts, int R, int Hkv, int t, int team,
                            int64_t *a0, int64_t *a1) {
     int64_t all = 0;
-    for (int r = 0; r < R; r++)
-        for (int p = 0; p < num_parts; p++) all += parts[p].lens[r];
+    for (int r = 0; r < R; r++) all += row_keys(parts, num_parts, r);
     *a0 = *a1 = (int64_t)R * Hkv;
     int64_t before = 0; /* keys of the tasks before task i, per kv head */
     for (int64_t i = 0; i < (int64_t)R * Hkv; i++) {
-        int64_t n = 0;
-        for (int p = 0; p < num_parts; p++) n += parts[p].lens[i / Hkv];
+        const int64_t n = row_keys(parts, num_parts, i / Hkv);
         /* the thread whose share of the keys (all * Hkv of them) holds the task's middle key */
         const int64_t owner = (int64_t)team * (2 * before + n) / (2 * all * Hkv);
         if (owner >= t && *a0 > i) *a0 = i;
