@@ -314,14 +314,25 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
             }
             continue;
         }
+        /* The rows come from DRAM (a layer's weights passed through the caches since they were
+         * last read): ask for the first KV_PREFETCH keys' K and V rows at once, then each pass
+         * keeps KV_PREFETCH rows ahead; V is fetched into L2 here, a pass before the values read
+         * it. Measured in the step: attention 2.73 -> 2.48 ms per batch-5 step (docs/perf.md,
+         * "Tenth session"). */
+        for (int64_t b = 0; b < KV_PREFETCH && b < n; b++) {
+            __builtin_prefetch(pt->k + (idx[b] + off) * D, 0, 0);
+            __builtin_prefetch(pt->v + (idx[b] + off) * D, 0, 2);
+        }
         int64_t j = 0;
         for (; j + 8 <= n; j += 8, pos += 8) {
             v8f dots[MAX_FAST_GROUP][8], acc[MAX_FAST_GROUP];
             float scale[8];
             for (int i = 0; i < 8; i++) {
                 const int64_t row = idx[j + i] + off;
-                if (j + i + KV_PREFETCH < n)
+                if (j + i + KV_PREFETCH < n) {
                     __builtin_prefetch(pt->k + (idx[j + i + KV_PREFETCH] + off) * D, 0, 0);
+                    __builtin_prefetch(pt->v + (idx[j + i + KV_PREFETCH] + off) * D, 0, 2);
+                }
                 key_dots(qr, pt->k + row * D, G, D, acc);
                 for (int g = 0; g < G; g++) dots[g][i] = acc[g];
                 scale[i] = half_to_float(pt->ks[row]) * sm_scale;
