@@ -230,3 +230,25 @@ def test_switches_and_backends_that_do_not_qualify(monkeypatch):
     if cpu_linear._onednn_available():
         monkeypatch.setenv(cpu_linear.ENV_SWITCH, "onednn")
         assert _packed(tiny_folder()).model.fused_decoder is None
+
+
+def _walk(ranges, per_step, left, steps):
+    """read_ahead_walk over byte ranges [(begin, end)] -> (total lines, lines per step)."""
+    import ctypes
+
+    lib = cpu_native.library()
+    begin = (ctypes.c_void_p * len(ranges))(*[b for b, _ in ranges])
+    end = (ctypes.c_void_p * len(ranges))(*[e for _, e in ranges])
+    lines = (ctypes.c_int * steps)()
+    total = lib.read_ahead_walk(begin, end, len(ranges), per_step, left, steps, lines)
+    return total, list(lines)
+
+
+def test_read_ahead_walks_the_ranges_in_order_and_stops_at_its_budget():
+    # ranges of 3, 0 and 2 lines (the empty one is skipped), 2 lines per step
+    base = 1 << 20
+    ranges = [(base, base + 3 * 64), (base + 4096, base + 4096), (base + 8192, base + 8192 + 100)]
+    assert _walk(ranges, 2, 100, 5) == (5, [2, 2, 1, 0, 0])  # the end of the last range
+    assert _walk(ranges, 2, 3, 5) == (3, [2, 1, 0, 0, 0])  # the budget
+    assert _walk(ranges, 0, 100, 3) == (0, [0, 0, 0])
+    assert _walk([(base, base)], 4, 100, 2) == (0, [0, 0])

@@ -96,6 +96,7 @@ typedef struct { /* what every thread of a step reads: shapes, inputs and the sh
     float *y, *qkv, *attn, *gu, *act; /* [R, hidden], [R, QKV], [R, H D], [R, 2 I], [R, I] */
     float *attn_scratch;
     int64_t scratch_stride;
+    const layer_weights *lw;        /* [num_layers]: the next blocks read_ahead_plan asks for */
     int paired;                     /* gate block j and up block j cover the same columns */
 } step_plan;
 
@@ -163,13 +164,64 @@ static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) 
     }
 }
 
+/* Read ahead during attention (edge_runtime_cpu.h, read_ahead): the first READ_AHEAD_BYTES of
+ * the thread's next weight blocks (its o_proj blocks, gate and up blocks, down_proj blocks: what
+ * it reads next, in that order), spread over its key visits at up to READ_AHEAD_MAX_STEP lines
+ * per visit. 1 MiB (the size of Zen 4's L2) and 4 lines: alternated in-step phase timings,
+ * batch 5 at 512 tokens in the VM's high-bandwidth mode, step 15.7 vs 16.5-17.0 ms (the linears
+ * after attention faster by ~1.2 ms, attention slower by ~0.2); 2 MiB or 8 lines slowed the
+ * attention more than they sped the linears, prefetching into L1 too; the low mode and batch 1
+ * unchanged within the spread (docs/perf.md, "Tenth session"). */
+#define READ_AHEAD_BYTES (1 << 20)
+#define READ_AHEAD_MAX_STEP 4
+static void read_ahead_plan(const step_plan *p, const thread_share *s, int64_t l, read_ahead *a) {
+    const layer_weights *w = p->lw + l;
+    const int64_t Hd = p->Hd, I = p->I, HD = p->H * p->D;
+    const float *b[READ_AHEAD_RANGES], *e[READ_AHEAD_RANGES];
+    int n = 0;
+    b[n] = w->o_w + s->hb0 * HD * BN, e[n++] = w->o_w + s->hb1 * HD * BN;
+    b[n] = w->gate_up_w + s->g0 * Hd * BN, e[n++] = w->gate_up_w + s->g1 * Hd * BN;
+    if (p->paired)
+        b[n] = w->gate_up_w + (I / BN + s->g0) * Hd * BN,
+        e[n++] = w->gate_up_w + (I / BN + s->g1) * Hd * BN;
+    b[n] = w->down_w + s->hb0 * I * BN, e[n++] = w->down_w + s->hb1 * I * BN;
+    int64_t lines = 0;
+    for (int i = 0; i < n; i++) {
+        a->begin[i] = (const char *)b[i];
+        a->end[i] = (const char *)e[i];
+        lines += (a->end[i] - a->begin[i] + 63) / 64;
+    }
+    a->n = n;
+    a->i = 0;
+    a->cur = a->begin[0];
+    a->left = lines < READ_AHEAD_BYTES / 64 ? lines : READ_AHEAD_BYTES / 64;
+    const int64_t visits = 2 * decode_attention_keys(s->own, p->num_parts, (int)p->Hkv, s->a0, s->a1);
+    const int64_t per = visits > 0 ? (a->left + visits - 1) / visits : 0;
+    a->per_step = (int)(per < READ_AHEAD_MAX_STEP ? per : READ_AHEAD_MAX_STEP);
+}
+
+/* For tests: walk a read_ahead over n ranges (begin/end byte addresses; nothing is read, a
+ * prefetch cannot fault) with `per_step` and `left`, for `steps` steps; lines[i] = how many lines
+ * step i asked for; returns the total. */
+int64_t read_ahead_walk(const char *const *begin, const char *const *end, int n, int per_step,
+                        int64_t left, int steps, int *lines) {
+    if (n < 1 || n > READ_AHEAD_RANGES) return -1;
+    read_ahead a = {.n = n, .i = 0, .cur = begin[0], .per_step = per_step, .left = left};
+    for (int i = 0; i < n; i++) a.begin[i] = begin[i], a.end[i] = end[i];
+    int64_t total = 0;
+    for (int i = 0; i < steps; i++) total += lines[i] = read_ahead_step(&a);
+    return total;
+}
+
 /* the thread's attention tasks, and the rotation back of the heads they wrote */
 static void attention_phase(const step_plan *p, thread_share *s, int64_t l) {
     for (int i = 0; i < p->num_parts; i++) s->own[i].layer_offset = l * p->part_strides[i];
     if (s->a1 <= s->a0) return;
+    read_ahead ahead;
+    read_ahead_plan(p, s, l, &ahead);
     decode_attention_share(p->qkv, s->own, p->num_parts, (int)p->H, (int)p->Hkv, (int)p->D, p->QKV,
                            p->sm_scale, p->attn, p->attn_scratch + (int64_t)s->t * p->scratch_stride,
-                           s->a0, s->a1);
+                           s->a0, s->a1, &ahead);
     if (p->dm->rotate_kv) /* back from the rotated basis */
         for (int64_t i = s->a0; i < s->a1; i++)
             hadamard_rotate(p->attn + (i / p->Hkv) * p->H * p->D + (i % p->Hkv) * p->G * p->D,
@@ -229,7 +281,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
                    .QKV = QKV, .G = H / Hkv, .cos = cos, .sin = sin, .writes = writes,
                    .num_writes = num_writes, .num_parts = num_parts, .part_strides = part_strides,
                    .sm_scale = sm_scale, .attn_scratch = attn_scratch,
-                   .scratch_stride = scratch_stride, .paired = I % BN == 0};
+                   .scratch_stride = scratch_stride, .paired = I % BN == 0, .lw = lw};
     p.y = work;
     p.qkv = p.y + R * Hd;
     p.attn = p.qkv + R * QKV;

@@ -33,11 +33,44 @@ int decode_attention_check(const flat_part *parts, int num_parts, int R, int D);
 void decode_attention_span(const flat_part *parts, int num_parts, int R, int Hkv, int t, int team,
                            int64_t *a0, int64_t *a1);
 
+/* Memory a thread will read after the phase it is in (the next linears' weight blocks), asked for
+ * a few cache lines at a time while that phase computes: decode attention reads its K/V at a few
+ * GB/s and leaves the memory bus idle, so the lines arrive in the caches for free and the linears
+ * after it stream less from DRAM (kernels/csrc/decoder.c, read_ahead_plan). Up to `left` lines
+ * from the ranges in order, `per_step` per read_ahead_step. A prefetch changes no result. */
+#define READ_AHEAD_RANGES 4
+typedef struct {
+    const char *begin[READ_AHEAD_RANGES], *end[READ_AHEAD_RANGES];
+    int n, i;        /* ranges, the current one */
+    const char *cur; /* the next line to ask for */
+    int per_step;    /* lines per read_ahead_step */
+    int64_t left;    /* lines still to ask for */
+} read_ahead;
+
+/* Ask for the next per_step lines (into L2: prefetcht1; into L1 it slowed the attention that
+ * shares it). Returns how many it asked for. */
+static inline int read_ahead_step(read_ahead *a) {
+    int k = 0;
+    for (; k < a->per_step && a->left > 0; k++, a->left--) {
+        while (a->cur >= a->end[a->i]) {
+            if (a->i + 1 >= a->n) return k;
+            a->cur = a->begin[++a->i];
+        }
+        __builtin_prefetch(a->cur, 0, 2);
+        a->cur += 64;
+    }
+    return k;
+}
+
 /* Tasks [a0, a1) of decode_attention_int8, with one scratch region. No OpenMP inside: callers run
- * it in their own region. */
+ * it in their own region. ahead: NULL, or memory to ask for along the way (a step per key and
+ * pass). */
 void decode_attention_share(const float *q, const flat_part *parts, int num_parts, int H, int Hkv,
                             int D, int64_t q_stride_r, float sm_scale, float *out, float *scratch,
-                            int64_t a0, int64_t a1);
+                            int64_t a0, int64_t a1, read_ahead *ahead);
+
+/* The keys of tasks [a0, a1): each pass of decode attention visits them once. */
+int64_t decode_attention_keys(const flat_part *parts, int num_parts, int Hkv, int64_t a0, int64_t a1);
 
 int decode_attention_int8(const float *q, const flat_part *parts, int num_parts, int R, int H,
                           int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,

@@ -294,7 +294,7 @@ key_dots(const float *qr, const int8_t *kp, const int G, const int D, v8f *acc) 
 static inline __attribute__((always_inline)) void
 decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int kh, int Hkv,
                const int G, const int D, int64_t q_stride_r, float sm_scale, float *out,
-               float *scratch, int64_t total) {
+               float *scratch, int64_t total, read_ahead *ahead) {
     /* vectors per head per value slice: G * CW accumulators + a value + G weights in registers */
     const int CW = G * 8 + G + 1 <= VECTOR_REGISTERS ? 8 : G * 4 + G + 1 <= VECTOR_REGISTERS ? 4
                  : G * 2 + G + 1 <= VECTOR_REGISTERS ? 2 : 1;
@@ -334,6 +334,7 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
                     __builtin_prefetch(pt->v + (idx[j + i + KV_PREFETCH] + off) * D, 0, 2);
                 }
                 key_dots(qr, pt->k + row * D, G, D, acc);
+                if (ahead) read_ahead_step(ahead);
                 for (int g = 0; g < G; g++) dots[g][i] = acc[g];
                 scale[i] = half_to_float(pt->ks[row]) * sm_scale;
             }
@@ -377,6 +378,7 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
                     __builtin_prefetch(pt->v + (idx[j + KV_PREFETCH] + off) * D, 0, 3);
                 const int8_t *vp = pt->v + row * D + 8 * c0;
                 const float vsc = half_to_float(pt->vs[row]);
+                if (ahead) read_ahead_step(ahead);
                 v8f w[MAX_FAST_GROUP];
                 for (int g = 0; g < G; g++) w[g] = splat_v8(scratch[g * total + pos] * vsc);
                 for (int c = 0; c < CW; c++) {
@@ -394,22 +396,24 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
  * compile-time constants in its body (the OpenMP loop below is outlined once, with them as data) */
 typedef void (*task_fn)(const float *q, const flat_part *parts, int num_parts, int r, int kh, int H,
                         int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
-                        float *scratch, int64_t total);
+                        float *scratch, int64_t total, read_ahead *ahead);
 
 static void task_any_shape(const float *q, const flat_part *parts, int num_parts, int r, int kh,
                            int H, int Hkv, int D, int64_t q_stride_r, float sm_scale, float *out,
-                           float *scratch, int64_t total) {
+                           float *scratch, int64_t total, read_ahead *ahead) {
+    (void)ahead;
     decode_task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out, scratch, total);
 }
 
 #define DEFINE_FAST_TASK(DIM, GROUP)                                                               \
     static void task_##DIM##_##GROUP(const float *q, const flat_part *parts, int num_parts, int r, \
                                      int kh, int H, int Hkv, int D, int64_t q_stride_r,            \
-                                     float sm_scale, float *out, float *scratch, int64_t total) {  \
+                                     float sm_scale, float *out, float *scratch, int64_t total,    \
+                                     read_ahead *ahead) {                                          \
         (void)H;                                                                                   \
         (void)D;                                                                                   \
         decode_task_v8(q, parts, num_parts, r, kh, Hkv, GROUP, DIM, q_stride_r, sm_scale, out,     \
-                       scratch, total);                                                            \
+                       scratch, total, ahead);                                                     \
     }
 #define DEFINE_FAST_TASKS(DIM)                                                                     \
     DEFINE_FAST_TASK(DIM, 1) DEFINE_FAST_TASK(DIM, 2) DEFINE_FAST_TASK(DIM, 3)                     \
@@ -446,10 +450,10 @@ int decode_attention_check(const flat_part *parts, int num_parts, int R, int D) 
 
 static inline void run_task(task_fn task, const float *q, const flat_part *parts, int num_parts,
                             int t, int H, int Hkv, int D, int64_t q_stride_r, float sm_scale,
-                            float *out, float *scratch) {
+                            float *out, float *scratch, read_ahead *ahead) {
     const int r = t / Hkv, kh = t % Hkv;
     task(q, parts, num_parts, r, kh, H, Hkv, D, q_stride_r, sm_scale, out, scratch,
-         row_keys(parts, num_parts, r));
+         row_keys(parts, num_parts, r), ahead);
 }
 
 void decode_attention_span(const flat_part *parts, int num_parts, int R, int Hkv, int t, int team,
@@ -473,10 +477,17 @@ void decode_attention_span(const flat_part *parts, int num_parts, int R, int Hkv
 
 void decode_attention_share(const float *q, const flat_part *parts, int num_parts, int H, int Hkv,
                             int D, int64_t q_stride_r, float sm_scale, float *out, float *scratch,
-                            int64_t a0, int64_t a1) {
+                            int64_t a0, int64_t a1, read_ahead *ahead) {
     const task_fn task = task_for(H, Hkv, D);
     for (int64_t i = a0; i < a1; i++)
-        run_task(task, q, parts, num_parts, (int)i, H, Hkv, D, q_stride_r, sm_scale, out, scratch);
+        run_task(task, q, parts, num_parts, (int)i, H, Hkv, D, q_stride_r, sm_scale, out, scratch,
+                 ahead);
+}
+
+int64_t decode_attention_keys(const flat_part *parts, int num_parts, int Hkv, int64_t a0, int64_t a1) {
+    int64_t keys = 0;
+    for (int64_t i = a0; i < a1; i++) keys += row_keys(parts, num_parts, i / Hkv);
+    return keys;
 }
 
 /* q: [R, H, D]; out: [R, H, D]; scratch: min(nthreads, R * Hkv) x scratch_stride floats (callers
@@ -503,7 +514,7 @@ int decode_attention_int8(const float *q, const flat_part *parts, int num_parts,
         int64_t a0, a1;
         decode_attention_span(parts, num_parts, R, Hkv, t, team_size(), &a0, &a1);
         decode_attention_share(q, parts, num_parts, H, Hkv, D, q_stride_r, sm_scale, out,
-                               scratch + (int64_t)t * scratch_stride, a0, a1);
+                               scratch + (int64_t)t * scratch_stride, a0, a1, NULL);
     }
     return 0;
 }
