@@ -133,10 +133,6 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_int]
-    fn = lib.read_ahead_walk
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                   ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     if hasattr(lib, "decoder_phase_times"):  # built with EDGE_RUNTIME_CPU_PHASE_TIMES=1
         lib.decoder_phase_times.restype = ctypes.c_int
         lib.decoder_phase_times.argtypes = [ctypes.c_void_p, ctypes.c_int]

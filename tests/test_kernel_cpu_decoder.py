@@ -236,11 +236,14 @@ def _walk(ranges, per_step, left, steps):
     """read_ahead_walk over byte ranges [(begin, end)] -> (total lines, lines per step)."""
     import ctypes
 
-    lib = cpu_native.library()
+    fn = cpu_native.library().read_ahead_walk  # a test hook: declared here, not in declare()
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                   ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     begin = (ctypes.c_void_p * len(ranges))(*[b for b, _ in ranges])
     end = (ctypes.c_void_p * len(ranges))(*[e for _, e in ranges])
     lines = (ctypes.c_int * steps)()
-    total = lib.read_ahead_walk(begin, end, len(ranges), per_step, left, steps, lines)
+    total = fn(begin, end, len(ranges), per_step, left, steps, lines)
     return total, list(lines)
 
 
