@@ -168,8 +168,8 @@ static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) 
  * the thread's next weight blocks (its o_proj blocks, gate and up blocks, down_proj blocks: what
  * it reads next, in that order), spread over its key visits at up to READ_AHEAD_MAX_STEP lines
  * per visit. 1 MiB (the size of Zen 4's L2) and 4 lines: alternated in-step phase timings,
- * batch 5 at 512 tokens in the VM's high-bandwidth mode, step 15.7 vs 16.5-17.0 ms (the linears
- * after attention faster by ~1.2 ms, attention slower by ~0.2); 2 MiB or 8 lines slowed the
+ * batch 5 at 512 tokens in the VM's high-bandwidth mode, step 15.7 vs 16.5 ms (medians of 7 runs
+ * each: o_proj and gate/up faster, attention ~0.2 ms slower); 2 MiB or 8 lines slowed the
  * attention more than they sped the linears, prefetching into L1 too; the low mode and batch 1
  * unchanged within the spread (docs/perf.md, "Tenth session"). */
 #define READ_AHEAD_BYTES (1 << 20)

@@ -317,8 +317,8 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
         /* The rows come from DRAM (a layer's weights passed through the caches since they were
          * last read): ask for the first KV_PREFETCH keys' K and V rows at once, then each pass
          * keeps KV_PREFETCH rows ahead; V is fetched into L2 here, a pass before the values read
-         * it. Measured in the step: attention 2.73 -> 2.48 ms per batch-5 step (docs/perf.md,
-         * "Tenth session"). */
+         * it. Measured in the step: attention 2.73 -> 2.48 ms per batch-5 step in the VM's
+         * low-bandwidth mode (docs/perf.md, "Tenth session"). */
         for (int64_t b = 0; b < KV_PREFETCH && b < n; b++) {
             __builtin_prefetch(pt->k + (idx[b] + off) * D, 0, 0);
             __builtin_prefetch(pt->v + (idx[b] + off) * D, 0, 2);
