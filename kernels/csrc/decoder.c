@@ -105,6 +105,7 @@ typedef struct { /* one thread's share of every phase, the same each layer */
     float *h;                       /* [R, hidden]: its copy of the normed residual */
     int64_t r0, r1;                 /* rows of rope / rotation / KV writes */
     int64_t a0, a1;                 /* attention tasks */
+    int64_t key_visits;             /* their keys, times two passes: read_ahead_plan's pace */
     int64_t qb0, qb1, hb0, hb1;     /* output blocks of q/k/v, of o_proj and down_proj */
     int64_t hc0, hc1;               /* the residual's columns those blocks cover */
     int64_t g0, g1, c0, c1;         /* gate (paired) or gate/up blocks; silu columns (unpaired) */
@@ -124,6 +125,7 @@ static void share_of(const step_plan *p, const flat_part *parts, float *norms, i
     if (t < team)
         decode_attention_span(parts, p->num_parts, (int)p->R, (int)p->Hkv, t, (int)team, &s->a0,
                               &s->a1);
+    s->key_visits = 2 * decode_attention_keys(parts, p->num_parts, (int)p->Hkv, s->a0, s->a1);
     span_of((p->QKV + BN - 1) / BN, t, T, &s->qb0, &s->qb1);
     span_of((p->Hd + BN - 1) / BN, t, T, &s->hb0, &s->hb1);
     s->hc0 = s->hb0 * BN;
@@ -195,7 +197,7 @@ static void read_ahead_plan(const step_plan *p, const thread_share *s, int64_t l
     a->i = 0;
     a->cur = a->begin[0];
     a->left = lines < READ_AHEAD_BYTES / 64 ? lines : READ_AHEAD_BYTES / 64;
-    const int64_t visits = 2 * decode_attention_keys(s->own, p->num_parts, (int)p->Hkv, s->a0, s->a1);
+    const int64_t visits = s->key_visits;
     const int64_t per = visits > 0 ? (a->left + visits - 1) / visits : 0;
     a->per_step = (int)(per < READ_AHEAD_MAX_STEP ? per : READ_AHEAD_MAX_STEP);
 }
