@@ -176,27 +176,24 @@ static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) 
  * unchanged within the spread (docs/perf.md, "Tenth session"). */
 #define READ_AHEAD_BYTES (1 << 20)
 #define READ_AHEAD_MAX_STEP 4
+/* append output blocks [b0, b1) of a blocked matrix with K inputs (BN x K floats per block) */
+static void add_blocks(read_ahead *a, const float *w, int64_t K, int64_t b0, int64_t b1) {
+    a->begin[a->n] = (const char *)(w + b0 * K * BN);
+    a->end[a->n] = (const char *)(w + b1 * K * BN);
+    a->left += (a->end[a->n] - a->begin[a->n] + 63) / 64;
+    a->n++;
+}
+
 static void read_ahead_plan(const step_plan *p, const thread_share *s, int64_t l, read_ahead *a) {
     const layer_weights *w = p->lw + l;
-    const int64_t Hd = p->Hd, I = p->I, HD = p->H * p->D;
-    const float *b[READ_AHEAD_RANGES], *e[READ_AHEAD_RANGES];
-    int n = 0;
-    b[n] = w->o_w + s->hb0 * HD * BN, e[n++] = w->o_w + s->hb1 * HD * BN;
-    b[n] = w->gate_up_w + s->g0 * Hd * BN, e[n++] = w->gate_up_w + s->g1 * Hd * BN;
-    if (p->paired)
-        b[n] = w->gate_up_w + (I / BN + s->g0) * Hd * BN,
-        e[n++] = w->gate_up_w + (I / BN + s->g1) * Hd * BN;
-    b[n] = w->down_w + s->hb0 * I * BN, e[n++] = w->down_w + s->hb1 * I * BN;
-    int64_t lines = 0;
-    for (int i = 0; i < n; i++) {
-        a->begin[i] = (const char *)b[i];
-        a->end[i] = (const char *)e[i];
-        lines += (a->end[i] - a->begin[i] + 63) / 64;
-    }
-    a->n = n;
-    a->i = 0;
+    a->n = a->i = 0;
+    a->left = 0;
+    add_blocks(a, w->o_w, p->H * p->D, s->hb0, s->hb1);
+    add_blocks(a, w->gate_up_w, p->Hd, s->g0, s->g1);
+    if (p->paired) add_blocks(a, w->gate_up_w, p->Hd, p->I / BN + s->g0, p->I / BN + s->g1);
+    add_blocks(a, w->down_w, p->I, s->hb0, s->hb1);
     a->cur = a->begin[0];
-    a->left = lines < READ_AHEAD_BYTES / 64 ? lines : READ_AHEAD_BYTES / 64;
+    if (a->left > READ_AHEAD_BYTES / 64) a->left = READ_AHEAD_BYTES / 64;
     const int64_t visits = s->key_visits;
     const int64_t per = visits > 0 ? (a->left + visits - 1) / visits : 0;
     a->per_step = (int)(per < READ_AHEAD_MAX_STEP ? per : READ_AHEAD_MAX_STEP);
