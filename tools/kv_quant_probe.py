@@ -6,13 +6,18 @@ token and head, kernels/quantize.py) and report mean KL(fp32 || variant) and arg
 `edge-runtime eval-ppl` (docs/engine.md, "int8 KV quality"); this answers "would X lower the
 error?" before X is built.
 
-Variants, `keepN-gG[-recentW]`: the first N positions of every window stay unquantized (IntactKV's
-"attention sink" idea), the scale covers groups of G channels (64 = one per head, as shipped), and
-with `-recentW` every query reads the W keys nearest to it (itself included) unquantized (KIVI's
-full-precision window of recent tokens).
+Variants, `keepN-gG[-recentW][-centerK|-centerV|-centerKV]`: the first N positions of every window
+stay unquantized (IntactKV's "attention sink" idea), the scale covers groups of G channels (64 = one
+per head, as shipped), with `-recentW` every query reads the W keys nearest to it (itself included)
+unquantized (KIVI's full-precision window of recent tokens), and with `-center...` a fixed mean
+vector per layer and kv head (of the rotated keys / values, measured on other text: Apache-2.0 and
+the json module's source) is subtracted before quantization and added back after. That is exact
+without quantization (a constant added to every key shifts all of a query's scores by the same
+amount; the attention weights sum to 1), and the keys' mean is most of their norm here.
 
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep1-g64,keep4-g64,keep0-g32
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep0-g64-recent16,keep0-g64-recent64
+    python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-centerK,keep0-g64-recent16-centerK
 """
 from __future__ import annotations
 
@@ -23,14 +28,16 @@ import pathlib
 import torch
 
 
-def fake_int8(x: torch.Tensor, keep: int, group: int) -> torch.Tensor:
-    """x [B, Hkv, L, D] -> what attention reads back from a rotated int8 store."""
+def fake_int8(x: torch.Tensor, keep: int, group: int, mean: torch.Tensor | None = None) -> torch.Tensor:
+    """x [B, Hkv, L, D] -> what attention reads back from a rotated int8 store (with `mean`
+    [Hkv, 1, D] of the rotated heads subtracted before quantization and added back after)."""
     from edge_runtime.kernels import hadamard
     from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
 
-    rotated = hadamard.rotate(x)
+    rotated = hadamard.rotate(x) - (0 if mean is None else mean)
     grouped = rotated.reshape(*x.shape[:-1], x.shape[-1] // group, group)
-    back = hadamard.rotate(dequantize_int8(*quantize_int8(grouped)).reshape(x.shape))
+    restored = dequantize_int8(*quantize_int8(grouped)).reshape(x.shape) + (0 if mean is None else mean)
+    back = hadamard.rotate(restored)
     if keep:
         back[..., :keep, :] = x[..., :keep, :]
     return back
@@ -63,13 +70,24 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=torch.float32)
-    variant = {"on": False}
+    variant = {"on": False, "calibrate": False}
+    sums: dict[int, list] = {}  # layer -> [sum of rotated keys, of values, positions]
 
     def attention(module, query, key, value, attention_mask, **kw):
+        if variant["calibrate"]:
+            from edge_runtime.kernels import hadamard
+
+            acc = sums.setdefault(module.layer_idx, [0, 0, 0])
+            acc[0] = acc[0] + hadamard.rotate(key)[0, :, 1:].sum(1, keepdim=True)  # position 0: the sink
+            acc[1] = acc[1] + hadamard.rotate(value)[0, :, 1:].sum(1, keepdim=True)
+            acc[2] += key.shape[2] - 1
         if not variant["on"]:
             return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
-        key_q = fake_int8(key, variant["keep"], variant["group"])
-        value_q = fake_int8(value, variant["keep"], variant["group"])
+        k_sum, v_sum, count = sums.get(module.layer_idx, (None, None, 1))
+        key_q = fake_int8(key, variant["keep"], variant["group"],
+                          k_sum / count if "K" in variant["center"] else None)
+        value_q = fake_int8(value, variant["keep"], variant["group"],
+                            v_sum / count if "V" in variant["center"] else None)
         if not variant["recent"]:
             return sdpa_attention_forward(module, query, key_q, value_q, attention_mask, **kw)
         return recent_window_attention(query, key, value, key_q, value_q, variant["recent"],
@@ -84,12 +102,23 @@ def main() -> None:
         with torch.inference_mode():
             return torch.log_softmax(model(torch.tensor([window])).logits[0].float(), -1)
 
+    if "center" in args.variants:
+        import json
+
+        variant["calibrate"] = True
+        for text in (pathlib.Path("/usr/share/common-licenses/Apache-2.0").read_text(),
+                     pathlib.Path(json.__file__).read_text()):
+            log_probs(tok(text, add_special_tokens=False).input_ids[:1024])
+        variant["calibrate"] = False
     reference = [log_probs(w) for w in windows]
     print("| variant | mean KL vs fp32 KV | argmax differs |\n|---|---:|---:|")
     for name in args.variants.split(","):
-        keep, group, *recent = name.split("-")
+        keep, group, *rest = name.split("-")
+        recent = [r for r in rest if r.startswith("recent")]
+        center = [r.removeprefix("center") for r in rest if r.startswith("center")]
         variant.update(on=True, keep=int(keep.removeprefix("keep")), group=int(group.removeprefix("g")),
-                       recent=int(recent[0].removeprefix("recent")) if recent else 0)
+                       recent=int(recent[0].removeprefix("recent")) if recent else 0,
+                       center=center[0] if center else "")
         kl, flips, n = 0.0, 0, 0
         for w, ref in zip(windows, reference):
             got = log_probs(w)
