@@ -163,6 +163,37 @@ def test_gguf_cache_converts_once_atomically(tmp_path, monkeypatch):
     assert [p.name for p in first.parent.iterdir()] == [first.name]  # no half-written folder
 
 
+def test_gguf_cache_removes_stale_siblings_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_convert, "_convert",
+                        lambda src, out: (out / "config.json").write_text(
+                            json.dumps({"edge_runtime_source": str(src.resolve())})))
+    kept, gone = tmp_path / "kept.gguf", tmp_path / "gone.gguf"
+    kept.write_bytes(b"GGUF kept")
+    gone.write_bytes(b"GGUF gone")
+    kept_folder = gguf_convert.ensure_converted(kept)
+    gone_folder = gguf_convert.ensure_converted(gone)
+    gone.unlink()  # a deleted clone: its folder can never be used again
+    root = kept_folder.parent
+    converting = root / ".tmp-abc"  # another process converting right now
+    converting.mkdir()
+    legacy = root / "old-123"  # from before source.json: only config.json's source path
+    legacy.mkdir()
+    (legacy / "config.json").write_text(json.dumps({"edge_runtime_source": str(tmp_path / "m.gguf")}))
+    unknown = root / "hand-made"
+    unknown.mkdir()
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF v1")
+    first = gguf_convert.ensure_converted(model)
+    assert json.loads((first / "source.json").read_text())["size"] == len(b"GGUF v1")
+    assert not legacy.exists() and not gone_folder.exists()
+    model.write_bytes(b"GGUF v2, reinstalled")  # same path, new size/mtime -> new key
+    second = gguf_convert.ensure_converted(model)
+    assert second != first and not first.exists()
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [".tmp-abc", "hand-made", kept_folder.name, second.name])
+
+
 @pytest.mark.slow
 def test_default_model_cache_is_reused():
     first = resolve_model_folder(DEFAULT_MODEL)  # converts on a fresh machine

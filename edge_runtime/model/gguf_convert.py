@@ -10,6 +10,14 @@ Invariants:
   converter gets a new folder.
 - A folder exists only when complete: everything is written into a temporary sibling and renamed
   into place (atomic on one file system). A concurrent converter that loses the race discards its copy.
+- Each folder records its source in `source.json` (resolved path, size, mtime, converter version),
+  written before the rename. After a conversion completes, stale siblings are removed: those made
+  from the same source path (an older file or converter: a reinstalled model package) and those
+  whose recorded source no longer exists (a deleted clone) or no longer matches its size and mtime.
+  Without this every reinstall added a ~500 MB folder. Never removed: `.tmp-*` folders (another
+  process may be converting into them), folders whose source still exists and matches, and folders
+  with no recorded source. Folders from before `source.json` are judged by the `edge_runtime_source`
+  path in their config.json (same path or missing file: stale).
 """
 
 from __future__ import annotations
@@ -32,9 +40,15 @@ def cache_root() -> Path:
     return Path(base) / "edge-runtime" / "models"
 
 
-def cached_folder_for(gguf_path: Path) -> Path:
+def source_record(gguf_path: Path) -> dict:
     st = gguf_path.stat()
-    ident = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{CONVERT_VERSION}"
+    return {"path": str(gguf_path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "version": CONVERT_VERSION}
+
+
+def cached_folder_for(gguf_path: Path) -> Path:
+    src = source_record(gguf_path)
+    ident = f"{src['path']}|{src['size']}|{src['mtime_ns']}|v{CONVERT_VERSION}"
     key = hashlib.sha256(ident.encode()).hexdigest()[:12]
     return cache_root() / f"{gguf_path.stem}-{key}"
 
@@ -56,6 +70,7 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
         ) from exc
     try:
         _convert(gguf_path, tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps(source_record(gguf_path)))
         try:
             os.rename(tmp, target)
         except OSError:
@@ -64,7 +79,55 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    remove_stale_siblings(target, source_record(gguf_path))
     return target
+
+
+SOURCE_FILE = "source.json"
+
+
+def _recorded_source(folder: Path) -> dict | None:
+    """What `folder` was converted from, or None when unknown (then it is never removed)."""
+    try:
+        if (folder / SOURCE_FILE).is_file():
+            record = json.loads((folder / SOURCE_FILE).read_text())
+        else:  # converted before source.json existed: only the path is known
+            record = {"path": json.loads((folder / "config.json").read_text())["edge_runtime_source"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("path"), str) else None
+
+
+def _is_stale(record: dict, current: dict) -> bool:
+    if record["path"] == current["path"]:
+        return True  # same source, other key: an older file or converter version
+    try:
+        st = os.stat(record["path"])
+    except OSError:
+        return True  # the source is gone (a deleted clone or package)
+    if "size" not in record:
+        return False  # legacy folder whose source still exists: keep
+    return (st.st_size, st.st_mtime_ns) != (record["size"], record.get("mtime_ns"))
+
+
+def remove_stale_siblings(target: Path, current: dict) -> list[Path]:
+    """Delete completed cache folders next to `target` that can never be used again; see module doc."""
+    removed = []
+    for folder in sorted(target.parent.iterdir()):
+        if folder == target or folder.name.startswith(".") or not folder.is_dir():
+            continue
+        record = _recorded_source(folder)
+        if record is None or not _is_stale(record, current):
+            continue
+        # Rename first so no reader sees a half-deleted folder that still has config.json.
+        doomed = folder.with_name(f".stale-{folder.name}")
+        try:
+            os.rename(folder, doomed)
+        except OSError:
+            continue  # another process removed or is removing it
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
