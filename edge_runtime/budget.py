@@ -12,6 +12,7 @@ mappings here and validated by their owners (GuardConfig / ServiceLimits) when i
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +38,21 @@ SECTION_KEYS = {"reserve": {"os", "other"},
 
 
 def parse_bytes(value: Any, where: str) -> int:
-    """An int (bytes) or a string like '64GiB', '512 MiB', '1.5GB'."""
-    if isinstance(value, bool):
+    """An int (bytes) or a string like '64GiB', '512 MiB', '1.5GB'.
+
+    A fraction needs a unit ('4.5GiB'): a bare 4.5 would be 4 bytes, surely a missing unit."""
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
         raise ConfigError(f"{where}: expected a size such as 4GiB, got {value!r}")
     if isinstance(value, int):
         return value
-    m = re.fullmatch(r"\s*(-?[0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+    m = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]*)?|-?\.[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"{where}: expected a size such as 4GiB or 512MiB, got {value!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    number, unit = float(m.group(1)), _UNITS[m.group(2).lower()]
+    if unit == 1 and not number.is_integer():
+        raise ConfigError(f"{where}: {value!r} is a fraction of a byte; add a unit "
+                          f"(e.g. {m.group(1)}GiB) or give whole bytes")
+    return int(number * unit)
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ class Budget:
 
 
 def check_page_tokens(page_tokens: Any, where: str) -> None:
-    if not isinstance(page_tokens, int) or page_tokens < 1 or page_tokens & (page_tokens - 1):
+    if (isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or page_tokens < 1 or page_tokens & (page_tokens - 1)):
         raise ConfigError(f"{where} must be a power of two (16, 64, 256, 512...), got {page_tokens!r}")
 
 
@@ -120,10 +127,20 @@ def available_budgets() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
 
 
-def _section(data: dict, key: str, where: str) -> dict:
-    sec = data.get(key) or {}
+def _mapping(data: dict, key: str, where: str) -> dict:
+    """The section `key`: absent or null means defaults; anything else must be a mapping (a
+    falsy `guard: off` or `kv: false` must not silently become the defaults)."""
+    sec = data.get(key)
+    if sec is None:
+        return {}
     if not isinstance(sec, dict):
-        raise ConfigError(f"{where}: {key} must be a mapping")
+        hint = " (to switch it off use guard: {enabled: false})" if key == "guard" else ""
+        raise ConfigError(f"{where}: {key} must be a mapping of keys to values, got {sec!r}{hint}")
+    return sec
+
+
+def _section(data: dict, key: str, where: str) -> dict:
+    sec = _mapping(data, key, where)
     unknown = set(sec) - SECTION_KEYS[key]
     if unknown:
         raise ConfigError(f"{where}: unknown key {key}.{sorted(unknown)[0]} "
@@ -172,9 +189,7 @@ def budget_from_dict(data: Any, source: str) -> Budget:
 
 def _validated(data: dict, key: str, source: str) -> dict:
     """The raw section, after its owner's parser accepted it (when that module exists)."""
-    sec = data.get(key) or {}
-    if not isinstance(sec, dict):
-        raise ConfigError(f"{source}: {key} must be a mapping")
+    sec = _mapping(data, key, source)
     try:
         if key == "guard":
             from edge_runtime.guard.config import GuardConfig as parser
@@ -194,6 +209,9 @@ def load_budget(name_or_path: str | Path) -> Budget:
     path = resolve_budget_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read budget {path}: not UTF-8 text (byte {exc.start}); "
+                          "give a YAML budget file") from exc
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read budget {path}: {exc}") from exc
     return budget_from_dict(data, str(path))

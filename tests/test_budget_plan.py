@@ -36,6 +36,12 @@ def test_sizes_parse():
     assert parse_bytes(123, "x") == 123 and parse_bytes("2GB", "x") == 2 * 10**9
     with pytest.raises(ConfigError, match="x: expected a size"):
         parse_bytes("lots", "x")
+    for bad in ("1.2.3GiB", "..GiB", float("inf"), float("nan"), True):
+        with pytest.raises(ConfigError, match="x: expected a size"):
+            parse_bytes(bad, "x")
+    with pytest.raises(ConfigError, match="fraction of a byte; add a unit"):
+        parse_bytes(4.5, "x")  # surely 4.5GiB, not 4 bytes
+    assert parse_bytes(4.0, "x") == 4 and parse_bytes(".5KiB", "x") == 512
 
 
 @pytest.mark.parametrize("change, message", [
@@ -49,6 +55,15 @@ def test_sizes_parse():
     ({"inline": {"slots": 4, "tokens": 1024}}, "inline.tokens"),
     ({"guard": {"poll_interval_s": 0}}, "guard"),
     ({"service": {"max_tokens": 0}}, "service"),
+    ({"device_memory": float("inf")}, "device_memory: expected a size"),
+    ({"kv": {"page_tokens": True}}, "kv.page_tokens must be a power of two"),
+    # a falsy non-mapping must not silently become the defaults (guard: off ran the guard ON)
+    ({"guard": False}, r"guard must be a mapping .* guard: \{enabled: false\}"),
+    ({"guard": []}, "guard must be a mapping"),
+    ({"kv": False}, "kv must be a mapping"),
+    ({"service": 0}, "service must be a mapping"),
+    ({"guard": {"poll_interval_s": float("nan")}}, "guard.poll_interval_s: must be a finite"),
+    ({"guard": {"poll_interval_s": float("inf")}}, "guard.poll_interval_s: must be a finite"),
 ])
 def test_bad_budgets_name_the_file_and_key(tmp_path, change, message):
     path = tmp_path / "bad.yaml"
@@ -56,6 +71,19 @@ def test_bad_budgets_name_the_file_and_key(tmp_path, change, message):
     with pytest.raises(ConfigError, match=message) as err:
         load_budget(path)
     assert str(path) in str(err.value)
+
+
+def test_absent_or_null_sections_are_defaults(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "guard": None, "kv": None}))
+    assert load_budget(path).page_tokens == 512 and dict(load_budget(path).guard) == {}
+
+
+def test_non_utf8_budget_is_a_config_error(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_budget(path)
 
 
 def test_unknown_config_name_lists_the_known_ones():

@@ -114,7 +114,16 @@ def test_state_always_consistent_with_thresholds(values):
     {"treshold": 0.5},
     {"preempt_on_critical": 1.5},
     {"enabled": "yes"},
+    {"poll_interval_s": float("nan")},  # waits never: an idle busy-poll
+    {"poll_interval_s": float("inf")},  # OverflowError killed the guard thread
+    {"high_used_fraction": float("nan")},
+    {"hysteresis": True},
 ])
 def test_bad_config_is_a_config_error(section):
     with pytest.raises(ConfigError):
         GuardConfig.from_dict(section)
+
+
+def test_direct_construction_requires_finite_numbers():
+    with pytest.raises(ConfigError, match="finite"):
+        GuardConfig(poll_interval_s=float("nan"))

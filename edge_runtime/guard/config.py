@@ -1,11 +1,13 @@
 """`guard:` section of the budget YAML -> frozen GuardConfig (see docs/interfaces.md).
 
-Invariants: 0 < high < critical <= 1, 0 <= hysteresis < high; unknown keys are errors (a typo in a
+Invariants: 0 < high < critical <= 1, 0 <= hysteresis < high, every number finite (a NaN poll
+interval busy-polls, an infinite one kills the guard thread); unknown keys are errors (a typo in a
 threshold must not silently fall back to a default).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from edge_runtime.errors import ConfigError
@@ -22,6 +24,10 @@ class GuardConfig:
     shrink_chunks_on_critical: int = 1
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"guard.{f.name}: must be a finite number, got {value!r}")
         if not 0 < self.high_used_fraction < self.critical_used_fraction <= 1:
             raise ConfigError(
                 "guard: need 0 < high_used_fraction < critical_used_fraction <= 1, got "
@@ -56,7 +62,9 @@ def _checked(cls, section: dict, name: str) -> dict:
                 if not isinstance(value, bool):
                     raise TypeError
                 out[key] = value
-            elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            elif kind in (int, float) and isinstance(value, bool):
+                raise TypeError
+            elif kind is int and not isinstance(value, int):
                 raise TypeError
             else:
                 out[key] = kind(value)
@@ -64,4 +72,6 @@ def _checked(cls, section: dict, name: str) -> dict:
             raise ConfigError(
                 f"{name}.{key}: expected {kind.__name__}, got {value!r}"
             ) from None
+        if kind is float and not math.isfinite(out[key]):
+            raise ConfigError(f"{name}.{key}: must be a finite number, got {value!r}")
     return out
