@@ -43,3 +43,16 @@ def test_no_audio_device_is_a_clear_error():
         pytest.skip("this machine has a sound device, so the no-device error cannot be shown")
     with pytest.raises(ConfigError, match="cannot play on the audio device"):
         asyncio.run(speak_to_device("hello"))
+
+
+def test_unwritable_answer_folder_is_a_tts_error_and_the_answer_stands(tmp_path):
+    from edge_runtime.voice.loop import LoopSettings, VoiceLoop
+
+    (tmp_path / "file.wav").write_bytes(b"RIFF")
+    out = tmp_path / "file.wav" / "ans" / "a.wav"
+    with pytest.raises(ConfigError, match=r"cannot write spoken answers to .*file\.wav/ans"):
+        asyncio.run(speak_to_wav("hello", out))
+    loop = VoiceLoop(None, None, None, "system", LoopSettings(tts_dir=out.parent))
+    event = {"answer": "hello"}
+    asyncio.run(loop._speak(0, 0, "hello", event))
+    assert "cannot write spoken answers" in event["tts_error"] and "tts_wav" not in event

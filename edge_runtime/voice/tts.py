@@ -34,13 +34,18 @@ def _espeak_args(text: str, out: Path, voice: str, speed: int) -> list[str]:
 
 
 async def speak_to_wav(text: str, out: Path, voice: str = "en-us", speed: int = 175) -> None:
-    """Speak `text` into `out` (espeak-ng's own 22.05 kHz WAV) without blocking the event loop."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    proc = await asyncio.create_subprocess_exec(
-        *_espeak_args(text, out, voice, speed),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await proc.communicate()
+    """Speak `text` into `out` (espeak-ng's own 22.05 kHz WAV) without blocking the event loop.
+    An unwritable folder or a failing espeak-ng is a ConfigError (the caller keeps the answer)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        proc = await asyncio.create_subprocess_exec(
+            *_espeak_args(text, out, voice, speed),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await proc.communicate()
+    except OSError as exc:
+        raise ConfigError(f"cannot write spoken answers to {out.parent} ({exc.strerror or exc}); "
+                          "give a writable --tts-dir") from exc
     if proc.returncode != 0 or not out.is_file():  # espeak-ng exits 0 when it cannot write
         raise ConfigError(f"espeak-ng failed for {out}: {err.decode(errors='replace').strip()}")
 
@@ -48,11 +53,14 @@ async def speak_to_wav(text: str, out: Path, voice: str = "en-us", speed: int = 
 async def speak_to_device(text: str, voice: str = "en-us", speed: int = 175) -> None:
     """Speak `text` on the default audio device. espeak-ng exits 0 even when it cannot open the
     device, so its stderr decides: an `error:` line there is a ConfigError with that line."""
-    proc = await asyncio.create_subprocess_exec(
-        espeak_binary(), "-v", voice, "-s", str(speed), "--", text,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await proc.communicate()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            espeak_binary(), "-v", voice, "-s", str(speed), "--", text,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await proc.communicate()
+    except OSError as exc:
+        raise ConfigError(f"cannot run espeak-ng ({exc.strerror or exc})") from exc
     lines = err.decode(errors="replace").splitlines()
     errors = [line for line in lines if line.lower().startswith("error")]
     if proc.returncode != 0 or errors:
