@@ -73,6 +73,24 @@ def test_parse_input_spec(tmp_path):
     assert parse_input_spec(str(fifo)).kind == "pcm"
 
 
+def test_input_kinds_are_case_insensitive_and_unknown_ones_named(tmp_path):
+    assert parse_input_spec("WAV:a.wav") == InputSpec("wav", Path("a.wav"))
+    assert parse_input_spec("PCM,rate=8000:/tmp/m") == InputSpec("pcm", Path("/tmp/m"), 8000)
+    for spec in ("wave:good.wav", "mic:/tmp/x"):
+        with pytest.raises(InputError, match=rf"unknown input kind '{spec.split(':')[0]}'.*"
+                                             r"use wav:, folder:, pcm: or text:"):
+            parse_input_spec(spec)
+    odd = tmp_path / "notes:1.wav"  # an existing path with a colon is still a path
+    odd.write_bytes(b"")
+    assert parse_input_spec(str(odd)) == InputSpec("wav", odd)
+
+
+@pytest.mark.parametrize("spec", ["", "wav:", "text:", "pcm,rate=8000:"])
+def test_empty_path_is_rejected(spec):
+    with pytest.raises(InputError, match="empty path"):
+        parse_input_spec(spec)
+
+
 def test_pcm_fifo_streams_what_the_writer_wrote(tmp_path):
     rng = np.random.default_rng(5)
     pcm = rng.integers(-30000, 30000, FRAME_SAMPLES * 3 + 17, dtype=np.int16)

@@ -65,6 +65,7 @@ def register(subparsers) -> None:
 def _config(args):
     import dataclasses
 
+    from edge_runtime.errors import ConfigError
     from edge_runtime.voice.config import load_voice_config
 
     config = load_voice_config(args.voice_config)
@@ -73,7 +74,9 @@ def _config(args):
         changes["asr"] = args.asr
     if args.system_prompt:
         changes["system_prompt"] = args.system_prompt
-    if args.max_tokens:
+    if args.max_tokens is not None:
+        if args.max_tokens < 1:
+            raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
         changes["max_tokens"] = args.max_tokens
     if args.no_asr_hint:
         changes["asr_hint"] = False
@@ -81,25 +84,94 @@ def _config(args):
 
 
 def _sources(args, progress):
-    from edge_runtime.errors import ConfigError
+    from edge_runtime.errors import ConfigError, EdgeError
     from edge_runtime.voice.audio_input import Source, parse_input_spec
-    from edge_runtime.voice.demo import build_demo_inputs
+    from edge_runtime.voice.demo import DEMO_COMMANDS, build_demo_inputs
 
+    if args.streams is not None and args.streams < 1:
+        raise ConfigError(f"--streams must be >= 1, got {args.streams}")
     references = None
     specs = list(args.input)
     if args.demo:
         if not 1 <= args.turns <= 4:
             raise ConfigError(f"--turns must be between 1 and 4, got {args.turns}")
-        demo = build_demo_inputs(args.streams or 5, args.turns, progress=progress)
+        streams = args.streams or len(DEMO_COMMANDS)
+        if streams > len(DEMO_COMMANDS):
+            raise ConfigError(f"--demo has 1-{len(DEMO_COMMANDS)} streams, got --streams "
+                              f"{streams} (give --input SPECs for more streams)")
+        demo = build_demo_inputs(streams, args.turns, progress=progress)
         specs = [str(wav) for wav, _ in demo]
         references = [cmds for _, cmds in demo]
     if not specs:
         raise ConfigError("give at least one --input SPEC (or --demo)")
     n = args.streams or len(specs)
-    if n < 1:
-        raise ConfigError(f"--streams must be >= 1, got {n}")
-    sources = [Source(parse_input_spec(specs[i % len(specs)])) for i in range(n)]
+    if n < len(specs):
+        raise ConfigError(f"{len(specs)} inputs but --streams {n}: every input needs its own "
+                          f"stream (raise --streams to {len(specs)} or drop inputs)")
+    parsed = []
+    for i, spec in enumerate(specs):
+        try:
+            parsed.append(parse_input_spec(spec))
+        except EdgeError as exc:
+            raise ConfigError(f"input {i}: {exc}") from exc
+    sources = [Source(parsed[i % len(parsed)]) for i in range(n)]
+    _check_pipes_unshared(sources)
     return sources, references
+
+
+def _check_pipes_unshared(sources) -> None:
+    """A pipe (FIFO, `-`) has one reader's worth of data: shared, each stream would get a
+    random part of one speaker's audio and act on garbled commands."""
+    import os
+    import stat
+
+    from edge_runtime.errors import ConfigError
+
+    users: dict[str, list[int]] = {}
+    for i, source in enumerate(sources):
+        path = source.spec.path
+        if source.spec.kind != "pcm":
+            continue
+        if str(path) == "-":
+            key = "-"
+        else:
+            try:
+                if stat.S_ISREG(path.stat().st_mode):
+                    continue  # a regular file can be read by several streams
+            except OSError:
+                continue  # missing: reported by its stream
+            key = os.path.realpath(path)
+        users.setdefault(key, []).append(i)
+    for key, streams in users.items():
+        if len(streams) > 1:
+            name = "stdin (-)" if key == "-" else f"pipe {key}"
+            raise ConfigError(f"{name} would feed streams {', '.join(map(str, streams))}: a pipe "
+                              "can feed only one stream (give each stream its own pipe, or "
+                              "lower --streams)")
+
+
+def _check_outputs(args) -> None:
+    """Output paths are checked before the model loads, so a typo costs no load and no answers."""
+    import os
+
+    from edge_runtime.errors import ConfigError
+
+    if args.tts:
+        try:
+            args.tts_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--tts-dir {args.tts_dir}: cannot create the folder "
+                              f"({exc.strerror}); give a writable folder") from exc
+        if not os.access(args.tts_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"--tts-dir {args.tts_dir}: folder is not writable")
+    if args.events is not None:
+        path, parent = args.events, args.events.parent
+        if path.is_dir():
+            raise ConfigError(f"--events {path}: is a directory; give a file name")
+        if not parent.is_dir():
+            raise ConfigError(f"--events {path}: folder {parent} does not exist")
+        if not os.access(path if path.exists() else parent, os.W_OK):
+            raise ConfigError(f"--events {path}: not writable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
 
     progress = (lambda msg: None) if args.quiet else _stderr
     config = _config(args)
+    _check_outputs(args)
     sources, references = _sources(args, progress)
     need_asr = any(s.spec.kind != "text" for s in sources)
     runtime = load_runtime(config, args.model or DEFAULT_MODEL, len(sources), args.config,

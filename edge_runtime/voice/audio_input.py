@@ -48,8 +48,15 @@ def parse_input_spec(spec: str) -> InputSpec:
     absent; rate/channels describe a raw pipe (default 16000 Hz mono)."""
     head, sep, rest = spec.partition(":")
     kind, *options = head.split(",")
-    if sep and kind in KINDS:
-        return InputSpec(kind, Path(rest), **_pcm_options(options, spec, kind))
+    if sep and kind.lower() in KINDS:
+        if not rest:
+            raise InputError(f"empty path in {spec!r} (e.g. {kind.lower()}:kitchen.wav)")
+        return InputSpec(kind.lower(), Path(rest), **_pcm_options(options, spec, kind.lower()))
+    if not spec:
+        raise InputError("empty path (give a WAV file, folder, pipe or .txt file)")
+    if sep and kind.isalpha() and not Path(spec).exists():
+        raise InputError(f"unknown input kind {kind!r} in {spec!r} (use wav:, folder:, pcm: or "
+                         "text:)")
     path = Path(spec)
     if spec == "-" or path.suffix.lower() in (".raw", ".pcm", ".s16"):
         return InputSpec("pcm", path)
