@@ -245,3 +245,18 @@ def test_any_small_pool_gives_unconstrained_outputs(lengths, page_tokens, spare,
     assert [r.token_ids for r in results] == _UNCONSTRAINED[key]
     assert all(r.finish_reason == "length" for r in results)
     eng.kv.check_leaks()
+
+
+def test_n_samples_with_the_largest_seed_wrap_instead_of_failing():
+    """seed 2**64 - 1 with n = 3: children are seeded seed + i modulo 2**64 (0 and 1), where the
+    unwrapped seed used to raise inside step() and stop the engine for good."""
+    prompt = tiny_prompts([12], seed=510)[0]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=16)
+    top = (1 << 64) - 1
+    res = eng.generate([prompt], SamplingParams(max_tokens=4, n=3, temperature=0.9, seed=top,
+                                                ignore_eos=True))[0]
+    assert [c.finish_reason for c in res.completions] == ["length"] * 3
+    for i, comp in enumerate(res.completions[1:], start=1):
+        single = SamplingParams(max_tokens=4, temperature=0.9, seed=i - 1, ignore_eos=True)
+        assert eng.generate([prompt], single)[0].token_ids == comp.token_ids
+    eng.kv.check_leaks()

@@ -91,3 +91,27 @@ def test_greedy_rows_take_argmax_and_topk1_is_greedy():
               SamplingParams(), SamplingParams(temperature=0.5, top_p=1e-6, seed=2)]
     out = sample(logits, _rows(params, [None, 1, None, 2]))
     assert out == logits.argmax(-1).tolist()
+
+
+def test_seeds_wrap_modulo_2_64_like_torch():
+    """A derived seed (seed + i for the i-th of n samples) past 2**64 - 1 wraps instead of raising
+    in torch's uint64 conversion (which used to kill the engine loop thread)."""
+    def draws(seed):
+        gen = make_generator(seed)
+        return [torch.rand((), generator=gen).item() for _ in range(3)]
+
+    assert draws((1 << 64) - 1 + 1) == draws(0)
+    assert draws((1 << 64) - 1 + 15) == draws(14)
+    assert draws(-1) == draws((1 << 64) - 1)  # torch's own reading of a negative seed
+
+
+def test_sampling_params_reject_seeds_outside_64_bits():
+    import pytest
+
+    from edge_runtime.errors import RequestError
+
+    SamplingParams(seed=(1 << 64) - 1)
+    SamplingParams(seed=-(1 << 63))
+    for seed in (1 << 64, -(1 << 63) - 1):
+        with pytest.raises(RequestError, match="seed"):
+            SamplingParams(seed=seed)

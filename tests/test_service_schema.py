@@ -57,6 +57,10 @@ def test_bad_bodies(raw, code):
     ({"prompt": 5}, "prompt"),
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "seed": 1 << 64}, "seed"),  # past torch's 64 bits: was a 500
+    ({"prompt": "x", "seed": 10 ** 23}, "seed"),
+    ({"prompt": "x", "seed": -(1 << 63) - 1}, "seed"),
+    ({"prompt": "x", "seed": 1.5}, "seed"),
 ])
 def test_bad_completion_fields_name_the_param(body, param):
     with pytest.raises(ApiError) as e:

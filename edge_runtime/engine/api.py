@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from edge_runtime.errors import RequestError
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+# torch.Generator takes a 64-bit seed, signed or unsigned (-1 and 2**64 - 1 are the same seed)
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class SamplingParams:
             raise RequestError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}"
             )
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise RequestError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
         if not 1 <= self.n <= 16:
             raise RequestError(f"n must be between 1 and 16, got {self.n}")
         if not 1 <= self.beam_width <= 4:

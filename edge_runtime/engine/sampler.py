@@ -31,12 +31,15 @@ class SamplerRow:
 
 
 def make_generator(seed: int | None) -> torch.Generator:
-    """A per-request generator: seeded when asked, otherwise from fresh OS entropy."""
+    """A per-request generator: seeded when asked, otherwise from fresh OS entropy.
+
+    The seed is taken modulo 2**64, as torch does for negative seeds, so a derived seed (the
+    request's seed + i for its i-th sample, engine.py) never overflows torch's uint64."""
     gen = torch.Generator(device="cpu")
     if seed is None:
         gen.seed()
     else:
-        gen.manual_seed(int(seed))
+        gen.manual_seed(int(seed) % (1 << 64))
     return gen
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.api import SEED_MAX, SEED_MIN, SamplingParams
 from edge_runtime.errors import RequestError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -126,8 +126,9 @@ def _params(body: dict, cap: int) -> SamplingParams:
     if body.get("logit_bias") not in (None, {}):
         raise _unsupported("logit_bias")
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise _bad("seed", "must be an integer")
+    if seed is not None and not (_is_int(seed) and SEED_MIN <= seed <= SEED_MAX):
+        raise _bad("seed", f"must be an integer in [-2**63, 2**64 - 1] (a 64-bit seed), "
+                   f"got {seed!r}")
     top_k = body.get("top_k", 0)
     if not _is_int(top_k) or top_k < -1:
         raise _bad("top_k", "must be an integer >= -1 (-1 or 0: off)")
