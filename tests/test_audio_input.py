@@ -46,6 +46,24 @@ def test_read_wav_errors_name_file_and_problem(tmp_path):
         read_wav(tmp_path)
 
 
+@pytest.mark.parametrize("rate", [1, 3999, 384001, 99_999_989, 2_000_000_000])
+def test_wav_header_rate_outside_the_audio_range_is_an_error(tmp_path, rate):
+    path = tmp_path / "r.wav"
+    write_wav(path, np.random.default_rng(0).uniform(-0.5, 0.5, 2000).astype(np.float32))
+    data = bytearray(path.read_bytes())
+    data[24:28] = rate.to_bytes(4, "little")  # the fmt chunk's sample rate
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"r\.wav: sample rate {rate} Hz is outside 4,000-384,000"):
+        read_wav(path)
+
+
+def test_pcm_rate_option_is_range_checked():
+    with pytest.raises(InputError, match="sample rate 99999999999 Hz is outside"):
+        parse_input_spec("pcm,rate=99999999999:/tmp/x")
+    with pytest.raises(InputError, match="sample rate 100 Hz is outside"):
+        list(pcm_frames(Path("/nonexistent.raw"), rate=100))
+
+
 def test_frames_are_fixed_size_and_zero_padded():
     x = np.random.default_rng(4).uniform(-1, 1, FRAME_SAMPLES * 2 + 100).astype(np.float32)
     frames = list(frames_of(x))

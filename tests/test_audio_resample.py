@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_runtime.voice.resample import StreamResampler, downmix, resample
+from edge_runtime.voice.resample import (
+    MAX_TABLE_ENTRIES, StreamResampler, _PhaseFilters, downmix, resample,
+)
 from voice_helpers import random_tones
 
 
@@ -43,7 +45,27 @@ def test_downmix_is_channel_mean():
 
 
 
-@given(src=st.sampled_from([8000, 11025, 16000, 22050, 44100, 48000]),
+@pytest.mark.parametrize("src_rate", [44101, 96001, 383999])
+def test_rates_with_few_common_factors_build_no_phase_table(src_rate):
+    """44,101 -> 16,000 has 16,000 output phases: the rows are computed per block, so memory
+    stays bounded and the result is still the analytic signal."""
+    filters = _PhaseFilters(16000, src_rate, 16)
+    assert filters.table is None
+    rng = np.random.default_rng(src_rate)
+    x, at = random_tones(rng, src_rate, 0.3, max_hz=3400)
+    y = resample(x, src_rate, 16000)
+    ref = at(np.arange(len(y)) / 16000)
+    assert np.abs(y[320:-320] - ref[320:-320]).max() < 2e-3
+
+
+def test_computed_rows_equal_the_table():
+    filters = _PhaseFilters(160, 441, 16)  # 44.1 kHz -> 16 kHz: a 160-row table
+    assert filters.table is not None and filters.table.size <= MAX_TABLE_ENTRIES
+    phase = np.array([0, 7, 159, 80])
+    np.testing.assert_array_equal(filters.rows(phase), filters.rows(phase, computed=True))
+
+
+@given(src=st.sampled_from([8000, 11025, 16000, 22050, 44100, 48000, 44101]),
        dst=st.sampled_from([16000, 8000]),
        n=st.integers(0, 6000), chunks=st.lists(st.integers(1, 2500), min_size=1, max_size=12),
        seed=st.integers(0, 2**16))

@@ -33,6 +33,8 @@ SAMPLE_RATE = 16000
 FRAME_SAMPLES = 512  # 32 ms: the window silero-vad takes at 16 kHz
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 KINDS = ("wav", "folder", "pcm", "text")
+MIN_RATE, MAX_RATE = 4000, 384000  # Hz: telephone-band to the fastest audio interfaces
+MAX_CHANNELS = 64
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,19 @@ def _pcm_options(options: list[str], spec: str, kind: str) -> dict:
             raise InputError(f"{spec}: bad input option {opt!r} (only pcm takes rate=N, "
                              "channels=N, e.g. pcm,rate=8000,channels=2:/tmp/mic)")
         values[key] = int(value)
+    if "rate" in values:
+        check_rate(values["rate"], spec)
+    if values.get("channels", 1) > MAX_CHANNELS:
+        raise InputError(f"{spec}: channels={values['channels']} is more than {MAX_CHANNELS}")
     return values
+
+
+def check_rate(rate: int, what: object) -> None:
+    """A rate outside MIN_RATE..MAX_RATE is a broken header or a typo, not audio: refuse it
+    before it turns a small file into hours of samples (or into none)."""
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise InputError(f"{what}: sample rate {rate} Hz is outside {MIN_RATE:,}-{MAX_RATE:,} Hz "
+                         "(a damaged header, or a wrong rate= option)")
 
 
 # ----------------------------------------------------------------------------- reading
@@ -103,7 +117,12 @@ def read_wav(path: Path) -> np.ndarray:
         raise InputError(f"{path}: contains no audio samples (empty recording)")
     if not np.all(np.isfinite(samples)):
         raise InputError(f"{path}: contains NaN or infinite samples")
-    return to_16k_mono(samples, rate)
+    check_rate(rate, path)
+    try:
+        return to_16k_mono(samples, rate)
+    except MemoryError as exc:
+        raise InputError(f"{path}: too long to convert in memory ({samples.shape[0] / rate:.0f} s "
+                         f"at {rate} Hz); split it into shorter files") from exc
 
 
 def _decode(path: Path) -> tuple[np.ndarray, int]:
@@ -200,6 +219,7 @@ def read_text_commands(path: Path) -> list[str]:
 def pcm_frames(path: Path, rate: int = SAMPLE_RATE, channels: int = 1) -> Iterator[np.ndarray]:
     """Raw S16_LE from a pipe/FIFO/file (or stdin for `-`), frame by frame until EOF; other rates
     and channel counts are downmixed and resampled on the fly (voice/resample.py)."""
+    check_rate(rate, path)
     if str(path) != "-" and not path.exists():
         raise InputError(f"{path}: pipe or file not found")
     try:

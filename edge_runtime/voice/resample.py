@@ -23,15 +23,36 @@ def downmix(samples: np.ndarray) -> np.ndarray:
     return samples.mean(axis=1, dtype=np.float64).astype(np.float32)
 
 
-def _phase_filters(up: int, down: int, half_taps: int) -> tuple[np.ndarray, float, int]:
-    """Windowed-sinc low-pass, one row per output phase: [up, 2 * half + 1]."""
-    cutoff = min(1.0, up / down)  # fraction of the input Nyquist kept
-    half = int(math.ceil(half_taps / cutoff))
+MAX_TABLE_ENTRIES = 1 << 20  # 8 MB of float64: above it, filter rows are computed per block
+
+
+def _filter_rows(phase: np.ndarray, up: int, cutoff: float, half: int) -> np.ndarray:
+    """Windowed-sinc low-pass rows for output phases `phase` (ints in [0, up)): [len, 2*half+1]."""
     j = np.arange(-half, half + 1, dtype=np.float64)  # tap offsets around the base sample
-    phase = np.arange(up, dtype=np.float64)[:, None] / up
-    u = phase - j[None, :]  # distance (input samples) from the output instant to the tap
+    u = phase.astype(np.float64)[:, None] / up - j[None, :]  # output instant -> tap, in inputs
     window = np.where(np.abs(u) <= half + 1, 0.5 + 0.5 * np.cos(np.pi * u / (half + 1)), 0.0)
-    return cutoff * np.sinc(cutoff * u) * window, cutoff, half
+    return cutoff * np.sinc(cutoff * u) * window
+
+
+class _PhaseFilters:
+    """Rows by output phase: a table of all `up` rows when small (rates with many common
+    factors, e.g. 44,100 -> 16,000: 160 rows), else computed for each block's phases (44,101 ->
+    16,000 has 16,000 phases), so any accepted rate costs O(outputs x taps) and no big table.
+    Both paths evaluate the same expression, so they give the same numbers."""
+
+    def __init__(self, up: int, down: int, half_taps: int):
+        self.up = up
+        self.cutoff = min(1.0, up / down)  # fraction of the input Nyquist kept
+        self.half = int(math.ceil(half_taps / self.cutoff))
+        fits = up * (2 * self.half + 1) <= MAX_TABLE_ENTRIES
+        self.table = None
+        if fits:
+            self.table = self.rows(np.arange(up), computed=True)  # [up, 2 * half + 1]
+
+    def rows(self, phase: np.ndarray, computed: bool = False) -> np.ndarray:
+        if self.table is not None and not computed:
+            return self.table[phase]
+        return _filter_rows(phase, self.up, self.cutoff, self.half)
 
 
 def resample(x: np.ndarray, src_rate: int, dst_rate: int, half_taps: int = 16) -> np.ndarray:
@@ -42,16 +63,18 @@ def resample(x: np.ndarray, src_rate: int, dst_rate: int, half_taps: int = 16) -
         return x.astype(np.float32, copy=False)
     g = math.gcd(src_rate, dst_rate)
     up, down = dst_rate // g, src_rate // g
-    filters, _, half = _phase_filters(up, down, half_taps)  # [up, K]
+    filters = _PhaseFilters(up, down, half_taps)
+    half = filters.half
     padded = np.concatenate([np.zeros(half), x.astype(np.float64), np.zeros(half + 1)])
     out_len = (len(x) * up) // down
     out = np.empty(out_len, dtype=np.float32)
     taps = np.arange(2 * half + 1)
-    for start in range(0, out_len, 8192):  # blocks bound the [block, K] gather
-        n = np.arange(start, min(out_len, start + 8192), dtype=np.int64)
+    block = max(64, min(8192, MAX_TABLE_ENTRIES // len(taps)))  # bounds the [block, K] gather
+    for start in range(0, out_len, block):
+        n = np.arange(start, min(out_len, start + block), dtype=np.int64)
         base, phase = np.divmod(n * down, up)
         window = padded[base[:, None] + taps[None, :]]  # [block, K]; base+half is x[base]
-        out[start : start + len(n)] = np.einsum("bk,bk->b", window, filters[phase])
+        out[start : start + len(n)] = np.einsum("bk,bk->b", window, filters.rows(phase))
     return out
 
 
@@ -63,7 +86,8 @@ class StreamResampler:
         g = math.gcd(src_rate, dst_rate)
         self.up, self.down = dst_rate // g, src_rate // g
         self.identity = src_rate == dst_rate
-        self.filters, _, self.half = _phase_filters(self.up, self.down, half_taps)
+        self.filters = _PhaseFilters(self.up, self.down, half_taps)
+        self.half = self.filters.half
         self._buf = np.zeros(self.half)  # float64; _buf[0] is input index self._offset - half
         self._offset = 0  # absolute input index of _buf[half]
         self._num_in = 0  # input samples pushed
@@ -91,7 +115,7 @@ class StreamResampler:
         rel = base - self._offset  # index into _buf of x[base] minus half
         taps = np.arange(2 * self.half + 1)
         out = np.einsum("bk,bk->b", self._buf[rel[:, None] + taps[None, :]],
-                        self.filters[phase]).astype(np.float32)
+                        self.filters.rows(phase)).astype(np.float32)
         self._num_out += len(n)
         next_base = (self._num_out * self.down) // self.up  # drop inputs no output needs again
         drop = max(0, next_base - self._offset)
