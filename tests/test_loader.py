@@ -135,6 +135,25 @@ def test_config_from_hf_fields_and_eos_merge():
         ModelConfig.from_hf({**cfg, "vocab_size": "many"})
 
 
+@pytest.mark.parametrize("change, match", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+    ({"num_attention_heads": True}, "num_attention_heads must be a positive integer"),
+    ({"hidden_size": 576.5}, "hidden_size must be a positive integer"),
+    ({"num_key_value_heads": -1}, "num_key_value_heads must be a positive integer"),
+    ({"architectures": [["LlamaForCausalLM"]]}, "architectures must be a list of class names"),
+])
+def test_config_shape_fields_must_be_positive_integers(change, match):
+    cfg = {k: v for k, v in tiny_hf_config("llama").to_dict().items() if k != "head_dim"}
+    with pytest.raises(ModelLoadError, match=match):
+        ModelConfig.from_hf({**cfg, **change})
+
+
+@pytest.mark.parametrize("cfg, gen", [([1, 2], None), ("llama", None), ({}, [1])])
+def test_config_json_that_is_not_an_object(cfg, gen):
+    with pytest.raises(ModelLoadError, match="must be a JSON object"):
+        ModelConfig.from_hf(cfg if cfg else tiny_hf_config("llama").to_dict(), gen)
+
+
 def test_gguf_cache_converts_once_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     gguf = tmp_path / "tiny.gguf"

@@ -85,6 +85,10 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict, generation_config: dict | None = None) -> "ModelConfig":
         """Build from a parsed config.json (and optionally generation_config.json for EOS ids)."""
+        for name, value in (("config.json", cfg), ("generation_config.json", generation_config)):
+            if value is not None and not isinstance(value, dict):
+                raise ModelLoadError(f"{name} must be a JSON object of fields, got a "
+                                     f"{type(value).__name__}; re-export the model folder")
         try:
             return cls._from_hf(cfg, generation_config)
         except KeyError as exc:
@@ -95,9 +99,9 @@ class ModelConfig:
     @classmethod
     def _from_hf(cls, cfg: dict, generation_config: dict | None) -> "ModelConfig":
         arch = _architecture(cfg)
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        hidden = _positive_int(cfg, "hidden_size")
+        heads = _positive_int(cfg, "num_attention_heads")
+        head_dim = _positive_int(cfg, "head_dim") if cfg.get("head_dim") else hidden // heads
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise ModelLoadError(f"config.json: hidden_act {act!r} is not supported (only silu)")
@@ -110,12 +114,12 @@ class ModelConfig:
             max_pos = min(max_pos, window)
         return cls(
             architecture=arch,
-            vocab_size=int(cfg["vocab_size"]),
+            vocab_size=_positive_int(cfg, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            intermediate_size=_positive_int(cfg, "intermediate_size"),
+            num_layers=_positive_int(cfg, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            num_kv_heads=_positive_int(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") else heads,
             head_dim=head_dim,
             max_position_embeddings=max_pos,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -131,8 +135,21 @@ class ModelConfig:
         )
 
 
+def _positive_int(cfg: dict, key: str) -> int:
+    """A shape field: a positive whole number (0 heads divided by zero, True read as 1)."""
+    value = cfg[key]
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def _architecture(cfg: dict) -> str:
     archs = cfg.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"architectures must be a list of class names, got {archs!r}")
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch
