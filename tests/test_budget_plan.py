@@ -138,6 +138,15 @@ def test_safetensors_header_weight_bytes(tmp_path):
     assert safetensors_weight_bytes([tmp_path / "m.safetensors"], 2) == 24 * 2 + 6 * 4
 
 
+@pytest.mark.parametrize("content", [b"\xff" * 64, b"\x40\x00\x00\x00\x00\x00\x00\x00{\"w\": {"])
+def test_plan_refuses_corrupt_safetensors_like_the_loader(tmp_path, content):
+    from edge_runtime.errors import ModelLoadError
+
+    (tmp_path / "m.safetensors").write_bytes(content)  # garbage header length; truncated header
+    with pytest.raises(ModelLoadError, match="truncated or corrupt safetensors"):
+        safetensors_weight_bytes([tmp_path / "m.safetensors"], 2)
+
+
 def test_plan_cli_reference_model(capsys):
     assert main(["plan", "--config", "agx-orin-64gb", "--model", "llama-2-7b-awq", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -8,7 +8,6 @@ model loader; only config.json and the safetensors headers are read (no weights 
 from __future__ import annotations
 
 import json
-import struct
 import sys
 from pathlib import Path
 
@@ -33,19 +32,16 @@ def register(subparsers) -> None:
 
 def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
     """Bytes of the weights in memory: float tensors at `float_bytes` per element, integer
-    (packed/quantized) tensors as stored. Reads only the headers."""
+    (packed/quantized) tensors as stored. Reads only the headers, checked as the loader does."""
+    from edge_runtime.model.safetensors_io import tensor_specs
+
     total = 0
     for path in files:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
+        for dtype, shape in tensor_specs(path).values():
             numel = 1
-            for d in info["shape"]:
+            for d in shape:
                 numel *= d
-            size = float_bytes if info["dtype"] in _FLOAT_DTYPES else _DTYPE_SIZE[info["dtype"]]
+            size = float_bytes if dtype in _FLOAT_DTYPES else _DTYPE_SIZE.get(dtype, 1)
             total += numel * size
     return total
 

@@ -35,6 +35,23 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
+def _corrupt(path: Path, exc: Exception) -> ModelLoadError:
+    return ModelLoadError(f"cannot read {path} (truncated or corrupt safetensors file?): {exc}")
+
+
+def tensor_specs(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (safetensors dtype such as "F16", shape), from the header only (no tensor is read);
+    the same checks and errors as `load_state_dict`."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape()))
+                    for name in f.keys()}
+    except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
+        raise _corrupt(path, exc) from exc
+
+
 def load_state_dict(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu"
                     ) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
@@ -49,7 +66,5 @@ def load_state_dict(folder: Path, dtype: torch.dtype, device: str | torch.device
                         tensor = tensor.to(dtype)
                     state[name] = tensor
         except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
-            raise ModelLoadError(
-                f"cannot read {path} (truncated or corrupt safetensors file?): {exc}"
-            ) from exc
+            raise _corrupt(path, exc) from exc
     return state
