@@ -74,3 +74,28 @@ def test_abandoned_stream_is_cancelled_and_errors_reach_caller():
             _run(aeng.generate([], greedy(3)))
     finally:
         aeng.shutdown()
+
+
+def test_a_dead_loop_is_reported_and_fails_every_stream():
+    """An exception escaping Engine.step ends the loop thread: the stream that was running and
+    every later one get EngineLoopStopped naming the cause, and `failure` says the loop is dead."""
+    from edge_runtime.engine.async_engine import EngineLoopStopped
+
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=16)
+
+    def broken_step():
+        raise ValueError("Overflow when unpacking long long")
+
+    eng.step = broken_step
+    aeng = AsyncEngine(eng)
+    prompt = tiny_prompts([8], seed=910)[0]
+    try:
+        assert aeng.failure is None
+        with pytest.raises(EngineLoopStopped, match="ValueError: Overflow") as e:
+            _run(aeng.generate(prompt, greedy(3)))
+        assert isinstance(e.value.__cause__, ValueError)
+        assert isinstance(aeng.failure, ValueError)
+        with pytest.raises(EngineLoopStopped, match="restarted"):
+            _run(aeng.generate(prompt, greedy(3)))
+    finally:
+        aeng.shutdown()

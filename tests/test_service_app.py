@@ -31,3 +31,21 @@ def test_health_follows_load_guard_and_shutdown():
     assert state.health()[1]["status"] == "ready"
     state.stopping = True
     assert state.health() == (503, {"status": "stopping", "reason": "shutting down"})
+
+
+def test_health_and_ready_gauge_report_a_dead_engine_loop():
+    """A dead engine loop (AsyncEngine.failure set) makes /health 503 "failed", not "ready"."""
+    from edge_runtime.service.metrics import render_prometheus
+
+    state = ServiceState(ServiceLimits(), "m")
+    model = SimpleNamespace(tokenizer=None, config=SimpleNamespace(max_position_embeddings=64,
+                                                                    vocab_size=10))
+    aengine = SimpleNamespace(failure=None)
+    engine = SimpleNamespace(stats=lambda: {"steps": 3, "running": 0, "waiting": 0})
+    state.set_ready(model, engine, aengine, None)
+    assert state.health() == (200, {"status": "ready", "reason": ""})
+    aengine.failure = ValueError("Overflow when unpacking long long")
+    code, body = state.health()
+    assert code == 503 and body["status"] == "failed"
+    assert "ValueError: Overflow when unpacking long long" in body["reason"]
+    assert "edge_service_ready 0" in render_prometheus(state.stats())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from types import SimpleNamespace
 
 from edge_runtime.service.app import ServiceState
 from edge_runtime.service.limits import ServiceLimits
@@ -37,14 +38,16 @@ class _Engine:
         return True
 
 
-def _pings(tmp_path, engine, wait_for_first: bool) -> int:
+def _pings(tmp_path, engine, wait_for_first: bool, loop_failure=None) -> int:
     path = str(tmp_path / "notify")
     recv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     recv.bind(path)
     recv.settimeout(10 if wait_for_first else 0.6)
     notifier = SystemdNotifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})
-    server = Server(ServiceState(ServiceLimits(), "m"), None, None, notifier)
-    server.loaded = Loaded(None, engine, None, None, None)
+    state = ServiceState(ServiceLimits(), "m")
+    state.aengine = SimpleNamespace(failure=loop_failure)
+    server = Server(state, None, None, notifier)
+    server.loaded = Loaded(None, engine, state.aengine, None, None)
 
     async def run():
         task = asyncio.ensure_future(server._watchdog())
@@ -73,3 +76,18 @@ def test_pings_while_the_engine_steps(tmp_path):
 
 def test_no_ping_while_a_step_hangs(tmp_path):
     assert _pings(tmp_path, _Engine(hung=True), wait_for_first=False) == 0
+
+
+class _IdleEngine(_Engine):
+    def has_unfinished(self):
+        return False
+
+
+def test_no_ping_once_the_engine_loop_died(tmp_path):
+    """A dead loop thread leaves the Engine idle (nothing runs, nothing is queued): the pings must
+    follow the loop, not the Engine, or systemd never restarts the service."""
+    assert _pings(tmp_path, _IdleEngine(hung=False), wait_for_first=True) == 3
+    dead = ValueError("Overflow when unpacking long long")
+    (tmp_path / "dead").mkdir()
+    assert _pings(tmp_path / "dead", _IdleEngine(hung=False), wait_for_first=False,
+                  loop_failure=dead) == 0

@@ -8,7 +8,9 @@ Invariants:
 - Only the loop thread calls `Engine.step`, `Engine.add_request` and `Engine.cancel`; asyncio code
   only enqueues work (thread-safe deque + wake-up event), so it never blocks on a running step.
 - Request validation (`RequestError`) happens in the caller, before anything is queued.
-- Every stream ends: with its final event, or with the exception that stopped the loop thread.
+- Every stream ends: with its final event, or with `EngineLoopStopped` (caused by the exception
+  that stopped the loop thread). A stopped loop never restarts: `failure` says so, and the service
+  reports itself unhealthy so that systemd restarts the process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from collections.abc import AsyncIterator
 
 from edge_runtime.engine.api import GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.engine import Engine
+
+
+class EngineLoopStopped(RuntimeError):
+    """The loop thread died (an exception escaped Engine.step); no request will run any more."""
 
 
 class AsyncEngine:
@@ -36,6 +42,13 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="edge-engine", daemon=True)
         self._thread.start()
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the loop thread stopped on its own, or None while it runs (or after shutdown())."""
+        if self._error is None and not self._stop and not self._thread.is_alive():
+            return RuntimeError("the engine loop thread exited")
+        return self._error
+
     # --- asyncio side ----------------------------------------------------------------------
     async def stream(self, prompt_ids: list[int], params: SamplingParams | None = None,
                      request_id: str | None = None, stream_id: str | None = None,
@@ -43,7 +56,7 @@ class AsyncEngine:
         params = params or SamplingParams()
         self.engine._validate([int(t) for t in prompt_ids], params)
         if self._error is not None:
-            raise RuntimeError("the engine loop stopped") from self._error
+            raise _stopped(self._error) from self._error
         rid = request_id or f"areq-{next(self._ids)}"
         if rid in self._queues:
             from edge_runtime.errors import RequestError
@@ -56,6 +69,8 @@ class AsyncEngine:
         try:
             while True:
                 item = await queue.get()
+                if isinstance(item, EngineLoopStopped):
+                    raise item
                 if isinstance(item, BaseException):
                     raise RuntimeError("the engine loop stopped") from item
                 yield item
@@ -109,7 +124,9 @@ class AsyncEngine:
         except BaseException as exc:  # surface to every stream, then stop
             self._error = exc
             for rid in list(self._queues):
-                self._put(rid, exc)
+                stopped = _stopped(exc)
+                stopped.__cause__ = exc
+                self._put(rid, stopped)
             raise
 
     def _drain_inbox(self) -> None:
@@ -152,6 +169,11 @@ class AsyncEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # the consumer's loop is closed: nobody is listening
             pass
+
+
+def _stopped(exc: BaseException) -> EngineLoopStopped:
+    return EngineLoopStopped(f"the engine loop stopped ({type(exc).__name__}: {exc}); "
+                             "the process must be restarted")
 
 
 def _set_result(fut, value) -> None:

@@ -1,6 +1,9 @@
 """The aiohttp application: routes, service state, and the plain (non-generating) endpoints.
 
 Invariants:
+- /health is 200 only while the engine loop thread runs: once it has died (an exception escaped a
+  step) it answers 503 "failed", new requests get 503 `engine_failed`, and the watchdog stops
+  (server.py) so systemd restarts the service.
 - The app exists before the model is loaded: /health answers 503 "loading" until `set_ready`,
   so clients that connect early (socket activation) get a clear answer, never a hang.
 - Every error answer is JSON `{"error": {"message", "type", "code", "param"}}` with a 4xx/5xx status,
@@ -56,10 +59,21 @@ class ServiceState:
             return 503, {"status": "stopping", "reason": "shutting down"}
         if self.status != "ready":
             return 503, {"status": self.status, "reason": self.reason}
+        failure = self.engine_failure()
+        if failure is not None:
+            return 503, {"status": "failed", "reason": failure}
         guard = self.guard.snapshot() if self.guard else None
         if guard and guard["state"] != "ok":
             return 200, {"status": "degraded", "reason": guard["reason"], "guard": guard["state"]}
         return 200, {"status": "ready", "reason": ""}
+
+    def engine_failure(self) -> str | None:
+        """Why the engine loop thread stopped, or None while it runs."""
+        exc = self.aengine.failure if self.aengine is not None else None
+        if exc is None:
+            return None
+        return (f"the engine loop stopped ({type(exc).__name__}: {exc}); the service must be "
+                "restarted (systemd does so once the watchdog times out)")
 
     def stats(self) -> dict:
         engine_stats = self.engine.stats() if self.engine is not None else {}

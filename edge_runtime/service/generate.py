@@ -18,6 +18,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
+from edge_runtime.engine.async_engine import EngineLoopStopped
 from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestError
 from edge_runtime.service import responses as R
 from edge_runtime.service.app import STATE_KEY, ServiceState
@@ -68,6 +69,9 @@ def _admit(state: ServiceState) -> None:
     if state.status != "ready":
         raise ApiError(503, f"the model is still loading ({state.reason}); retry shortly",
                        "model_loading", type_="server_error", headers=retry)
+    failure = state.engine_failure()
+    if failure is not None:
+        raise ApiError(503, failure, "engine_failed", type_="server_error")
     if state.in_flight >= state.limits.max_in_flight:
         state.metrics.rejected_busy += 1
         raise ApiError(429, f"server busy: {state.in_flight} requests in flight (limit "
@@ -149,6 +153,8 @@ async def _run(state: ServiceState, req: ApiRequest, rid: str, prompt_ids: list[
                     result = ev.result
     except EdgeError as exc:
         raise _engine_error(exc) from None
+    except EngineLoopStopped as exc:
+        raise ApiError(500, str(exc), "engine_failed", type_="server_error") from None
     except RuntimeError as exc:  # AsyncEngine wraps errors raised on its loop thread
         if isinstance(exc.__cause__, EdgeError):
             raise _engine_error(exc.__cause__) from None

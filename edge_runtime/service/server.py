@@ -9,8 +9,9 @@ Lifecycle (each step is reported to systemd with STATUS=):
 Invariants:
 - The socket file is created with mode 0660 (umask set around bind, then chmod) and removed on
   exit unless it came from systemd (socket activation: systemd owns it and keeps listening).
-- WATCHDOG=1 is sent only if the engine is idle or its step counter moved since the last check,
-  so a hung step stops the pings and systemd restarts the service.
+- WATCHDOG=1 is sent only if the engine loop thread is alive and the engine is idle or its step
+  counter moved since the last check, so a hung step or a dead loop stops the pings and systemd
+  restarts the service. (A dead loop leaves the Engine looking idle: the loop's own state counts.)
 """
 
 from __future__ import annotations
@@ -155,7 +156,10 @@ class Server:
         while True:
             # in a thread: a hung step holds the engine lock, and then this await never returns
             steps, busy = await asyncio.to_thread(_engine_progress, self.loaded.engine)
-            if engine_alive(last_steps, steps, busy):
+            failure = self.state.engine_failure()
+            if failure is not None:
+                log.error("%s: withholding WATCHDOG=1", failure)
+            elif engine_alive(last_steps, steps, busy):
                 self.notifier.watchdog_ping()
             else:
                 log.error("engine made no progress for %.1f s: withholding WATCHDOG=1", period)
