@@ -260,3 +260,25 @@ def test_n_samples_with_the_largest_seed_wrap_instead_of_failing():
         single = SamplingParams(max_tokens=4, temperature=0.9, seed=i - 1, ignore_eos=True)
         assert eng.generate([prompt], single)[0].token_ids == comp.token_ids
     eng.kv.check_leaks()
+
+
+def test_add_request_that_raises_leaves_nothing_behind(monkeypatch):
+    """add_request is all or nothing: a failure while building the request stores no entry, so
+    the id stays free and the engine has no orphan request."""
+    import edge_runtime.engine.engine as engine_module
+
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=8)
+    real = engine_module.make_generator
+
+    def broken(seed):
+        raise ValueError("no generator")
+
+    monkeypatch.setattr(engine_module, "make_generator", broken)
+    with pytest.raises(ValueError, match="no generator"):
+        eng.add_request([5, 6, 7], greedy(2), request_id="r1")
+    assert eng.requests == {} and not eng.has_unfinished()
+    monkeypatch.setattr(engine_module, "make_generator", real)
+    assert eng.add_request([5, 6, 7], greedy(2), request_id="r1") == "r1"
+    while eng.has_unfinished():
+        eng.step()
+    eng.kv.check_leaks()

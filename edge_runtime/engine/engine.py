@@ -81,8 +81,8 @@ class Engine:
             if rid in self.requests:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
             req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
+            first = self._new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
             self.requests[rid] = req
-            first = self._new_seq(req, 0, list(prompt_ids))
             if req.is_beam:
                 beam.start(self, req)
             else:
