@@ -59,3 +59,43 @@ def test_missing_input_is_fatal_for_its_stream(tmp_path):
     items = _front(Source(InputSpec("wav", tmp_path / "gone.wav")), half_duplex=False)
     assert isinstance(items[0], Fault) and items[0].fatal and "gone.wav: file not found" in items[0].problem
     assert items[1] is None
+
+
+def _speech(rng, layout):
+    """('s' | 'n', seconds) pieces: loud noise for speech, faint noise for silence; 16 kHz."""
+    return np.concatenate([(0.2 if kind == "s" else 1e-4) * rng.standard_normal(int(sec * 16000))
+                           for kind, sec in layout]).astype(np.float32)
+
+
+def test_stray_byte_after_a_complete_command_keeps_the_command(tmp_path):
+    audio = _speech(np.random.default_rng(1), [("n", 0.5), ("s", 0.8), ("n", 0.25)])
+    raw = tmp_path / "cmd.raw"  # ends 250 ms after the speech: only finish() closes it
+    raw.write_bytes((audio * 32767).astype("<i2").tobytes() + b"\x01")
+    items = _front(Source(InputSpec("pcm", raw)), half_duplex=False)
+    assert [type(i).__name__ for i in items] == ["Command", "Fault", "NoneType"]
+    assert "cmd.raw: ended inside a sample (1 stray bytes)" in items[1].problem and items[1].fatal
+
+
+def test_truncated_wav_is_a_fault_and_its_cut_command_is_not_sent(tmp_path):
+    rng = np.random.default_rng(2)
+    full = _speech(rng, [("n", 0.5), ("s", 0.8), ("n", 1.0), ("s", 0.8), ("n", 0.25), ("n", 2.0)])
+    path = tmp_path / "two.wav"
+    write_wav(path, full)
+    keep = int((0.5 + 0.8 + 1.0 + 0.8 + 0.25) * 16000)  # the second command's pause is cut short
+    path.write_bytes(path.read_bytes()[: 44 + 2 * keep])
+    items = _front(Source(InputSpec("wav", path)), half_duplex=False)
+    assert [type(i).__name__ for i in items] == ["Command", "Fault", "Fault", "NoneType"]
+    assert f"two.wav: truncated: header declares {len(full) / 16000:.2f} s, file holds " \
+           f"{keep / 16000:.2f} s" in items[1].problem
+    assert "two.wav: input ended mid-utterance" in items[2].problem
+    assert not items[1].fatal and not items[2].fatal
+
+
+def test_audio_without_speech_is_reported(tmp_path):
+    write_wav(tmp_path / "silence.wav", np.zeros(48000, np.float32))
+    write_wav(tmp_path / "blip.wav", _speech(np.random.default_rng(3), [("n", 1), ("s", 0.05),
+                                                                        ("n", 1)]))
+    for name in ("silence.wav", "blip.wav"):
+        items = _front(Source(InputSpec("wav", tmp_path / name)), half_duplex=False)
+        assert [type(i).__name__ for i in items] == ["Fault", "NoneType"]
+        assert f"{name}: no speech detected in" in items[0].problem and not items[0].fatal

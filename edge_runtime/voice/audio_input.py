@@ -125,6 +125,35 @@ def read_wav(path: Path) -> np.ndarray:
                          f"at {rate} Hz); split it into shorter files") from exc
 
 
+def wav_truncation(path: Path, held_s: float) -> str | None:
+    """A problem line when the WAV's data chunk declares more bytes than the file holds (a copy
+    or recording cut short); None otherwise. Readers silently return what is there."""
+    found = _data_chunk(path)
+    if found is None:
+        return None
+    offset, declared = found
+    held_bytes = path.stat().st_size - offset
+    if declared in (0, 0xFFFFFFFF) or held_bytes >= declared or held_bytes <= 0:
+        return None  # 0 / 0xFFFFFFFF: a streaming writer's "size unknown"
+    return (f"{path}: truncated: header declares {held_s * declared / held_bytes:.2f} s, file "
+            f"holds {held_s:.2f} s (the audio there was processed; a command cut off at the end "
+            "was not sent)")
+
+
+def _data_chunk(path: Path) -> tuple[int, int] | None:
+    """(offset, declared size) of a RIFF/WAVE file's data chunk, or None."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        while len(chunk := f.read(8)) == 8:
+            size = int.from_bytes(chunk[4:], "little")
+            if chunk[:4] == b"data":
+                return f.tell(), size
+            f.seek(size + (size & 1), os.SEEK_CUR)
+    return None
+
+
 def _decode(path: Path) -> tuple[np.ndarray, int]:
     try:
         import soundfile
@@ -160,6 +189,7 @@ class Recording:
     kind: str  # "audio" | "text"
     _frames: Iterator[np.ndarray] | None = None
     lines: list[str] | None = None
+    cut_short: str | None = None  # the file is truncated: reported after its audio, no cut command
 
     def frames(self) -> Iterator[np.ndarray]:
         assert self._frames is not None, "text recordings have no frames"
@@ -182,7 +212,7 @@ class Source:
     def recordings(self) -> Iterator[Recording | InputError]:
         kind, path = self.spec.kind, self.spec.path
         if kind == "wav":
-            yield Recording(path, "audio", frames_of(read_wav(path)))
+            yield _wav_recording(path)
         elif kind == "folder":
             yield from self._folder(path)
         elif kind == "pcm":
@@ -198,9 +228,17 @@ class Source:
             raise InputError(f"{path}: folder contains no .wav files")
         for wav_path in files:
             try:
-                yield Recording(wav_path, "audio", frames_of(read_wav(wav_path)))
+                recording = _wav_recording(wav_path)
             except InputError as exc:
                 yield exc
+            else:
+                yield recording
+
+
+def _wav_recording(path: Path) -> Recording:
+    audio = read_wav(path)
+    return Recording(path, "audio", frames_of(audio),
+                     cut_short=wav_truncation(path, len(audio) / SAMPLE_RATE))
 
 
 def read_text_commands(path: Path) -> list[str]:
@@ -242,11 +280,11 @@ def pcm_frames(path: Path, rate: int = SAMPLE_RATE, channels: int = 1) -> Iterat
             while len(out) >= FRAME_SAMPLES:
                 yield out[:FRAME_SAMPLES]
                 out = out[FRAME_SAMPLES:]
-        if pending:
-            raise InputError(f"{path}: ended inside a sample ({len(pending)} stray bytes); "
-                             f"expected S16_LE with {channels} channel(s)")
         out = np.concatenate([out, resampler.flush()])
         yield from (frames_of(out) if len(out) else ())
+        if pending:  # after the complete audio: its commands are not lost to a stray byte
+            raise InputError(f"{path}: ended inside a sample ({len(pending)} stray bytes); "
+                             f"expected S16_LE with {channels} channel(s)")
 
 
 class Pacer:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_runtime.errors import InputError
-from edge_runtime.voice.audio_input import Pacer, Recording, Source
+from edge_runtime.voice.audio_input import FRAME_S, Pacer, Recording, Source
 from edge_runtime.voice.vad import UtteranceCutter, Utterance
 
 
@@ -114,22 +114,45 @@ class FrontEnd:
 
     def _audio(self, rec: Recording) -> None:
         self._emit(self.cutter.new_recording(rec.path))
-        for frame in rec.frames():
-            if self.stop_event.is_set():
-                return
-            self.pacer.wait()
-            self._emit(self.cutter.push(frame, time.perf_counter()))
+        heard = num_frames = 0  # utterances (sent or not) and frames of this recording
+        error = None
+        try:
+            for frame in rec.frames():
+                if self.stop_event.is_set():
+                    return
+                self.pacer.wait()
+                num_frames += 1
+                heard += self._emit(self.cutter.push(frame, time.perf_counter()))
+        except InputError as exc:  # e.g. a stray byte: the audio before it is complete
+            error = exc
+        if rec.cut_short:
+            self._post(Fault(str(rec.path), rec.cut_short, fatal=False))
+        heard += self._finish(rec)
+        if error is not None:
+            raise error
+        if not heard:
+            self._post(Fault(str(rec.path), f"{rec.path}: no speech detected in "
+                             f"{num_frames * FRAME_S:.2f} s of audio (check the recording or "
+                             f"microphone level; vad.threshold is {self.cutter.config.threshold})",
+                             fatal=False))
+
+    def _finish(self, rec: Recording) -> int:
+        """End of a recording's audio: send the open utterance unless it was cut off."""
         utt = self.cutter.finish()
-        if utt is not None and utt.truncated:
+        if utt is None:
+            return 0
+        if utt.truncated or rec.cut_short:
             self._post(Fault(str(rec.path), f"{rec.path}: input ended mid-utterance (speech from "
                              f"{utt.start_s:.2f} s to the end at {utt.end_s:.2f} s); the "
                              "incomplete command was not sent", fatal=False))
         else:
             self._emit(utt)
+        return 1
 
-    def _emit(self, utt: Utterance | None) -> None:
-        if utt is not None:
-            self._post(Command(utt.source, utterance=utt, ready_wall=utt.end_wall))
-            if self.half_duplex:
-                self._wait_for_answer()
-
+    def _emit(self, utt: Utterance | None) -> int:
+        if utt is None:
+            return 0
+        self._post(Command(utt.source, utterance=utt, ready_wall=utt.end_wall))
+        if self.half_duplex:
+            self._wait_for_answer()
+        return 1
