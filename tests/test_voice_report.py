@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from edge_runtime.voice.report import (
-    edit_distance, latency_split, normalize, number_words, percentile, stream_table, wer,
-    word_errors,
+    edit_distance, latency_split, normalize, number_words, percentile, split_table, stream_table,
+    wer, word_errors,
 )
 
 
@@ -76,3 +76,14 @@ def test_tables_from_events():
     split = latency_split(events)
     assert split["first_token_s"]["p50"] == pytest.approx(1.5)
     assert split["asr_s"]["mean"] == pytest.approx(0.3)
+
+
+def test_tables_without_answers_print_dashes_not_nan():
+    skipped = [{"kind": "utterance", "stream": 1, "utterance": 0, "transcript": "",
+                "skipped": "no speech recognised"}]
+    for events in ([], skipped):
+        text = stream_table(1, events)
+        assert "nan" not in text
+        assert "p50 -  p95 -;  cached prompt share, turns >= 2: -" in text
+    split = split_table(latency_split(skipped))
+    assert "nan" not in split and "      -       -       -" in split

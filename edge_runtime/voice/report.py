@@ -96,11 +96,17 @@ def stream_table(stream: int, events: list[dict], references: list[str] | None =
                      f"{_clip(answer, 44):<44} {first:>7} {cached:>9}")
     firsts = [ev["first_token_s"] for ev in events if "first_token_s" in ev]
     later = [ev for ev in events if ev["utterance"] > 0 and "prompt_tokens" in ev]
-    share = (sum(e["cached_prompt_tokens"] for e in later) / sum(e["prompt_tokens"] for e in later)
-             if later else math.nan)
-    lines.append(f"  end of speech -> first token: p50 {percentile(firsts, 50):.2f}s  "
-                 f"p95 {percentile(firsts, 95):.2f}s;  cached prompt share, turns >= 2: {share:.0%}")
+    prompt = sum(e["prompt_tokens"] for e in later)
+    share = sum(e["cached_prompt_tokens"] for e in later) / prompt if prompt else math.nan
+    lines.append(f"  end of speech -> first token: p50 {_num(percentile(firsts, 50), '.2f', 's')}  "
+                 f"p95 {_num(percentile(firsts, 95), '.2f', 's')};  cached prompt share, turns "
+                 f">= 2: {_num(share, '.0%')}")
     return "\n".join(lines)
+
+
+def _num(value: float, spec: str, unit: str = "") -> str:
+    """A number for a table, "-" when there is none (NaN: no answered turns)."""
+    return "-" if math.isnan(value) else f"{value:{spec}}{unit}"
 
 
 SPLIT_KEYS = ("vad_s", "asr_queue_s", "asr_s", "turn_wait_s", "engine_queue_s", "prefill_s",
@@ -121,5 +127,6 @@ def latency_split(events: list[dict]) -> dict[str, dict[str, float]]:
 def split_table(split: dict[str, dict[str, float]]) -> str:
     lines = [f"  {'component':<16} {'p50':>7} {'p95':>7} {'mean':>7}"]
     for key, s in split.items():
-        lines.append(f"  {key:<16} {s['p50']:>6.2f}s {s['p95']:>6.2f}s {s['mean']:>6.2f}s")
+        cells = (_num(s[q], ".2f", "s") for q in ("p50", "p95", "mean"))
+        lines.append(f"  {key:<16} " + " ".join(f"{c:>7}" for c in cells))
     return "\n".join(lines)
