@@ -279,6 +279,28 @@ def test_bad_gguf_refused_before_conversion(content, match, tmp_path, monkeypatc
     assert list((tmp_path / "cache" / "edge-runtime" / "models").iterdir()) == []
 
 
+def test_gguf_random_bytes_after_magic_are_refused_without_allocating(tmp_path):
+    import struct
+
+    # a u64 string length of ~2e20 used to be allocated (MemoryError)
+    (tmp_path / "r.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + b"\xff" * 64)
+    with pytest.raises(ModelLoadError, match="runs past the end of the file"):
+        gguf_convert.gguf_architecture(tmp_path / "r.gguf")
+    tags = b"".join([struct.pack("<Q", 7), b"general", struct.pack("<IIQ", 9, 8, 2**40)])
+    (tmp_path / "a.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + tags)
+    with pytest.raises(ModelLoadError, match="runs past the end"):  # a huge string array
+        gguf_convert.gguf_architecture(tmp_path / "a.gguf")
+
+
+def test_gguf_truncated_after_the_header_is_a_load_error(tmp_path):
+    import struct
+
+    header = _gguf_header("llama")  # claims 5 tensors whose descriptions are cut off
+    (tmp_path / "t.gguf").write_bytes(header[:4] + struct.pack("<IQQ", 3, 5, 3) + header[24:])
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        gguf_convert._convert(tmp_path / "t.gguf", tmp_path)
+
+
 def test_gguf_header_reader_finds_architecture_after_other_keys(tmp_path):
     (tmp_path / "h.gguf").write_bytes(_gguf_header("qwen2"))
     assert gguf_convert.gguf_architecture(tmp_path / "h.gguf") == "qwen2"

@@ -136,39 +136,59 @@ GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
 def gguf_architecture(path: Path) -> str:
-    """`general.architecture` from the GGUF header, read without parsing the tensors (fast)."""
+    """`general.architecture` from the GGUF header, read without parsing the tensors (fast).
+
+    Every length read from the file is checked against the file size before it is used, so random
+    bytes after the magic are a ModelLoadError, not a many-GB allocation."""
     import struct
+
+    size = path.stat().st_size
+
+    def fits(f, n: int) -> int:
+        if n > size - f.tell():
+            raise ValueError(f"a length of {n} bytes at offset {f.tell()} runs past the end of the file")
+        return n
+
+    def read(f, n: int) -> bytes:
+        return f.read(fits(f, n))
+
+    def unpack(f, fmt: str) -> tuple:
+        return struct.unpack(fmt, read(f, struct.calcsize(fmt)))
 
     def skip(f, vtype: int) -> None:
         if vtype == _STRING:
-            f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+            f.seek(fits(f, unpack(f, "<Q")[0]), 1)
         elif vtype == _ARRAY:
-            item_type, count = struct.unpack("<IQ", f.read(12))
+            item_type, count = unpack(f, "<IQ")
             if item_type in _SCALAR_SIZES:
-                f.seek(_SCALAR_SIZES[item_type] * count, 1)
+                f.seek(fits(f, _SCALAR_SIZES[item_type] * count), 1)
             else:
+                fits(f, 8 * count)  # every string or array item is at least 8 bytes
                 for _ in range(count):
                     skip(f, item_type)
         else:
-            f.seek(_SCALAR_SIZES[vtype], 1)
+            f.seek(fits(f, _SCALAR_SIZES[vtype]), 1)
 
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
                 raise ModelLoadError(f"{path} is not a GGUF file (bad magic number)")
-            _version, _tensors, num_kv = struct.unpack("<IQQ", f.read(20))
+            _version, _tensors, num_kv = unpack(f, "<IQQ")
+            fits(f, 12 * num_kv)  # each key/value is at least 12 bytes
             for _ in range(num_kv):
-                key = f.read(struct.unpack("<Q", f.read(8))[0]).decode()
-                vtype = struct.unpack("<I", f.read(4))[0]
+                key = read(f, unpack(f, "<Q")[0]).decode()
+                vtype = unpack(f, "<I")[0]
                 if key == "general.architecture" and vtype == _STRING:
-                    return f.read(struct.unpack("<Q", f.read(8))[0]).decode()
+                    return read(f, unpack(f, "<Q")[0]).decode()
                 skip(f, vtype)
-    except (struct.error, KeyError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{path} is not a valid GGUF file: {exc!r}") from exc
+    except (struct.error, KeyError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(f"{path} is not a valid GGUF file ({exc}); re-download it") from exc
     raise ModelLoadError(f"{path} has no general.architecture field")
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
+    import struct
+
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -182,8 +202,10 @@ def _convert(gguf_path: Path, out: Path) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (ValueError, OSError, KeyError, RuntimeError) as exc:  # what transformers/gguf raise
-        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {exc}") from exc
+    except (ValueError, OSError, KeyError, RuntimeError, IndexError, EOFError,
+            struct.error) as exc:  # what transformers/gguf raise on a truncated or corrupt file
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path} (truncated or corrupt? "
+                             f"re-download it): {exc}") from exc
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)  # the weights are dequantized: a plain float32 folder
     cfg.pop("_model_name_or_path", None)
