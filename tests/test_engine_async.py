@@ -76,6 +76,7 @@ def test_abandoned_stream_is_cancelled_and_errors_reach_caller():
         aeng.shutdown()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_loop_is_reported_and_fails_every_stream():
     """An exception escaping Engine.step ends the loop thread: the stream that was running and
     every later one get EngineLoopStopped naming the cause, and `failure` says the loop is dead."""
@@ -97,5 +98,21 @@ def test_a_dead_loop_is_reported_and_fails_every_stream():
         assert isinstance(aeng.failure, ValueError)
         with pytest.raises(EngineLoopStopped, match="restarted"):
             _run(aeng.generate(prompt, greedy(3)))
+    finally:
+        aeng.shutdown()
+
+
+def test_a_request_refused_on_the_loop_thread_gets_its_own_error():
+    """add_request raising on the loop thread (here: the id is taken by a synchronous caller)
+    fails that stream with the engine's error, not "the engine loop stopped"; the loop runs on."""
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=16)
+    prompt = tiny_prompts([8], seed=920)[0]
+    eng.add_request(prompt, greedy(200, ignore_eos=True), request_id="taken")
+    aeng = AsyncEngine(eng)
+    try:
+        with pytest.raises(RequestError, match="already in use"):
+            _run(aeng.generate(prompt, greedy(3), request_id="taken"))
+        assert aeng.failure is None
+        assert _run(aeng.generate(prompt, greedy(3, ignore_eos=True))).finish_reason == "length"
     finally:
         aeng.shutdown()

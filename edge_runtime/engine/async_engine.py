@@ -7,7 +7,8 @@ task) cancels the request in the engine, which frees every page it held.
 Invariants:
 - Only the loop thread calls `Engine.step`, `Engine.add_request` and `Engine.cancel`; asyncio code
   only enqueues work (thread-safe deque + wake-up event), so it never blocks on a running step.
-- Request validation (`RequestError`) happens in the caller, before anything is queued.
+- Request validation (`RequestError`) happens in the caller, before anything is queued; an error
+  that `add_request` still raises on the loop thread reaches that stream as itself.
 - Every stream ends: with its final event, or with `EngineLoopStopped` (caused by the exception
   that stopped the loop thread). A stopped loop never restarts: `failure` says so, and the service
   reports itself unhealthy so that systemd restarts the process.
@@ -69,10 +70,10 @@ class AsyncEngine:
         try:
             while True:
                 item = await queue.get()
-                if isinstance(item, EngineLoopStopped):
-                    raise item
                 if isinstance(item, BaseException):
-                    raise RuntimeError("the engine loop stopped") from item
+                    # the loop stopped (EngineLoopStopped), or add_request refused this request
+                    # on the loop thread while the loop goes on: re-raise the engine's own error
+                    raise item
                 yield item
                 if item.result is not None:
                     done = True
