@@ -75,13 +75,17 @@ def test_input_ending_mid_speech_is_truncated_but_trailing_silence_is_not():
     assert not utt.truncated
 
 
-def test_max_utterance_forces_a_cut():
+def test_speech_longer_than_max_utterance_is_one_run_on_utterance():
     rng = np.random.default_rng(3)
-    audio, _ = _bursts(rng, [("n", 0.3), ("s", 3.3), ("n", 0.8)])
+    audio, spans = _bursts(rng, [("n", 0.3), ("s", 3.3), ("n", 0.8), ("s", 0.6), ("n", 0.8)])
     config = VADConfig(backend="energy", max_utterance_s=1.5)
-    utts = _cut(audio, config)
-    assert len(utts) == 3
-    assert all(u.end_s - u.start_s <= 1.5 + FRAME_S for u in utts)
+    run_on, command = _cut(audio, config)
+    assert run_on.run_on and not command.run_on  # not two halves sent as commands
+    assert abs(run_on.start_s - spans[0][0]) <= FRAME_S and abs(run_on.end_s - spans[0][1]) <= FRAME_S
+    assert len(run_on.audio) <= (1.5 + 0.16) * SAMPLE_RATE + FRAME_SAMPLES  # bounded memory
+    assert abs(command.start_s - spans[1][0]) <= FRAME_S and command.index == 1
+    (open_at_end,) = _cut(audio[: int(2.5 * SAMPLE_RATE)], config)  # input ends in the run-on
+    assert open_at_end.run_on
 
 
 def test_new_recording_closes_the_open_utterance():

@@ -99,3 +99,24 @@ def test_audio_without_speech_is_reported(tmp_path):
         items = _front(Source(InputSpec("wav", tmp_path / name)), half_duplex=False)
         assert [type(i).__name__ for i in items] == ["Fault", "NoneType"]
         assert f"{name}: no speech detected in" in items[0].problem and not items[0].fatal
+
+
+def test_run_on_speech_is_a_fault_and_not_sent(tmp_path):
+    write_wav(tmp_path / "runon.wav", _speech(np.random.default_rng(4), [
+        ("n", 0.5), ("s", 2.5), ("n", 0.8), ("s", 0.6), ("n", 0.8)]))
+
+    async def main():
+        queue: asyncio.Queue = asyncio.Queue()
+        cutter = UtteranceCutter(VADConfig(backend="energy", max_utterance_s=1.5), EnergyVAD())
+        front = FrontEnd(Source(InputSpec("wav", tmp_path / "runon.wav")), cutter, queue,
+                         asyncio.get_running_loop(), realtime=False)
+        front.start()
+        items = [await queue.get()]
+        while items[-1] is not None:
+            items.append(await queue.get())
+        return items
+
+    items = asyncio.run(main())
+    assert [type(i).__name__ for i in items] == ["Fault", "Command", "NoneType"]
+    assert "runon.wav: speech from 0.48 s to 3.01 s" in items[0].problem
+    assert "without a pause for more than vad.max_utterance_s (1.5 s); not sent" in items[0].problem

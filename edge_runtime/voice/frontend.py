@@ -141,7 +141,9 @@ class FrontEnd:
         utt = self.cutter.finish()
         if utt is None:
             return 0
-        if utt.truncated or rec.cut_short:
+        if utt.run_on:
+            self._run_on(utt)
+        elif utt.truncated or rec.cut_short:
             self._post(Fault(str(rec.path), f"{rec.path}: input ended mid-utterance (speech from "
                              f"{utt.start_s:.2f} s to the end at {utt.end_s:.2f} s); the "
                              "incomplete command was not sent", fatal=False))
@@ -149,9 +151,18 @@ class FrontEnd:
             self._emit(utt)
         return 1
 
+    def _run_on(self, utt: Utterance) -> None:
+        self._post(Fault(str(utt.source), f"{utt.source}: speech from {utt.start_s:.2f} s to "
+                         f"{utt.end_s:.2f} s went on without a pause for more than "
+                         f"vad.max_utterance_s ({self.cutter.config.max_utterance_s:g} s); not "
+                         "sent: no part of it is known to be a whole command", fatal=False))
+
     def _emit(self, utt: Utterance | None) -> int:
         if utt is None:
             return 0
+        if utt.run_on:
+            self._run_on(utt)
+            return 1
         self._post(Command(utt.source, utterance=utt, ready_wall=utt.end_wall))
         if self.half_duplex:
             self._wait_for_answer()

@@ -11,7 +11,10 @@ Backends:
 Cutter invariants (all lengths in 32 ms frames):
 - an utterance starts at the first frame with p >= threshold and ends after `min_silence_ms` of
   frames with p < threshold - 0.15 (silero's hysteresis); shorter speech than `min_speech_ms` is
-  dropped as a blip; `pad_ms` of audio is kept on both sides; `max_utterance_s` forces a cut;
+  dropped as a blip; `pad_ms` of audio is kept on both sides;
+- speech longer than `max_utterance_s` without a pause is one `run_on` utterance spanning all of
+  it (audio: its first max_utterance_s only), closed by the next pause: no command is that long,
+  and a forced cut would hand on two halves of whatever was said;
 - `finish()` at the end of the input returns the open utterance, marked `truncated` when speech was
   still going on in the last `TRUNCATED_TAIL_MS` (the input ended mid-utterance).
 """
@@ -149,6 +152,7 @@ class Utterance:
     end_wall: float  # perf_counter() when the last speech frame was handed to the VAD
     cut_wall: float  # perf_counter() when the VAD decided the utterance was over
     truncated: bool = False
+    run_on: bool = False  # speech went on past max_utterance_s without a pause
 
 
 class UtteranceCutter:
@@ -176,6 +180,7 @@ class UtteranceCutter:
         self._start = -1  # frame index of the first speech frame, -1 when idle
         self._last_speech = -1
         self._last_speech_wall = 0.0
+        self._run_on = False
 
     def new_recording(self, source: Path) -> Utterance | None:
         """A new file starts: close what is open (a file boundary ends an utterance)."""
@@ -199,14 +204,16 @@ class UtteranceCutter:
                 return None
             self._start, self._frames = index, list(self._pre) + [frame]
             self._pre.clear()
-        else:
+        elif not self._run_on:  # a run-on keeps only its first max_utterance_s (bounded memory)
             self._frames.append(frame)
         if p >= self.config.threshold - HYSTERESIS:  # speech, or not clearly silence yet
             if speech or self._last_speech == index - 1:
                 self._last_speech, self._last_speech_wall = index, wall
         silence = index - self._last_speech
-        if silence >= self._min_silence or index - self._start + 1 >= self._max_frames:
+        if silence >= self._min_silence:
             return self._close(truncated=False)
+        if index - self._start + 1 >= self._max_frames:
+            self._run_on = True
         return None
 
     def finish(self) -> Utterance | None:
@@ -217,10 +224,10 @@ class UtteranceCutter:
         return self._close(truncated=silence < self._tail)
 
     def _close(self, truncated: bool) -> Utterance | None:
-        start, last = self._start, self._last_speech
+        start, last, run_on = self._start, self._last_speech, self._run_on
         speech_frames = last - start + 1
         keep = len(self._frames) - ((self._num_frames - 1) - last) + self._pad  # speech + pad
-        audio = np.concatenate(self._frames[: max(1, keep)])
+        audio = np.concatenate(self._frames if run_on else self._frames[: max(1, keep)])
         end_wall = self._last_speech_wall
         self._reset_speech()
         if speech_frames < self._min_speech:
@@ -234,6 +241,7 @@ class UtteranceCutter:
             end_wall=end_wall,
             cut_wall=time.perf_counter(),
             truncated=truncated,
+            run_on=run_on,
         )
         self._num_utterances += 1
         return utt
