@@ -39,6 +39,25 @@ def test_bad_bodies(raw, code):
     assert e.value.status == 400 and e.value.code == code
 
 
+@pytest.mark.parametrize("raw,param", [
+    (rb'{"messages": [{"role": "user", "content": "\ud800 hi"}]}', "messages[0].content"),
+    (rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfff"}]}]}',
+     "messages[0].content[0].text"),
+    (rb'{"prompt": "\udc80"}', "prompt"),
+    (rb'{"prompt": ["\udc80"]}', "prompt[0]"),
+    (rb'{"prompt": "x", "stop": ["ok", "\ud83d"]}', "stop[1]"),
+    (rb'{"prompt": "x", "model": "m\ud800"}', "model"),
+])
+def test_lone_surrogates_are_400_naming_the_field(raw, param):
+    """JSON can escape a lone UTF-16 surrogate; the tokenizer cannot take one (it was a 500)."""
+    with pytest.raises(ApiError) as e:
+        parse_body(raw)
+    assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_utf8", param)
+    assert "surrogate" in e.value.message
+    body = parse_body(rb'{"prompt": "\ud83d\ude00 \\ud800"}')  # a valid pair, an escaped "\"
+    assert body["prompt"] == "\U0001f600 \\ud800"
+
+
 @pytest.mark.parametrize("body,param", [
     ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),

@@ -4,6 +4,9 @@ Invariants:
 - `parse_body` + `parse_completion`/`parse_chat` raise only `ApiError` for any input bytes, so a
   bad request can never crash a handler (property-tested in tests/test_service_schema.py).
 - A returned ApiRequest holds a valid `SamplingParams` with max_tokens <= ServiceLimits.max_tokens.
+- Every string of an accepted body is valid Unicode: JSON may escape a lone UTF-16 surrogate
+  ("\\ud800"), which Python keeps in the str and the tokenizer cannot take; such a body is a 400
+  naming the field, like a body that is not UTF-8.
 - Unknown top-level keys are ignored (as OpenAI-compatible servers do: SDKs send extras), but a
   known key with a wrong type or an unsupported value is an error naming the key (`param`).
 Prompt length and the model name need the tokenizer and the model: the app checks those.
@@ -12,6 +15,7 @@ Prompt length and the model name need the tokenizer and the model: the app check
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from edge_runtime.engine.api import SEED_MAX, SEED_MIN, SamplingParams
@@ -19,6 +23,7 @@ from edge_runtime.errors import RequestError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 DEFAULT_MAX_TOKENS = 256
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # \uD800..\uDFFF
 
 
 class ApiError(RequestError):
@@ -59,7 +64,29 @@ def parse_body(raw: bytes) -> dict:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    if _SURROGATE_ESCAPE.search(text):  # valid pairs match too; only lone ones are refused
+        _check_unicode(body)
     return body
+
+
+def _check_unicode(body: dict) -> None:
+    """Raise a 400 naming a string (or key) of the body that holds a lone surrogate."""
+    todo: list[tuple[str, object]] = [("", body)]
+    while todo:  # iterative: the body may be nested as deep as json.loads allows
+        path, value = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ApiError(400, f"'{path}' is not valid Unicode: lone UTF-16 surrogate "
+                               f"\\u{ord(value[exc.start]):04x} at character {exc.start}",
+                               "invalid_utf8", path) from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = f"{path}.{key}" if path else key
+                todo += [(name, key), (name, item)]
+        elif isinstance(value, list):
+            todo += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
 
 
 def parse_completion(body: dict, max_tokens_cap: int) -> ApiRequest:
