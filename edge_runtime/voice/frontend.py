@@ -7,7 +7,10 @@ items into the stream's asyncio queue (thread-safe via `loop.call_soon_threadsaf
 - `Fault(source, problem)` for anything wrong with this stream's input: the message names the file
   and the problem; the other streams never see it. A fault in one file of a folder does not stop
   the folder; an input that ends mid-utterance yields a Fault and the incomplete command is dropped
-  (acting on half a command is worse than asking again);
+  (acting on half a command is worse than asking again). Also faults, not fatal: a recording in
+  which the VAD finds no speech; a truncated WAV (reported after its audio; the utterance open
+  where it stops is not sent); run-on speech longer than vad.max_utterance_s (not sent). A read
+  error part-way (a pipe's stray byte) comes after the complete audio before it;
 - `None` when the stream's input is over.
 
 Half duplex (`half_duplex=True`, the demo's default): after posting a command the front end stops
