@@ -27,6 +27,21 @@ def test_valid_chat_and_completion():
     assert parse_completion({"prompt": ["one"]}, CAP).prompt == "one"
 
 
+def test_null_max_completion_tokens_counts_as_absent():
+    """SDKs send "max_completion_tokens": null; max_tokens must still apply (it was ignored)."""
+    req = parse_chat({"messages": [{"role": "user", "content": "hi"}],
+                      "max_completion_tokens": None, "max_tokens": 3}, CAP)
+    assert req.params.max_tokens == 3 and req.max_tokens_param == "max_tokens"
+    req = parse_completion({"prompt": "x", "max_completion_tokens": 5, "max_tokens": 9}, CAP)
+    assert req.params.max_tokens == 5 and req.max_tokens_param == "max_completion_tokens"
+    assert parse_completion({"prompt": "x", "max_tokens": None}, CAP).params.max_tokens == 256
+    for bad in (0, CAP + 1, "5"):
+        with pytest.raises(ApiError) as e:
+            parse_completion({"prompt": "x", "max_completion_tokens": bad, "max_tokens": 3}, CAP)
+        assert e.value.param == "max_completion_tokens"
+        assert e.value.message.startswith("'max_completion_tokens'")
+
+
 @pytest.mark.parametrize("raw,code", [
     (b"{not json", "invalid_json"),
     (b"[1, 2]", "invalid_json"),

@@ -48,7 +48,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             raise ApiError(404, f"model '{req.model}' is not served here; GET /v1/models lists "
                            f"'{state.model_name}'", "model_not_found", "model")
         prompt_ids = await asyncio.to_thread(_encode, state, req)
-        _check_length(state, prompt_ids, req.params.max_tokens)
+        _check_length(state, prompt_ids, req)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         state.active[rid] = asyncio.current_task()
         try:
@@ -120,17 +120,18 @@ def _encode(state: ServiceState, req: ApiRequest) -> list[int]:
     return list(encode_prompt(state.tokenizer, req.prompt, chat=False))
 
 
-def _check_length(state: ServiceState, prompt_ids: list[int], max_tokens: int) -> None:
+def _check_length(state: ServiceState, prompt_ids: list[int], req: ApiRequest) -> None:
     n, limit = len(prompt_ids), state.limits.prompt_limit(state.context_len)
+    max_tokens, key = req.params.max_tokens, req.max_tokens_param
     if n == 0:
         raise ApiError(400, "the prompt is empty", "invalid_value", "prompt")
     if n > limit:
         raise ApiError(400, f"the prompt has {n} tokens, more than this server's limit of {limit}",
                        "context_length_exceeded", "prompt")
     if n + max_tokens > state.context_len:
-        raise ApiError(400, f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the "
-                       f"model's context of {state.context_len}; lower max_tokens",
-                       "context_length_exceeded", "max_tokens")
+        raise ApiError(400, f"prompt ({n} tokens) + {key} ({max_tokens}) exceeds the "
+                       f"model's context of {state.context_len}; lower {key}",
+                       "context_length_exceeded", key)
 
 
 def _engine_error(exc: EdgeError) -> ApiError:

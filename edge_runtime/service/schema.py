@@ -50,6 +50,7 @@ class ApiRequest:
     include_usage: bool = False
     prompt: str | tuple[int, ...] | None = None  # completion: text or token ids
     messages: tuple[dict, ...] | None = None  # chat: [{"role", "content": str}]
+    max_tokens_param: str = "max_tokens"  # the key max_tokens came from, for error messages
 
 
 def parse_body(raw: bytes) -> dict:
@@ -106,7 +107,7 @@ def parse_completion(body: dict, max_tokens_cap: int) -> ApiRequest:
     if body.get("best_of") not in (None, body.get("n", 1)):
         raise _unsupported("best_of")
     return ApiRequest("completion", _model(body), _params(body, max_tokens_cap), *_stream(body),
-                      prompt=prompt)
+                      prompt=prompt, max_tokens_param=_max_tokens_key(body))
 
 
 def parse_chat(body: dict, max_tokens_cap: int) -> ApiRequest:
@@ -120,7 +121,7 @@ def parse_chat(body: dict, max_tokens_cap: int) -> ApiRequest:
         if body.get(key) not in (None, [], {"type": "text"}):
             raise _unsupported(key)
     return ApiRequest("chat", _model(body), _params(body, max_tokens_cap), *_stream(body),
-                      messages=parsed)
+                      messages=parsed, max_tokens_param=_max_tokens_key(body))
 
 
 def _message(i: int, m) -> dict:
@@ -140,13 +141,20 @@ def _message(i: int, m) -> dict:
     return {"role": "system" if role == "developer" else role, "content": content}
 
 
+def _max_tokens_key(body: dict) -> str:
+    """max_completion_tokens (OpenAI's newer name) wins over max_tokens; null counts as absent."""
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+
+
 def _params(body: dict, cap: int) -> SamplingParams:
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    key = _max_tokens_key(body)
+    max_tokens = body.get(key)
     max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     if not _is_int(max_tokens) or max_tokens < 1:
-        raise _bad("max_tokens", f"must be a positive integer, got {max_tokens!r}")
+        raise _bad(key, f"must be a positive integer, got {max_tokens!r}")
     if max_tokens > cap:
-        raise _bad("max_tokens", f"is {max_tokens}, above this server's limit of {cap}")
+        raise _bad(key, f"is {max_tokens}, above this server's limit of {cap}")
     for key in ("presence_penalty", "frequency_penalty"):
         if _num(body, key, 0.0, -2.0, 2.0) != 0.0:
             raise _unsupported(key, "only 0 is supported; use repetition_penalty")
