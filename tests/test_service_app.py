@@ -49,3 +49,31 @@ def test_health_and_ready_gauge_report_a_dead_engine_loop():
     assert code == 503 and body["status"] == "failed"
     assert "ValueError: Overflow when unpacking long long" in body["reason"]
     assert "edge_service_ready 0" in render_prometheus(state.stats())
+
+
+def test_404_and_405_say_what_to_do_and_405_keeps_allow():
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from edge_runtime.service.app import build_app
+
+    async def main():
+        async with TestClient(TestServer(build_app(ServiceState(ServiceLimits(), "m")))) as c:
+            r405 = await c.get("/v1/chat/completions")
+            r405_post = await c.post("/health")
+            r404 = await c.get("/v2/nothing")
+            return ((r405.status, r405.headers.get("Allow"), await r405.json()),
+                    (r405_post.status, r405_post.headers.get("Allow")),
+                    (r404.status, await r404.json()))
+
+    (s405, allow, b405), (s405_post, allow_post), (s404, b404) = asyncio.run(main())
+    assert (s405, allow, b405["error"]["code"]) == (405, "POST", "method_not_allowed")
+    assert b405["error"]["message"] == "GET is not allowed on /v1/chat/completions; use POST"
+    assert s405_post == 405 and set(allow_post.replace(" ", "").split(",")) == {"GET", "HEAD"}
+    assert s404 == 404 and b404["error"]["code"] == "not_found"
+    message = b404["error"]["message"]
+    assert message.startswith("no endpoint at /v2/nothing; the endpoints are ")
+    for endpoint in ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
+                     "GET /health", "GET /metrics", "GET /v1/stats"):
+        assert endpoint in message

@@ -99,14 +99,30 @@ async def error_middleware(request: web.Request, handler):
     except ApiError as exc:
         response = json_error(exc)
     except web.HTTPException as exc:  # 404 unknown route, 405 wrong method, 413 from aiohttp
-        response = json_error(ApiError(exc.status, exc.reason, _code(exc.status),
-                                       type_="invalid_request_error"))
+        response = json_error(_http_error(request, exc))
     except Exception:
         log.exception("handler failed: %s %s", request.method, request.path)
         response = json_error(ApiError(500, "internal server error (see the service log)",
                                        "internal_error", type_="server_error"))
     state.metrics.record_request(endpoint, response.status)
     return response
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> ApiError:
+    """aiohttp's routing errors as JSON that says what to do; 405 keeps its Allow header."""
+    message, headers = exc.reason, {}
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = sorted(m for m in exc.allowed_methods if m != "HEAD")
+        message = f"{request.method} is not allowed on {request.path}; use {' or '.join(allowed)}"
+        headers = {"Allow": exc.headers["Allow"]}
+    elif isinstance(exc, web.HTTPNotFound):
+        message = f"no endpoint at {request.path}; the endpoints are {', '.join(_endpoints(request))}"
+    return ApiError(exc.status, message, _code(exc.status), headers=headers)
+
+
+def _endpoints(request: web.Request) -> list[str]:
+    return [f"{r.method} {r.resource.canonical}" for r in request.app.router.routes()
+            if r.method != "HEAD" and r.resource is not None]
 
 
 def _code(status: int) -> str:
