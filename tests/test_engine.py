@@ -282,3 +282,14 @@ def test_add_request_that_raises_leaves_nothing_behind(monkeypatch):
     while eng.has_unfinished():
         eng.step()
     eng.kv.check_leaks()
+
+
+def test_a_request_that_outgrows_the_pool_says_why():
+    """Alone and still out of pages: finish_reason "error" and the reason on the result (a client
+    used to get "error" with no message)."""
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=4, enable_inline=False)
+    res = eng.generate([tiny_prompts([40], seed=520)[0]], greedy(40, ignore_eos=True))[0]
+    assert res.finish_reason == "error" and "KV pool cannot hold this request" in res.error
+    ok = eng.generate([tiny_prompts([10], seed=521)[0]], greedy(4, ignore_eos=True))[0]
+    assert ok.finish_reason == "length" and ok.error is None
+    eng.kv.check_leaks()

@@ -23,3 +23,77 @@ def test_context_error_names_the_key_the_client_sent():
             _check_length(state, list(range(30)), req)
         assert e.value.code == "context_length_exceeded" and e.value.param == key
         assert f"lower {key}" in e.value.message
+
+
+def _pool_state(num_pages=4, page_tokens=512, slots=8, inline_tokens=128):
+    cfg = SimpleNamespace(page_tokens=page_tokens, enable_inline=slots > 0,
+                          num_inline_slots=slots, inline_tokens=inline_tokens)
+    return SimpleNamespace(limits=ServiceLimits(), context_len=8192,
+                           engine=SimpleNamespace(config=cfg, num_pages=num_pages))
+
+
+def test_a_request_the_whole_pool_cannot_hold_is_400_before_it_runs():
+    """small.yaml's pool (4 pages of 512): 1000 prompt tokens + 200 for n=4 choices needs 9 pages
+    (each choice its own 688-token tail); it used to run and end 200 with every choice "error"."""
+    from edge_runtime.service.generate import _check_pool
+
+    state = _pool_state()
+    req = parse_completion({"prompt": [1] * 1000, "max_tokens": 200, "n": 4}, 512)
+    with pytest.raises(ApiError) as e:
+        _check_pool(state, 1000, req)
+    assert (e.value.status, e.value.code, e.value.param) == (400, "context_length_exceeded", "n")
+    assert "needs up to 9 KV pages of 512 tokens" in e.value.message
+    assert "pool of 4; lower max_tokens or n" in e.value.message
+    _check_pool(state, 1000, parse_completion({"prompt": [1], "max_tokens": 200}, 512))
+    _check_pool(state, 1000, parse_completion({"prompt": [1], "max_tokens": 100, "n": 2}, 512))
+    too_long = parse_completion({"prompt": [1], "max_completion_tokens": 1200}, 512 * 4)
+    with pytest.raises(ApiError) as e:
+        _check_pool(state, 1000, too_long)
+    assert e.value.param == "max_completion_tokens"
+    # tails short enough for the inline slots do not need a page each
+    _check_pool(_pool_state(num_pages=2), 512, parse_completion(
+        {"prompt": [1], "max_tokens": 100, "n": 8}, 512))
+
+
+def test_a_request_that_ran_out_of_pool_gets_an_error_message():
+    """Out of pool mid-generation: 503 memory_pressure when not streaming; when streaming, the
+    finish chunks ("error") are followed by an SSE error event, then [DONE]."""
+    import asyncio
+    import json
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from edge_runtime.engine.api import Completion, GenerationResult, TokenEvent
+    from edge_runtime.service.app import ServiceState, build_app
+
+    why = "the KV pool cannot hold this request (no page left)"
+
+    class FailingEngine:
+        failure = None
+
+        async def stream(self, prompt_ids, params, request_id):
+            result = GenerationResult(request_id, len(prompt_ids), 0,
+                                      [Completion("ab", [5, 6], "error")], error=why)
+            yield TokenEvent(request_id, 0, [5, 6], "ab")
+            yield TokenEvent(request_id, 0, [], "", result=result)
+
+    state = ServiceState(ServiceLimits(), "m")
+    model = SimpleNamespace(tokenizer=None, config=SimpleNamespace(max_position_embeddings=64,
+                                                                    vocab_size=10))
+    state.set_ready(model, _pool_state().engine, FailingEngine(), None)
+    body = {"prompt": [1, 2, 3], "max_tokens": 4}
+
+    async def main():
+        async with TestClient(TestServer(build_app(state))) as c:
+            plain = await c.post("/v1/completions", json=body)
+            streamed = await c.post("/v1/completions", json=dict(body, stream=True))
+            return plain.status, await plain.json(), await streamed.text()
+
+    status, plain, streamed = asyncio.run(main())
+    assert status == 503 and plain["error"]["code"] == "memory_pressure"
+    assert plain["error"]["message"].startswith(why) and "lower max_tokens" in plain["error"]["message"]
+    events = [e[len("data: "):] for e in streamed.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    finish, error = json.loads(events[-3]), json.loads(events[-2])
+    assert finish["choices"][0]["finish_reason"] == "error"
+    assert error["error"]["code"] == "memory_pressure" and error["error"]["message"].startswith(why)

@@ -78,6 +78,7 @@ class GenerationResult:
     cached_prompt_tokens: int  # prompt tokens whose K/V came from the prefix cache
     completions: list[Completion]
     timings: RequestTimings = field(default_factory=RequestTimings)
+    error: str | None = None  # why the request failed (its completions end with "error")
 
     @property
     def text(self) -> str:

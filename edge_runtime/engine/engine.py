@@ -306,7 +306,7 @@ class Engine:
             for s in sorted(req.seqs, key=lambda s: s.index) if s.index < max(1, req.params.n)
         ]
         req.result = GenerationResult(req.request_id, len(req.prompt_ids),
-                                      req.cached_prompt_tokens, comps, req.timings())
+                                      req.cached_prompt_tokens, comps, req.timings(), req.error)
         self.requests.pop(req.request_id, None)  # finished: only the event holds it now
         events.append(TokenEvent(req.request_id, 0, [], "", result=req.result))
 

@@ -7,6 +7,9 @@ Invariants:
   whose stream write fails is cancelled in the engine, which releases its pages; a request is
   cancelled at most once and only if it did not finish.
 - Errors before the first byte of a stream are JSON 4xx/5xx; after it, an SSE `error` event.
+- A request whose n choices could not fit the whole KV pool even at full length is refused before
+  it runs (400); one that still runs out of pool (the guard shrank it) ends with finish_reason
+  "error" and an error: a 503 when not streaming, an SSE `error` event after the finish chunks.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
                            f"'{state.model_name}'", "model_not_found", "model")
         prompt_ids = await asyncio.to_thread(_encode, state, req)
         _check_length(state, prompt_ids, req)
+        _check_pool(state, len(prompt_ids), req)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         state.active[rid] = asyncio.current_task()
         try:
@@ -134,6 +138,42 @@ def _check_length(state: ServiceState, prompt_ids: list[int], req: ApiRequest) -
                        "context_length_exceeded", key)
 
 
+def _check_pool(state: ServiceState, num_prompt: int, req: ApiRequest) -> None:
+    """400 if the request's n choices at full length need more KV pages than the whole pool has
+    (counted leniently: the prompt's full pages shared, a tail per choice in a free inline slot;
+    the engine would end such a request with finish_reason "error" after generating for nothing)."""
+    p, cfg = req.params, state.engine.config
+    needed, capacity = _pages_needed(num_prompt, p.max_tokens, p.n, cfg), state.engine.num_pages
+    if needed <= capacity:
+        return
+    key = req.max_tokens_param
+    one_fits = p.n > 1 and _pages_needed(num_prompt, p.max_tokens, 1, cfg) <= capacity
+    raise ApiError(400, f"prompt ({num_prompt} tokens) + {key} ({p.max_tokens}) for n={p.n} "
+                   f"choices needs up to {needed} KV pages of {cfg.page_tokens} tokens, more than "
+                   f"this server's pool of {capacity}; lower {key}{' or n' if p.n > 1 else ''}, "
+                   "or shorten the prompt", "context_length_exceeded", "n" if one_fits else key)
+
+
+def _pages_needed(num_prompt: int, max_tokens: int, n: int, cfg) -> int:
+    page = cfg.page_tokens
+    kv_tokens = num_prompt + max_tokens - 1  # the last token sampled is never fed back
+    shared = num_prompt // page if n > 1 else 0  # forks share the prompt's full pages
+    slots = cfg.num_inline_slots if cfg.enable_inline else 0
+    inline = min(cfg.inline_tokens, page)
+    own = kv_tokens - shared * page
+    pages, tail = divmod(own, page)
+    with_slot = 0 < tail <= inline
+    return shared + n * pages + (n - min(n, slots) if with_slot else n if tail else 0)
+
+
+def _failed(result, req: ApiRequest) -> ApiError | None:
+    """The engine ended the request with finish_reason "error": the pool ran out mid-generation."""
+    if result.error is None:
+        return None
+    return ApiError(503, f"{result.error}; lower {req.max_tokens_param} or n, or retry later",
+                    "memory_pressure", type_="server_error", headers={"Retry-After": "1"})
+
+
 def _engine_error(exc: EdgeError) -> ApiError:
     if isinstance(exc, (OutOfPages, MemoryPressure)):
         return ApiError(503, str(exc), "memory_pressure", type_="server_error",
@@ -175,6 +215,9 @@ async def _complete(state, req, rid, prompt_ids) -> web.Response:
         return None
 
     result = await _run(state, req, rid, prompt_ids, ignore)
+    failed = _failed(result, req)
+    if failed is not None:
+        raise failed
     body = (R.chat_body if req.kind == "chat" else R.completion_body)(
         rid, state.model_name, result, R.now())
     return web.json_response(body)
@@ -205,6 +248,9 @@ async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
     for i, c in enumerate(result.completions):
         empty = None if req.kind == "chat" else ""
         await resp.write(R.sse(R.chunk(req.kind, rid, model, created, i, empty, c.finish_reason)))
+    failed = _failed(result, req)
+    if failed is not None:
+        await resp.write(R.sse(failed.body()))
     if req.include_usage:
         await resp.write(R.sse(R.usage_chunk(req.kind, rid, model, created, result)))
     await resp.write(R.sse("[DONE]"))
