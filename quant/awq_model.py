@@ -39,15 +39,50 @@ def awq_quant_config(group_size: int) -> dict:
             "version": "gemm", "modules_to_not_convert": None}
 
 
+def _config_int(quant_config: dict, key: str, legacy: str, default: int) -> int:
+    value = quant_config.get(key, quant_config.get(legacy, default))
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"config.json: quantization_config.{key} must be a positive integer "
+                             f"(the AWQ group size is usually 128 or 64), got {value!r}")
+    return value
+
+
 def _check_config(quant_config: dict) -> int:
-    bits = int(quant_config.get("bits", quant_config.get("w_bit", 4)))
-    group_size = int(quant_config.get("group_size", quant_config.get("q_group_size", 128)))
+    bits = _config_int(quant_config, "bits", "w_bit", 4)
+    group_size = _config_int(quant_config, "group_size", "q_group_size", 128)
     version = str(quant_config.get("version", "gemm")).lower()
     if bits != 4 or version != "gemm" or not quant_config.get("zero_point", True):
         raise ModelLoadError(
             f"AWQ checkpoint with bits={bits}, version={version!r}, zero_point="
             f"{quant_config.get('zero_point')} is not supported: only 4-bit GEMM with zero points")
     return group_size
+
+
+def _pop_tensor(state: dict, name: str) -> torch.Tensor:
+    if name not in state:
+        raise ModelLoadError(f"AWQ checkpoint has {name.rsplit('.', 1)[0]}.qweight but no {name}: "
+                             "the checkpoint is incomplete; re-export or re-download it")
+    return state.pop(name)
+
+
+def _check_shape(name: str, tensor: torch.Tensor, expect: tuple, what: str) -> None:
+    if tuple(tensor.shape) != expect:
+        raise ModelLoadError(f"{name} has shape {tuple(tensor.shape)}, expected {expect} {what}")
+
+
+def _check_groups(path: str, old: nn.Linear, scales: torch.Tensor, group_size: int) -> None:
+    """The checkpoint's scales must have one row per group of quantization_config.group_size."""
+    groups = old.in_features // group_size
+    if old.in_features % group_size == 0 and tuple(scales.shape) == (groups, old.out_features):
+        return
+    rows = scales.shape[0] if scales.dim() == 2 else 0
+    implied = (f"; its scales {tuple(scales.shape)} imply group_size {old.in_features // rows}"
+               if rows and old.in_features % rows == 0 else "")
+    raise ModelLoadError(
+        f"{path}: quantization_config.group_size {group_size} does not fit this checkpoint "
+        f"({old.in_features}->{old.out_features} linear, expected scales "
+        f"({old.in_features / group_size:g}, {old.out_features}){implied}): "
+        "set group_size to the one the checkpoint was quantized with")
 
 
 def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
@@ -58,15 +93,17 @@ def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
         raise ModelLoadError(f"AWQ checkpoint quantizes {path}, which this model does not have") from exc
     if not isinstance(old, nn.Linear):
         raise ModelLoadError(f"AWQ checkpoint quantizes {path}, which is not a linear layer")
-    qweight, qzeros = state.pop(f"{path}.qweight"), state.pop(f"{path}.qzeros")
-    scales = state.pop(f"{path}.scales", None)
-    if scales is None:
-        raise ModelLoadError(f"AWQ checkpoint has {path}.qweight but no {path}.scales")
+    qweight = state.pop(f"{path}.qweight")
+    qzeros, scales = _pop_tensor(state, f"{path}.qzeros"), _pop_tensor(state, f"{path}.scales")
     bias = state.pop(f"{path}.bias", None)
-    expect = (old.in_features, old.out_features // 8)
-    if tuple(qweight.shape) != expect:
-        raise ModelLoadError(f"{path}.qweight has shape {tuple(qweight.shape)}, expected {expect} "
-                             f"for a {old.in_features}->{old.out_features} linear")
+    what = f"for a {old.in_features}->{old.out_features} linear"
+    _check_shape(f"{path}.qweight", qweight, (old.in_features, old.out_features // 8), what)
+    _check_groups(path, old, scales, group_size)
+    groups = old.in_features // group_size
+    _check_shape(f"{path}.qzeros", qzeros, (groups, old.out_features // 8),
+                 f"{what} with group_size {group_size}; the checkpoint is corrupt: re-export it")
+    if bias is not None:
+        _check_shape(f"{path}.bias", bias, (old.out_features,), what)
     new = AWQLinear.from_tensors(qweight, qzeros, scales.to(torch.float16), group_size, bias,
                                  backend)
     set_module(model, path, new)
@@ -76,12 +113,17 @@ def _halve_embeddings(model: nn.Module, state: dict) -> None:
     key = "model.embed_tokens.weight"
     embed = model.get_submodule("model.embed_tokens")
     if key in state and isinstance(embed, nn.Embedding):
+        # the loader's shape check never sees this tensor again: check it here
+        _check_shape(key, state[key], tuple(embed.weight.shape),
+                     "(vocab_size, hidden_size) from config.json: the checkpoint does not match it")
         out_dtype = state[key].dtype
         state[key] = state[key].to(torch.float16)
         set_module(model, "model.embed_tokens", HalfEmbedding(state[key], out_dtype))
     head = getattr(model, "lm_head", None)
     if isinstance(head, nn.Linear):
         if "lm_head.weight" in state:
+            _check_shape("lm_head.weight", state["lm_head.weight"], tuple(head.weight.shape),
+                         "(vocab_size, hidden_size) from config.json: the checkpoint does not match it")
             state["lm_head.weight"] = state["lm_head.weight"].to(torch.float16)
             weight = state["lm_head.weight"]
         else:  # tied: the loader assigns the embedding's fp16 weight in tie_weights()

@@ -132,3 +132,52 @@ def test_autoawq_written_checkpoint_loads(tmp_path, autoawq_cpu_fix):
     awq.save_quantized(str(out))
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(3))
     _compare(out, hf, 64, ids)
+
+
+def _rtn_checkpoint(group_size=32):
+    """(config, state, quantization_config) of a tiny round-to-nearest AWQ checkpoint, in memory."""
+    hf = tiny_llama(seed=5)
+    state = {k: v.clone() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for name in [k for k in state if k.endswith("_proj.weight")]:
+        path = name[: -len(".weight")]
+        q = awq_pack.pack_linear_weight(state.pop(name), group_size)
+        state.update(zip((f"{path}.qweight", f"{path}.qzeros", f"{path}.scales"), q))
+    return ModelConfig.from_hf(hf.config.to_dict()), state, awq_model.awq_quant_config(group_size)
+
+
+_Q = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize("case, match", [
+    ("group_size 64", r"down_proj: quantization_config.group_size 64 does not fit .*scales "
+                      r"\(8, 128\) imply group_size 32\): set group_size"),
+    ("group_size 0", r"quantization_config.group_size must be a positive integer.*got 0"),
+    ("group_size 'sixty-four'", r"group_size must be a positive integer.*'sixty-four'"),
+    ("group_size True", "group_size must be a positive integer"),
+    ("no qzeros", rf"has {_Q}.qweight but no {_Q}.qzeros"),
+    ("bad qzeros", rf"{_Q}.qzeros has shape \(4, 15\), expected \(4, 16\)"),
+    ("bad embed", r"model.embed_tokens.weight has shape \(300, 126\), expected \(300, 128\)"),
+    ("config string", "quantization_config must be a JSON object"),
+])
+def test_broken_awq_checkpoint_is_a_model_load_error(case, match):
+    from edge_runtime.errors import ModelLoadError
+
+    config, state, qc = _rtn_checkpoint()
+    if case.startswith("group_size"):
+        qc["group_size"] = eval(case.split(" ", 1)[1])
+    elif case == "no qzeros":
+        del state[f"{_Q}.qzeros"]
+    elif case == "bad qzeros":
+        state[f"{_Q}.qzeros"] = state[f"{_Q}.qzeros"][:, :-1]
+    elif case == "bad embed":  # used to load, then crash at the first forward
+        state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"][:, :-2]
+    elif case == "config string":
+        qc = "awq"
+    with pytest.raises(ModelLoadError, match=match):
+        build_model(config, state, qc)
+
+
+def test_rtn_checkpoint_helper_builds():
+    config, state, qc = _rtn_checkpoint()
+    model, quantization = build_model(config, state, qc)
+    assert quantization == "awq-g32" and isinstance(model.get_submodule(_Q), AWQLinear)

@@ -136,6 +136,11 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
     with torch.device("meta"), _no_weight_init():
         model = CausalLM(config)
     quantization = "none"
+    if quant_config is not None and not isinstance(quant_config, dict):
+        raise ModelLoadError(
+            f"config.json: quantization_config must be a JSON object such as "
+            f'{{"quant_method": "awq", "bits": 4, "group_size": 128}}, got {quant_config!r}'
+        )
     if quant_config:
         method = quant_config.get("quant_method")
         if method != "awq":
