@@ -34,3 +34,42 @@ def test_generate_beams_and_flags(capsys):
     assert len(json.loads(out)["completions"]) == 2
     code, out, err = _run(capsys, "--prompt", "x", "--beams", "9")
     assert code == 2 and "beam_width" in err and "Traceback" not in err
+
+
+def _bad_input(capsys, tmp_path, content: bytes | None, *argv):
+    if content is not None:
+        (tmp_path / "p.jsonl").write_bytes(content)
+        argv = ("--prompts-file", str(tmp_path / "p.jsonl"), *argv)
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and "Traceback" not in err and out == "", err
+    return err
+
+
+def test_generate_bad_prompts_file_and_flags_are_one_line_errors(capsys, tmp_path):
+    assert "not UTF-8" in _bad_input(capsys, tmp_path, b'{"prompt": "\xff\xfe"}\n')
+    err = _bad_input(capsys, tmp_path, b'{"prompt": "x", "max_tokens": true}\n')
+    assert "max_tokens must be a positive integer, got True" in err  # not read as 1
+    assert "chat must be true or false" in _bad_input(capsys, tmp_path, b'{"prompt": "x", "chat": "no"}')
+    for value in ("nan", "inf"):
+        err = _bad_input(capsys, tmp_path, None, "--prompt", "x", "--temperature", value)
+        assert "--temperature must be a finite number" in err
+    err = _bad_input(capsys, tmp_path, None, "--prompt", "x", "--page-tokens", "500")
+    assert "--page-tokens must be a power of two" in err
+
+
+def test_huge_max_tokens_sizes_the_pool_by_the_context(capsys):
+    from types import SimpleNamespace
+
+    from engine_helpers import tiny
+
+    from edge_runtime.engine.cli_backend import engine_config
+
+    args = SimpleNamespace(n=1, beams=1, no_prefix_cache=False, no_inline=False, kv_dtype=None,
+                           page_tokens=16, config=None)
+    loaded = tiny()
+    cfg = engine_config(args, loaded, [([1, 2, 3], 10**9)])  # used to ask for 5.7 TB on SmolLM2
+    context = loaded.config.max_position_embeddings
+    assert cfg.num_pages <= max(context // 16 + 1, 1024 // 16)
+    code, out, err = _run(capsys, "--prompt", "hello", "--max-tokens", "1000000000",
+                          "--page-tokens", "16", "--json")
+    assert code == 0 and f"model's context of {context} tokens" in err, err

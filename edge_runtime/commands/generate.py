@@ -11,6 +11,7 @@ compute; every user error is an `EdgeError` (one line, exit 2).
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -55,12 +56,19 @@ def read_requests(args) -> list[dict]:
 
     if args.max_tokens < 1:
         raise RequestError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
-    if args.temperature < 0:
-        raise RequestError(f"--temperature must be >= 0, got {args.temperature}")
+    if not args.temperature >= 0 or math.isinf(args.temperature):  # NaN fails every comparison
+        raise RequestError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.page_tokens is not None:
+        from edge_runtime.budget import check_page_tokens
+
+        check_page_tokens(args.page_tokens, "--page-tokens")  # as plan and simulate require
     if args.prompt is not None:
         return [{"prompt": args.prompt, "chat": args.chat, "max_tokens": args.max_tokens}]
     try:
-        lines = args.prompts_file.read_text().splitlines()
+        lines = args.prompts_file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read --prompts-file {args.prompts_file}: not UTF-8 text "
+                         f"(byte {exc.start}); give JSON lines") from exc
     except OSError as exc:
         raise InputError(f"cannot read --prompts-file {args.prompts_file}: {exc.strerror}") from exc
     requests = []
@@ -74,9 +82,13 @@ def read_requests(args) -> list[dict]:
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise InputError(f'{args.prompts_file}:{n}: expected {{"prompt": "...", ...}}')
         max_tokens = obj.get("max_tokens", args.max_tokens)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError(f"{args.prompts_file}:{n}: max_tokens must be a positive integer")
-        requests.append({"prompt": obj["prompt"], "chat": bool(obj.get("chat", args.chat)),
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise RequestError(f"{args.prompts_file}:{n}: max_tokens must be a positive integer, "
+                               f"got {max_tokens!r}")
+        if not isinstance(obj.get("chat", args.chat), bool):
+            raise RequestError(f"{args.prompts_file}:{n}: chat must be true or false, "
+                               f"got {obj['chat']!r}")
+        requests.append({"prompt": obj["prompt"], "chat": obj.get("chat", args.chat),
                          "max_tokens": max_tokens})
     if not requests:
         raise InputError(f"{args.prompts_file} holds no prompts")
@@ -126,8 +138,12 @@ def run(args) -> int:
     backend = build_backend(args)
     prompt_ids = [encode_prompt(backend.tokenizer, r["prompt"], r["chat"], args.system)
                   for r in requests]
-    for ids in prompt_ids:
-        check_prompt_fits(len(ids), backend.config.max_position_embeddings)
+    context = backend.config.max_position_embeddings
+    for ids, req in zip(prompt_ids, requests):
+        check_prompt_fits(len(ids), context)
+        if len(ids) + req["max_tokens"] > context:  # the engine stops at the context anyway
+            _log(f"max_tokens {req['max_tokens']} runs past the model's context of {context} "
+                 f"tokens: at most {context - len(ids)} will be generated for this prompt")
     stream = len(requests) == 1 and not args.json
     printer = StreamPrinter(backend.tokenizer) if stream else None
     if not stream:

@@ -35,7 +35,8 @@ def engine_config(args, loaded, requests: list[tuple[list[int], int]]) -> Engine
                          model_name=loaded.path.name)
         return EngineConfig.from_plan(plan, **overrides)
     page = overrides.get("page_tokens", 512)
-    per_req = [width * (math.ceil((len(p) + m) / page) + 1) for p, m in requests]
+    context = loaded.config.max_position_embeddings  # a sequence never grows past it
+    per_req = [width * (math.ceil(min(len(p) + m, context) / page) + 1) for p, m in requests]
     num_pages = max(max(per_req), min(sum(per_req), math.ceil(DEFAULT_POOL_TOKENS / page)))
     max_seqs = max(8, width)
     return EngineConfig(num_pages=num_pages, max_num_seqs=max_seqs,
