@@ -170,3 +170,36 @@ def test_prewarm_makes_first_turns_hit_the_cache(tiny, tmp_path):
     first = [r for r in data["records"]["edge"] if r["turn"] == 0]
     assert len(first) == STREAMS and all(r["cached_prompt_tokens"] > 0 for r in first)
     assert data["prewarm"] is True and data["rows"][0]["requests"] == STREAMS * TURNS
+
+
+_GOOD = {"stream": "s0", "turn": 1, "system": "You are terse.", "command": "x", "max_tokens": 8}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"arrival_s": "soon"}, r":1: arrival_s must be a number of seconds >= 0 .*'soon'"),
+    ({"arrival_s": [1]}, r":1: arrival_s must be a number"),
+    ({"arrival_s": float("nan")}, r":1: arrival_s must be a number"),
+    ({"answer": 42}, r":1: answer must be a string"),
+    ({"max_tokens": True}, r":1: max_tokens must be a positive integer, got True"),
+    ({"turn": "2"}, r":1: turn must be an integer"),
+    ({"command": {"text": "x"}}, r":1: command must be a string"),
+    ({"stream": [1]}, r":1: stream must be a string or an integer id"),
+])
+def test_trace_field_types_are_checked_per_line(tmp_path, change, message):
+    from edge_runtime.bench.trace import load_trace
+
+    (tmp_path / "t.jsonl").write_text(json.dumps({**_GOOD, **change}) + "\n")
+    with pytest.raises(InputError, match=message):
+        load_trace(tmp_path / "t.jsonl")
+
+
+def test_trace_that_is_not_utf8_or_a_folder(tmp_path):
+    from edge_runtime.bench.trace import load_trace
+
+    (tmp_path / "t.jsonl").write_bytes(b'{"stream": "\xff"}\n')
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_trace(tmp_path / "t.jsonl")
+    with pytest.raises(InputError, match="is a folder"):
+        load_trace(tmp_path)
+    (tmp_path / "ok.jsonl").write_text(json.dumps({**_GOOD, "arrival_s": 0, "stream": 3}))
+    assert load_trace(tmp_path / "ok.jsonl").streams["3"][0].arrival_s == 0.0

@@ -60,29 +60,61 @@ def _parse_line(line: str, where: str) -> Turn:
     missing = [k for k in REQUIRED if k not in obj]
     if missing:
         raise InputError(f"{where}: missing field(s) {', '.join(missing)}")
-    max_tokens = obj["max_tokens"]
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InputError(f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
-    if not isinstance(obj["turn"], int):
-        raise InputError(f"{where}: turn must be an integer, got {obj['turn']!r}")
+    _check_types(obj, where)
     arrival = obj.get("arrival_s")
     return Turn(
         stream=str(obj["stream"]),
         turn=obj["turn"],
-        system=str(obj["system"]),
-        command=str(obj["command"]),
-        max_tokens=max_tokens,
+        system=obj["system"],
+        command=obj["command"],
+        max_tokens=obj["max_tokens"],
         arrival_s=float(arrival) if arrival is not None else None,
         answer=obj.get("answer"),
     )
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_types(obj: dict, where: str) -> None:
+    """Each field's type, so a bad value is refused here and not deep in the replay."""
+    def bad(field: str, expected: str) -> InputError:
+        return InputError(f"{where}: {field} must be {expected}, got {obj[field]!r}")
+
+    if not _is_int(obj["max_tokens"]) or obj["max_tokens"] < 1:
+        raise bad("max_tokens", "a positive integer")
+    if not _is_int(obj["turn"]):
+        raise bad("turn", "an integer")
+    if not (isinstance(obj["stream"], str) or _is_int(obj["stream"])):
+        raise bad("stream", "a string or an integer id")
+    for field in ("system", "command"):
+        if not isinstance(obj[field], str):
+            raise bad(field, "a string")
+    arrival = obj.get("arrival_s")
+    if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, (int, float))
+                                or not 0 <= arrival < float("inf")):
+        raise bad("arrival_s", "a number of seconds >= 0 (or absent)")
+    if obj.get("answer") is not None and not isinstance(obj["answer"], str):
+        raise bad("answer", "a string (or absent)")
+
+
 def load_trace(path: str | Path) -> Trace:
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"trace {p} is a folder: give a trace file (JSON lines, see "
+                         "docs/trace-format.md)")
     if not p.is_file():
         raise InputError(f"trace file {p} does not exist (generate one with tools/gen_trace.py)")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"trace file {p} is not UTF-8 text (byte {exc.start}): give JSON lines, "
+                         "see docs/trace-format.md") from exc
+    except OSError as exc:
+        raise InputError(f"cannot read trace file {p}: {exc.strerror}") from exc
     streams: dict[str, list[Turn]] = {}
-    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         turn = _parse_line(line, f"{p}:{lineno}")
