@@ -6,18 +6,22 @@ token and head, kernels/quantize.py) and report mean KL(fp32 || variant) and arg
 `edge-runtime eval-ppl` (docs/engine.md, "int8 KV quality"); this answers "would X lower the
 error?" before X is built.
 
-Variants, `keepN-gG[-recentW][-centerK|-centerV|-centerKV]`: the first N positions of every window
+Variants, `keepN-gG[-recentW][-centerK|-centerV|-centerKV|-pickK]`: the first N positions of every window
 stay unquantized (IntactKV's "attention sink" idea), the scale covers groups of G channels (64 = one
 per head, as shipped), with `-recentW` every query reads the W keys nearest to it (itself included)
 unquantized (KIVI's full-precision window of recent tokens), and with `-center...` a fixed mean
 vector per layer and kv head (of the rotated keys / values, measured on other text: Apache-2.0 and
 the json module's source) is subtracted before quantization and added back after. That is exact
 without quantization (a constant added to every key shifts all of a query's scores by the same
-amount; the attention weights sum to 1), and the keys' mean is most of their norm here.
+amount; the attention weights sum to 1), and the keys' mean is most of their norm here. `-pickK`
+centres each key only where that lowers its absmax (a per-token flag a store would keep, e.g. in
+the scale's sign bit; readers subtract q.m from the scores of uncentred keys): the attention sink's
+key is small and far from the mean, so centring it would raise its error.
 
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep1-g64,keep4-g64,keep0-g32
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep0-g64-recent16,keep0-g64-recent64
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-centerK,keep0-g64-recent16-centerK
+    python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-pickK,keep0-g64-recent16-pickK
 """
 from __future__ import annotations
 
@@ -28,15 +32,21 @@ import pathlib
 import torch
 
 
-def fake_int8(x: torch.Tensor, keep: int, group: int, mean: torch.Tensor | None = None) -> torch.Tensor:
+def fake_int8(x: torch.Tensor, keep: int, group: int, mean: torch.Tensor | None = None,
+              pick: bool = False) -> torch.Tensor:
     """x [B, Hkv, L, D] -> what attention reads back from a rotated int8 store (with `mean`
-    [Hkv, 1, D] of the rotated heads subtracted before quantization and added back after)."""
+    [Hkv, 1, D] of the rotated heads subtracted before quantization and added back after; with
+    `pick` only for the tokens whose absmax that lowers)."""
     from edge_runtime.kernels import hadamard
     from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
 
-    rotated = hadamard.rotate(x) - (0 if mean is None else mean)
-    grouped = rotated.reshape(*x.shape[:-1], x.shape[-1] // group, group)
-    restored = dequantize_int8(*quantize_int8(grouped)).reshape(x.shape) + (0 if mean is None else mean)
+    rotated = hadamard.rotate(x)
+    offset = torch.zeros_like(rotated) if mean is None else mean.expand_as(rotated)
+    if pick:
+        centred_smaller = (rotated - mean).abs().amax(-1, keepdim=True) < rotated.abs().amax(-1, keepdim=True)
+        offset = torch.where(centred_smaller, offset, torch.zeros_like(offset))
+    grouped = (rotated - offset).reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    restored = dequantize_int8(*quantize_int8(grouped)).reshape(x.shape) + offset
     back = hadamard.rotate(restored)
     if keep:
         back[..., :keep, :] = x[..., :keep, :]
@@ -85,9 +95,9 @@ def main() -> None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
         k_sum, v_sum, count = sums.get(module.layer_idx, (None, None, 1))
         key_q = fake_int8(key, variant["keep"], variant["group"],
-                          k_sum / count if "K" in variant["center"] else None)
+                          k_sum / count if "K" in variant["center"] else None, variant["center"] == "pickK")
         value_q = fake_int8(value, variant["keep"], variant["group"],
-                            v_sum / count if "V" in variant["center"] else None)
+                            v_sum / count if "V" in variant["center"].removeprefix("pick") else None)
         if not variant["recent"]:
             return sdpa_attention_forward(module, query, key_q, value_q, attention_mask, **kw)
         return recent_window_attention(query, key, value, key_q, value_q, variant["recent"],
@@ -102,7 +112,7 @@ def main() -> None:
         with torch.inference_mode():
             return torch.log_softmax(model(torch.tensor([window])).logits[0].float(), -1)
 
-    if "center" in args.variants:
+    if "center" in args.variants or "pick" in args.variants:
         import json
 
         variant["calibrate"] = True
@@ -115,7 +125,7 @@ def main() -> None:
     for name in args.variants.split(","):
         keep, group, *rest = name.split("-")
         recent = [r for r in rest if r.startswith("recent")]
-        center = [r.removeprefix("center") for r in rest if r.startswith("center")]
+        center = [r.removeprefix("center") for r in rest if r.startswith(("center", "pick"))]
         variant.update(on=True, keep=int(keep.removeprefix("keep")), group=int(group.removeprefix("g")),
                        recent=int(recent[0].removeprefix("recent")) if recent else 0,
                        center=center[0] if center else "")
