@@ -104,3 +104,43 @@ def test_admitting_together_loses_turn_one_sharing_but_each_stream_finds_its_own
     assert res.system_prompt_copies == 4 and apart.system_prompt_copies == 1
     # turn 1 recomputes the system prompt 3 more times; later turns still hit their own chain
     assert res.computed_prompt_tokens - apart.computed_prompt_tokens == 3 * 60
+
+
+def test_a_request_that_ends_in_its_prefill_is_in_the_peak():
+    # a one-token answer: sampled from the prefill's logits, finished and freed inside the step;
+    # measuring only at the step's end saw 0 bytes (ZeroDivisionError in the table)
+    for P in (4, 16):
+        res = run_sim({"s0": [SimRequest("s0", 1, list(range(1, 11)), [EOS])]}, 8, P, False)
+        assert res.peak_pages == res.peak_live_pages == -(-10 // P) and res.peak_kv_bytes == res.peak_pages * P
+        assert res.steps == 1 and res.mean_utilization == 0.0  # nothing held at the step's end
+
+
+def test_format_table_with_an_empty_baseline_does_not_divide_by_zero():
+    from edge_runtime.commands.simulate import format_table
+
+    row = {"page_tokens": 16, "sharing": False, "inline": False, "num_pages": 1, "peak_pages": 0,
+           "peak_live_pages": 0, "peak_inline_slots": 0, "peak_kv_bytes": 0, "peak_live_kv_bytes": 0,
+           "utilization_at_peak": 0.0, "hit_rate": 0.0, "computed_prompt_tokens": 0,
+           "prompt_tokens": 0, "system_prompt_copies": 0, "copies": 0, "evictions": 0,
+           "preemptions": 0}
+    assert "| - |" in format_table([row])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pages", "0"], "--pages must be at least 1, got 0"),
+    (["--max-running", "0"], "--max-running must be at least 1"),
+    (["--inline-slots", "-1"], "--inline-slots must be at least 0"),
+    (["--out", "/nonexistent/dir/x.json"], "the folder /nonexistent/dir does not exist"),
+    (["--out", "."], "is a folder"),
+    (["--trace", "."], "is a folder: give a trace file"),
+])
+def test_simulate_bad_arguments_fail_before_any_work(argv, message, capsys, tmp_path):
+    from edge_runtime.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"stream": "s0", "turn": 1, "system": "S", "command": "hi",
+                                 "max_tokens": 1, "answer": "ok"}) + "\n")
+    assert main(["simulate", "--trace", str(trace), "--model", str(tmp_path / "no-model"),
+                 *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err

@@ -11,6 +11,10 @@ exactly as in generation. When a decode step cannot get a page, the newest runni
 preempted and re-queued at the head with what it generated; on resume it is admitted again with
 prompt + generated tokens and recomputes what is no longer cached.
 
+Peaks are measured at the end of every step AND just before any sequence releases its pages
+(finish, preemption): a request that ends in its own prefill (a one-token answer) holds its pages
+only inside the step, and measuring only at the step's end saw an empty pool.
+
 Invariants: the manager's invariants are checked every `check_every` steps and a leak check runs
 at the end; all requests finish (none is dropped).
 """
@@ -78,7 +82,7 @@ class Simulator:
             assert self.result.steps < max_steps, "simulation does not converge"
             self._admit()
             self._decode()
-            self._measure()
+            self._util_sum += self._measure()
             self.result.steps += 1
             if self.result.steps % self.check_every == 0:
                 self.mgr.check_invariants()
@@ -144,6 +148,7 @@ class Simulator:
             self._maybe_finish(sid, req)
 
     def _preempt(self, sid, req: SimRequest) -> None:
+        self._measure()
         self.mgr.preempt(sid)
         self.running.remove((sid, req))
         self.waiting.appendleft(req)
@@ -151,20 +156,21 @@ class Simulator:
     def _maybe_finish(self, sid, req: SimRequest) -> None:
         if len(req.generated) < len(req.answer_ids):
             return
+        self._measure()  # its pages are still held: part of the peak
         self.mgr.finish(sid)
         self.running.remove((sid, req))
         queue = self.pending[req.stream]
         if queue:
             self.waiting.append(queue.popleft())
 
-    def _measure(self) -> None:
+    def _measure(self) -> float:
+        """Update the peaks with what is held now; returns the pool's utilization."""
         mgr, r = self.mgr, self.result
         pool = mgr.pool
         held = pool.num_live + pool.num_cached
         kv_bytes = held * self.page_bytes + mgr.arena.num_used * self.slot_bytes
         tokens = sum(len(p.tokens) for p in pool.pages if p.state != "free")
         util = tokens / (held * mgr.page_tokens) if held else 0.0
-        self._util_sum += util
         live_bytes = pool.num_live * self.page_bytes + mgr.arena.num_used * self.slot_bytes
         r.peak_live_kv_bytes = max(r.peak_live_kv_bytes, live_bytes)
         if kv_bytes > r.peak_kv_bytes:
@@ -172,3 +178,4 @@ class Simulator:
             r.system_prompt_copies = sum(1 for p in pool.pages if p.state != "free" and p.start == 0)
         r.peak_live_pages = max(r.peak_live_pages, pool.num_live)
         r.peak_inline_slots = max(r.peak_inline_slots, mgr.arena.num_used)
+        return util

@@ -85,7 +85,7 @@ def simulate_all(streams: dict, page_sizes: list[int], args, bytes_per_token: in
 
     results = []
     for P in page_sizes:
-        pages = args.pages or default_pages(streams, P)
+        pages = default_pages(streams, P) if args.pages is None else args.pages
         inline_on = args.inline_slots > 0 and 0 < args.inline_tokens <= P
         for sharing in (True, False):
             print(f"  page {P}: {'sharing+inline' if sharing else 'baseline'} ...",
@@ -108,18 +108,36 @@ def format_table(results: list[dict]) -> str:
             "| copies | evictions | preempt |")
     lines = [head, "|" + "---|" * 17]
     base = {r["page_tokens"]: r for r in results if not r["sharing"]}
+
+    def vs(value, baseline, spec=".0%") -> str:
+        return format(value / baseline, spec) if baseline else "-"  # an empty trace has no baseline
+
     for r in results:
         b = base[r["page_tokens"]]
         mode = ("sharing+inline" if r["inline"] else "sharing") if r["sharing"] else "baseline"
         lines.append(
             f"| {r['page_tokens']} | {mode} | {r['num_pages']} | {r['peak_pages']} | "
             f"{r['peak_live_pages']} | {r['peak_inline_slots']} | {r['peak_kv_bytes'] / 2**20:.2f} | "
-            f"{r['peak_kv_bytes'] / b['peak_kv_bytes']:.0%} | "
+            f"{vs(r['peak_kv_bytes'], b['peak_kv_bytes'])} | "
             f"{r['peak_live_kv_bytes'] / 2**20:.2f} | "
-            f"{r['peak_live_kv_bytes'] / b['peak_live_kv_bytes']:.0%} | {r['utilization_at_peak']:.0%} | "
-            f"{r['hit_rate']:.1%} | {r['computed_prompt_tokens'] / b['prompt_tokens']:.1%} | "
+            f"{vs(r['peak_live_kv_bytes'], b['peak_live_kv_bytes'])} | {r['utilization_at_peak']:.0%} | "
+            f"{r['hit_rate']:.1%} | {vs(r['computed_prompt_tokens'], b['prompt_tokens'], ".1%")} | "
             f"{r['system_prompt_copies']} | {r['copies']} | {r['evictions']} | {r['preemptions']} |")
     return "\n".join(lines)
+
+
+def _check_args(args) -> None:
+    """Before any work; `--pages 0` used to mean the default and `--max-running 0` never ended."""
+    from edge_runtime.paths import check_output_file
+
+    for flag, value, least in (("--pages", args.pages, 1), ("--max-running", args.max_running, 1),
+                               ("--inline-slots", args.inline_slots, 0),
+                               ("--inline-tokens", args.inline_tokens, 0),
+                               ("--synthetic-answer-words", args.synthetic_answer_words, 0)):
+        if value is not None and value < least:
+            raise InputError(f"{flag} must be at least {least}, got {value}")
+    if args.out:
+        check_output_file(args.out, "--out")
 
 
 def run(args) -> int:
@@ -135,6 +153,7 @@ def run(args) -> int:
         raise InputError(f"--page-tokens must be comma-separated integers: {args.page_tokens!r}") from exc
     for P in sizes:
         check_page_tokens(P, "--page-tokens")
+    _check_args(args)
     trace = load_trace(args.trace)
     print(f"loading the tokenizer of {args.model} ...", file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(resolve_model_folder(args.model))
