@@ -49,3 +49,14 @@ def test_eval_ppl_command(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "int8 vs fp32" in printed and "mean KL" in printed
     assert main(["eval-ppl", "--text", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_eval_ppl_bad_out_and_page_tokens_fail_before_loading(tmp_path, capsys):
+    text = tmp_path / "a.txt"
+    text.write_text("hello world")
+    model = str(tmp_path / "no-model")  # never reached: the checks come first
+    for argv, message in ((["--out", "/nonexistent/dir/r.json"], "/nonexistent/dir does not exist"),
+                          (["--page-tokens", "500"], "--page-tokens must be a power of two")):
+        assert main(["eval-ppl", "--text", str(text), "--model", model, *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err

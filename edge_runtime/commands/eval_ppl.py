@@ -204,7 +204,9 @@ def _common_prefix(x: list[int], y: list[int]) -> int:
 def run(args) -> int:
     import torch
 
+    from edge_runtime.budget import check_page_tokens
     from edge_runtime.model.loader import load_model
+    from edge_runtime.paths import check_output_file
 
     dtypes = _dtypes(args.kv_dtype)
     if args.threads > 0:
@@ -213,6 +215,9 @@ def run(args) -> int:
         raise RequestError("--window must be >= 2, --page-tokens >= 1 and --chunk >= 0")
     if args.recent_window is not None and args.recent_window < 0:
         raise RequestError("--recent-window must be >= 0 (0 turns the window off)")
+    check_page_tokens(args.page_tokens, "--page-tokens")  # as generate, plan and simulate
+    if args.out:
+        check_output_file(args.out, "--out")  # before the evaluation, not after it
     text = _read_texts(args.text)
     loaded = load_model(args.model)
     ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
