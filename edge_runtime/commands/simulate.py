@@ -121,7 +121,7 @@ def format_table(results: list[dict]) -> str:
             f"{vs(r['peak_kv_bytes'], b['peak_kv_bytes'])} | "
             f"{r['peak_live_kv_bytes'] / 2**20:.2f} | "
             f"{vs(r['peak_live_kv_bytes'], b['peak_live_kv_bytes'])} | {r['utilization_at_peak']:.0%} | "
-            f"{r['hit_rate']:.1%} | {vs(r['computed_prompt_tokens'], b['prompt_tokens'], ".1%")} | "
+            f"{r['hit_rate']:.1%} | {vs(r['computed_prompt_tokens'], b['prompt_tokens'], '.1%')} | "
             f"{r['system_prompt_copies']} | {r['copies']} | {r['evictions']} | {r['preemptions']} |")
     return "\n".join(lines)
 
