@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from edge_runtime.paths import check_unix_socket_path
     from edge_runtime.service.app import ServiceState
     from edge_runtime.service.engine_setup import load_all
     from edge_runtime.service.limits import load_sections
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     sock, owns = activated_unix_socket(), None
     if sock is None:
         owns = args.socket or limits.socket
+        check_unix_socket_path(owns, "--socket" if args.socket else "service.socket")
         sock = bind_unix_socket(owns)
     state = ServiceState(limits, _served_name(model))
 
