@@ -64,6 +64,7 @@ def test_sizes_parse():
     ({"service": 0}, "service must be a mapping"),
     ({"guard": {"poll_interval_s": float("nan")}}, "guard.poll_interval_s: must be a finite"),
     ({"guard": {"poll_interval_s": float("inf")}}, "guard.poll_interval_s: must be a finite"),
+    ({"service": {"socket": 42}}, "service.socket: expected str, got 42"),
 ])
 def test_bad_budgets_name_the_file_and_key(tmp_path, change, message):
     path = tmp_path / "bad.yaml"

@@ -66,6 +66,8 @@ def _checked(cls, section: dict, name: str) -> dict:
                 raise TypeError
             elif kind is int and not isinstance(value, int):
                 raise TypeError
+            elif kind is str and not isinstance(value, str):  # socket: 42 is not a path "42"
+                raise TypeError
             else:
                 out[key] = kind(value)
         except (TypeError, ValueError):
