@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from edge_runtime.errors import InputError
+from edge_runtime.paths import check_output_file
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,7 @@ def _cpu_model() -> str:
 def write_json(path: str | os.PathLike, payload: dict) -> Path:
     """Write `payload` (with a `machine` section added if absent) as indented JSON."""
     out = Path(path)
-    if out.parent and not out.parent.exists():
-        raise InputError(f"cannot write {out}: folder {out.parent} does not exist")
+    check_output_file(out, "--json")
     payload = dict(payload)
     payload.setdefault("machine", machine_info())
     out.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")

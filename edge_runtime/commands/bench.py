@@ -4,6 +4,8 @@ Subcommands are found automatically: every module in `edge_runtime/bench/` that 
 `register_subcommand(subparsers)` adds its own parser (setting `func=run(args) -> int`), so other
 areas add `bench weights` / `bench service` without editing this file. Modules are imported when the
 parser is built, so a bench module must keep torch/transformers imports inside its `run`.
+Every subcommand's `func` is wrapped so that its output files (--json, --plot) are checked before
+it runs: a bad path fails in a second, not after the whole benchmark.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib
 import pkgutil
 
 from edge_runtime import bench
+from edge_runtime.bench.checks import checked
 
 
 def _discover(subparsers) -> list[str]:
@@ -23,6 +26,10 @@ def _discover(subparsers) -> list[str]:
         if callable(register):
             register(subparsers)
             found.append(info.name)
+    for sub in subparsers.choices.values():
+        run = sub.get_default("func")
+        if run is not None:
+            sub.set_defaults(func=checked(run))
     return found
 
 
