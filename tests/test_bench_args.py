@@ -49,3 +49,49 @@ def test_output_path_checked_before_the_run(sub, flag, tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and f"{flag} " in err and why in err, err
         assert "Traceback" not in err
+
+
+def test_parse_int_list_refuses_empty_items():
+    from edge_runtime.bench.checks import parse_int_list
+
+    assert parse_int_list(" 1, 2,5", "--batch") == [1, 2, 5]
+    for bad in ("1,,5", "1,", ",", "", "abc", "0", "-1", "1.5"):
+        with pytest.raises(InputError, match="--batch"):
+            parse_int_list(bad, "--batch")
+
+
+BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
+    ("engine", ["--batch", "1,,5"], "--batch"),
+    ("engine", ["--prompt-tokens", "0"], "--prompt-tokens"),
+    ("engine", ["--gen-tokens", "1"], "--gen-tokens"),
+    ("engine", ["--repeat", "0"], "--repeat"),
+    ("engine", ["--bandwidth-mib", "0"], "--bandwidth-mib"),
+    ("engine", ["--bandwidth-mib", str(2**40)], "--bandwidth-mib"),
+    ("linear", ["--rows", "1,"], "--rows"),
+    ("linear", ["--bandwidth-mib", "-1"], "--bandwidth-mib"),
+    ("linear", ["--repeat", "0"], "--repeat"),
+    ("step", ["--prompt-tokens", "0"], "--prompt-tokens"),
+    ("step", ["--steps", "2"], "--steps"),
+    ("step", ["--profile", "-1"], "--profile"),
+    ("attention", ["--kv-heads", "0"], "--kv-heads"),
+    ("attention", ["--head-dim", "0"], "--head-dim"),
+    ("attention", ["--page-tokens", "0"], "--page-tokens"),
+    ("attention", ["--flush-mib", "-1"], "--flush-mib"),
+    ("attention", ["--keys", "100000000000"], "--keys"),
+    ("weights", ["--batch", "1,,2"], "--batch"),
+    ("weights", ["--prompt-tokens", "0"], "--prompt-tokens"),
+    ("startup", ["--repeat", "0"], "--repeat"),
+    ("logits", ["--lengths", "1,,abc"], "--lengths"),
+    ("logits", ["--lengths", "0"], "--lengths"),
+    ("service", ["--streams", "0"], "--streams"),
+    ("service", ["--max-tokens", "0"], "--max-tokens"),
+    ("trace", ["--num-pages", "0"], "--num-pages"),
+    ("trace", ["--page-tokens", "0"], "--page-tokens"),
+]
+
+
+@pytest.mark.parametrize("sub,extra,flag", BAD_ARGS)
+def test_bad_numbers_are_one_line_errors_before_the_load(sub, extra, flag, capsys):
+    rc = main(["bench", sub, *MINIMAL[sub], *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and flag in err and len(err.strip().splitlines()) == 1, err

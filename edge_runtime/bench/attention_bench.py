@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
-from edge_runtime.bench.engine_bench import parse_int_list, set_threads
+from edge_runtime.bench.checks import check_fits_in_memory, check_min, parse_int_list
+from edge_runtime.bench.engine_bench import set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.errors import InputError
 
@@ -42,6 +43,13 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
     lens = torch.full((rows,), keys, dtype=torch.int32)
     return (k.view(-1, head_dim), v.view(-1, head_dim), ks.view(-1), vs.view(-1), index, lens,
             page * kv_heads)
+
+
+def pool_bytes(rows: int, keys: int, args) -> int:
+    """Bytes _pool allocates: int8 K and V, their fp16 scales, the int64 index."""
+    pages = rows * -(-keys // args.page_tokens)
+    slots = pages * args.layers * args.page_tokens * args.kv_heads
+    return slots * (2 * args.head_dim + 2 * 2) + rows * args.kv_heads * keys * 8
 
 
 def measure(lib, rows: int, keys: int, args, flush) -> dict:
@@ -75,10 +83,12 @@ def run(args) -> int:
     from edge_runtime.kernels import cpu_native
 
     rows_list, keys_list = parse_int_list(args.rows, "--rows"), parse_int_list(args.keys, "--keys")
-    if args.repeat < 1 or args.layers < 1:
-        raise InputError("--repeat and --layers must be at least 1")
+    check_min(args, repeat=1, layers=1, heads=1, kv_heads=1, head_dim=1, page_tokens=1,
+              flush_mib=0)
     if args.heads % args.kv_heads:
         raise InputError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    check_fits_in_memory(max(pool_bytes(r, k, args) for r in rows_list for k in keys_list)
+                         + max(args.flush_mib, 0) * 2**20, "the largest --rows x --keys pool")
     lib = cpu_native.library()
     if lib is None:
         raise InputError("the C kernels are not built here (no C compiler?): nothing to measure")

@@ -20,19 +20,10 @@ import random
 import sys
 import time
 
+from edge_runtime.bench.checks import check_bandwidth_mib, check_min, parse_int_list
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.stats import Summary
 from edge_runtime.errors import InputError
-
-
-def parse_int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise InputError(f"{flag} takes comma-separated integers, got {text!r}") from exc
-    if not values or min(values) < 1:
-        raise InputError(f"{flag} needs positive integers, got {text!r}")
-    return values
 
 
 def random_prompts(rng: random.Random, vocab_size: int, special_ids: set, batch: int, length: int):
@@ -229,8 +220,8 @@ def run(args) -> int:
 
     batches = parse_int_list(args.batch, "--batch")
     prompts = parse_int_list(args.prompt_tokens, "--prompt-tokens")
-    if args.gen_tokens < 2 or args.repeat < 1:
-        raise InputError("--gen-tokens must be >= 2 and --repeat >= 1")
+    check_min(args, gen_tokens=2, repeat=1)
+    check_bandwidth_mib(args.bandwidth_mib)
     set_threads(args.threads)
     _progress("measuring memory read bandwidth (the roofline)...")
     probe = BandwidthProbe(size_mib=args.bandwidth_mib)

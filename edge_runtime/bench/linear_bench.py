@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import time
 
-from edge_runtime.bench.engine_bench import parse_int_list, set_threads
+from edge_runtime.bench.checks import check_bandwidth_mib, check_min, parse_int_list
+from edge_runtime.bench.engine_bench import set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 
 COLUMNS = [Column("backend", "backend"), Column("rows", "rows"),
@@ -64,10 +65,10 @@ def _best_ms(chain, rows: int, repeat: int) -> float:
 def run(args) -> int:
     from edge_runtime.bench.bandwidth import measure_bandwidth
     from edge_runtime.bench.edge_systems import load
-    from edge_runtime.errors import InputError
+
     rows_list = parse_int_list(args.rows, "--rows")
-    if args.repeat < 1:
-        raise InputError("--repeat must be at least 1")
+    check_min(args, repeat=1)
+    check_bandwidth_mib(args.bandwidth_mib)
     set_threads(args.threads)
     bw = measure_bandwidth(size_mib=args.bandwidth_mib)
     print(f"[bench linear] read {bw.read_gbps:.1f} GB/s; loading {args.model}...", file=sys.stderr)

@@ -66,9 +66,11 @@ def _spawn(model: str) -> dict:
 
 
 def run_startup(args) -> int:
+    from edge_runtime.bench.checks import check_min
     from edge_runtime.bench.report import Column, fmt_num, machine_info, markdown_table, write_json
     from edge_runtime.model.loader import resolve_model_folder
 
+    check_min(args, repeat=1)
     print(f"warm-up: resolving {args.model} (converts a GGUF on the first run) ...", file=sys.stderr)
     t = time.perf_counter()
     resolve_model_folder(args.model)
@@ -100,16 +102,18 @@ def run_logits(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from edge_runtime.bench.checks import parse_int_list
     from edge_runtime.bench.report import Column, machine_info, markdown_table, write_json
     from edge_runtime.model.contiguous_kv import ContiguousKVCache
     from edge_runtime.model.loader import load_model
 
+    lengths = parse_int_list(args.lengths, "--lengths")
     lm = load_model(args.model)
     print("loading the transformers reference ...", file=sys.stderr, flush=True)
     ref = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(args.seed)
     rows = []
-    for n in [int(x) for x in args.lengths.split(",")]:
+    for n in lengths:
         print(f"length {n} ...", file=sys.stderr, flush=True)
         ids = torch.randint(3, lm.config.vocab_size, (n,), generator=gen)
         cache = ContiguousKVCache.for_model(lm.config)

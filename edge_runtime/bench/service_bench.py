@@ -179,9 +179,11 @@ def _progress(msg: str) -> None:
 
 
 def run(args) -> int:
+    from edge_runtime.bench.checks import check_min
     from edge_runtime.bench.report import Column, fmt_ms, fmt_num, machine_info, markdown_table, \
         write_json
 
+    check_min(args, streams=1, turns=1, max_tokens=1, repeat=1)
     rows = _measure(args)
     from edge_runtime.bench.stats import percentile
 

@@ -21,7 +21,8 @@ import sys
 import time
 
 from edge_runtime.bench.bandwidth import BandwidthProbe
-from edge_runtime.bench.engine_bench import parse_int_list, random_prompts, set_threads
+from edge_runtime.bench.checks import check_min, parse_int_list
+from edge_runtime.bench.engine_bench import random_prompts, set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.step_phases import StepPhases
 from edge_runtime.errors import InputError
@@ -131,8 +132,7 @@ def run(args) -> int:
     from edge_runtime.bench.edge_systems import build_engine, load
 
     batches = parse_int_list(args.batch, "--batch")
-    if args.steps < 3:
-        raise InputError("--steps must be at least 3")
+    check_min(args, steps=3, prompt_tokens=1, profile=0)
     if args.decoder_phases and _phase_times(1) is None:
         raise InputError("--decoder-phases needs the CPU kernels built with per-phase timers: run "
                          "with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (they build once into their own cache "

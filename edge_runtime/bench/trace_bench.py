@@ -13,6 +13,7 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+from edge_runtime.bench.checks import check_min
 from edge_runtime.bench.replay import ARRIVALS, HISTORIES
 from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, fmt_pct, markdown_table, write_json
 from edge_runtime.bench.stats import ratio
@@ -168,6 +169,7 @@ def load_results(paths: str) -> dict[str, dict]:
 
 def run(args) -> int:
     systems = [args.target] if args.target else parse_systems(args.systems)
+    check_min(args, num_pages=1, page_tokens=1)
     from edge_runtime.bench.trace import load_trace
 
     trace = load_trace(args.trace).limit_streams(args.streams)

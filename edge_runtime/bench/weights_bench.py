@@ -90,18 +90,15 @@ def _measure(models: dict, batches: list[int], args) -> list[dict]:
 def run(args) -> int:
     import torch
 
+    from edge_runtime.bench.checks import check_min, parse_int_list
     from edge_runtime.bench.report import Column, fmt_mib, fmt_num, fmt_pct, markdown_table, write_json
     from edge_runtime.errors import ConfigError
     from edge_runtime.model.loader import load_model
 
+    batches = parse_int_list(args.batch, "--batch")
+    check_min(args, prompt_tokens=1, gen_tokens=1, repeat=1, threads=1)
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        batches = [int(b) for b in args.batch.split(",") if b]
-    except ValueError as exc:
-        raise ConfigError(f"--batch must be comma-separated integers, got {args.batch!r}") from exc
-    if not batches or min(batches) < 1 or args.gen_tokens < 1 or args.repeat < 1:
-        raise ConfigError("--batch sizes, --gen-tokens and --repeat must be positive")
     models = {"fp32": load_model(args.model), "awq": load_model(args.awq)}
     if models["awq"].quantization == "none":
         raise ConfigError(f"{args.awq} is not an AWQ checkpoint; make one with `edge-runtime quantize`")
