@@ -95,3 +95,14 @@ def test_bad_numbers_are_one_line_errors_before_the_load(sub, extra, flag, capsy
     rc = main(["bench", sub, *MINIMAL[sub], *extra])
     err = capsys.readouterr().err
     assert rc == 2 and flag in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("sub,extra", [
+    ("engine", ["--batch", "1", "--prompt-tokens", "16", "--gen-tokens", "100000000"]),
+    ("engine", ["--batch", "40", "--prompt-tokens", "600", "--gen-tokens", "2"]),
+    ("step", ["--batch", "1", "--prompt-tokens", "100000000"]),
+])
+def test_kv_pool_too_small_is_refused_before_the_load(sub, extra, capsys):
+    rc = main(["bench", sub, *MINIMAL[sub], *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and "KV pages" in err and len(err.strip().splitlines()) == 1, err

@@ -71,10 +71,23 @@ def build_engine(loaded, system: str, kv_dtype: str | None = None, num_pages: in
         extra["recent_window"] = recent_window
     cfg = EngineConfig(kv_dtype=kv_dtype or dtype, enable_prefix_cache=share, enable_inline=inline,
                        num_pages=num_pages, max_num_seqs=max(8, max_batch), **extra)
-    engine = Engine(loaded, cfg)
-    need = max_batch * -(-max_tokens // cfg.page_tokens)
-    assert need <= engine.num_pages, f"pool of {engine.num_pages} pages < {need} needed"
-    return engine
+    check_pool(max_batch, max_tokens, num_pages, cfg.page_tokens)
+    return Engine(loaded, cfg)
+
+
+def check_pool(max_batch: int, max_tokens: int, num_pages: int = 32,
+               page_tokens: int | None = None) -> None:
+    """`max_batch` sequences of `max_tokens` tokens fit in the bench's KV pool; cheap, so the
+    commands call it before loading the model (build_engine checks it again)."""
+    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.errors import InputError
+
+    page_tokens = page_tokens or EngineConfig.page_tokens
+    need = max_batch * -(-max_tokens // page_tokens)
+    if need > num_pages:
+        raise InputError(f"{max_batch} sequences of {max_tokens} tokens need {need} KV pages of "
+                         f"{page_tokens} tokens, the bench's pool has {num_pages}: lower the batch "
+                         "size or the prompt/generated tokens")
 
 
 class KVProbe:

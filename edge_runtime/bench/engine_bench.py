@@ -216,12 +216,13 @@ def _progress(msg: str) -> None:
 
 def run(args) -> int:
     from edge_runtime.bench.bandwidth import BandwidthProbe
-    from edge_runtime.bench.edge_systems import build_engine, load
+    from edge_runtime.bench.edge_systems import build_engine, check_pool, load
 
     batches = parse_int_list(args.batch, "--batch")
     prompts = parse_int_list(args.prompt_tokens, "--prompt-tokens")
     check_min(args, gen_tokens=2, repeat=1)
     check_bandwidth_mib(args.bandwidth_mib)
+    check_pool(max(batches), max(prompts) + args.gen_tokens)
     set_threads(args.threads)
     _progress("measuring memory read bandwidth (the roofline)...")
     probe = BandwidthProbe(size_mib=args.bandwidth_mib)

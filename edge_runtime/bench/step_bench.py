@@ -129,10 +129,11 @@ def phase_lines(row: dict) -> list[str]:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.edge_systems import build_engine, load
+    from edge_runtime.bench.edge_systems import build_engine, check_pool, load
 
     batches = parse_int_list(args.batch, "--batch")
     check_min(args, steps=3, prompt_tokens=1, profile=0)
+    check_pool(max(batches), args.prompt_tokens + args.steps + 8)
     if args.decoder_phases and _phase_times(1) is None:
         raise InputError("--decoder-phases needs the CPU kernels built with per-phase timers: run "
                          "with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (they build once into their own cache "
