@@ -106,3 +106,9 @@ def test_kv_pool_too_small_is_refused_before_the_load(sub, extra, capsys):
     rc = main(["bench", sub, *MINIMAL[sub], *extra])
     err = capsys.readouterr().err
     assert rc == 2 and "KV pages" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bad_target_scheme_is_refused_before_the_trace_is_read(capsys):
+    rc = main(["bench", "trace", *MINIMAL["trace"], "--target", "ftp://x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--target must be unix:PATH or http://HOST:PORT" in err, err

@@ -168,6 +168,10 @@ def load_results(paths: str) -> dict[str, dict]:
 
 
 def run(args) -> int:
+    if args.target:
+        from edge_runtime.bench.http_client import parse_target
+
+        parse_target(args.target)  # a bad scheme is refused here, not as a KeyError after loading
     systems = [args.target] if args.target else parse_systems(args.systems)
     check_min(args, num_pages=1, page_tokens=1)
     from edge_runtime.bench.trace import load_trace
