@@ -153,3 +153,23 @@ def test_bench_trace_cli_against_target(tmp_path):
     assert row["peak_kv_bytes"] is None and row["peak_rss_bytes"] is None  # remote: unknown here
     last = [b["messages"] for b in seen if len(b["messages"]) == 6]
     assert len(last) == 2 and all(m[2]["content"] == "ok done" for m in last)
+
+
+def test_a_server_that_never_answers_is_a_target_error():
+    """A listening socket that never replies: TargetError after the timeout, not a bare
+    asyncio.TimeoutError traceback."""
+    import socket
+
+    async def silent():
+        with socket.socket() as listener:  # accepts (kernel backlog) but never answers
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            port = listener.getsockname()[1]
+            backend = OpenAIChatBackend(f"http://127.0.0.1:{port}", model="m", timeout_s=0.5)
+            try:
+                await backend.complete("0", [{"role": "user", "content": "x"}], 1)
+            finally:
+                await backend.close()
+
+    with pytest.raises(TargetError, match="did not answer within"):
+        asyncio.run(silent())

@@ -10,6 +10,7 @@ one token (exact for servers that stream one token per chunk, as llama-server an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -88,11 +89,13 @@ def parse_sse_line(line: str) -> dict | None:
 class OpenAIChatBackend:
     """`Backend` for bench.replay that talks to an OpenAI-compatible server."""
 
-    def __init__(self, target: str, model: str | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(self, target: str, model: str | None = None, timeout_s: float = 600.0,
+                 connect_timeout_s: float = 30.0) -> None:
         self.socket_path, self.base_url = parse_target(target)
         self.name = target
         self.model = model
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self._session = None
 
     async def _get_session(self):
@@ -101,7 +104,8 @@ class OpenAIChatBackend:
         if self._session is None:
             connector = aiohttp.UnixConnector(path=self.socket_path) if self.socket_path else None
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                connector=connector, timeout=aiohttp.ClientTimeout(
+                    total=self.timeout_s, sock_connect=self.connect_timeout_s)
             )
         return self._session
 
@@ -138,8 +142,12 @@ class OpenAIChatBackend:
                         state.feed(chunk)
         except aiohttp.ClientConnectionError as exc:
             raise TargetError(
-                f"cannot reach {self.name} ({exc}); is the server running?"
+                f"cannot reach {self.name} ({exc or type(exc).__name__}); is the server running?"
             ) from exc
+        except asyncio.TimeoutError as exc:  # a host that never answers, or a stalled stream
+            raise TargetError(f"{self.name} did not answer within {self.timeout_s:.0f} s "
+                              f"(connect: {self.connect_timeout_s:.0f} s); is the server "
+                              "running and reachable?") from exc
         return state.outcome()
 
     async def close(self) -> None:
