@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_runtime.voice.audio_input import InputSpec, Source, resample
+from edge_runtime.voice.audio_input import InputSpec, Source
+from edge_runtime.voice.resample import resample
 from edge_runtime.voice.config import load_voice_config
 from edge_runtime.voice.demo import GAP_S, LEAD_S, build_demo_inputs
 from edge_runtime.voice.report import wer
@@ -33,7 +34,7 @@ def _faulty_inputs(folder, demo):
     corrupt.write_bytes(b"RIFF\x24\x00\x00\x00WAVEdata" + bytes(range(256)) * 4)
     empty = folder / "empty.wav"
     write_wav(empty, np.zeros(0, np.float32))
-    from edge_runtime.voice.audio_input import read_wav
+    from edge_runtime.voice.wav_file import read_wav
 
     mono = resample(read_wav(demo[0][0]), 16000, 8000)
     stereo = folder / "stereo8k.wav"
@@ -127,7 +128,7 @@ def test_text_stream_and_events_file(run):
 
 
 def test_answers_are_spoken_into_wavs(run):
-    from edge_runtime.voice.audio_input import read_wav
+    from edge_runtime.voice.wav_file import read_wav
 
     _, _, reports, _ = run
     answered = [ev for r in reports for ev in r.events if ev.get("answer")]

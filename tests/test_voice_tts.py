@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.errors import ConfigError
-from edge_runtime.voice.audio_input import read_wav
+from edge_runtime.voice.wav_file import read_wav
 from edge_runtime.voice.tts import speak_to_device, speak_to_wav, synthesize, write_wav
 from voice_helpers import needs_espeak
 

@@ -7,7 +7,7 @@ raw pipe, anything else a WAV file).
 Invariants:
 - every audio frame handed out is float32 `[FRAME_SAMPLES]` at 16 kHz mono in [-1, 1]
   (the last frame of a recording is zero-padded);
-- WAV files of any rate / channel count are downmixed (mean of channels) and resampled here,
+- WAV files of any rate / channel count are downmixed (mean of channels) and resampled (wav_file.py),
   so nothing downstream ever sees another format;
 - a raw pipe is S16_LE, 16 kHz mono by default (what `arecord -f S16_LE -r 16000 -c 1` writes);
   `pcm,rate=R,channels=C:PATH` converts other rates/channel counts on the fly;
@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -27,13 +26,12 @@ from typing import Iterator
 import numpy as np
 
 from edge_runtime.errors import InputError
-from edge_runtime.voice.resample import StreamResampler, downmix, resample
+from edge_runtime.voice.resample import StreamResampler, downmix
+from edge_runtime.voice.wav_file import SAMPLE_RATE, check_rate, read_wav, wav_truncation
 
-SAMPLE_RATE = 16000
 FRAME_SAMPLES = 512  # 32 ms: the window silero-vad takes at 16 kHz
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 KINDS = ("wav", "folder", "pcm", "text")
-MIN_RATE, MAX_RATE = 4000, 384000  # Hz: telephone-band to the fastest audio interfaces
 MAX_CHANNELS = 64
 
 
@@ -71,10 +69,6 @@ def parse_input_spec(spec: str) -> InputSpec:
     return InputSpec("wav", path)
 
 
-def to_16k_mono(samples: np.ndarray, rate: int) -> np.ndarray:
-    return resample(downmix(samples), rate, SAMPLE_RATE)
-
-
 def _pcm_options(options: list[str], spec: str, kind: str) -> dict:
     values = {}
     for opt in options:
@@ -90,86 +84,7 @@ def _pcm_options(options: list[str], spec: str, kind: str) -> dict:
     return values
 
 
-def check_rate(rate: int, what: object) -> None:
-    """A rate outside MIN_RATE..MAX_RATE is a broken header or a typo, not audio: refuse it
-    before it turns a small file into hours of samples (or into none)."""
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise InputError(f"{what}: sample rate {rate} Hz is outside {MIN_RATE:,}-{MAX_RATE:,} Hz "
-                         "(a damaged header, or a wrong rate= option)")
-
-
 # ----------------------------------------------------------------------------- reading
-
-
-def read_wav(path: Path) -> np.ndarray:
-    """A WAV file -> float32 [n] at 16 kHz mono. Raises InputError naming the file."""
-    if not path.exists():
-        raise InputError(f"{path}: file not found")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not a WAV file (use folder:{path})")
-    try:
-        samples, rate = _decode(path)
-    except InputError:
-        raise
-    except Exception as exc:  # libsndfile / wave errors: a corrupt or unsupported file
-        raise InputError(f"{path}: not a readable WAV file ({exc})") from exc
-    if samples.shape[0] == 0:
-        raise InputError(f"{path}: contains no audio samples (empty recording)")
-    if not np.all(np.isfinite(samples)):
-        raise InputError(f"{path}: contains NaN or infinite samples")
-    check_rate(rate, path)
-    try:
-        return to_16k_mono(samples, rate)
-    except MemoryError as exc:
-        raise InputError(f"{path}: too long to convert in memory ({samples.shape[0] / rate:.0f} s "
-                         f"at {rate} Hz); split it into shorter files") from exc
-
-
-def wav_truncation(path: Path, held_s: float) -> str | None:
-    """A problem line when the WAV's data chunk declares more bytes than the file holds (a copy
-    or recording cut short); None otherwise. Readers silently return what is there."""
-    found = _data_chunk(path)
-    if found is None:
-        return None
-    offset, declared = found
-    held_bytes = path.stat().st_size - offset
-    if declared in (0, 0xFFFFFFFF) or held_bytes >= declared or held_bytes <= 0:
-        return None  # 0 / 0xFFFFFFFF: a streaming writer's "size unknown"
-    return (f"{path}: truncated: header declares {held_s * declared / held_bytes:.2f} s, file "
-            f"holds {held_s:.2f} s (the audio there was processed; a command cut off at the end "
-            "was not sent)")
-
-
-def _data_chunk(path: Path) -> tuple[int, int] | None:
-    """(offset, declared size) of a RIFF/WAVE file's data chunk, or None."""
-    with open(path, "rb") as f:
-        head = f.read(12)
-        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return None
-        while len(chunk := f.read(8)) == 8:
-            size = int.from_bytes(chunk[4:], "little")
-            if chunk[:4] == b"data":
-                return f.tell(), size
-            f.seek(size + (size & 1), os.SEEK_CUR)
-    return None
-
-
-def _decode(path: Path) -> tuple[np.ndarray, int]:
-    try:
-        import soundfile
-    except ImportError:  # stdlib fallback: 16-bit PCM only
-        return _decode_stdlib(path)
-    samples, rate = soundfile.read(str(path), dtype="float32", always_2d=False)
-    return samples, int(rate)
-
-
-def _decode_stdlib(path: Path) -> tuple[np.ndarray, int]:
-    with wave.open(str(path), "rb") as w:
-        if w.getsampwidth() != 2:
-            raise InputError(f"{path}: only 16-bit PCM WAV is supported without soundfile")
-        raw = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-        samples = raw.reshape(-1, w.getnchannels()).astype(np.float32) / 32768.0
-        return samples, w.getframerate()
 
 
 def frames_of(audio: np.ndarray) -> Iterator[np.ndarray]:

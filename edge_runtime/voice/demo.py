@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from edge_runtime.errors import InputError
-from edge_runtime.voice.audio_input import SAMPLE_RATE, read_wav
+from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
 from edge_runtime.voice.tts import espeak_binary, synthesize, write_wav
 
 DEMO_COMMANDS = (

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_runtime.errors import ConfigError
-from edge_runtime.voice.audio_input import SAMPLE_RATE, read_wav
+from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
 
 ESPEAK = "espeak-ng"
 
