@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -155,10 +156,31 @@ def quantize_linears_from_checkpoint(model: nn.Module, state: dict, quant_config
 
 def save_awq_checkpoint(out_dir: Path, model: nn.Module, awq_tensors: dict, source_folder: Path,
                         group_size: int, tie_word_embeddings: bool) -> Path:
-    """Write an AutoAWQ GEMM checkpoint folder; returns the safetensors path."""
+    """Write an AutoAWQ GEMM checkpoint folder; returns the safetensors path.
+
+    Atomic: the files are written into a hidden sibling folder that is renamed to `out_dir` only
+    once complete (replacing `out_dir` if it is an empty folder), so an interrupted or failed write
+    never leaves a half-written folder at `out_dir` that would later load as a checkpoint.
+    """
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        _write_checkpoint(staging, model, awq_tensors, source_folder, group_size,
+                          tie_word_embeddings)
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700, as a plain mkdir would have made it
+        os.rename(staging, out_dir)
+    except BaseException:  # KeyboardInterrupt too: never leave the partial folder behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir / "model.safetensors"
+
+
+def _write_checkpoint(out_dir: Path, model: nn.Module, awq_tensors: dict, source_folder: Path,
+                      group_size: int, tie_word_embeddings: bool) -> None:
     from safetensors.torch import save_file
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     skip = {f"{p}.weight" for p in awq_tensors} | {f"{p}.bias" for p in awq_tensors}
     if tie_word_embeddings:
@@ -183,4 +205,3 @@ def save_awq_checkpoint(out_dir: Path, model: nn.Module, awq_tensors: dict, sour
     for name in _SIDE_FILES:
         if (source_folder / name).is_file():
             shutil.copyfile(source_folder / name, out_dir / name)
-    return weights

@@ -181,3 +181,45 @@ def test_rtn_checkpoint_helper_builds():
     config, state, qc = _rtn_checkpoint()
     model, quantization = build_model(config, state, qc)
     assert quantization == "awq-g32" and isinstance(model.get_submodule(_Q), AWQLinear)
+
+
+@pytest.mark.parametrize("fail_in", ["save_file", "copyfile"])
+def test_interrupted_checkpoint_write_leaves_no_folder(tmp_path, monkeypatch, fail_in):
+    """Ctrl-C (or a full disk) during the write must not leave a folder at out_dir holding a
+    model.safetensors and config.json that later loads as a (truncated) checkpoint."""
+    import safetensors.torch
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "tokenizer.json").write_text("{}")
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.torch if fail_in == "save_file" else awq_model.shutil,
+                        fail_in, interrupt)
+    out = tmp_path / "q"
+    with pytest.raises(KeyboardInterrupt):
+        awq_model.save_awq_checkpoint(out, torch.nn.Linear(8, 8), {}, src, 32, False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_checkpoint_write_replaces_an_empty_folder(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    out = tmp_path / "q"
+    out.mkdir()
+    weights = awq_model.save_awq_checkpoint(out, torch.nn.Linear(8, 8), {}, src, 32, False)
+    assert weights == out / "model.safetensors" and weights.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q", "src"]
+    assert (out.stat().st_mode & 0o777) == 0o777 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
