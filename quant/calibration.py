@@ -48,12 +48,17 @@ def stdlib_docstrings(seed: int = 0) -> list[str]:
 def read_text_file(path: str) -> list[str]:
     """Paragraphs (blank-line separated) of a UTF-8 text file."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"calibration file {path} is a folder; pass a UTF-8 text file")
     if not p.is_file():
         raise InputError(f"calibration file {path} does not exist; pass a UTF-8 text file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"calibration file {path} is not UTF-8 text ({exc.reason})") from exc
+    except OSError as exc:  # no read permission, I/O error
+        raise InputError(f"calibration file {path} cannot be read ({exc.strerror}); pass a "
+                         "readable UTF-8 text file") from exc
     paragraphs = [t.strip() for t in text.split("\n\n") if t.strip()]
     if not paragraphs:
         raise InputError(f"calibration file {path} is empty")

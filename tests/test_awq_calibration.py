@@ -50,3 +50,17 @@ def test_quantize_refuses_a_non_empty_output_folder(tmp_path, capsys):
     assert main(["quantize", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "exists and is not empty" in err[0]
+
+
+def test_calibration_file_that_is_a_folder_or_unreadable(tmp_path, monkeypatch):
+    with pytest.raises(InputError, match="is a folder"):
+        calibration.read_text_file(str(tmp_path))
+    path = tmp_path / "calib.txt"
+    path.write_text("text\n")
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(calibration.Path, "read_text", denied)
+    with pytest.raises(InputError, match=r"cannot be read \(Permission denied\)"):
+        calibration.read_text_file(str(path))
