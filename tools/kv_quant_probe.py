@@ -6,12 +6,13 @@ token and head, kernels/quantize.py) and report mean KL(fp32 || variant) and arg
 `edge-runtime eval-ppl` (docs/engine.md, "int8 KV quality"); this answers "would X lower the
 error?" before X is built.
 
-Variants, `keepN-gG[-recentW][-centerK|-centerV|-centerKV|-pickK]`: the first N positions of every window
+Variants, `keepN-gG[-recentW][-centerK[A]|-centerV|-centerKV|-pickK]`: the first N positions of every window
 stay unquantized (IntactKV's "attention sink" idea), the scale covers groups of G channels (64 = one
 per head, as shipped), with `-recentW` every query reads the W keys nearest to it (itself included)
 unquantized (KIVI's full-precision window of recent tokens), and with `-center...` a fixed mean
 vector per layer and kv head (of the rotated keys / values, measured on other text: Apache-2.0 and
-the json module's source) is subtracted before quantization and added back after. That is exact
+the json module's source) is subtracted before quantization and added back after (`-centerKA`: A
+times the keys' mean, e.g. `-centerK0.5`). That is exact
 without quantization (a constant added to every key shifts all of a query's scores by the same
 amount; the attention weights sum to 1), and the keys' mean is most of their norm here. `-pickK`
 centres each key only where that lowers its absmax (a per-token flag a store would keep, e.g. in
@@ -22,6 +23,7 @@ key is small and far from the mean, so centring it would raise its error.
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64,keep0-g64-recent16,keep0-g64-recent64
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-centerK,keep0-g64-recent16-centerK
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-pickK,keep0-g64-recent16-pickK
+    python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-recent16-centerK0.5
 """
 from __future__ import annotations
 
@@ -95,7 +97,8 @@ def main() -> None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
         k_sum, v_sum, count = sums.get(module.layer_idx, (None, None, 1))
         key_q = fake_int8(key, variant["keep"], variant["group"],
-                          k_sum / count if "K" in variant["center"] else None, variant["center"] == "pickK")
+                          variant["alpha"] * k_sum / count if "K" in variant["center"] else None,
+                          variant["center"] == "pickK")
         value_q = fake_int8(value, variant["keep"], variant["group"],
                             v_sum / count if "V" in variant["center"].removeprefix("pick") else None)
         if not variant["recent"]:
@@ -126,9 +129,11 @@ def main() -> None:
         keep, group, *rest = name.split("-")
         recent = [r for r in rest if r.startswith("recent")]
         center = [r.removeprefix("center") for r in rest if r.startswith(("center", "pick"))]
+        alpha = float(center[0].lstrip("pickKV") or 1) if center else 1.0  # centerK0.5: half the mean
+        center = [c.rstrip("0123456789.") for c in center]
         variant.update(on=True, keep=int(keep.removeprefix("keep")), group=int(group.removeprefix("g")),
                        recent=int(recent[0].removeprefix("recent")) if recent else 0,
-                       center=center[0] if center else "")
+                       center=center[0] if center else "", alpha=alpha)
         kl, flips, n = 0.0, 0, 0
         for w, ref in zip(windows, reference):
             got = log_probs(w)
