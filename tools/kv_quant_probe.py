@@ -24,6 +24,7 @@ key is small and far from the mean, so centring it would raise its error.
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-centerK,keep0-g64-recent16-centerK
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-pickK,keep0-g64-recent16-pickK
     python tools/kv_quant_probe.py --windows 3 --variants keep0-g64-recent16-centerK0.5
+    python tools/kv_quant_probe.py --windows 1 --variants keep0-g64 --key-stats
 """
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ def main() -> None:
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--windows", type=int, default=3, help="1024-token windows from the start")
     ap.add_argument("--variants", default="keep0-g64,keep1-g64,keep4-g64,keep0-g32,keep1-g32")
+    ap.add_argument("--key-stats", action="store_true",
+                    help="first print, per layer, how much of the rotated keys the calibration mean is "
+                         "and what centring does to the absmax of ordinary keys and of position 0's")
     args = ap.parse_args()
     from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -86,6 +90,10 @@ def main() -> None:
     sums: dict[int, list] = {}  # layer -> [sum of rotated keys, of values, positions]
 
     def attention(module, query, key, value, attention_mask, **kw):
+        if variant.get("capture"):
+            from edge_runtime.kernels import hadamard
+
+            variant["captured"][module.layer_idx] = hadamard.rotate(key)[0]  # [Hkv, L, D]
         if variant["calibrate"]:
             from edge_runtime.kernels import hadamard
 
@@ -115,7 +123,7 @@ def main() -> None:
         with torch.inference_mode():
             return torch.log_softmax(model(torch.tensor([window])).logits[0].float(), -1)
 
-    if "center" in args.variants or "pick" in args.variants:
+    if args.key_stats or "center" in args.variants or "pick" in args.variants:
         import json
 
         variant["calibrate"] = True
@@ -123,6 +131,11 @@ def main() -> None:
                      pathlib.Path(json.__file__).read_text()):
             log_probs(tok(text, add_special_tokens=False).input_ids[:1024])
         variant["calibrate"] = False
+    if args.key_stats:
+        variant.update(capture=True, captured={})
+        log_probs(windows[0])
+        variant["capture"] = False
+        print_key_stats(variant["captured"], {li: acc[0] / acc[2] for li, acc in sums.items()})
     reference = [log_probs(w) for w in windows]
     print("| variant | mean KL vs fp32 KV | argmax differs |\n|---|---:|---:|")
     for name in args.variants.split(","):
@@ -141,6 +154,19 @@ def main() -> None:
             flips += int((ref.argmax(-1) != got.argmax(-1)).sum())
             n += ref.shape[0]
         print(f"| {name} | {kl / n:.3e} | {flips} of {n} |", flush=True)
+
+
+def print_key_stats(keys: dict, means: dict) -> None:
+    """keys: layer -> rotated keys [Hkv, L, D]; means: layer -> [Hkv, 1, D] (from other text)."""
+    print("| layer | mean / key norm | absmax of keys 1.. | centred | absmax of key 0 | centred |\n"
+          "|---:|---:|---:|---:|---:|---:|")
+    for layer in sorted(keys):
+        k, m = keys[layer], means[layer]
+        rest, sink = k[:, 1:], k[:, :1]
+        print(f"| {layer} | {float(m.norm(dim=-1).mean() / rest.norm(dim=-1).mean()):.2f} "
+              f"| {float(rest.abs().amax(-1).mean()):.2f} | {float((rest - m).abs().amax(-1).mean()):.2f} "
+              f"| {float(sink.abs().amax(-1).mean()):.2f} | {float((sink - m).abs().amax(-1).mean()):.2f} |")
+    print()
 
 
 if __name__ == "__main__":
