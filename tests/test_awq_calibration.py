@@ -64,3 +64,51 @@ def test_calibration_file_that_is_a_folder_or_unreadable(tmp_path, monkeypatch):
     monkeypatch.setattr(calibration.Path, "read_text", denied)
     with pytest.raises(InputError, match=r"cannot be read \(Permission denied\)"):
         calibration.read_text_file(str(path))
+
+
+@pytest.fixture()
+def no_model_load(monkeypatch):
+    """quantize's argument checks must fail before the model is loaded."""
+    import edge_runtime.model.loader as loader
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loader, "load_model", load_model)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("out, extra, match", [
+    ("file", [], "is a file; give a folder name"),
+    ("missing/out", [], "does not exist; create it"),
+    ("/proc/edge-runtime-quantize-test", [], "cannot create a folder in /proc"),
+    ("new", ["--samples", "0"], "--samples must be >= 1, got 0"),
+    ("new", ["--samples", "-3"], "--samples must be >= 1, got -3"),
+    ("new", ["--seq-len", "0"], "--seq-len must be >= 16, got 0"),
+    ("new", ["--calib", "missing.txt"], "missing.txt does not exist"),
+    ("new", ["--calib", "empty.txt"], "empty.txt is empty"),
+])
+def test_quantize_checks_arguments_before_loading(tmp_path, monkeypatch, capsys, no_model_load,
+                                                  out, extra, match):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["quantize", "--out", out, *extra]) == 2
+    assert match in _one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "file"]
+
+
+def test_quantize_refuses_seq_len_beyond_the_model_context(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import edge_runtime.model.loader as loader
+
+    lm = SimpleNamespace(quantization="none", config=SimpleNamespace(max_position_embeddings=64))
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: lm)
+    assert main(["quantize", "--out", str(tmp_path / "q"), "--seq-len", "65"]) == 2
+    assert "--seq-len 65 is longer than the model's context (64 tokens)" in _one_error_line(capsys)
