@@ -159,13 +159,14 @@ def test_phase_timers_time_every_phase_and_restart(loaded, tmp_path, monkeypatch
     assert all(p["all_s"] == 0 and p["work_s"] == [0, 0] for p in again)
 
 
-def test_bench_step_refuses_decoder_phases_without_timers():
-    import argparse
-
+def test_bench_step_refuses_decoder_phases_without_timers(monkeypatch):
     from edge_runtime.bench import step_bench
+    from edge_runtime.cli import build_parser
     from edge_runtime.errors import InputError
 
-    args = argparse.Namespace(batch="1", steps=3, decoder_phases=True)
+    monkeypatch.delenv("EDGE_RUNTIME_CPU_PHASE_TIMES", raising=False)
+    args = build_parser().parse_args(["bench", "step", "--batch", "1", "--steps", "3",
+                                      "--decoder-phases"])
     with pytest.raises(InputError, match="EDGE_RUNTIME_CPU_PHASE_TIMES=1"):
         step_bench.run(args)
 
