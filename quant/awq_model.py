@@ -167,14 +167,22 @@ def save_awq_checkpoint(out_dir: Path, model: nn.Module, awq_tensors: dict, sour
     try:
         _write_checkpoint(staging, model, awq_tensors, source_folder, group_size,
                           tie_word_embeddings)
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700, as a plain mkdir would have made it
+        _apply_umask(staging)
         os.rename(staging, out_dir)
     except BaseException:  # KeyboardInterrupt too: never leave the partial folder behind
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir / "model.safetensors"
+
+
+def _apply_umask(folder: Path) -> None:
+    """Modes as mkdir/open would give them: mkdtemp makes the folder 0700 and safetensors (0.8)
+    writes model.safetensors 0600, which a service running as another user cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def _write_checkpoint(out_dir: Path, model: nn.Module, awq_tensors: dict, source_folder: Path,

@@ -215,6 +215,7 @@ def test_checkpoint_write_replaces_an_empty_folder(tmp_path):
     assert weights == out / "model.safetensors" and weights.is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q", "src"]
     assert (out.stat().st_mode & 0o777) == 0o777 & ~_umask()
+    assert (weights.stat().st_mode & 0o777) == 0o666 & ~_umask()  # safetensors wrote 0600
 
 
 def _umask() -> int:
