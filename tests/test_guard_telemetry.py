@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from edge_runtime.guard.telemetry import JtopSource, ProcMeminfoSource, parse_meminfo
+import pytest
+
+from edge_runtime.guard.telemetry import (JtopSource, ProcMeminfoSource, TelemetryError,
+                                          parse_meminfo)
 
 MEMINFO = """MemTotal:        8000000 kB
 MemFree:          500000 kB
@@ -94,3 +97,45 @@ def test_jtop_source_converts_units():
     assert s.gpu_shared_bytes == 5000000 * 1024 and s.swap_used_bytes == 250000 * 1024
     assert s.temperatures_c == {"gpu": 61.5} and s.power_mw == 14250.0
     assert abs(s.used_fraction - 0.75) < 1e-9
+
+
+@pytest.mark.parametrize("meminfo", [
+    "MemFree: 500000 kB\nMemAvailable: 2000000 kB\n",             # no MemTotal
+    "MemTotal: 0 kB\nMemAvailable: 0 kB\n",                          # zero total
+    "MemTotal: lots kB\nMemAvailable: 2000000 kB\n",                 # garbage total
+    "MemTotal: 8000000 kB\nSwapTotal: 0 kB\n",                       # neither MemAvailable nor MemFree
+    "MemTotal: 8000000 kB\nMemAvailable: -5 kB\n",                   # negative
+    "MemTotal: 8000000 kB\nMemAvailable: 9000000 kB\n",              # more available than total
+    "",
+])
+def test_unusable_meminfo_is_a_telemetry_error(tmp_path, meminfo):
+    """Before: KeyError / ValueError / an AssertionError in used_fraction, or
+    0 bytes available = 100% used (neither MemAvailable nor MemFree), which made the guard
+    preempt every sequence."""
+    (tmp_path / "meminfo").write_text(meminfo)
+    src = ProcMeminfoSource(str(tmp_path / "meminfo"), str(tmp_path / "none"),
+                            str(tmp_path / "missing"))
+    with pytest.raises(TelemetryError, match="need MemTotal > 0 and MemAvailable"):
+        src.read()
+
+
+def test_meminfo_fallbacks_and_garbage_lines(tmp_path):
+    text = "MemTotal: 8000000 kB\nMemFree: 2000000 kB\nBogus: x kB\nnot a line\n"
+    (tmp_path / "meminfo").write_text(text)
+    (tmp_path / "proc_cgroup").write_text("garbage\n\n0::/\n")
+    src = ProcMeminfoSource(str(tmp_path / "meminfo"), str(tmp_path / "none"),
+                            str(tmp_path / "proc_cgroup"))
+    assert abs(src.read().used_fraction - 0.75) < 1e-9  # MemFree when MemAvailable is absent
+
+
+def test_garbage_cgroup_file_is_a_telemetry_error(tmp_path):
+    src = _tree(tmp_path, "v2", "3000000000\n", "lots\n")
+    with pytest.raises(TelemetryError, match="memory.max: expected a byte count or 'max'"):
+        src.read()
+
+
+def test_jtop_zero_total_is_a_telemetry_error():
+    jet = _FakeJetson()
+    jet.memory["RAM"]["tot"] = 0
+    with pytest.raises(TelemetryError, match="RAM total of 0"):
+        JtopSource(jet).read()

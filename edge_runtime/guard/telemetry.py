@@ -8,6 +8,9 @@ Invariants:
   GPU's share of the unified RAM); any failure falls back to /proc/meminfo, and the chosen source's
   `name` is reported in /metrics and /health.
 - Reading a source never raises for a missing cgroup file: the cgroup part is simply absent.
+- A reading that is not a memory reading (no MemTotal, zero total, no MemAvailable/MemFree, a
+  garbage cgroup file) raises `TelemetryError` naming the file and field; it is never turned into
+  a number (a missing MemAvailable read as 0 bytes free would preempt every sequence).
 """
 
 from __future__ import annotations
@@ -17,8 +20,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_runtime.errors import EdgeError
+
 log = logging.getLogger(__name__)
 _UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a huge number near 2**63
+
+
+class TelemetryError(EdgeError):
+    """A telemetry source gave no usable memory reading."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,13 @@ class ProcMeminfoSource:
 
     def read(self) -> MemorySample:
         info = parse_meminfo(self.meminfo.read_text())
+        total = info.get("MemTotal", 0)
+        available = info.get("MemAvailable", info.get("MemFree"))
+        if total <= 0 or available is None or not 0 <= available <= total:
+            raise TelemetryError(
+                f"{self.meminfo}: need MemTotal > 0 and MemAvailable (or MemFree) between 0 and "
+                f"it, in kB; got MemTotal={info.get('MemTotal')}, MemAvailable="
+                f"{info.get('MemAvailable')}, MemFree={info.get('MemFree')} bytes")
         current = limit = None
         if self.cgroup_files:
             _, cur_path, max_path = self.cgroup_files
@@ -86,8 +102,8 @@ class ProcMeminfoSource:
             if limit is not None and limit >= _UNLIMITED:
                 limit = None
         return MemorySample(
-            total_bytes=info["MemTotal"],
-            available_bytes=info.get("MemAvailable", info.get("MemFree", 0)),
+            total_bytes=total,
+            available_bytes=available,
             swap_used_bytes=info.get("SwapTotal", 0) - info.get("SwapFree", 0),
             gpu_shared_bytes=info.get("NvMapMemUsed", 0),
             cgroup_current_bytes=current,
@@ -116,6 +132,8 @@ class JtopSource:
         mem = self.jetson.memory
         ram, swap = mem["RAM"], mem.get("SWAP", {})
         used_kib = ram["used"]
+        if not ram["tot"] > 0:
+            raise TelemetryError(f"jtop reports a RAM total of {ram['tot']!r} KiB")
         temps = {k: float(v["temp"]) for k, v in (self.jetson.temperature or {}).items()
                  if v.get("online", True) and v.get("temp", -256) > -256}
         power = (self.jetson.power or {}).get("tot", {}).get("power")
@@ -148,12 +166,15 @@ def open_source(prefer_jtop: bool = True):
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo -> {key: bytes} (values there are KiB; HugePages_* counts are kept as is)."""
+    """/proc/meminfo -> {key: bytes} (values there are KiB; HugePages_* counts are kept as is).
+
+    A line without an integer value is skipped; the fields the guard needs are checked by the reader.
+    """
     out = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         parts = rest.split()
-        if not parts:
+        if not parts or not parts[0].isdigit():
             continue
         value = int(parts[0])
         out[key] = value * 1024 if len(parts) > 1 and parts[1] == "kB" else value
@@ -167,6 +188,8 @@ def _find_cgroup_files(root: Path, proc_cgroup: Path):
     except OSError:
         return None
     for line in lines:
+        if line.count(":") < 2:  # not "hierarchy:controllers:path"
+            continue
         hier, controllers, path = line.split(":", 2)
         rel = path.lstrip("/")
         if hier == "0" and (root / "cgroup.controllers").exists():
@@ -185,4 +208,8 @@ def _read_int(path: Path) -> int | None:
         text = path.read_text().strip()
     except OSError:
         return None
-    return None if text == "max" else int(text)
+    if text == "max":
+        return None
+    if not text.isdigit():
+        raise TelemetryError(f"{path}: expected a byte count or 'max', got {text[:40]!r}")
+    return int(text)
