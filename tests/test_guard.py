@@ -127,3 +127,55 @@ def test_bad_config_is_a_config_error(section):
 def test_direct_construction_requires_finite_numbers():
     with pytest.raises(ConfigError, match="finite"):
         GuardConfig(poll_interval_s=float("nan"))
+
+
+class _FlakySource:
+    """Fails while `failing` is set (jtop's service stopping, a bad /proc read)."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.inner = ScriptedSource([0.95])
+        self.failing = False
+
+    def read(self):
+        if self.failing:
+            raise OSError("jtop service stopped")
+        return self.inner.read()
+
+
+def _wait_until(condition, timeout_s: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the guard thread did not get there"
+        time.sleep(0.01)
+
+
+def test_failing_telemetry_is_reported_and_logged_once(caplog):
+    import threading
+
+    from edge_runtime.guard.guard import run_guard_thread
+
+    source = _FlakySource()
+    guard = MemoryGuard(GuardConfig(poll_interval_s=0.01, high_used_fraction=0.80,
+                                    critical_used_fraction=0.90, preempt_on_critical=0,
+                                    shrink_chunks_on_critical=0), source, None)
+    assert guard.poll() == "critical"
+    source.failing = True
+    stop = threading.Event()
+    with caplog.at_level("WARNING", logger="edge_runtime.guard.guard"):
+        thread = run_guard_thread(guard, stop)
+        _wait_until(lambda: guard.action_counts["poll_errors"] >= 5)
+        snap = guard.snapshot()
+        source.failing = False
+        _wait_until(lambda: guard.snapshot()["telemetry_error"] is None)
+        stop.set()
+        thread.join(5)
+    # the state is kept (no read, no transition) and /health, /metrics can say why
+    assert snap["state"] == "critical" and snap["telemetry_error"] == "OSError: jtop service stopped"
+    assert guard.snapshot()["telemetry_error"] is None and guard.action_counts["poll_errors"] >= 5
+    failures = [r for r in caplog.records if "no memory telemetry (flaky failed)" in r.message]
+    assert len(failures) == 1 and failures[0].exc_info  # once, with the traceback; not every poll
+    assert any("works again after" in r.message for r in caplog.records)

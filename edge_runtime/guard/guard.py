@@ -10,6 +10,10 @@ Invariants:
   critical: additionally, each poll preempts the newest sequences and returns pool chunks to the OS.
   Back to ok: admission resumes and the pool regrows toward the budget. No action drops a request.
 - `poll()` is synchronous and cheap; the service calls it from a timer, tests call it directly.
+- A failed telemetry read changes no state and runs no action (the last state holds); it is
+  recorded in `telemetry_error` (shown by `snapshot()` until a read succeeds) and re-raised. The
+  poll thread logs the first failure of a run of failures with its traceback, and the recovery,
+  not every poll.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class MemoryGuard:
         self.transitions: Counter[tuple[str, str]] = Counter()
         self.action_counts: Counter[str] = Counter()
         self.polls = 0
+        self.telemetry_error: str | None = None
+        self.failed_polls = 0  # consecutive failed reads
         self._lock = threading.Lock()
 
     @property
@@ -70,7 +76,16 @@ class MemoryGuard:
     def poll(self) -> str:
         """Read the source once, update the state, run this state's actions; returns the state."""
         with self._lock:
-            sample = self.source.read()
+            try:
+                sample = self.source.read()
+            except Exception as exc:
+                self.failed_polls += 1
+                self.telemetry_error = f"{type(exc).__name__}: {exc}"
+                raise
+            if self.failed_polls:
+                log.warning("memory guard: telemetry (%s) works again after %d failed reads",
+                            self.source_name, self.failed_polls)
+            self.telemetry_error, self.failed_polls = None, 0
             self.last_sample = sample
             self.polls += 1
             used = sample.used_fraction
@@ -121,6 +136,7 @@ class MemoryGuard:
             "state": self.state,
             "reason": self.reason,
             "source": self.source_name,
+            "telemetry_error": self.telemetry_error,  # set while reads fail: the state is stale
             "polls": self.polls,
             "used_fraction": s.used_fraction if s else None,
             "available_bytes": s.available_bytes if s else None,
@@ -141,8 +157,13 @@ def run_guard_thread(guard: MemoryGuard, stop: threading.Event) -> threading.Thr
             try:
                 guard.poll()
             except Exception:  # a failing read must be visible, and must not kill the service
-                log.exception("memory guard poll failed")
                 guard.action_counts["poll_errors"] += 1
+                if guard.failed_polls == 0:  # the read worked: an action raised
+                    log.exception("memory guard poll failed in state %r", guard.state)
+                elif guard.failed_polls == 1:  # once per run of failed reads, not every poll
+                    log.exception("memory guard: no memory telemetry (%s failed); the guard "
+                                  "cannot see memory pressure and keeps state %r until a read "
+                                  "succeeds", guard.source_name, guard.state)
             stop.wait(max(guard.config.poll_interval_s - (time.monotonic() - t0), 0.0))
 
     thread = threading.Thread(target=loop, name="memory-guard", daemon=True)
