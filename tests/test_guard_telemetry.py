@@ -139,3 +139,25 @@ def test_jtop_zero_total_is_a_telemetry_error():
     jet.memory["RAM"]["tot"] = 0
     with pytest.raises(TelemetryError, match="RAM total of 0"):
         JtopSource(jet).read()
+
+
+def test_open_source_closes_a_jtop_client_whose_first_read_fails(monkeypatch):
+    """jtop's service answers but its first reading fails: fall back to /proc/meminfo and close the
+    client (a started jtop runs a thread)."""
+    from edge_runtime.guard import telemetry
+
+    closed = []
+
+    class BrokenJtop:
+        def read(self):
+            raise TelemetryError("jtop reports a RAM total of 0 KiB")
+
+        def close(self):
+            closed.append(True)
+
+    real_exists = telemetry.os.path.exists
+    monkeypatch.setattr(telemetry.os.path, "exists",
+                        lambda p: True if p == "/run/jtop.sock" else real_exists(p))
+    monkeypatch.setattr(telemetry.JtopSource, "connect", classmethod(lambda cls: BrokenJtop()))
+    source = telemetry.open_source()
+    assert isinstance(source, ProcMeminfoSource) and closed == [True]

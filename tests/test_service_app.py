@@ -77,3 +77,39 @@ def test_404_and_405_say_what_to_do_and_405_keeps_allow():
     for endpoint in ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
                      "GET /health", "GET /metrics", "GET /v1/stats"):
         assert endpoint in message
+
+
+def test_health_and_metrics_report_a_guard_that_cannot_read_memory():
+    """While telemetry reads fail the guard's state is stale: /health says degraded and why, and
+    edge_guard_telemetry_ok is 0 until a read succeeds again."""
+    from edge_runtime.guard.telemetry import TelemetryError
+    from edge_runtime.service.metrics import render_prometheus
+
+    class FlakySource(ScriptedSource):
+        failing = False
+
+        def read(self):
+            if self.failing:
+                raise TelemetryError("/proc/meminfo has no MemTotal")
+            return super().read()
+
+    source = FlakySource([0.2])
+    guard = MemoryGuard(GuardConfig(), source, None)
+    state = ServiceState(ServiceLimits(), "m", guard)
+    model = SimpleNamespace(tokenizer=None, config=SimpleNamespace(max_position_embeddings=64,
+                                                                    vocab_size=10))
+    state.set_ready(model, None, None, None)
+    guard.poll()
+    assert "edge_guard_telemetry_ok 1" in render_prometheus(state.stats())
+    source.failing = True
+    try:
+        guard.poll()
+    except TelemetryError:
+        pass
+    code, body = state.health()
+    assert code == 200 and body["status"] == "degraded"
+    assert "cannot read memory" in body["reason"] and "no MemTotal" in body["reason"]
+    assert "edge_guard_telemetry_ok 0" in render_prometheus(state.stats())
+    source.failing = False
+    guard.poll()
+    assert state.health() == (200, {"status": "ready", "reason": ""})

@@ -153,6 +153,7 @@ class JtopSource:
 def open_source(prefer_jtop: bool = True):
     """jtop if its service answers, else /proc/meminfo (+cgroup). Logs which one is used."""
     if prefer_jtop and os.path.exists("/run/jtop.sock"):
+        source = None
         try:
             source = JtopSource.connect()
             source.read()
@@ -160,6 +161,11 @@ def open_source(prefer_jtop: bool = True):
             return source
         except Exception as exc:  # jtop raises JtopException, OSError, version mismatches...
             log.warning("jtop service present but unusable (%s); using /proc/meminfo", exc)
+            if source is not None:  # connected, but the first read failed: do not leak its thread
+                try:
+                    source.close()
+                except Exception:  # closing a half-broken client: nothing more to do
+                    log.debug("closing the unusable jtop client failed", exc_info=True)
     source = ProcMeminfoSource()
     log.info("memory guard telemetry: %s", source.name)
     return source

@@ -63,6 +63,10 @@ class ServiceState:
         if failure is not None:
             return 503, {"status": "failed", "reason": failure}
         guard = self.guard.snapshot() if self.guard else None
+        if guard and guard.get("telemetry_error"):  # the guard is blind: its state is stale
+            return 200, {"status": "degraded", "guard": guard["state"],
+                         "reason": f"memory guard cannot read memory ({guard['telemetry_error']}); "
+                                   "memory pressure is not being watched"}
         if guard and guard["state"] != "ok":
             return 200, {"status": "degraded", "reason": guard["reason"], "guard": guard["state"]}
         return 200, {"status": "ready", "reason": ""}

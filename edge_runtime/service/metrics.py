@@ -126,6 +126,8 @@ def _render_guard(out: list[str], guard: dict | None) -> None:
     transitions = [(f'{{from="{a}",to="{b}"}}', guard["transitions"].get(f"{a}->{b}", 0))
                    for a in states for b in states if a != b]
     _metric(out, "edge_guard_transitions_total", "counter", "memory guard transitions", transitions)
+    _gauge(out, "edge_guard_telemetry_ok", "1 while the guard reads memory, 0 while its reads fail",
+           int(not guard.get("telemetry_error")))
     _metric(out, "edge_guard_actions_total", "counter", "memory guard actions (units per action)",
             [(f'{{action="{k}"}}', v) for k, v in sorted(guard["actions"].items())])
     for key in ("used_fraction", "available_bytes", "total_bytes", "gpu_shared_bytes",
