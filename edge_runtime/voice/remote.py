@@ -7,6 +7,11 @@ nature: the service streams text, not token ids, so an answer's ids are the toke
 of its text; when the model generated a non-canonical tokenization, the next turn's prompt shares
 the prefix only up to that answer (the cache hit shrinks; nothing breaks). Timings are measured by
 this client (engine queue time is not visible from outside and is reported as 0).
+
+Every way the socket can fail (nothing listening, a socket that is not our service, a reply that
+is not an event stream, malformed events, a server that stops mid-answer, an `error` event) is a
+ServiceError naming the socket: the loop reports it as a fault of that turn and goes on. An
+answer counts only once `data: [DONE]` arrives; a stream cut before it is never a short answer.
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ from collections.abc import AsyncIterator
 from edge_runtime.engine.api import (
     Completion, GenerationResult, RequestTimings, SamplingParams, TokenEvent,
 )
-from edge_runtime.errors import ConfigError, RequestError
+from edge_runtime.errors import ConfigError, EdgeError
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class ServiceError(EdgeError):
+    """The service on --server could not answer this request (the message says why)."""
 
 
 class RemoteEngine:
-    def __init__(self, socket_path: str, tokenizer, model: str | None = None):
+    def __init__(self, socket_path: str, tokenizer, model: str | None = None,
+                 read_timeout_s: float = 300.0):
         try:
             import aiohttp  # noqa: F401  (the `service` extra)
         except ImportError as exc:
@@ -30,6 +42,7 @@ class RemoteEngine:
         self.socket_path = socket_path
         self.tokenizer = tokenizer
         self.model = model
+        self.read_timeout_s = read_timeout_s
 
     def _body(self, prompt_ids: list[int], params: SamplingParams) -> dict:
         body = {"prompt": list(prompt_ids), "max_tokens": params.max_tokens,
@@ -55,17 +68,17 @@ class RemoteEngine:
         # a session per request: it belongs to the running event loop, and a Unix-socket
         # connection costs microseconds
         connector = aiohttp.UnixConnector(path=self.socket_path)
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
+                                        sock_read=self.read_timeout_s)
+        where = f"the service at {self.socket_path}"
         try:
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
                     session.post("http://localhost/v1/completions",
                                  json=self._body(prompt_ids, params)) as resp:
-                if resp.status != 200:
-                    raise RequestError(f"the service at {self.socket_path} refused the request "
-                                       f"({resp.status}): {(await resp.text())[:200]}")
-                async for data in _sse(resp):
+                await _check_response(resp, where)
+                async for data in _sse(resp, where):
                     usage = data.get("usage") or usage
-                    for choice in data.get("choices", []):
+                    for choice in data.get("choices") or []:
                         text = choice.get("text") or ""
                         finish = choice.get("finish_reason") or finish
                         if text:
@@ -73,7 +86,14 @@ class RemoteEngine:
                             pieces.append(text)
                             yield TokenEvent(rid, 0, [], text)  # ids: only at the end
         except aiohttp.ClientConnectionError as exc:
-            raise ConfigError(f"cannot reach the service at {self.socket_path}: {exc}") from exc
+            raise ServiceError(f"cannot reach {where}: {exc} (is `edge-runtime serve` "
+                               "running on that socket?)") from exc
+        except aiohttp.ClientResponseError as exc:  # e.g. not HTTP at all
+            raise ServiceError(f"{where} did not answer in HTTP ({exc.message.splitlines()[0]}): "
+                               "is it an `edge-runtime serve` socket?") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ServiceError(f"{where} broke off the answer ({type(exc).__name__}: {exc}): "
+                               "was it stopped or restarted?") from exc
         done = time.perf_counter()
         text = "".join(pieces)
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -87,13 +107,34 @@ class RemoteEngine:
         """Nothing to release: sessions live for one request."""
 
 
-async def _sse(resp) -> AsyncIterator[dict]:
-    """The JSON objects of an SSE body, up to `data: [DONE]`."""
+async def _check_response(resp, where: str) -> None:
+    if resp.status != 200:
+        body = (await resp.read())[:200].decode("utf-8", "replace")
+        raise ServiceError(f"{where} refused the request ({resp.status}): {body}")
+    if resp.content_type != "text/event-stream":
+        raise ServiceError(f"{where} answered with {resp.content_type or 'no content type'}, not an "
+                           "event stream: is it an `edge-runtime serve` socket?")
+
+
+async def _sse(resp, where: str) -> AsyncIterator[dict]:
+    """The JSON objects of an SSE body, up to `data: [DONE]`; anything else is a ServiceError."""
     async for raw in resp.content:
-        line = raw.decode().strip()
+        line = raw.decode("utf-8", "replace").strip()
         if not line.startswith("data:"):
             continue
         payload = line[5:].strip()
         if payload == "[DONE]":
             return
-        yield json.loads(payload)
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ServiceError(f"{where} sent an event that is not a JSON object: {payload[:80]!r}")
+        if "error" in data:
+            err = data["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            raise ServiceError(f"{where} ended the answer with an error: {msg}")
+        yield data
+    raise ServiceError(f"{where} closed the stream before the answer finished "
+                       "(was it stopped or restarted?)")
