@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def _unit_messages(stderr: str) -> list[str]:
 def test_rendered_units_verify_clean(tmp_path):
     _render(tmp_path, "--memory-high", "3G", "--memory-max", "3500M")
     service = (tmp_path / "edge-runtime.service").read_text()
-    assert f"ExecStart={VENV}/bin/edge-runtime serve --config" in service
+    assert _exec_argv(service)[:3] == [f"{VENV}/bin/edge-runtime", "serve", "--config"]
     assert "MemoryHigh=3G" in service and "MemoryMax=3500M" in service
     assert "Type=notify" in service and "WatchdogSec=" in service
     settings = [line.split("=", 1)[0] for line in service.splitlines() if not line.startswith("#")]
@@ -81,3 +82,56 @@ def test_memory_limits_come_from_the_budget_plan(tmp_path):
     assert f"MemoryHigh={high}\n" in service and f"MemoryMax={hard}\n" in service
     proc = _verify(tmp_path)
     assert proc.returncode == 0 and not _unit_messages(proc.stderr), proc.stderr
+
+
+def _run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "tools/install-service.sh"), *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def _exec_argv(service: str) -> list[str]:
+    """ExecStart= split as systemd does (double quotes, \\-escapes, %% and $$)."""
+    (line,) = [x for x in service.splitlines() if x.startswith("ExecStart=")]
+    return [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(line[len("ExecStart="):])]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config"], "--config needs a value"),
+    (["--render"], "--render needs a value"),
+    (["--render", "--config", "cpu-dev"], "--render needs a value"),
+    (["--config", "/nope/x.yaml"], "--config /nope/x.yaml: no such budget file or name (known: "),
+    (["--memory-high", "foo", "--memory-max", "4G"], "--memory-high/--memory-max foo"),
+    (["--venv", "relative/venv"], "must be absolute paths"),
+    (["--user", "bad user"], "not a valid system user name"),
+])
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, args, message):
+    out = tmp_path / "units"
+    proc = _run_script("--render", str(out), *args) if args[0] != "--render" else _run_script(*args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "unbound variable" not in proc.stderr and not out.exists()
+
+
+def test_a_budget_the_plan_refuses_stops_the_render(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("device_memory: nonsense\n")
+    proc = _run_script("--render", str(tmp_path / "units"), "--venv", str(VENV), "--config", str(bad))
+    assert proc.returncode == 2 and "device_memory" in proc.stderr, proc.stderr
+    assert not (tmp_path / "units").exists()  # never the template's limits in silence
+
+
+def test_execstart_keeps_odd_paths_whole_and_resolves_budget_names(tmp_path):
+    folder = tmp_path / "my budgets"
+    folder.mkdir()
+    config = folder / "b 1.yaml"
+    config.write_text((ROOT / "configs/orin/cpu-dev.yaml").read_text())
+    model = 'my $odd%mo"del\\x'
+    _render(tmp_path / "a", "--config", str(config), "--model", model,
+            "--memory-high", "3G", "--memory-max", "4G")
+    argv = _exec_argv((tmp_path / "a/edge-runtime.service").read_text())
+    assert argv == [f"{VENV}/bin/edge-runtime", "serve", "--config", str(config), "--model", model]
+    proc = _verify(tmp_path / "a")
+    assert proc.returncode == 0 and not _unit_messages(proc.stderr), proc.stderr
+    # a budget name, as `serve --config` takes it, becomes that budget's file, not ./cpu-dev
+    _render(tmp_path / "b", "--config", "cpu-dev", "--memory-high", "3G", "--memory-max", "4G")
+    argv = _exec_argv((tmp_path / "b/edge-runtime.service").read_text())
+    assert argv[3] == str(ROOT / "configs/orin/cpu-dev.yaml")

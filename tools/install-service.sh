@@ -23,7 +23,15 @@ SVC_USER=edge-runtime
 MEM_HIGH=""
 MEM_MAX=""
 MODEL=smollm2-135m-instruct
+die() { echo "install-service: $*" >&2; exit 2; }
+need() {  # need OPTION "$@": the option's value is present and is not the next option
+    [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#-}" = "$2" ] || die "$1 needs a value (see --help)"
+    case "$2" in *$'\n'*) die "$1: the value holds a newline" ;; esac
+}
 while [ $# -gt 0 ]; do
+    case "$1" in
+        --prefix|--venv|--config|--render|--user|--model|--memory-high|--memory-max) need "$@" ;;
+    esac
     case "$1" in
         --prefix) PREFIX=$2; shift 2 ;;
         --venv) VENV=$2; shift 2 ;;
@@ -34,30 +42,77 @@ while [ $# -gt 0 ]; do
         --memory-high) MEM_HIGH=$2; shift 2 ;;
         --memory-max) MEM_MAX=$2; shift 2 ;;
         -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
-        *) echo "install-service: unknown option $1 (see --help)" >&2; exit 2 ;;
+        *) die "unknown option $1 (see --help)" ;;
     esac
 done
 VENV=${VENV:-$PREFIX/venv}
+
+resolve_config() {  # a budget file, or a name from configs/orin (as `serve --config` takes)
+    local c=$1
+    if [ ! -f "$c" ]; then
+        if [ -f "$here/configs/orin/$c.yaml" ]; then c=$here/configs/orin/$c.yaml
+        elif [ -f "$here/configs/orin/$c" ]; then c=$here/configs/orin/$c
+        else
+            die "--config $c: no such budget file or name (known: $(cd "$here/configs/orin" \
+                && ls -- *.yaml | sed 's/\.yaml$//' | tr '\n' ' '))"
+        fi
+    fi
+    [ -r "$c" ] || die "--config $c: cannot read it (permissions?)"
+    echo "$(cd "$(dirname "$c")" && pwd)/$(basename "$c")"
+}
+valid_memory() { [[ $1 =~ ^([0-9]+[KMGT]?|[0-9]+(\.[0-9]+)?%|infinity)$ ]]; }
+
+for v in "$PREFIX" "$VENV"; do
+    [ "${v#/}" != "$v" ] || die "--prefix/--venv must be absolute paths (systemd needs one), got $v"
+done
+[[ $SVC_USER =~ ^[a-z_][a-z0-9_-]*$ ]] || die "--user $SVC_USER: not a valid system user name"
+for m in "$MEM_HIGH" "$MEM_MAX"; do
+    [ -z "$m" ] || valid_memory "$m" \
+        || die "--memory-high/--memory-max $m: give bytes with an optional K/M/G/T, a percentage or infinity"
+done
+if [ -n "$CONFIG" ]; then CONFIG=$(resolve_config "$CONFIG") || exit 2; fi
 ETC_CONFIG=/etc/edge-runtime/budget.yaml
-[ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+[ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$CONFIG
 
 plan_memory() {
-    # prints "HIGH MAX" in bytes from the budget's memory plan (edge_runtime/service/unit_limits.py)
-    [ -n "$CONFIG" ] && [ -x "$VENV/bin/python" ] || return 0
+    # prints "HIGH MAX" in bytes from the budget's memory plan (edge_runtime/service/unit_limits.py);
+    # a budget or model the plan refuses stops the install with its message
+    [ -n "$CONFIG" ] || return 0
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "install-service: no $VENV/bin/python to plan memory with: MemoryHigh/MemoryMax keep" \
+             "the template's values (give --venv, or --memory-high and --memory-max)" >&2
+        return 0
+    fi
     "$VENV/bin/python" -m edge_runtime.service.unit_limits --config "$CONFIG" --model "$MODEL" \
-        2>/dev/null || true
+        || die "cannot plan MemoryHigh/MemoryMax from --config $CONFIG --model $MODEL (above)"
+}
+
+sd_word() {  # one ExecStart argument quoted for systemd: spaces, quotes, \, % and $ survive
+    local s=$1
+    s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//%/%%}; s=${s//\$/\$\$}
+    printf '"%s"' "$s"
+}
+sed_text() {  # a sed s||| replacement that stands for itself
+    local s=$1
+    s=${s//\\/\\\\}; s=${s//&/\\&}; s=${s//|/\\|}
+    printf '%s' "$s"
 }
 
 render() {  # render DIR: write both units with this machine's paths, user and memory limits
     local out=$1 groups="" g
-    mkdir -p "$out"
     if [ -z "$MEM_HIGH" ] || [ -z "$MEM_MAX" ]; then
-        read -r ph pm <<<"$(plan_memory)" || true
+        local planned
+        planned=$(plan_memory) || exit 2
+        read -r ph pm <<<"$planned" || true
         MEM_HIGH=${MEM_HIGH:-${ph:-}}
         MEM_MAX=${MEM_MAX:-${pm:-}}
     fi
+    mkdir -p "$out"
     for g in video render jtop; do getent group "$g" >/dev/null && groups="$groups $g"; done
-    sed -e "s|^ExecStart=.*|ExecStart=$VENV/bin/edge-runtime serve --config $ETC_CONFIG --model $MODEL|" \
+    local exec
+    exec="$(sd_word "$VENV/bin/edge-runtime") serve --config $(sd_word "$ETC_CONFIG")"
+    exec="$exec --model $(sd_word "$MODEL")"
+    sed -e "s|^ExecStart=.*|ExecStart=$(sed_text "$exec")|" \
         -e "s|^User=.*|User=$SVC_USER|" -e "s|^Group=.*|Group=$SVC_USER|" \
         -e "s|^SupplementaryGroups=.*|SupplementaryGroups=${groups# }|" \
         ${MEM_HIGH:+-e "s|^MemoryHigh=.*|MemoryHigh=$MEM_HIGH|"} \
@@ -73,8 +128,8 @@ if [ -n "$RENDER" ]; then
     exit 0
 fi
 
-[ "$(id -u)" = 0 ] || { echo "install-service: run as root (sudo), or use --render DIR" >&2; exit 2; }
-[ -n "$CONFIG" ] || { echo "install-service: --config configs/orin/<device>.yaml is required" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "run as root (sudo), or use --render DIR"
+[ -n "$CONFIG" ] || die "--config configs/orin/<device>.yaml is required"
 if ! id "$SVC_USER" >/dev/null 2>&1; then
     echo "install-service: creating system user $SVC_USER"
     useradd --system --home-dir /var/lib/edge-runtime --shell /usr/sbin/nologin "$SVC_USER"
