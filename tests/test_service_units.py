@@ -135,3 +135,48 @@ def test_execstart_keeps_odd_paths_whole_and_resolves_budget_names(tmp_path):
     _render(tmp_path / "b", "--config", "cpu-dev", "--memory-high", "3G", "--memory-max", "4G")
     argv = _exec_argv((tmp_path / "b/edge-runtime.service").read_text())
     assert argv[3] == str(ROOT / "configs/orin/cpu-dev.yaml")
+
+
+def _fake_install_root(tmp_path: Path) -> tuple[dict, Path]:
+    """PATH stubs for every command that would change the system (useradd, usermod, install,
+    systemctl, pip); each logs its arguments. The real planner runs through the fake venv."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for cmd in ("useradd", "usermod", "install", "systemctl"):
+        (bin_dir / cmd).write_text(f'#!/bin/sh\necho "{cmd} $*" >>"{log}"\n')
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").write_text(
+        f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then echo "pip $*" >>"{log}"; exit 0; fi\n'
+        f'exec "{sys.executable}" "$@"\n')
+    for f in [*bin_dir.iterdir(), venv / "bin/python"]:
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(tmp_path)}
+    return env, log
+
+
+def _install(tmp_path: Path, env: dict, config: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "tools/install-service.sh"), "--config", config,
+                           "--prefix", str(tmp_path / "opt"), "--venv", str(tmp_path / "venv"),
+                           "--user", "edge-test"], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="the install path runs only as root (every system change is stubbed)")
+def test_install_touches_etc_only_after_the_plan_and_restarts_a_running_service(tmp_path):
+    env, log = _fake_install_root(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("device_memory: nonsense\n")
+    proc = _install(tmp_path, env, str(bad))
+    assert proc.returncode == 2 and "device_memory" in proc.stderr, proc.stderr
+    calls = log.read_text()
+    assert "/etc/" not in calls and "systemctl" not in calls, calls  # the old install stands
+    log.unlink()
+    proc = _install(tmp_path, env, "cpu-dev")
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    assert any(c.startswith("install -m 0644") and c.endswith("/etc/systemd/system/")
+               for c in calls), calls
+    assert calls[-3:] == ["systemctl daemon-reload", "systemctl enable --now edge-runtime.socket",
+                          "systemctl try-restart edge-runtime.service"], calls

