@@ -51,9 +51,11 @@ def test_unreachable_service_is_a_fault_of_the_turn(tmp_path):
 
     typed = tmp_path / "typed.txt"
     typed.write_text("turn on the radio\n")
-    config = load_voice_config()
+    config = dataclasses.replace(load_voice_config(), server_retry_s=0.0)  # fail without retrying
     runtime = load_runtime(config, "smollm2-135m-instruct", 1, need_asr=False,
                            progress=lambda m: None, server=str(tmp_path / "no.sock"))
     (report,) = run_streams(runtime, config, [Source(InputSpec("text", typed))])
     (event,) = report.events
     assert "cannot reach the service" in event["skipped"] and "no.sock" in event["skipped"]
+    (fault,) = report.faults  # an unanswered command is a fault: the run's exit status says so
+    assert not fault["fatal"] and "not answered" in fault["problem"] and "no.sock" in fault["problem"]

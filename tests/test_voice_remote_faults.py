@@ -61,7 +61,66 @@ def test_a_bad_reply_is_a_service_error_naming_the_socket(tmp_path, reply, expec
 
 def test_nothing_listening_is_a_service_error(tmp_path):
     async def go():
-        return [ev async for ev in RemoteEngine(str(tmp_path / "no.sock"), _tokenizer).stream([1])]
+        engine = RemoteEngine(str(tmp_path / "no.sock"), _tokenizer, retry_window_s=0)
+        return [ev async for ev in engine.stream([1])]
 
     with pytest.raises(ServiceError, match="cannot reach the service at .*no.sock"):
         asyncio.run(go())
+
+
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}")
+
+
+def test_a_service_loading_or_restarting_is_retried_until_it_answers(tmp_path):
+    """503 + Retry-After (loading), then nothing listening (restart), then the answer: the command
+    is answered, not lost."""
+    sock = str(tmp_path / "svc.sock")
+    replies = [BUSY]
+
+    async def go():
+        async def handle(reader, writer):
+            await reader.read(65536)
+            writer.write(replies.pop(0) if replies else SSE + CHUNK + DONE)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_unix_server(handle, path=sock)
+        engine = RemoteEngine(sock, _tokenizer, retry_window_s=5)
+        events = [ev async for ev in engine.stream([1])]  # one 503, then the answer
+        server.close()
+        await server.wait_closed()
+        import os
+
+        os.unlink(sock)
+
+        async def come_back():
+            await asyncio.sleep(0.7)
+            return await asyncio.start_unix_server(handle, path=sock)
+
+        back = asyncio.ensure_future(come_back())
+        events += [ev async for ev in engine.stream([2])]  # nothing listening for 0.7 s
+        (await back).close()
+        return events, engine
+
+    events, engine = asyncio.run(go())
+    answers = [ev.result.completions[0].text for ev in events if ev.result is not None]
+    assert answers == ["hi", "hi"] and engine.down_since is None
+
+
+def test_retries_stop_after_the_window_and_later_turns_fail_at_once(tmp_path):
+    import time
+
+    async def go():
+        engine = RemoteEngine(str(tmp_path / "no.sock"), _tokenizer, retry_window_s=0.6)
+        for _ in range(2):
+            start = time.monotonic()
+            with pytest.raises(ServiceError, match="unavailable for .*retried for up to 1 s"):
+                [ev async for ev in engine.stream([1])]
+            yield time.monotonic() - start
+
+    async def collect():
+        return [t async for t in go()]
+
+    first, second = asyncio.run(collect())
+    assert 0.3 <= first < 5 and second < 0.3  # the outage is known: no second wait

@@ -30,6 +30,7 @@ class VoiceConfig:
     asr_workers: int = 1
     asr_threads: int = 1
     engine_threads: int = 0  # 0: the cores left after ASR
+    server_retry_s: float = 60.0  # --server: how long a service that is down or loading is retried
 
     def __post_init__(self) -> None:
         for name in ("asr_workers", "asr_threads"):
@@ -39,6 +40,9 @@ class VoiceConfig:
             raise ConfigError(f"cpu.engine_threads must be >= 0, got {self.engine_threads}")
         if self.max_tokens < 1 or self.history_tokens < 0:
             raise ConfigError("max_tokens must be >= 1 and history_tokens >= 0")
+        if not 0 <= self.server_retry_s < float("inf"):  # NaN fails the comparison too
+            raise ConfigError(f"server_retry_s must be a number of seconds >= 0, got "
+                              f"{self.server_retry_s!r}")
 
     def resolved_engine_threads(self) -> int:
         if self.engine_threads:

@@ -163,8 +163,12 @@ class VoiceLoop:
         if asr.text:
             try:
                 await self._turn(index, turn, conv, command, asr, event)
-            except EdgeError as exc:  # e.g. a prompt the engine refuses: this turn only
-                event["skipped"] = f"engine refused the command: {exc}"
+            except EdgeError as exc:  # a prompt the engine refuses, a service down: this turn only
+                event["skipped"] = f"not answered: {exc}"
+                self._emit(report, {"kind": "error", "stream": index, "utterance": turn,
+                                    "source": str(command.source), "fatal": False,
+                                    "problem": f"{command.source}: command {turn} not answered: "
+                                               f"{exc}"})
         else:
             event["skipped"] = "no speech recognised"
         self._emit(report, event)

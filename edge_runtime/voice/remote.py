@@ -12,10 +12,18 @@ Every way the socket can fail (nothing listening, a socket that is not our servi
 is not an event stream, malformed events, a server that stops mid-answer, an `error` event) is a
 ServiceError naming the socket: the loop reports it as a fault of that turn and goes on. An
 answer counts only once `data: [DONE]` arrives; a stream cut before it is never a short answer.
+
+A service that is down or not ready (nothing listening, or 503/429 before the answer starts: a
+restart, the model loading, a full queue) is retried, every `Retry-After` (or 0.5 s), until it has
+been unavailable for `retry_window_s` counted from its first failure, so commands spoken while the
+service restarts are answered once it is back. Once that window has passed, turns fail at once
+until a request gets through again (a wrong socket costs the window once, not per turn). A request
+is never retried after its answer started.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -26,15 +34,24 @@ from edge_runtime.engine.api import (
 from edge_runtime.errors import ConfigError, EdgeError
 
 CONNECT_TIMEOUT_S = 10.0
+RETRY_WINDOW_S = 60.0  # a restart of `serve`: the process, the model load, the socket back
 
 
 class ServiceError(EdgeError):
     """The service on --server could not answer this request (the message says why)."""
 
 
+class ServiceUnavailable(ServiceError):
+    """Not answering yet (down, loading, busy) and the request has not started: worth a retry."""
+
+    def __init__(self, message: str, wait_s: float = 0.5):
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
 class RemoteEngine:
     def __init__(self, socket_path: str, tokenizer, model: str | None = None,
-                 read_timeout_s: float = 300.0):
+                 read_timeout_s: float = 300.0, retry_window_s: float = RETRY_WINDOW_S):
         try:
             import aiohttp  # noqa: F401  (the `service` extra)
         except ImportError as exc:
@@ -43,6 +60,8 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self.model = model
         self.read_timeout_s = read_timeout_s
+        self.retry_window_s = retry_window_s
+        self.down_since: float | None = None  # first failure of the current outage, monotonic
 
     def _body(self, prompt_ids: list[int], params: SamplingParams) -> dict:
         body = {"prompt": list(prompt_ids), "max_tokens": params.max_tokens,
@@ -57,11 +76,27 @@ class RemoteEngine:
     async def stream(self, prompt_ids: list[int], params: SamplingParams | None = None,
                      request_id: str | None = None,
                      stream_id: str | None = None) -> AsyncIterator[TokenEvent]:
+        params = params or SamplingParams()
+        added = time.perf_counter()
+        while True:
+            try:
+                async for event in self._request(prompt_ids, params, request_id or "remote", added):
+                    yield event
+                return
+            except ServiceUnavailable as exc:
+                now = time.monotonic()
+                self.down_since = self.down_since if self.down_since is not None else now
+                waited = now - self.down_since
+                if waited + exc.wait_s > self.retry_window_s:
+                    raise ServiceError(f"{exc} (unavailable for {waited:.0f} s; retried for up to "
+                                       f"{self.retry_window_s:.0f} s)") from exc
+                await asyncio.sleep(exc.wait_s)
+
+    async def _request(self, prompt_ids: list[int], params: SamplingParams, rid: str,
+                       added: float) -> AsyncIterator[TokenEvent]:
+        """One attempt; ServiceUnavailable only before the answer started."""
         import aiohttp
 
-        params = params or SamplingParams()
-        rid = request_id or "remote"
-        added = time.perf_counter()
         first = None
         pieces: list[str] = []
         finish, usage = "stop", {}
@@ -72,19 +107,25 @@ class RemoteEngine:
                                         sock_read=self.read_timeout_s)
         where = f"the service at {self.socket_path}"
         try:
-            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
-                    session.post("http://localhost/v1/completions",
-                                 json=self._body(prompt_ids, params)) as resp:
-                await _check_response(resp, where)
-                async for data in _sse(resp, where):
-                    usage = data.get("usage") or usage
-                    for choice in data.get("choices") or []:
-                        text = choice.get("text") or ""
-                        finish = choice.get("finish_reason") or finish
-                        if text:
-                            first = first or time.perf_counter()
-                            pieces.append(text)
-                            yield TokenEvent(rid, 0, [], text)  # ids: only at the end
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+                try:
+                    resp = await session.post("http://localhost/v1/completions",
+                                              json=self._body(prompt_ids, params))
+                except aiohttp.ClientConnectorError as exc:  # nothing listening (yet)
+                    raise ServiceUnavailable(f"cannot reach {where}: {exc} (is `edge-runtime "
+                                             "serve` running on that socket?)") from exc
+                async with resp:
+                    await _check_response(resp, where)
+                    self.down_since = None  # it answers: a later outage gets a fresh window
+                    async for data in _sse(resp, where):
+                        usage = data.get("usage") or usage
+                        for choice in data.get("choices") or []:
+                            text = choice.get("text") or ""
+                            finish = choice.get("finish_reason") or finish
+                            if text:
+                                first = first or time.perf_counter()
+                                pieces.append(text)
+                                yield TokenEvent(rid, 0, [], text)  # ids: only at the end
         except aiohttp.ClientConnectionError as exc:
             raise ServiceError(f"cannot reach {where}: {exc} (is `edge-runtime serve` "
                                "running on that socket?)") from exc
@@ -110,10 +151,20 @@ class RemoteEngine:
 async def _check_response(resp, where: str) -> None:
     if resp.status != 200:
         body = (await resp.read())[:200].decode("utf-8", "replace")
+        if resp.status in (429, 503):  # loading, restarting, busy: it says when to come back
+            raise ServiceUnavailable(f"{where} is not ready ({resp.status}): {body}",
+                                     _retry_after(resp.headers.get("Retry-After")))
         raise ServiceError(f"{where} refused the request ({resp.status}): {body}")
     if resp.content_type != "text/event-stream":
         raise ServiceError(f"{where} answered with {resp.content_type or 'no content type'}, not an "
                            "event stream: is it an `edge-runtime serve` socket?")
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return min(max(float(value), 0.1), 10.0)
+    except (TypeError, ValueError):
+        return 0.5
 
 
 async def _sse(resp, where: str) -> AsyncIterator[dict]:

@@ -76,14 +76,14 @@ def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str
     return loaded.tokenizer, tuple(loaded.config.eos_token_ids), aengine
 
 
-def _remote_engine(model: str, server: str, progress: Callable[[str], None]):
+def _remote_engine(model: str, server: str, progress: Callable[[str], None], retry_s: float):
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
     from edge_runtime.voice.remote import RemoteEngine
 
     progress(f"using the service at {server}; loading the tokenizer of {model} ...")
     tokenizer = load_tokenizer(resolve_model_folder(model, progress=None))
     eos = tuple(t for t in (tokenizer.eos_token_id,) if t is not None)
-    return tokenizer, eos, RemoteEngine(server, tokenizer)
+    return tokenizer, eos, RemoteEngine(server, tokenizer, retry_window_s=retry_s)
 
 
 def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
@@ -94,7 +94,7 @@ def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str 
     times = {}
     t0 = time.perf_counter()
     if server:
-        tokenizer, eos, aengine = _remote_engine(model, server, progress)
+        tokenizer, eos, aengine = _remote_engine(model, server, progress, config.server_retry_s)
     else:
         tokenizer, eos, aengine = _local_engine(config, model, num_streams, budget, device, progress)
     times["model_s"] = time.perf_counter() - t0
