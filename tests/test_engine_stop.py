@@ -6,10 +6,21 @@ from edge_runtime.engine.stop import StopChecker
 
 
 class ByteTokenizer:
-    """id = byte value; decode like a byte-level BPE (invalid UTF-8 -> U+FFFD)."""
+    """id = byte value, ids >= 256 special; decode like a byte-level BPE (invalid UTF-8 -> U+FFFD)."""
 
-    def decode(self, ids):
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+    def decode(self, ids, skip_special_tokens=False):
+        if skip_special_tokens:
+            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        parts, run = [], []
+        for i in list(ids) + [None]:
+            if i is not None and i < 256:
+                run.append(i)
+                continue
+            parts.append(bytes(run).decode("utf-8", errors="replace"))
+            run = []
+            if i is not None:
+                parts.append(f"<|special{i}|>")
+        return "".join(parts)
 
     def encode(self, text):
         return list(text.encode("utf-8"))
@@ -113,3 +124,12 @@ def _reference(text, stops, max_tokens):
         if used == max_tokens:
             return pre
     return text
+
+
+def test_special_tokens_are_not_answer_text():
+    """A special id (not eos) inside the answer, and a second eos under ignore_eos, add no text:
+    the service's answers match `generate`'s and other OpenAI servers'."""
+    sc, streamed, reason = _run([97, 261, 98], SamplingParams(max_tokens=3))
+    assert reason == "length" and sc.text == "ab" == streamed and sc.token_ids == [97, 261, 98]
+    sc, streamed, _ = _run([97, EOS, 98], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert sc.text == "ab" == streamed

@@ -85,8 +85,8 @@ class StopChecker:
     def _decode_delta(self) -> str:
         """Text added by the newest id, holding back an incomplete multi-byte character."""
         ids = self.text_ids
-        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset])
-        new = self.tokenizer.decode(ids[self.prefix_offset :])
+        prefix = self._decode(ids[self.prefix_offset : self.read_offset])
+        new = self._decode(ids[self.prefix_offset :])
         if len(new) > len(prefix) and not new.endswith("\ufffd"):
             delta = new[len(prefix) :]
             self.prefix_offset = self.read_offset
@@ -96,13 +96,18 @@ class StopChecker:
         self._last_delta = delta
         return delta
 
+    def _decode(self, ids: list[int]) -> str:
+        # Special tokens (<|im_start|>, a second <|im_end|> under ignore_eos) are not answer text:
+        # OpenAI servers (vLLM, llama-server) leave them out, and so does `generate`'s output.
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def _decode_rest(self) -> str:
         """Whatever the held-back ids decode to (possibly with a replacement character)."""
         ids = self.text_ids
         if self.read_offset >= len(ids):
             return ""
-        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset])
-        new = self.tokenizer.decode(ids[self.prefix_offset :])
+        prefix = self._decode(ids[self.prefix_offset : self.read_offset])
+        new = self._decode(ids[self.prefix_offset :])
         self.read_offset = len(ids)
         return new[len(prefix) :]
 
