@@ -293,3 +293,23 @@ def test_a_request_that_outgrows_the_pool_says_why():
     ok = eng.generate([tiny_prompts([10], seed=521)[0]], greedy(4, ignore_eos=True))[0]
     assert ok.finish_reason == "length" and ok.error is None
     eng.kv.check_leaks()
+
+
+def test_cancelled_beam_search_reports_its_live_beams():
+    """Cancel a beam search after its first sequence was dropped (no beam chose it): the result
+    holds the k running beams, each "cancelled", where it used to hold the dropped beam's stale
+    tokens with finish_reason None."""
+    prompt = tiny_prompts([12], seed=0)[0]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=16)
+    rid = eng.add_request(prompt, SamplingParams(max_tokens=12, beam_width=3, ignore_eos=True))
+    first = eng.requests[rid].seqs[0]
+    steps = 0
+    while first.status.name != "FINISHED":
+        eng.step()
+        steps += 1
+        assert steps < 12, "beam 0 was never dropped; pick another prompt"
+    eng.cancel(rid)
+    res = [ev.result for ev in eng.step() if ev.result][0]
+    assert [c.finish_reason for c in res.completions] == ["cancelled"] * 3
+    assert all(len(c.token_ids) == steps for c in res.completions)  # the prefill step + decodes
+    eng.kv.check_leaks()

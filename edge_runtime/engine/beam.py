@@ -129,6 +129,16 @@ def _advance(engine, req, state: BeamGroup, chosen: list) -> None:
         req.first_token_at = time.perf_counter()
 
 
+def cut_short_completions(engine, req, reason: str) -> list[Completion]:
+    """A search cancelled or failed midway: its running beams, best score first, ending `reason`
+    (sequence 0 may have been dropped long before, so req.seqs[0] says nothing)."""
+    comps = []
+    for seq in sorted(req.beam_state.running, key=lambda s: -s.beam_score):
+        ids = seq.token_ids[len(req.prompt_ids):]
+        comps.append(Completion(engine.tokenizer.decode(ids), list(ids), reason))
+    return comps
+
+
 def _finish(engine, req, state: BeamGroup, events: list) -> None:
     for seq in state.running:
         engine._drop_seq(seq, cached=True)

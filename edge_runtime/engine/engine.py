@@ -98,6 +98,7 @@ class Engine:
             req = self.requests.get(request_id)
             if req is None or req.result is not None:
                 return
+            comps = beam.cut_short_completions(self, req, "cancelled") if req.is_beam else None
             for seq in req.seqs:
                 if seq.status is SeqStatus.FINISHED:
                     continue
@@ -105,7 +106,7 @@ class Engine:
                 delta = seq.stop.finish_cancelled()
                 self._events.append(TokenEvent(request_id, seq.index, [], delta))
             self.counters["requests_cancelled"] += 1
-            self._finish_request(req, self._events)
+            self._finish_request(req, self._events, completions=comps)
 
     def step(self) -> list[TokenEvent]:
         with self._lock:
@@ -287,6 +288,7 @@ class Engine:
 
     def _fail_seq(self, seq: Sequence, message: str, events: list[TokenEvent]) -> None:
         req = seq.request
+        comps = beam.cut_short_completions(self, req, "error") if req.is_beam else None
         for s in req.seqs:
             if s.status is not SeqStatus.FINISHED:
                 self._drop_seq(s, cached=False)
@@ -294,7 +296,7 @@ class Engine:
                 s.stop.finish_reason = "error"
         req.error = message
         self.counters["requests_failed"] += 1
-        self._finish_request(req, events)
+        self._finish_request(req, events, completions=comps)
 
     def _finish_request(self, req: Request, events: list[TokenEvent],
                         completions: list[Completion] | None = None) -> None:
