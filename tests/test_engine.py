@@ -313,3 +313,70 @@ def test_cancelled_beam_search_reports_its_live_beams():
     assert [c.finish_reason for c in res.completions] == ["cancelled"] * 3
     assert all(len(c.token_ids) == steps for c in res.completions)  # the prefill step + decodes
     eng.kv.check_leaks()
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_cancels_preempts_and_evictions_at_random_keep_the_rest_identical(inline):
+    """A mixed batch (shared system prompt, greedy n=2, beams, seeded sampling) on a pool that
+    preempts, with cancels (waiting, mid-prefill, mid-decode, after finish), guard preemptions and
+    evictions at random steps: invariants hold every step, the requests not cancelled give what
+    each gives alone on a large pool, and every page comes back."""
+    import random
+
+    rng = random.Random(7)
+    system = tiny_prompts([40], seed=1500)[0]
+    prompts = [system + p if i % 2 else p
+               for i, p in enumerate(tiny_prompts([6, 9, 30, 4, 20, 12, 25, 3], seed=1501))]
+    plist = [greedy(10, ignore_eos=True), SamplingParams(max_tokens=8, n=2, ignore_eos=True),
+             SamplingParams(max_tokens=8, beam_width=2, ignore_eos=True),
+             SamplingParams(max_tokens=9, temperature=0.9, seed=3, ignore_eos=True)] * 2
+    alone = [engine_for(tiny(), kv_dtype="fp32", page_tokens=64, num_pages=8).generate([p], sp)[0]
+             for p, sp in zip(prompts, plist)]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=10, enable_inline=inline,
+                     inline_tokens=16, max_num_seqs=4, max_batch_tokens=24)
+    ids = [eng.add_request(p, sp) for p, sp in zip(prompts, plist)]
+    eng.cancel(ids[4])  # before its prefill
+    results = {ev.request_id: ev.result for ev in eng.step() if ev.result}
+    first = eng.requests[ids[1]].seqs[0]
+    assert 0 < first.num_computed < len(prompts[1])  # n=2 with 49 prompt tokens, 24 a step
+    eng.cancel(ids[1])  # mid-prefill
+    cancelled = {ids[1], ids[4]}
+    while eng.has_unfinished():
+        roll = rng.random()
+        if roll < 0.08:
+            rid = rng.choice(ids)
+            cancelled |= {rid} - set(results)  # a finished request: cancel is a no-op
+            eng.cancel(rid)
+        elif roll < 0.16:
+            eng.preempt_newest(1)
+        elif roll < 0.24:
+            eng.evict_cached(rng.choice([None, 2]))
+        results.update((ev.request_id, ev.result) for ev in eng.step() if ev.result)
+    assert eng.stats()["preemptions"] > 0 and len(cancelled) > 3  # 2 above, 2+ at random
+    for rid, want in zip(ids, alone):
+        got = results[rid]
+        if rid in cancelled:
+            assert {c.finish_reason for c in got.completions} == {"cancelled"}, got
+        else:
+            assert [c.token_ids for c in got.completions] == [c.token_ids for c in want.completions]
+    eng.kv.check_leaks()
+    eng.evict_cached()
+    assert eng.kv.stats()["pages_free"] == 10
+
+
+def test_request_that_fits_a_cold_pool_is_not_failed_by_a_prefix_hit():
+    """2 pages of 64: B (48 prompt tokens, n=2) needs 2 pages cold, but after A left a cached page
+    holding the shared system prompt, B's plan pins that page, puts its tail in the other, and its
+    fork has nowhere to copy the partial page. B used to fail with "error" while alone; it is now
+    restarted once on an emptied cache and gives the cold engine's completions."""
+    system = tiny_prompts([40], seed=1600)[0]
+    a, b = (system + p for p in tiny_prompts([10, 8], seed=1601))
+    params = SamplingParams(max_tokens=8, n=2, ignore_eos=True)
+    cold = engine_for(tiny(), kv_dtype="fp32", page_tokens=64, num_pages=2, enable_inline=False)
+    want = cold.generate([b], params)[0]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=64, num_pages=2, enable_inline=False)
+    assert eng.generate([a], greedy(4, ignore_eos=True))[0].finish_reason == "length"
+    got = eng.generate([b], params)[0]
+    assert got.error is None and want.error is None
+    assert [c.token_ids for c in got.completions] == [c.token_ids for c in want.completions]
+    eng.kv.check_leaks()

@@ -10,7 +10,10 @@ Policy (one `schedule()` call per engine step):
 4. When storage for a scheduled token cannot be reserved (OutOfPages), the running sequence with
    the lowest priority, newest first among equals, is preempted (its private storage released, full pages stay cached) and put back at
    the head of the queue; on resume it recomputes only what is no longer cached. No request is
-   dropped, unless it cannot fit even alone (then it fails with a RequestError message).
+   dropped, unless it cannot fit even alone (then it fails with a RequestError message). "Alone"
+   means on an empty cache: a request that runs out of pages with nothing else running is first
+   restarted once with every cached page evicted, since a prefix hit can make it need more pages
+   than a cold start (it pins the matched pages and copies a shared partial page per fork).
 
 Beam groups (a beam-search request's sequences) move together: admitted all-or-nothing, never
 chunked, preempted together, so every beam has its logits in the same step.
@@ -119,6 +122,8 @@ class Scheduler:
                 self.kv.release(seq.seq_id)
                 seq.num_computed = 0
             if not self.running:  # nothing will ever free pages for it
+                if self._restart_cold(group[0], out):
+                    return 0
                 for seq in group:
                     self.waiting.remove(seq)
                     out.failed.append((seq, f"the KV pool cannot hold this request ({exc})"))
@@ -149,6 +154,8 @@ class Scheduler:
             except OutOfPages as exc:
                 victim = min(self.running, key=_victim_order)
                 if victim.request is seq.request and len(self._running_groups()) == 1:
+                    if self._restart_cold(seq, out):
+                        return 0
                     self._preempt_group(victim, out)
                     for s in self._waiting_group(seq):
                         self.waiting.remove(s)
@@ -183,6 +190,19 @@ class Scheduler:
         # back to the head of the queue, oldest first among the preempted
         for seq in sorted(group, key=lambda s: s.arrival, reverse=True):
             self.waiting.appendleft(seq)
+
+    def _restart_cold(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """The request of `seq` is out of pages with no other request running. Once, preempt all
+        of it and evict every cached page, so it starts again as on a fresh engine; True if done."""
+        req = seq.request
+        if req.restarted_cold:
+            return False
+        req.restarted_cold = True
+        for s in [s for s in self.running if s.request is req]:
+            if s in self.running:  # a beam group is preempted as a whole
+                self._preempt_group(s, out)
+        self.kv.evict(None)
+        return True
 
     def _waits_for_inflight_prefix(self, seq: Sequence) -> bool:
         """True when `seq` shares at least SHARE_WAIT_TOKENS more prompt tokens with a sequence

@@ -78,6 +78,7 @@ class Request:
     result: GenerationResult | None = None
     beam_state: object | None = None  # engine/beam.py BeamGroup, for beam requests
     error: str | None = None  # why the request failed (finish_reason "error")
+    restarted_cold: bool = False  # out of pages alone once: restarted on an emptied cache
 
     @property
     def is_beam(self) -> bool:
