@@ -56,6 +56,16 @@ def fake_int8(x: torch.Tensor, keep: int, group: int, mean: torch.Tensor | None 
     return back
 
 
+def calibration_windows(tok) -> list[list[int]]:
+    """Token windows the keys' means are measured on: other text than the scored one (Debian's
+    Apache-2.0 and the json module's source), 1024 tokens each."""
+    import json
+
+    texts = (pathlib.Path("/usr/share/common-licenses/Apache-2.0").read_text(),
+             pathlib.Path(json.__file__).read_text())
+    return [tok(text, add_special_tokens=False).input_ids[:1024] for text in texts]
+
+
 def recent_window_attention(query, key, value, key_q, value_q, window: int, scaling: float):
     """Causal attention where query i reads keys j > i - window exact and older keys quantized.
     query [1, H, L, D]; key*, value* [1, Hkv, L, D] -> [1, L, H, D] (transformers' layout)."""
@@ -124,12 +134,9 @@ def main() -> None:
             return torch.log_softmax(model(torch.tensor([window])).logits[0].float(), -1)
 
     if args.key_stats or "center" in args.variants or "pick" in args.variants:
-        import json
-
         variant["calibrate"] = True
-        for text in (pathlib.Path("/usr/share/common-licenses/Apache-2.0").read_text(),
-                     pathlib.Path(json.__file__).read_text()):
-            log_probs(tok(text, add_special_tokens=False).input_ids[:1024])
+        for ids in calibration_windows(tok):
+            log_probs(ids)
         variant["calibrate"] = False
     if args.key_stats:
         variant.update(capture=True, captured={})

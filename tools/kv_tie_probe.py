@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from kv_quant_probe import fake_int8, recent_window_attention  # noqa: E402
+from kv_quant_probe import calibration_windows, fake_int8, recent_window_attention  # noqa: E402
 
 MODES = ("fp32", "shipped", "pick", "center")
 
@@ -72,9 +72,8 @@ def main() -> None:
         return [tok.decode([int(i)]) for i in indices], float(values[0] - values[1])
 
     state["calibrate"] = True  # the keys' means from other text, as kv_quant_probe's
-    for text in (pathlib.Path("/usr/share/common-licenses/Apache-2.0").read_text(),
-                 pathlib.Path(json.__file__).read_text()):
-        top2(tok(text, add_special_tokens=False).input_ids[:1024])
+    for ids in calibration_windows(tok):
+        top2(ids)
     state["calibrate"] = False
     turns = {(t["stream"], t["turn"]): t for t in map(json.loads, open(args.trace))}
     answers = {(r["stream"], r["turn"]): r["text"]
