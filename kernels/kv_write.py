@@ -7,7 +7,7 @@ implementations. Float caches (fp16/fp32 reference runs) store the values cast, 
 """
 import torch
 
-from edge_runtime.kernels.quantize import quantize_int8
+from edge_runtime.kernels.quantize import quantize_int8_keys
 
 try:  # triton is optional on CPU machines
     import triton
@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     triton = None
 
 
-def _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
+def _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None) -> None:
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"k and v must both be [T, Hkv, D]; got {tuple(k.shape)} and {tuple(v.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
@@ -37,19 +37,26 @@ def _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
             raise ValueError(f"scales must be float16; got {k_scale.dtype} and {v_scale.dtype}")
     if k_cache.stride(-1) != 1:
         raise ValueError("the cache's last dimension (head_dim) must be contiguous")
+    if k_mean is not None and (k_cache.dtype != torch.int8 or tuple(k_mean.shape) != tuple(k.shape[1:])
+                               or k_mean.dtype != torch.float32 or not k_mean.is_contiguous()):
+        raise ValueError(f"k_mean (centred keys) is for int8 caches and must be contiguous float32 "
+                         f"[Hkv, D]={tuple(k.shape[1:])}; got {k_mean.dtype} {tuple(k_mean.shape)} "
+                         f"for a {k_cache.dtype} cache")
 
 
-def write_kv_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
-    """Torch reference. k, v: [T, Hkv, D] float; writes caches (and scales) in place."""
-    _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+def write_kv_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None) -> None:
+    """Torch reference. k, v: [T, Hkv, D] float; writes caches (and scales) in place. k_mean:
+    [Hkv, D] float32 or None: int8 keys centred where that lowers their absmax (kernels/quantize.py)."""
+    _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean)
     num_pages, page_tokens = k_cache.shape[:2]
     keep = slot_mapping >= 0  # [T]
     slots = slot_mapping[keep].long()
     page, off = slots // page_tokens, slots % page_tokens
     assert slots.numel() == 0 or int(page.max()) < num_pages, f"slot beyond the cache: {int(slots.max())}"
     if k_cache.dtype == torch.int8:
-        for x, cache, scale in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
-            q, s = quantize_int8(x)  # q: [T', Hkv, D] int8, s: [T', Hkv] fp16
+        for x, cache, scale, mean in ((k[keep], k_cache, k_scale, k_mean),
+                                      (v[keep], v_cache, v_scale, None)):
+            q, s = quantize_int8_keys(x, mean)  # q: [T', Hkv, D] int8, s: [T', Hkv] fp16
             cache[page, off] = q
             scale[page, off] = s
     else:

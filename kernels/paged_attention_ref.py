@@ -33,9 +33,10 @@ def _gather(cache, scale, page_ids, length):
     return x, s
 
 
-def _attend(qb, lens, k, v, sm_scale):
-    """qb: [B, Tq, H, D] float32, lens: [B, Tq], k/v: (values [B, Hkv, L, D], scale [B, Hkv, L] | None)
-    -> out [B, Tq, H, D], lse [B, Tq, H]."""
+def _attend(qb, lens, k, v, sm_scale, k_mean=None):
+    """qb: [B, Tq, H, D] float32, lens: [B, Tq], k/v: (values [B, Hkv, L, D], scale [B, Hkv, L] | None),
+    k_mean: [Hkv, D] or None -> out [B, Tq, H, D], lse [B, Tq, H]. A negative key scale marks a
+    centred key (kernels/quantize.py): its score is |scale| q.k + q.m."""
     (k, k_scale), (v, v_scale) = k, v
     b, tq, h, d = qb.shape
     hkv, length = k.shape[1], k.shape[2]
@@ -43,7 +44,10 @@ def _attend(qb, lens, k, v, sm_scale):
     q5 = qb.reshape(b, tq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * tq, d) * sm_scale
     scores = torch.matmul(q5, k.transpose(2, 3))  # [B, Hkv, g*Tq, L]
     if k_scale is not None:
-        scores.mul_(k_scale.unsqueeze(2))
+        scores.mul_(k_scale.abs().unsqueeze(2))
+        if k_mean is not None:  # + q.m for centred keys
+            qm = torch.matmul(q5, k_mean.float().unsqueeze(-1))  # [B, Hkv, g*Tq, 1]
+            scores.add_(qm * (k_scale < 0).unsqueeze(2))
     scores = scores.view(b, hkv, g, tq, length)
     valid = torch.arange(length, device=qb.device).view(1, 1, length) < lens.unsqueeze(-1)  # [B, Tq, L]
     scores.masked_fill_(~valid.view(b, 1, 1, tq, length), float("-inf"))
@@ -61,7 +65,7 @@ def _attend(qb, lens, k, v, sm_scale):
     return out, lse
 
 
-def _run_rows(q, k_cache, v_cache, k_scale, v_scale, bt_rows, lens, sm_scale):
+def _run_rows(q, k_cache, v_cache, k_scale, v_scale, bt_rows, lens, sm_scale, k_mean=None):
     """q: [B, Tq, H, D]; bt_rows: [B, max_pages]; lens: [B, Tq] (max > 0) -> out, lse."""
     page_tokens = k_cache.shape[1]
     length = int(lens.max())
@@ -69,10 +73,10 @@ def _run_rows(q, k_cache, v_cache, k_scale, v_scale, bt_rows, lens, sm_scale):
     page_ids = bt_rows[:, :num_pages].long().clamp_(0, k_cache.shape[0] - 1)  # [B, np]
     k = _gather(k_cache, k_scale, page_ids, length)
     v = _gather(v_cache, v_scale, page_ids, length)
-    return _attend(q.float(), lens, k, v, sm_scale)
+    return _attend(q.float(), lens, k, v, sm_scale, k_mean)
 
 
-def check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens) -> None:
+def check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, k_mean=None) -> None:
     if q.dim() != 3:
         raise ValueError(f"q must be [T, H, D]; got {tuple(q.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
@@ -88,6 +92,10 @@ def check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_l
     if k_cache.dtype == torch.int8 and (k_scale is None or v_scale is None
                                         or k_scale.shape != k_cache.shape[:3] or v_scale.shape != k_cache.shape[:3]):
         raise ValueError(f"int8 caches need k_scale/v_scale of shape [N, P, Hkv]={tuple(k_cache.shape[:3])}")
+    if k_mean is not None and (k_cache.dtype != torch.int8 or tuple(k_mean.shape) != (hkv, d)
+                               or k_mean.dtype != torch.float32):
+        raise ValueError(f"k_mean (centred keys) is for int8 caches and must be float32 [Hkv, D]="
+                         f"{(hkv, d)}; got {k_mean.dtype} {tuple(k_mean.shape)} for a {k_cache.dtype} cache")
     if block_table.dim() != 2 or block_table.dtype != torch.int32 or block_table.stride(1) != 1:
         raise ValueError(f"block_table must be a row-contiguous int32 [B, max_pages]; got "
                          f"{block_table.dtype} {tuple(block_table.shape)}")
@@ -96,9 +104,11 @@ def check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_l
             raise ValueError(f"{name} must be int32 [T={t}]; got {x.dtype} {tuple(x.shape)}")
 
 
-def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale):
-    """q: [T, H, D] -> (out float32 [T, H, D], lse float32 [T, H])."""
-    check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens)
+def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
+                        k_mean=None):
+    """q: [T, H, D] -> (out float32 [T, H, D], lse float32 [T, H]). k_mean: the int8 store's mean
+    key [Hkv, D] float32 (centred keys, kernels/quantize.py) or None."""
+    check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, k_mean)
     num_tokens, num_heads, head_dim = q.shape
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.full((num_tokens, num_heads), float("-inf"), dtype=torch.float32, device=q.device)
@@ -112,7 +122,7 @@ def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_
     toks = active[is_single]  # decode-style rows: one query each, one batched pass
     if toks.numel():
         o, s = _run_rows(q[toks].unsqueeze(1), k_cache, v_cache, k_scale, v_scale,
-                         block_table[seq_idx[toks].long()], kv_lens[toks].unsqueeze(1), sm_scale)
+                         block_table[seq_idx[toks].long()], kv_lens[toks].unsqueeze(1), sm_scale, k_mean)
         out[toks], lse[toks] = o[:, 0], s[:, 0]
     for row in uniq[counts > 1].tolist():  # prefill rows: one gather per row
         toks = active[rows == row]
@@ -120,7 +130,7 @@ def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_
         for start in range(0, toks.numel(), chunk):
             part = toks[start:start + chunk]
             o, s = _run_rows(q[part].unsqueeze(0), k_cache, v_cache, k_scale, v_scale,
-                             block_table[row:row + 1], kv_lens[part].unsqueeze(0), sm_scale)
+                             block_table[row:row + 1], kv_lens[part].unsqueeze(0), sm_scale, k_mean)
             out[part], lse[part] = o[0], s[0]
     return out, lse
 

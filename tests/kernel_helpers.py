@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 
-from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8  # noqa: E402
+from edge_runtime.kernels.quantize import dequantize_int8_keys, quantize_int8, quantize_int8_keys  # noqa: E402
 
 try:
     import triton  # noqa: F401,E402
@@ -20,31 +20,45 @@ except ImportError:  # pragma: no cover
     HAVE_TRITON = False
 
 
-def make_cache(num_pages, page_tokens, num_kv_heads, head_dim, dtype, gen, layers=2, layer=1):
-    """A pool with `layers` layers filled with random data; returns one layer's strided views."""
+def key_mean(num_kv_heads, head_dim, gen):
+    """A mean key [Hkv, D] float32 for centred-key tests: large next to randn keys, as real ones are."""
+    return (3.0 * torch.randn(num_kv_heads, head_dim, generator=gen)).contiguous()
+
+
+def make_cache(num_pages, page_tokens, num_kv_heads, head_dim, dtype, gen, layers=2, layer=1,
+               k_mean=None):
+    """A pool with `layers` layers filled with random data; returns one layer's strided views.
+    With k_mean (int8 only) about half the keys are k_mean + noise and stored centred (negative
+    scale), the others plain noise stored as they are."""
     shape = (num_pages, layers, page_tokens, num_kv_heads, head_dim)
     kf = torch.randn(shape, generator=gen)
     vf = torch.randn(shape, generator=gen)
+    if k_mean is not None:
+        shifted = torch.rand(shape[:-1], generator=gen) < 0.5
+        kf = kf + shifted.unsqueeze(-1) * k_mean
     if dtype == torch.int8:
-        kq, ks = quantize_int8(kf)
+        kq, ks = quantize_int8_keys(kf, k_mean)
         vq, vs = quantize_int8(vf)
         return kq[:, layer], vq[:, layer], ks[:, layer], vs[:, layer]
     return kf.to(dtype)[:, layer], vf.to(dtype)[:, layer], None, None
 
 
-def row_kv(cache, scale, block_table_row, length):
-    """Walk pages token by token (slow, obviously right): -> float32 [length, Hkv, D]."""
+def row_kv(cache, scale, block_table_row, length, mean=None):
+    """Walk pages token by token (slow, obviously right): -> float32 [length, Hkv, D]. mean: the
+    keys' mean for a centred-key store (negative scales), None for values and plain stores."""
     page_tokens = cache.shape[1]
     rows = []
     for j in range(length):
         page, off = int(block_table_row[j // page_tokens]), j % page_tokens
         x = cache[page, off]
-        rows.append(dequantize_int8(x, scale[page, off]) if cache.dtype == torch.int8 else x.float())
+        rows.append(dequantize_int8_keys(x, scale[page, off], mean) if cache.dtype == torch.int8
+                    else x.float())
     return torch.stack(rows) if rows else torch.zeros(0, *cache.shape[2:])
 
 
-def naive_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale):
-    """Per-token loop oracle with the paged_attention contract."""
+def naive_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
+                    k_mean=None):
+    """Per-token loop oracle with the paged_attention contract (k_mean: centred int8 keys)."""
     t_count, heads, head_dim = q.shape
     group = heads // k_cache.shape[2]
     out = torch.zeros(t_count, heads, head_dim)
@@ -54,7 +68,7 @@ def naive_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx,
         if length == 0:
             continue
         row = block_table[int(seq_idx[t])]
-        k = row_kv(k_cache, k_scale, row, length)  # [L, Hkv, D]
+        k = row_kv(k_cache, k_scale, row, length, k_mean)  # [L, Hkv, D]
         v = row_kv(v_cache, v_scale, row, length)
         for h in range(heads):
             s = (k[:, h // group] @ q[t, h].float()) * sm_scale  # [L]
