@@ -74,12 +74,24 @@ if triton is not None:
         return tl.where((r - x == 0.5) & odd, r - 1.0, r)
 
     @triton.jit
-    def _kv_write_kernel(x_ptr, cache_ptr, scale_ptr, slot_ptr,
+    def _centre(x, mean_ptr, h, d, dmask, D: tl.constexpr):
+        # -> (row to store, its absmax, centred?): x - m where that lowers the absmax (strictly), in
+        # fp32 as quantize_int8_keys does
+        c = x - tl.load(mean_ptr + h * D + d, mask=dmask, other=0.0)
+        amax = tl.max(tl.abs(x), axis=0)
+        c_amax = tl.max(tl.abs(c), axis=0)
+        pick = c_amax < amax
+        return tl.where(pick, c, x), tl.where(pick, c_amax, amax), pick
+
+    @triton.jit
+    def _kv_write_kernel(x_ptr, cache_ptr, scale_ptr, slot_ptr, mean_ptr,
                          stride_xt, stride_xh,
                          stride_cn, stride_cp, stride_ch,
                          stride_sn, stride_sp, stride_sh,
-                         page_tokens, D: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr):
-        # one program per (token, kv head): x[t, h, :] -> cache[page, off, h, :] (+ scale)
+                         page_tokens, D: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,
+                         CENTRED: tl.constexpr):
+        # one program per (token, kv head): x[t, h, :] -> cache[page, off, h, :] (+ scale);
+        # CENTRED: mean_ptr is the contiguous [Hkv, D] fp32 mean key, a centred row's scale is negated
         t = tl.program_id(0)
         h = tl.program_id(1)
         slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -91,37 +103,43 @@ if triton is not None:
             x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d, mask=dmask, other=0.0).to(tl.float32)
             dst = cache_ptr + page * stride_cn + off * stride_cp + h * stride_ch + d
             if QUANT:
-                amax = tl.max(tl.abs(x), axis=0)
+                if CENTRED:
+                    x, amax, centred = _centre(x, mean_ptr, h, d, dmask, D)
+                else:
+                    amax = tl.max(tl.abs(x), axis=0)
                 scale = tl.where(amax > 0, amax / 127.0, 1.0).to(tl.float16)
                 # IEEE division, as torch's: a plain `/` is approximate on CUDA and could flip a tie
                 q = tl.math.div_rn(x, tl.zeros_like(x) + scale.to(tl.float32))
                 q = _round_half_even(q)
                 q = tl.minimum(tl.maximum(q, -127.0), 127.0)
                 tl.store(dst, q.to(tl.int8), mask=dmask)
+                if CENTRED:
+                    scale = tl.where(centred, -scale, scale)
                 tl.store(scale_ptr + page * stride_sn + off * stride_sp + h * stride_sh, scale)
             else:
                 tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=dmask)
 
 
-def _launch(x, cache, scale, slot_mapping) -> None:
+def _launch(x, cache, scale, slot_mapping, mean=None) -> None:
     tokens, heads, head_dim = x.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
     quant = cache.dtype == torch.int8
     s = scale if quant else cache  # any pointer; unused when QUANT is False
     s_strides = (scale.stride(0), scale.stride(1), scale.stride(2)) if quant else (0, 0, 0)
     _kv_write_kernel[(tokens, heads)](
-        x, cache, s, slot_mapping,
+        x, cache, s, slot_mapping, x if mean is None else mean,  # mean: unused unless CENTRED
         x.stride(0), x.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         *s_strides,
-        cache.shape[1], D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), QUANT=quant)
+        cache.shape[1], D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), QUANT=quant,
+        CENTRED=mean is not None)
 
 
-def write_kv_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping) -> None:
-    """Triton kernel with the reference's signature and semantics."""
-    _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+def write_kv_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None) -> None:
+    """Triton kernel with the reference's signature and semantics (bit-exact with write_kv_ref)."""
+    _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean)
     assert triton is not None, "triton is not installed"
     if k.shape[0] == 0:
         return
-    _launch(k, k_cache, k_scale, slot_mapping)
-    _launch(v, v_cache, v_scale, slot_mapping)
+    _launch(k, k_cache, k_scale, slot_mapping, k_mean)
+    _launch(v, v_cache, v_scale, slot_mapping)  # values are never centred

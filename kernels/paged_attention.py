@@ -54,14 +54,24 @@ if triton is not None:
             return tl.dot(p, v.to(tl.float32), input_precision="ieee")
 
     @triton.jit
+    def _key_scale(s, ks, qm, CENTRED: tl.constexpr):
+        # s: [R, BLOCK_N] q.k of the stored rows, ks: [BLOCK_N] fp16 scales, qm: [R] q.m.
+        # CENTRED: a negative scale marks a centred key, whose score is |ks| q.k + q.m
+        ks = ks.to(tl.float32)
+        if CENTRED:
+            return s * tl.abs(ks)[None, :] + tl.where(ks < 0, 1.0, 0.0)[None, :] * qm[:, None]
+        return s * ks[None, :]
+
+    @triton.jit
     def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, len_ptr, qblk_ptr,
-                           out_ptr, lse_ptr, qk_scale, page_tokens, chunk_tokens,
+                           mean_ptr, out_ptr, lse_ptr, qk_scale, page_tokens, chunk_tokens,
                            s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
                            s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt,
                            s_ot, s_oh, s_os, s_lt, s_lh,
                            GROUP: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr,
-                           FP16_DOT: tl.constexpr, FMA: tl.constexpr, USE_QBLK: tl.constexpr):
+                           FP16_DOT: tl.constexpr, FMA: tl.constexpr, USE_QBLK: tl.constexpr,
+                           CENTRED: tl.constexpr):
         # program: query block b (decode: token b; prefill: qblk[b] = (first token, count), one
         # block-table row), KV head kvh, sequence split. Tile rows r = (token, GQA head) pairs.
         b = tl.program_id(0)
@@ -85,6 +95,9 @@ if triton is not None:
         end = tl.minimum(tl.max(lens, axis=0), start + chunk_tokens)
         q = tl.load(q_ptr + tok[:, None] * s_qt + heads[:, None] * s_qh + d[None, :],
                     mask=rmask[:, None] & dmask[None, :], other=0.0).to(tl.float32) * qk_scale
+        qm = tl.zeros([BLOCK_R], tl.float32)
+        if CENTRED:  # q.m in fp32, before q is rounded for the dot: mean_ptr is [Hkv, D] contiguous
+            qm = tl.sum(q * tl.load(mean_ptr + kvh * D + d, mask=dmask, other=0.0)[None, :], axis=1)
         if FP16_DOT and not FMA:
             q = q.to(tl.float16)
         m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
@@ -101,7 +114,7 @@ if triton is not None:
             s = _qk(q, k, FMA, FP16_DOT)  # [BLOCK_R, BLOCK_N]
             if QUANT:
                 ks = tl.load(ks_ptr + page * s_ksn + off * s_ksp + kvh * s_ksh, mask=nmask, other=0.0)
-                s = s * ks.to(tl.float32)[None, :]
+                s = _key_scale(s, ks, qm, CENTRED)
             s = tl.where(nmask[None, :] & (n[None, :] < lens[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet
@@ -183,10 +196,10 @@ def _launch_plan(t, group, block_table, seq_idx, tune):
 
 
 def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
-                           *, num_splits=None, tune=None):
+                           *, num_splits=None, tune=None, k_mean=None):
     """Triton kernel with the reference's signature; `num_splits` overrides the sequence split and
-    `tune` (keys of TUNE) the launch configuration."""
-    _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens)
+    `tune` (keys of TUNE) the launch configuration. k_mean: [Hkv, D] float32 for centred keys."""
+    _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, k_mean)
     assert triton is not None, "triton is not installed"
     t, h, d = q.shape
     hkv, page_tokens = k_cache.shape[2], k_cache.shape[1]
@@ -208,8 +221,9 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
         p_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
     quant = k_cache.dtype == torch.int8
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
+    mean = q if k_mean is None else k_mean.contiguous()  # any pointer when not CENTRED
     _paged_attn_kernel[(plan["blocks"], hkv, splits)](
-        q, k_cache, v_cache, ks, vs, block_table, seq_idx, kv_lens, plan["qblk"], p_out, p_lse,
+        q, k_cache, v_cache, ks, vs, block_table, seq_idx, kv_lens, plan["qblk"], mean, p_out, p_lse,
         float(sm_scale) * LOG2E, page_tokens, chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *ks.stride()[:3],
         *vs.stride()[:3], block_table.stride(0), p_out.stride(0), p_out.stride(1), p_out.stride(2),
@@ -217,7 +231,7 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
         GROUP=h // hkv, BLOCK_R=plan["block_r"], D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_N=plan["block_n"], QUANT=quant,
         FP16_DOT=quant or k_cache.dtype == torch.float16 or q.dtype != torch.float32,
-        FMA=plan["fma"], USE_QBLK=plan["qblk"] is not seq_idx,
+        FMA=plan["fma"], USE_QBLK=plan["qblk"] is not seq_idx, CENTRED=k_mean is not None,
         num_warps=plan["warps"], num_stages=tune["num_stages"])
     if splits > 1:
         _merge_splits_kernel[(t, h)](

@@ -66,7 +66,7 @@ if triton is not None:
         return tl.sum(acc.to(tl.float32) * w, axis=0) * step
 
     @triton.jit
-    def _decode_v2_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
+    def _decode_v2_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, mean_ptr,
                           bt0_ptr, seq0_ptr, len0_ptr, bt1_ptr, seq1_ptr, len1_ptr,
                           out_ptr, lse_ptr, qk_scale, page_tokens, chunk0, splits0, chunk1,
                           s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
@@ -74,7 +74,7 @@ if triton is not None:
                           s_ot, s_oh, s_os, s_lt, s_lh,
                           H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                           QUANT: tl.constexpr, MAGIC: tl.constexpr, TWO: tl.constexpr,
-                          IDOT: tl.constexpr):
+                          IDOT: tl.constexpr, CENTRED: tl.constexpr):
         # program: query token t, query head h (GQA: heads of one KV head re-read its tile, from L2
         # when they run together), split. 2-D tiles only: [BLOCK_N, D] and vectors.
         pid = tl.program_id(0)
@@ -96,6 +96,9 @@ if triton is not None:
             bt_row = bt0_ptr + row * s_bt0
         d = tl.arange(0, D)
         q = tl.load(q_ptr + t * s_qt + h * s_qh + d).to(tl.float32) * qk_scale  # [D]
+        qm = 0.0
+        if CENTRED:  # q.m (mean_ptr: [Hkv, D] contiguous), added to the scores of centred keys
+            qm = tl.sum(q * tl.load(mean_ptr + kvh * D + d), axis=0)
         if IDOT:
             q8, q_step = _split16(q)  # [16, D] int8
         m_i = float("-inf")
@@ -113,7 +116,11 @@ if triton is not None:
                 s = tl.sum(_to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
             if QUANT:
                 ks = tl.load(ks_ptr + page * s_ksn + kvh * s_ksh + off * s_ksp, mask=nmask, other=0.0)
-                s = s * ks.to(tl.float32)
+                ks = ks.to(tl.float32)
+                if CENTRED:  # a negative scale marks a centred key: |ks| q.k + q.m
+                    s = s * tl.abs(ks) + tl.where(ks < 0, qm, 0.0)
+                else:
+                    s = s * ks
             s = tl.where(nmask, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=0))  # finite: the tile has >= 1 valid token
             alpha = tl.exp2(m_i - m_new)
@@ -171,13 +178,14 @@ def _segment(block_table, page_tokens, block_n, t, h, device, tune, share):
     return chunk, -(-max_len // chunk)
 
 
-def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, tune=None):
+def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, tune=None, k_mean=None):
     """Decode attention over one or two segments [(block_table, seq_idx, kv_lens), ...] of the same
     pool -> (out fp32 [T, H, D], lse fp32 [T, H]) = merge of the per-segment attentions
-    (paged_attention_ref of each segment, then merge_attention_ref)."""
+    (paged_attention_ref of each segment, then merge_attention_ref). k_mean: the int8 store's mean
+    key [Hkv, D] float32 (centred keys, kernels/quantize.py) or None."""
     assert 1 <= len(segments) <= 2, "one or two segments"
     for seg in segments:
-        _check(q, k_cache, v_cache, k_scale, v_scale, *seg)
+        _check(q, k_cache, v_cache, k_scale, v_scale, *seg, k_mean=k_mean)
     tune = {**TUNE, **(tune or {})}
     if not all(supported(q, k_cache, seg[0], tune) for seg in segments):
         raise ValueError("paged_decode needs a power-of-two head_dim, "
@@ -199,15 +207,16 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, t
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     seg1 = segments[-1]
     group = h // hkv
+    mean = q if k_mean is None else k_mean.contiguous()  # any pointer when not CENTRED
     _decode_v2_kernel[(t * h, splits)](
-        q, k_cache, v_cache, ks, vs, *segments[0], *seg1, p_out, p_lse, float(sm_scale) * LOG2E,
+        q, k_cache, v_cache, ks, vs, mean, *segments[0], *seg1, p_out, p_lse, float(sm_scale) * LOG2E,
         page_tokens, plan[0][0], plan[0][1], plan[-1][0],
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *ks.stride()[:3],
         *vs.stride()[:3], segments[0][0].stride(0), seg1[0].stride(0),
         p_out.stride(0), p_out.stride(1), p_out.stride(2), p_lse.stride(0), p_lse.stride(1),
         H=h, GROUP=group, D=d, BLOCK_N=bn, QUANT=quant,
         MAGIC=quant and bool(tune["magic"]), TWO=len(segments) == 2,
-        IDOT=quant and bool(tune["idot"]) and bn >= 32,
+        IDOT=quant and bool(tune["idot"]) and bn >= 32, CENTRED=k_mean is not None,
         num_warps=tune["num_warps"], num_stages=tune["num_stages"])
     _pa._merge_splits_kernel[(t, h)](
         p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),

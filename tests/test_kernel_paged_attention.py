@@ -6,7 +6,7 @@ magnitude ~1, 2e-2 on lse; fp32 caches run IEEE fp32 dots: 1e-4.
 import pytest
 import torch
 
-from kernel_helpers import HAVE_TRITON, default_scale, make_cache, random_block_table
+from kernel_helpers import HAVE_TRITON, default_scale, key_mean, make_cache, random_block_table
 from edge_runtime.kernels.paged_attention import (merge_attention, merge_attention_triton,
                                                   paged_attention_ref, paged_attention_triton)
 
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_IN
 TOL = {torch.int8: 2e-2, torch.float16: 2e-2, torch.float32: 1e-4}
 
 
-def _compare(args, dtype, **kw):
-    out, lse = paged_attention_triton(*args, **kw)
-    want_out, want_lse = paged_attention_ref(*args)
+def _compare(args, dtype, k_mean=None, **kw):
+    out, lse = paged_attention_triton(*args, k_mean=k_mean, **kw)
+    want_out, want_lse = paged_attention_ref(*args, k_mean=k_mean)
     tol = TOL[dtype]
     assert torch.allclose(out, want_out, atol=tol, rtol=tol), float((out - want_out).abs().max())
     finite = torch.isfinite(want_lse)
@@ -93,6 +93,51 @@ def test_shared_partial_page_and_inline_tail_merge():
     assert torch.allclose(merged, want, atol=2e-2)
 
 
+@pytest.mark.parametrize("heads,kv_heads,splits,fma", [
+    (4, 4, 1, False), (6, 2, 3, False), (6, 2, 2, True)])
+def test_centred_keys_decode(heads, kv_heads, splits, fma):
+    """k_mean: about half the keys stored centred (negative scale); their scores gain q.m."""
+    gen = torch.Generator().manual_seed(20 + heads)
+    d, page_tokens = 16, 8
+    mean = key_mean(kv_heads, d, gen)
+    k_cache, v_cache, k_scale, v_scale = make_cache(16, page_tokens, kv_heads, d, torch.int8, gen,
+                                                    k_mean=mean)
+    assert 0.2 < float((k_scale < 0).float().mean()) < 0.8
+    bt = random_block_table(3, 6, 16, gen)
+    seq_idx = torch.tensor([0, 1, 2], dtype=torch.int32)
+    kv_lens = torch.tensor([1, 9, 45], dtype=torch.int32)
+    q = torch.randn(3, heads, d, generator=gen)
+    _compare((q, k_cache, v_cache, k_scale, v_scale, bt, seq_idx, kv_lens, default_scale(d)), torch.int8,
+             k_mean=mean, num_splits=splits, tune={"fma": fma})
+
+
+def test_centred_keys_prefill_tiles():
+    gen = torch.Generator().manual_seed(21)
+    d, page_tokens, heads, kv_heads = 16, 4, 6, 2
+    mean = key_mean(kv_heads, d, gen)
+    k_cache, v_cache, k_scale, v_scale = make_cache(12, page_tokens, kv_heads, d, torch.int8, gen,
+                                                    k_mean=mean)
+    bt = random_block_table(2, 5, 12, gen)
+    seq_idx = torch.tensor([0] + [1] * 5, dtype=torch.int32)  # a decode token, then a causal prefill
+    kv_lens = torch.tensor([7] + list(range(10, 15)), dtype=torch.int32)
+    q = torch.randn(6, heads, d, generator=gen)
+    _compare((q, k_cache, v_cache, k_scale, v_scale, bt, seq_idx, kv_lens, default_scale(d)), torch.int8,
+             k_mean=mean, num_splits=2, tune={"prefill_rows": 4 * heads // kv_heads, "prefill_block_n": 16})
+
+
+@pytest.mark.parametrize("fma", [False, True])
+def test_a_store_without_centred_keys_reads_the_same_with_a_mean(fma):
+    gen = torch.Generator().manual_seed(22)
+    d, heads, kv_heads = 16, 6, 2
+    pool = make_cache(8, 8, kv_heads, d, torch.int8, gen)  # written without a mean: no negative scale
+    bt = random_block_table(2, 3, 8, gen)
+    args = (torch.randn(2, heads, d, generator=gen), *pool, bt, torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([5, 20], dtype=torch.int32), default_scale(d))
+    plain = paged_attention_triton(*args, tune={"fma": fma})
+    with_mean = paged_attention_triton(*args, tune={"fma": fma}, k_mean=key_mean(kv_heads, d, gen))
+    assert torch.equal(plain[0], with_mean[0]) and torch.equal(plain[1], with_mean[1])
+
+
 def test_wrapper_rejects_bad_inputs():
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache, k_scale, v_scale = make_cache(4, 4, 2, 16, torch.int8, gen)
@@ -106,6 +151,9 @@ def test_wrapper_rejects_bad_inputs():
     with pytest.raises(ValueError, match="block_table"):
         paged_attention_triton(torch.randn(2, 4, 16), k_cache, v_cache, k_scale, v_scale, bt.long(), idx,
                                idx, 0.25)
+    with pytest.raises(ValueError, match="k_mean"):
+        paged_attention_triton(torch.randn(2, 4, 16), k_cache, v_cache, k_scale, v_scale, bt, idx, idx, 0.25,
+                               k_mean=torch.zeros(16, 2))
 
 
 def test_merge_kernel_matches_reference_with_empty_segments():

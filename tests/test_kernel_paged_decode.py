@@ -6,7 +6,7 @@ tolerance is 1e-4 for every cache dtype; the reference dequantizes the same int8
 import pytest
 import torch
 
-from kernel_helpers import HAVE_TRITON, default_scale, make_cache, random_block_table
+from kernel_helpers import HAVE_TRITON, default_scale, key_mean, make_cache, random_block_table
 from edge_runtime.kernels.paged_attention import merge_attention_ref, paged_attention_ref
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
@@ -98,3 +98,41 @@ def test_int8_tensor_core_variant(heads, kv_heads, block_n):
     w_out, w_lse = paged_attention_ref(q, *pool, bt, idx, lens, sc)
     assert torch.allclose(out, w_out, atol=1e-3), float((out - w_out).abs().max())
     assert torch.allclose(lse, w_lse, atol=1e-3)
+
+
+@pytest.mark.parametrize("heads,kv_heads,block_n,tune", [
+    (4, 4, 8, {"magic": True}), (6, 2, 16, {"magic": False}), (6, 2, 32, {"idot": True})])
+def test_centred_keys(heads, kv_heads, block_n, tune):
+    """k_mean: about half the keys stored centred (negative scale); their scores gain q.m. Two
+    segments in one launch; idot (int8 dots) within its 1e-3."""
+    gen = torch.Generator().manual_seed(30 + heads + block_n)
+    d, page_tokens = 16, 32
+    mean = key_mean(kv_heads, d, gen)
+    pool = make_cache(8, page_tokens, kv_heads, d, torch.int8, gen, k_mean=mean)
+    assert 0.2 < float((pool[2] < 0).float().mean()) < 0.8
+    q = torch.randn(3, heads, d, generator=gen)
+    seq_idx = torch.tensor([0, 1, 2], dtype=torch.int32)
+    prefix = (torch.tensor([[5], [5], [5]], dtype=torch.int32), seq_idx,
+              torch.tensor([20, 20, 0], dtype=torch.int32))  # row 2: no prefix
+    tail = (random_block_table(3, 2, 5, gen), seq_idx, torch.tensor([1, 45, 33], dtype=torch.int32))
+    sc = default_scale(d)
+    out, lse = paged_decode(q, *pool, [prefix, tail], sc, tune={"block_n": block_n, **tune}, k_mean=mean)
+    r1, l1 = paged_attention_ref(q, *pool, *prefix, sc, k_mean=mean)
+    r2, l2 = paged_attention_ref(q, *pool, *tail, sc, k_mean=mean)
+    tol = 1e-3 if tune.get("idot") else TOL
+    assert torch.allclose(out, merge_attention_ref([r1, r2], [l1, l2]), atol=tol, rtol=tol)
+    assert torch.allclose(lse, torch.logaddexp(l1, l2), atol=tol, rtol=tol)
+
+
+def test_a_store_without_centred_keys_reads_the_same_with_a_mean():
+    gen = torch.Generator().manual_seed(31)
+    d, heads, kv_heads = 16, 6, 2
+    pool = make_cache(6, 16, kv_heads, d, torch.int8, gen)  # written without a mean: no negative scale
+    q = torch.randn(2, heads, d, generator=gen)
+    seg = (random_block_table(2, 3, 6, gen), torch.tensor([0, 1], dtype=torch.int32),
+           torch.tensor([5, 40], dtype=torch.int32))
+    plain = paged_decode(q, *pool, [seg], 0.25, tune={"block_n": 16})
+    with_mean = paged_decode(q, *pool, [seg], 0.25, tune={"block_n": 16}, k_mean=key_mean(kv_heads, d, gen))
+    assert torch.equal(plain[0], with_mean[0]) and torch.equal(plain[1], with_mean[1])
+    with pytest.raises(ValueError, match="k_mean"):
+        paged_decode(q, *pool, [seg], 0.25, k_mean=torch.zeros(kv_heads, d + 1))
