@@ -33,7 +33,7 @@ TOP_KEYS = {"name", "description", "device_memory", "reserve", "activation_reser
             "weight_dtype", "kv", "inline", "max_concurrent_sequences", "stream_context_tokens",
             "guard", "service"}
 SECTION_KEYS = {"reserve": {"os", "other"},
-                "kv": {"dtype", "page_tokens", "max_pool_bytes", "recent_window"},
+                "kv": {"dtype", "page_tokens", "max_pool_bytes", "recent_window", "centred_keys"},
                 "inline": {"slots", "tokens"}}
 
 
@@ -68,6 +68,7 @@ class Budget:
     page_tokens: int = 512
     max_pool_bytes: int | None = None  # optional cap on the page pool
     recent_window: int = DEFAULT_WINDOW_TOKENS  # int8: newest positions read exact per sequence
+    centred_keys: bool = True  # int8: keys centred on their layer's mean (docs/engine.md)
     inline_slots: int = 8
     inline_tokens: int = 128
     max_concurrent_sequences: int = 8
@@ -148,6 +149,12 @@ def _section(data: dict, key: str, where: str) -> dict:
     return sec
 
 
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
@@ -177,6 +184,7 @@ def budget_from_dict(data: Any, source: str) -> Budget:
         page_tokens=kv.get("page_tokens", 512),
         max_pool_bytes=None if pool_cap is None else parse_bytes(pool_cap, f"{source}: kv.max_pool_bytes"),
         recent_window=_int(kv.get("recent_window", DEFAULT_WINDOW_TOKENS), f"{source}: kv.recent_window"),
+        centred_keys=_bool(kv.get("centred_keys", True), f"{source}: kv.centred_keys"),
         inline_slots=_int(inline.get("slots", 8), f"{source}: inline.slots"),
         inline_tokens=_int(inline.get("tokens", 128), f"{source}: inline.tokens"),
         max_concurrent_sequences=_int(data.get("max_concurrent_sequences", 8),

@@ -94,6 +94,7 @@ class MemoryPlan:
     inline_arena_bytes: int
     recent_window: int  # int8 KV: newest positions per sequence kept exact (engine/recent_window.py)
     recent_window_bytes: int  # all windows (2 per concurrent sequence), allocated once
+    centred_keys: bool  # int8 KV: keys centred on their layer's mean key (docs/engine.md)
     pool_bytes: int  # num_pages * bytes_per_page (what is actually allocated)
     num_pages: int
     pool_tokens: int
@@ -134,7 +135,7 @@ def make_plan(budget: Budget, model_config, weight_bytes: int, kv_dtype: str | N
     return MemoryPlan(
         budget.name, model_name, kv_dtype, page_tokens, budget.device_memory, reserved,
         weight_bytes, per_token, per_page, budget.inline_slots, budget.inline_tokens, arena,
-        window, windows, num_pages * per_page, num_pages, num_pages * page_tokens, budget.stream_context_tokens,
+        window, windows, kv_dtype == "int8" and budget.centred_keys, num_pages * per_page, num_pages, num_pages * page_tokens, budget.stream_context_tokens,
         num_pages // pages_per_stream, budget.max_concurrent_sequences)
 
 

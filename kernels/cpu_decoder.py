@@ -41,7 +41,8 @@ class DecoderDims(ctypes.Structure):
 class KVWrite(ctypes.Structure):
     _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("ks", ctypes.c_void_p),
                 ("vs", ctypes.c_void_p), ("tokens", ctypes.c_void_p), ("rows", ctypes.c_void_p),
-                ("n", ctypes.c_int64), ("layer_stride", ctypes.c_int64)]
+                ("n", ctypes.c_int64), ("layer_stride", ctypes.c_int64),
+                ("kmean", ctypes.c_void_p)]  # [layers, Hkv, D] mean keys (centred keys) or NULL
 
 
 @dataclass
@@ -138,6 +139,7 @@ class FusedDecoder:
         work = torch.empty(r * (dm.hidden + qkv + dm.num_heads * dm.head_dim + 3 * dm.intermediate
                                 + threads * dm.hidden), dtype=torch.float32)
         strides = (ctypes.c_int64 * len(att.layer_strides))(*att.layer_strides)
+        att.set_layer(0)  # parts' kmean: all layers' means, which decoder.c advances per layer
         rc = self.lib.decode_layers(ctypes.byref(self.dims), self.layers, x.data_ptr(), r,
                                     cos.data_ptr(), sin.data_ptr(), args.writes, len(args.writes),
                                     att.parts, strides, len(att.parts), sm_scale, work.data_ptr(),

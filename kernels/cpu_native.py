@@ -45,7 +45,8 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fassociative-math", "-fno-signed
 class FlatPart(ctypes.Structure):
     _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("ks", ctypes.c_void_p),
                 ("vs", ctypes.c_void_p), ("index", ctypes.c_void_p), ("lens", ctypes.c_void_p),
-                ("width", ctypes.c_int64), ("layer_offset", ctypes.c_int64)]
+                ("width", ctypes.c_int64), ("layer_offset", ctypes.c_int64),
+                ("kmean", ctypes.c_void_p)]
 
 
 def _say(msg: str) -> None:
@@ -114,7 +115,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.write_kv_int8.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                  ctypes.c_void_p]
+                                  ctypes.c_void_p, ctypes.c_void_p]
     lib.write_kv_f16.restype = None
     lib.write_kv_f16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,

@@ -10,9 +10,12 @@ Addressing: a store tensor `[N, num_layers, P, Hkv, D]` (kv_storage layout) view
 `((b * num_layers + l) * P + o) * Hkv + h`, so one layer's rows are layer 0's plus `l * P * Hkv`,
 and the scales `[N, num_layers, P, Hkv]` are indexed by the same row number.
 
-- `write_kv_flat`: same result as `write_kv_ref` (int8: the same quantize_int8, bit-exact; float
-  stores: cast), K and V quantized in one call; int8 stores go through the C writer of
+- `write_kv_flat`: same result as `write_kv_ref` (int8: the same quantize_int8_keys, bit-exact;
+  float stores: cast), K and V quantized in one call; int8 stores go through the C writer of
   kernels/csrc/flat_kv.c when it is built (bit-exact too).
+- Centred keys (kernels/quantize.py): every function takes the layer's mean key `k_mean` [Hkv, D]
+  (None: none); writers centre a key where that lowers its absmax, readers of int8 parts add q.m
+  to the scores of negative-scale keys (a part without scales, the fp16 window, has none).
 - `NativeDecodeAttention`: `gather_decode_attention` for int8 stores in C, per-step arguments made once.
 - `gather_decode_attention`: one query per row, attending to the rows' index lists over one or two
   stores in a single softmax; equals paged_attention_ref over the segments merged by log-sum-exp
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from edge_runtime.kernels.quantize import quantize_int8
+from edge_runtime.kernels.quantize import quantize_int8, quantize_int8_keys
 
 
 def flat_rows(store_k: torch.Tensor) -> torch.Tensor:
@@ -33,17 +36,25 @@ def flat_rows(store_k: torch.Tensor) -> torch.Tensor:
     return store_k.view(-1, store_k.shape[-1])
 
 
-def write_kv_flat(k, v, k_store, v_store, k_scale_store, v_scale_store, rows) -> None:
-    """k, v: [T, Hkv, D]; rows: long [T, Hkv] flat row numbers of this layer -> stores written."""
+def write_kv_flat(k, v, k_store, v_store, k_scale_store, v_scale_store, rows, k_mean=None) -> None:
+    """k, v: [T, Hkv, D]; rows: long [T, Hkv] flat row numbers of this layer -> stores written.
+    k_mean: this layer's mean key [Hkv, D] float32 (int8 stores only) or None."""
     assert k.shape == v.shape and rows.shape == k.shape[:2], (k.shape, v.shape, rows.shape)
     if rows.numel() == 0:
         return
     flat = rows.reshape(-1)
     d = k.shape[-1]
-    if k_store.dtype == torch.int8 and _write_native(k, v, k_store, v_store, k_scale_store, v_scale_store, rows):
+    if k_store.dtype != torch.int8:
+        k_mean = None  # a float store (the fp16 window) holds keys as they are
+    if k_store.dtype == torch.int8 and _write_native(k, v, k_store, v_store, k_scale_store, v_scale_store,
+                                                     rows, k_mean):
         return
     if k_store.dtype == torch.int8:
-        q, s = quantize_int8(torch.stack((k, v)))  # q: [2, T, Hkv, D], s: [2, T, Hkv]
+        if k_mean is None:
+            q, s = quantize_int8(torch.stack((k, v)))  # q: [2, T, Hkv, D], s: [2, T, Hkv]
+        else:
+            (kq, ks), (vq, vs) = quantize_int8_keys(k, k_mean), quantize_int8(v)
+            q, s = (kq, vq), (ks, vs)
         flat_rows(k_store).index_copy_(0, flat, q[0].reshape(-1, d))
         flat_rows(v_store).index_copy_(0, flat, q[1].reshape(-1, d))
         k_scale_store.view(-1).index_copy_(0, flat, s[0].reshape(-1))
@@ -53,20 +64,28 @@ def write_kv_flat(k, v, k_store, v_store, k_scale_store, v_scale_store, rows) ->
         flat_rows(v_store).index_copy_(0, flat, v.reshape(-1, d).to(v_store.dtype))
 
 
-def _write_native(k, v, k_store, v_store, k_scale_store, v_scale_store, rows) -> bool:
+def _write_native(k, v, k_store, v_store, k_scale_store, v_scale_store, rows, k_mean=None) -> bool:
     """The C writer (kernels/csrc/flat_kv.c) when it is built and the layouts fit; False: not used."""
     from edge_runtime.kernels import cpu_native
 
     lib = cpu_native.library()
     fits = (k.dtype == v.dtype == torch.float32 and k.stride(2) == v.stride(2) == 1
             and k.stride(1) == v.stride(1) == k.shape[2] and rows.is_contiguous())
+    if k_mean is not None:  # the C writer centres rows of up to NATIVE_MAX_HEAD_DIM
+        fits = fits and k.shape[2] <= NATIVE_MAX_HEAD_DIM and _mean_fits(k_mean, k.shape[1:])
     if lib is None or not fits:
         return False
     t, hkv, d = k.shape
     lib.write_kv_int8(k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), t, hkv, d,
                       rows.data_ptr(), 0, k_store.data_ptr(), v_store.data_ptr(),
-                      k_scale_store.data_ptr(), v_scale_store.data_ptr())
+                      k_scale_store.data_ptr(), v_scale_store.data_ptr(),
+                      None if k_mean is None else k_mean.data_ptr())
     return True
+
+
+def _mean_fits(k_mean, shape) -> bool:
+    assert tuple(k_mean.shape) == tuple(shape), f"k_mean {tuple(k_mean.shape)} for keys {tuple(shape)}"
+    return k_mean.dtype == torch.float32 and k_mean.is_contiguous()
 
 
 def _gather(store, scale_store, index):
@@ -79,11 +98,11 @@ def _gather(store, scale_store, index):
     return x, torch.index_select(scale_store.view(-1), 0, flat).float().view(index.shape)
 
 
-def gather_decode_attention(q, parts, mask_bias, sm_scale):
+def gather_decode_attention(q, parts, mask_bias, sm_scale, k_mean=None):
     """q: [R, H, D] (one query per row); parts: [(k_store, v_store, k_scale_store | None,
     v_scale_store | None, index long [R, Hkv, L_i])] for one or two stores; mask_bias: float32
     [R, 1, 1, sum L_i], 0 where a position is valid, -inf where padded (every row has one valid
-    position at least) -> out float32 [R, H, D]."""
+    position at least); k_mean: [Hkv, D] for centred int8 keys -> out float32 [R, H, D]."""
     r, h, d = q.shape
     hkv = parts[0][4].shape[1]
     ks, vs = zip(*((_gather(k, k_s, idx), _gather(v, v_s, idx)) for k, v, k_s, v_s, idx in parts))
@@ -92,23 +111,27 @@ def gather_decode_attention(q, parts, mask_bias, sm_scale):
     q4 = (q.float() * sm_scale).view(r, hkv, h // hkv, d)  # [R, Hkv, g, D]
     scores = torch.matmul(q4, k.transpose(2, 3))  # [R, Hkv, g, L]
     if k_scale is not None:
-        scores.mul_(k_scale.unsqueeze(2))
+        scores.mul_(k_scale.abs().unsqueeze(2))
+        if k_mean is not None:  # + q.m for centred keys (negative scales; parts without scales: 1)
+            qm = torch.matmul(q4, k_mean.float().unsqueeze(-1))  # [R, Hkv, g, 1]
+            scores.add_(qm * (k_scale < 0).unsqueeze(2))
     probs = torch.softmax(scores.add_(mask_bias), dim=-1)
     if v_scale is not None:
         probs.mul_(v_scale.unsqueeze(2))
     return torch.matmul(probs, v).view(r, h, d)  # [R, Hkv, g, D] -> [R, H, D]
 
 
-def gather_prefill_attention(q, parts, mask_bias, sm_scale, new_kv=None):
+def gather_prefill_attention(q, parts, mask_bias, sm_scale, new_kv=None, k_mean=None):
     """Causal attention of one sequence's new tokens over all its keys.
     q: [n, H, D]; parts: [(k_store, v_store, k_scale_store | None, v_scale_store | None,
     index long [Hkv, L_i])] whose concatenated keys are the positions 0 .. L-1 in order, or
     0 .. L-n-1 with `new_kv` = (k, v) [n, Hkv, D], the new tokens' own K/V, read as they are;
     mask_bias: float32 [n, L], 0 where query i may see key j, -inf elsewhere -> float32 [n, H, D].
-    K/V are dequantized once and attended with torch's SDPA (blocked, multi-threaded on CPU)."""
+    K/V are dequantized once and attended with torch's SDPA (blocked, multi-threaded on CPU);
+    k_mean: [Hkv, D] for centred int8 keys."""
     ks, vs = [], []
     for k, v, k_s, v_s, idx in parts:
-        ks.append(_dequantized(k, k_s, idx))
+        ks.append(_dequantized(k, k_s, idx, k_mean))
         vs.append(_dequantized(v, v_s, idx))
     if new_kv is not None:
         ks.append(new_kv[0].float().transpose(0, 1))
@@ -121,9 +144,15 @@ def gather_prefill_attention(q, parts, mask_bias, sm_scale, new_kv=None):
     return out[0].transpose(0, 1)
 
 
-def _dequantized(store, scale_store, index):
+def _dequantized(store, scale_store, index, mean=None):
+    """-> float32 [Hkv, L, D] (index long [Hkv, L]); mean: the keys' [Hkv, D] (centred keys)."""
     x, scale = _gather(store, scale_store, index)
-    return x if scale is None else x.mul_(scale.unsqueeze(-1))
+    if scale is None:
+        return x
+    x.mul_(scale.abs().unsqueeze(-1))
+    if mean is not None:
+        x.add_((scale < 0).unsqueeze(-1) * mean.float().unsqueeze(-2))
+    return x
 
 
 def _cat(pairs):
@@ -146,12 +175,15 @@ class NativeDecodeAttention:
     arguments prepared once; a layer call sets the parts' layer offsets and runs one C call.
     A part may be an fp16 store without scales (a recent-key window)."""
 
-    def __init__(self, lib, parts, num_heads: int, sm_scale: float):
+    def __init__(self, lib, parts, num_heads: int, sm_scale: float, k_means=None):
         """parts: [(k_store, v_store, k_scale_store, v_scale_store, index long [R, Hkv, W],
-        lens int32 [R], layer_stride)] with int8 stores; lens[r] entries of row r are valid."""
+        lens int32 [R], layer_stride)] with int8 stores; lens[r] entries of row r are valid.
+        k_means: [layers, Hkv, D] float32 mean keys of centred int8 keys, or None."""
         from edge_runtime.kernels.cpu_native import FlatPart
 
         self.lib, self.num_heads, self.sm_scale = lib, num_heads, sm_scale
+        assert k_means is None or (k_means.dtype == torch.float32 and k_means.is_contiguous())
+        self.k_means = k_means
         self._keep = [(p[4].contiguous(), p[5].to(torch.int32).contiguous()) for p in parts]
         self.layer_strides = [p[6] for p in parts]  # part i, layer l: rows + l * layer_strides[i]
         self.parts = (FlatPart * len(parts))()
@@ -165,6 +197,7 @@ class NativeDecodeAttention:
             slot.index, slot.lens, slot.width = index.data_ptr(), lens.data_ptr(), index.shape[2]
         self.num_rows, self.num_kv_heads = parts[0][4].shape[:2]
         self.head_dim = parts[0][0].shape[-1]
+        self.set_layer(0)
         total = sum(lens for _, lens in self._keep)
         assert bool((total > 0).all()), "every decode row attends to one key at least"
         # one region per (row, kv head) task: its G heads' scores over the row's keys
@@ -172,14 +205,23 @@ class NativeDecodeAttention:
         self.scratch = torch.empty(self.num_rows * self.num_kv_heads * self.scratch_stride,
                                    dtype=torch.float32)
 
+    def set_layer(self, layer: int) -> None:
+        """Point the parts at `layer`'s rows and mean keys (layer 0: what decoder.c, which
+        advances them itself, expects)."""
+        mean = None
+        if self.k_means is not None:
+            mean = self.k_means.data_ptr() + layer * self.k_means[0].numel() * 4
+        for slot, stride in zip(self.parts, self.layer_strides):
+            slot.layer_offset = layer * stride
+            slot.kmean = mean if slot.ks else None  # int8 parts only: the window is fp16
+
     def __call__(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [R, H, D] float32 (heads contiguous) -> out float32 [R, H, D]."""
         r, h, d = q.shape
         assert (r, h, d) == (self.num_rows, self.num_heads, self.head_dim) and q.dtype == torch.float32
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
-        for slot, stride in zip(self.parts, self.layer_strides):
-            slot.layer_offset = layer * stride
+        self.set_layer(layer)
         out = torch.empty(r, h, d, dtype=torch.float32)
         rc = self.lib.decode_attention_int8(q.data_ptr(), self.parts, len(self.parts), r, h,
                                             self.num_kv_heads, d, q.stride(0), self.sm_scale,

@@ -1,6 +1,8 @@
 """Centred int8 keys (kernels/quantize.py): the format, and the torch references that write and
 read it, against float oracles. The C and Triton kernels are held to these references in their
 own test files."""
+import pathlib
+
 import pytest
 import torch
 
@@ -91,3 +93,108 @@ def test_paged_attention_ref_reads_centred_keys(heads, kv_heads):
     assert torch.allclose(lse, want_lse, atol=1e-4, rtol=1e-4)
     # read without the mean, the centred keys are wrong: the mean is not optional for such a store
     assert not torch.allclose(paged_attention_ref(*args)[1], want_lse, atol=1e-2)
+
+
+# --- the mean keys and the engine -----------------------------------------------------------------
+def test_key_means_are_the_models_mean_roped_keys_after_the_sink():
+    """measure_key_means against the model's own keys: each layer's roped keys of positions 1..
+    of one prefill (recorded through a float KV context), averaged; rotated into the int8 basis."""
+    from engine_helpers import tiny
+    from edge_runtime.engine.key_means import _KeyRecorder, key_means_for, measure_key_means
+    from edge_runtime.kernels import hadamard
+
+    loaded = tiny()
+    ids = list(range(3, 40))
+    means = measure_key_means(loaded.model, ids, rotated=False)
+    cfg = loaded.config
+    assert means.shape == (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) and means.dtype == torch.float32
+    rec = _KeyRecorder(cfg.head_dim ** -0.5)
+    loaded.model(torch.tensor(ids), torch.arange(len(ids)), rec)
+    for layer in range(cfg.num_layers):
+        torch.testing.assert_close(means[layer], rec.keys[layer][1:].mean(0))
+        assert not torch.allclose(means[layer], rec.keys[layer].mean(0))  # position 0 left out
+    rotated = measure_key_means(loaded.model, ids, rotated=True)
+    torch.testing.assert_close(rotated, hadamard.rotate(means))
+    # the engine's: a pure function of the model (the same for every engine of it)
+    torch.testing.assert_close(key_means_for(loaded, True), key_means_for(loaded, True), rtol=0, atol=0)
+
+
+def test_calibration_ids_use_the_shipped_text_or_fixed_random_ids():
+    from edge_runtime.engine.key_means import calibration_ids
+
+    class Tok:
+        def __call__(self, text, add_special_tokens):
+            assert "<|im_start|>" in text and add_special_tokens is False
+            return type("Enc", (), {"input_ids": [ord(c) for c in text]})()
+
+    ids = calibration_ids(Tok(), 200)  # ids past the vocabulary are dropped
+    assert 500 < len(ids) <= 1024 and max(ids) < 200
+    random_ids = calibration_ids(None, 50)
+    assert random_ids == calibration_ids(None, 50) and len(set(random_ids)) > 20
+
+
+def _generate(engine, prompts):
+    from engine_helpers import greedy
+
+    return [r.completions[0].token_ids for r in engine.generate(prompts, greedy(10, ignore_eos=True))]
+
+
+def test_engine_centres_keys_by_default_and_can_be_told_not_to():
+    from engine_helpers import engine_for, tiny, tiny_prompts
+
+    prompts = tiny_prompts([40, 25, 61], seed=3)
+    on = engine_for(tiny(), kv_dtype="int8")
+    off = engine_for(tiny(), kv_dtype="int8", centred_keys=False)
+    _generate(on, prompts), _generate(off, prompts)
+    assert on.storage.k_means is not None and off.storage.k_means is None
+    assert bool((on.storage.pool.k_scale < 0).any())  # some stored keys are centred
+    assert not bool((off.storage.pool.k_scale < 0).any())
+    assert engine_for(tiny(), kv_dtype="fp16").storage.k_means is None  # float KV is exact
+
+
+def test_centred_keys_setting_is_validated():
+    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="centred_keys must be true or false"):
+        EngineConfig(centred_keys="yes")
+
+
+def test_budget_key_is_checked_and_reaches_the_plan(tmp_path):
+    from edge_runtime.budget import load_budget
+    from edge_runtime.errors import ConfigError
+
+    src = (pathlib.Path(__file__).parents[1] / "configs/orin/cpu-dev.yaml").read_text()
+    assert "centred_keys: true" in src
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(src.replace("centred_keys: true", "centred_keys: 1"))
+    with pytest.raises(ConfigError, match="kv.centred_keys must be true or false"):
+        load_budget(str(bad))
+    off = tmp_path / "off.yaml"
+    off.write_text(src.replace("centred_keys: true", "centred_keys: false"))
+    assert load_budget(str(off)).centred_keys is False
+
+
+@pytest.mark.slow
+def test_centred_keys_bring_smollm2_closer_to_fp32_kv():
+    """The reason for the format: on the real model, every position scored as a decode step (as
+    generation reads it), int8 KV with centred keys is nearer fp32 KV than without (KL of the
+    next-token distributions; docs/engine.md has the full-window figures)."""
+    from engine_helpers import engine_for, smollm2
+    from edge_runtime.engine.scoring import score_logits
+
+    loaded = smollm2()
+    text = pathlib.Path(__file__).parents[1].joinpath("README.md").read_text()
+    ids = loaded.tokenizer(text, add_special_tokens=False).input_ids[:160]
+
+    def logprobs(**cfg):  # one position per step: every position read as a decode token
+        eng = engine_for(loaded, enable_prefix_cache=False, enable_inline=False, max_batch_tokens=1,
+                         max_num_seqs=1, **cfg)
+        return torch.cat([lg for _, lg in score_logits(eng, ids)]).log_softmax(-1).double()
+
+    ref = logprobs(kv_dtype="fp32")
+    kl = {}
+    for centred in (True, False):
+        test = logprobs(kv_dtype="int8", centred_keys=centred)
+        kl[centred] = float((ref.exp() * (ref - test)).sum(-1).mean())
+    assert kl[True] < 0.8 * kl[False], kl

@@ -10,9 +10,10 @@ from engine_helpers import tiny_folder
 from model_helpers import save_random_model, tiny_hf_config
 from native_helpers import portable_library
 
+from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
-from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
+from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native, hadamard
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
 from edge_runtime.model.linear_packing import pack_linears
 from edge_runtime.model.loader import load_model
@@ -38,10 +39,13 @@ def _packed(folder):
     return loaded
 
 
-def _storage(cfg, kv_dtype, seed):
-    """A pool and an arena with random K/V in every slot (the history the decode rows attend to)."""
+def _storage(cfg, kv_dtype, seed, means=None):
+    """A pool and an arena with random K/V in every slot (the history the decode rows attend to).
+    means: centred int8 keys on these mean keys, about half the history's keys flagged centred."""
     st = KVStorage(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_pages=16, page_tokens=P,
                    num_inline_slots=3, inline_tokens=SLOT, kv_dtype=kv_dtype)
+    if means is not None:
+        st.set_key_means(means)
     g = torch.Generator().manual_seed(seed)
     for name in ("pages", "inline"):
         s = st.store(name)
@@ -50,16 +54,24 @@ def _storage(cfg, kv_dtype, seed):
             s.v.copy_(torch.randint(-127, 128, s.v.shape, generator=g, dtype=torch.int8))
             s.k_scale.copy_((torch.rand(s.k_scale.shape, generator=g) * 0.02 + 0.001).half())
             s.v_scale.copy_((torch.rand(s.v_scale.shape, generator=g) * 0.02 + 0.001).half())
+            if means is not None:
+                flip = torch.rand(s.k_scale.shape, generator=g) < 0.5
+                s.k_scale.copy_(torch.where(flip, -s.k_scale, s.k_scale))
         else:
             s.k.copy_(torch.randn(s.k.shape, generator=g))
             s.v.copy_(torch.randn(s.v.shape, generator=g))
     return st
 
 
-def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0):
-    """One forward of `specs` (one new token each) -> (logits, storage after the step)."""
+def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0, centred=False):
+    """One forward of `specs` (one new token each) -> (logits, storage after the step); centred:
+    the store centres keys on the model's mean keys (engine/key_means.py)."""
     cfg, model = loaded.config, loaded.model
-    st = _storage(cfg, kv_dtype, seed)
+    means = None
+    if centred:
+        rotated = kv_dtype == "int8" and hadamard.applies(cfg.head_dim)
+        means = key_means_for(loaded, rotated)
+    st = _storage(cfg, kv_dtype, seed, means)
     steps = [SeqStep(pages, plen, kind, ids, plen + cached, 1, *full)
              for pages, plen, kind, ids, cached, *full in specs]
     ctx = PagedKVContext(st, steps, sm_scale=cfg.head_dim ** -0.5)
@@ -86,11 +98,17 @@ def loaded():
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("specs", [DECODE, DECODE[2:3], DECODE[:2]], ids=["mixed", "one", "inline"])
-def test_fused_step_matches_the_layer_loop(loaded, specs, threads):
-    got, st_got = _step(loaded, specs, "int8", fused=True, threads=threads)
-    want, st_want = _step(loaded, specs, "int8", fused=False)
+@pytest.mark.parametrize("centred", [False, True], ids=["plain", "centred"])
+def test_fused_step_matches_the_layer_loop(loaded, specs, threads, centred):
+    got, st_got = _step(loaded, specs, "int8", fused=True, threads=threads, centred=centred)
+    want, st_want = _step(loaded, specs, "int8", fused=False, centred=centred)
     torch.testing.assert_close(got, want, atol=2e-4 * float(want.abs().max()), rtol=0)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+    if centred:  # the step wrote centred keys: its writes below are compared with the loop's
+        untouched = _storage(loaded.config, "int8", 0, st_got.k_means)
+        new = [(st_got.store(n).k_scale != untouched.store(n).k_scale) for n in ("pages", "inline")]
+        new_scales = torch.cat([st_got.store(n).k_scale[m] for n, m in zip(("pages", "inline"), new)])
+        assert bool((new_scales < 0).any()), "no new key was centred: the test would not see the C writer"
     for name in ("pages", "inline"):  # the new tokens' K/V: the same int8 up to a rounding flip
         a, b = st_got.store(name), st_want.store(name)
         for x, y in ((a.k, b.k), (a.v, b.v)):
@@ -117,9 +135,10 @@ def test_the_thread_count_does_not_change_a_bit(loaded, tmp_path, model):
     so 1, 2 and 3 threads give the same bits. A column, head or row that a split misses or
     computes twice shows here."""
     m = loaded if model == "llama" else _qwen2_gqa(tmp_path)
-    want, st_want = _step(m, DECODE, "int8", fused=True, threads=1)
+    centred = model == "qwen2"  # and centred keys, on the GQA model
+    want, st_want = _step(m, DECODE, "int8", fused=True, threads=1, centred=centred)
     for threads in (2, 3):
-        got, st_got = _step(m, DECODE, "int8", fused=True, threads=threads)
+        got, st_got = _step(m, DECODE, "int8", fused=True, threads=threads, centred=centred)
         assert torch.equal(got, want), threads
         for name in ("pages", "inline"):
             a, b = st_got.store(name), st_want.store(name)

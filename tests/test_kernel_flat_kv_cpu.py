@@ -1,5 +1,6 @@
 """kernels/flat_kv_cpu.py against the references: write_kv_flat == write_kv_ref bit for bit,
-gather_decode_attention == per-segment paged_attention_ref merged by log-sum-exp."""
+gather_decode_attention == per-segment paged_attention_ref merged by log-sum-exp; with plain and
+with centred int8 keys (kernels/quantize.py: MEANS, one mean key per layer and kv head)."""
 
 import platform
 
@@ -9,19 +10,45 @@ import torch
 from edge_runtime.kernels.flat_kv_cpu import gather_decode_attention, write_kv_flat
 from edge_runtime.kernels.kv_write import write_kv_ref
 from edge_runtime.kernels.paged_attention_ref import merge_attention_ref, paged_attention_ref
-from edge_runtime.kernels.quantize import quantize_int8
+from edge_runtime.kernels.quantize import quantize_int8, quantize_int8_keys
 from native_helpers import portable_library
 
 LAYERS, P, HKV, D = 3, 8, 2, 16
 DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _store(num_blocks, dtype, gen):
+def _means(layers, hkv, d, seed=7):
+    """Mean keys [layers, Hkv, D], large next to randn keys (as a real model's are)."""
+    return (3.0 * torch.randn(layers, hkv, d, generator=torch.Generator().manual_seed(seed))).contiguous()
+
+
+MEANS = _means(LAYERS, HKV, D)
+
+
+def _keys(shape, gen, means):
+    """randn keys [..., layers, P, Hkv, D]; with means, about half of them shifted by their layer's
+    mean (so that they are stored centred)."""
+    k = torch.randn(shape, generator=gen)
+    if means is not None:
+        shifted = torch.rand(shape[:-1], generator=gen) < 0.5
+        k = k + shifted.unsqueeze(-1) * means[:, None]
+    return k
+
+
+def _quantize_keys(k, means):
+    """k [N, layers, P, Hkv, D] -> (q, scales), centred on each layer's mean where that helps."""
+    if means is None:
+        return quantize_int8(k)
+    per_layer = [quantize_int8_keys(k[:, layer], means[layer]) for layer in range(k.shape[1])]
+    return torch.stack([q for q, _ in per_layer], 1), torch.stack([s for _, s in per_layer], 1)
+
+
+def _store(num_blocks, dtype, gen, means=None):
     shape = (num_blocks, LAYERS, P, HKV, D)
-    k, v = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    k, v = _keys(shape, gen, means), torch.randn(shape, generator=gen)
     if dtype != torch.int8:
         return k.to(dtype), v.to(dtype), None, None
-    (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
+    (kq, ks), (vq, vs) = _quantize_keys(k, means), quantize_int8(v)
     return kq, vq, ks, vs
 
 
@@ -32,10 +59,11 @@ def _rows(slots, layer):
     return base[:, None] + torch.arange(HKV)
 
 
-@pytest.mark.parametrize("kv_dtype", list(DTYPES))
+@pytest.mark.parametrize("kv_dtype,centred", [("int8", False), ("int8", True), ("fp16", False),
+                                              ("fp32", False)])
 @pytest.mark.parametrize("layer", [0, 2])
 @pytest.mark.parametrize("native", [True, False], ids=["c", "torch"])
-def test_write_kv_flat_equals_reference(kv_dtype, layer, native, monkeypatch):
+def test_write_kv_flat_equals_reference(kv_dtype, centred, layer, native, monkeypatch):
     from edge_runtime.kernels import cpu_native
 
     if native:
@@ -48,19 +76,29 @@ def test_write_kv_flat_equals_reference(kv_dtype, layer, native, monkeypatch):
     slots = [5, 17, 18, 40, 47, 0, 23]  # ragged, across pages, page boundaries
     k, v = torch.randn(7, HKV, D, generator=gen) * 3, torch.randn(7, HKV, D, generator=gen)
     k[2] = 0  # a zero vector: scale 1
+    mean = MEANS[layer] if centred else None
+    if centred:
+        k[3:] += mean  # near the mean: stored centred
+        k[4, 0] = mean[0]  # exactly the mean: centred to zero, scale -1
     write_kv_ref(k, v, a[0][:, layer], a[1][:, layer], *(None if t is None else t[:, layer] for t in a[2:]),
-                 torch.tensor(slots))
-    write_kv_flat(k, v, *b, _rows(slots, layer))
+                 torch.tensor(slots), mean)
+    write_kv_flat(k, v, *b, _rows(slots, layer), mean)
     for x, y in zip(a, b):
         if x is not None:
             assert torch.equal(x, y)
+    if centred:
+        scales = b[2].view(-1)[_rows(slots, layer)]  # [T, Hkv]
+        assert bool((scales[3:] < 0).all()) and bool((scales[2] > 0).all())  # near the mean; zero
+        assert float(scales[4, 0]) == -1.0
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "fp32"])
-def test_gather_decode_attention_equals_merged_segments(kv_dtype):
+@pytest.mark.parametrize("kv_dtype,centred", [("int8", False), ("int8", True), ("fp32", False)])
+def test_gather_decode_attention_equals_merged_segments(kv_dtype, centred):
     gen = torch.Generator().manual_seed(2)
     dtype = DTYPES[kv_dtype]
-    pool, arena = _store(10, dtype, gen), _store(3, dtype, gen)
+    means = MEANS if centred else None
+    pool, arena = _store(10, dtype, gen, means), _store(3, dtype, gen, means)
+    mean = None if means is None else means[1]
     layer, heads = 1, 6
     # per row: (pool pages, pool length, arena slot or None, arena length)
     rows = [((3, 7), 13, None, 0), ((1,), 5, 2, 6), ((), 0, 0, 1), ((4, 9, 8), 24, None, 0)]
@@ -74,7 +112,8 @@ def test_gather_decode_attention_equals_merged_segments(kv_dtype):
             table[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         lens = torch.tensor([n for _, n in ids], dtype=torch.int32)
         view = [None if t is None else t[:, layer] for t in store]
-        segs.append(paged_attention_ref(q, *view, table, torch.arange(len(rows), dtype=torch.int32), lens, sm))
+        segs.append(paged_attention_ref(q, *view, table, torch.arange(len(rows), dtype=torch.int32), lens, sm,
+                                        k_mean=mean))
     want = merge_attention_ref([s[0] for s in segs], [s[1] for s in segs])
     parts, masks = [], []
     for store, pick in ((pool, lambda r: (r[0], r[1])), (arena, lambda r: ((r[2],) if r[2] is not None else (), r[3]))):
@@ -90,7 +129,7 @@ def test_gather_decode_attention_equals_merged_segments(kv_dtype):
         masks.append(valid)
     bias = torch.zeros(len(rows), sum(m.shape[1] for m in masks))
     bias.masked_fill_(~torch.cat(masks, 1), float("-inf"))
-    got = gather_decode_attention(q, parts, bias[:, None, None, :], sm)
+    got = gather_decode_attention(q, parts, bias[:, None, None, :], sm, mean)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -112,17 +151,21 @@ SHAPES = [(16, 6, 2), (64, 6, 2), (64, 2, 2), (128, 8, 2), (64, 10, 2), (64, 16,
 
 
 @pytest.mark.parametrize("head_dim,heads,hkv", SHAPES)
-def test_native_decode_attention_equals_torch_path(head_dim, heads, hkv):
+@pytest.mark.parametrize("centred", [False, True], ids=["plain", "centred"])
+def test_native_decode_attention_equals_torch_path(head_dim, heads, hkv, centred):
     from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
 
     lib = _native_or_skip()
     gen = torch.Generator().manual_seed(3)
     layers, page = 3, 8
+    means = _means(layers, hkv, head_dim) if centred else None
     stores = []
     for blocks in (7, 3):  # pool, arena
         shape = (blocks, layers, page, hkv, head_dim)
-        (kq, ks), (vq, vs) = quantize_int8(torch.randn(shape, generator=gen)), quantize_int8(torch.randn(shape, generator=gen))
+        (kq, ks), (vq, vs) = _quantize_keys(_keys(shape, gen, means), means), quantize_int8(torch.randn(shape, generator=gen))
         stores.append((kq, vq, ks, vs))
+    if centred:
+        assert 0.2 < float((stores[0][2] < 0).float().mean()) < 0.8
     lens = [[13, 0, 20, 1], [0, 9, 4, 2]]  # per store, per row: ragged, one row in each store only
     parts, masks = [], []
     for (kq, vq, ks, vs), store_lens in zip(stores, lens):
@@ -137,12 +180,13 @@ def test_native_decode_attention_equals_torch_path(head_dim, heads, hkv):
     bias = torch.zeros(4, sum(m.shape[1] for m in masks)).masked_fill_(~torch.cat(masks, 1), float("-inf"))
     qkv = torch.randn(4, heads + 2, head_dim, generator=gen)
     q = qkv[:, :heads]  # strided rows, as the model's fused q/k/v split gives
-    native = NativeDecodeAttention(lib, parts, heads, head_dim ** -0.5)
-    portable = (NativeDecodeAttention(portable_library(), parts, heads, head_dim ** -0.5)
+    native = NativeDecodeAttention(lib, parts, heads, head_dim ** -0.5, means)
+    portable = (NativeDecodeAttention(portable_library(), parts, heads, head_dim ** -0.5, means)
                 if platform.machine() == "x86_64" else None)
     for layer in (0, 2):
         torch_parts = [(k, v, ks, vs, idx + layer * stride) for k, v, ks, vs, idx, _, stride in parts]
-        want = gather_decode_attention(q, torch_parts, bias[:, None, None, :], head_dim ** -0.5)
+        want = gather_decode_attention(q, torch_parts, bias[:, None, None, :], head_dim ** -0.5,
+                                       None if means is None else means[layer])
         torch.testing.assert_close(native(q, layer), want, atol=1e-5, rtol=1e-4)
         if portable is not None:  # the baseline-ISA build's code paths give the same result
             torch.testing.assert_close(portable(q, layer), want, atol=1e-5, rtol=1e-4)
@@ -176,8 +220,10 @@ def test_attention_spans_are_contiguous_and_balanced_by_keys(lens, team):
         assert max(counts) - min(counts) <= 1, spans
 
 
-def test_native_quantization_is_bit_exact_on_hard_values():
-    """Scales across fp16's normal and subnormal range, exact .5 ties of x / scale, zero rows."""
+@pytest.mark.parametrize("centred", [False, True], ids=["plain", "centred"])
+def test_native_quantization_is_bit_exact_on_hard_values(centred):
+    """Scales across fp16's normal and subnormal range, exact .5 ties of x / scale, zero rows;
+    centred: the same values around the layer's mean key, and keys equal to it."""
     _native_or_skip()
     gen = torch.Generator().manual_seed(4)
     mags = torch.tensor([1e-9, 3e-7, 6e-6, 1e-4, 0.01, 1.0, 30.0, 1e3, 6e4])
@@ -187,12 +233,17 @@ def test_native_quantization_is_bit_exact_on_hard_values():
     x[1, 0, : ties.numel()] = ties
     x[1, 0, ties.numel()] = 127.0  # amax 127 -> scale 1 exactly
     n = x.shape[0]
+    mean = None
+    if centred:
+        mean = MEANS[1] * 1e-3  # small enough that the tiny keys stay plain, the others centre
+        x = torch.cat([x, x + mean, mean.expand(2, HKV, D)])
+        n = x.shape[0]
     a, b = _store(-(-n // P), torch.int8, gen), None
     b = tuple(t.clone() for t in a)
     slots = list(range(n))
     view = [t[:, 1] for t in a]
-    write_kv_ref(x, -x, view[0], view[1], view[2], view[3], torch.tensor(slots))
-    write_kv_flat(x, -x, *b, _rows(slots, 1))
+    write_kv_ref(x, -x, view[0], view[1], view[2], view[3], torch.tensor(slots), mean)
+    write_kv_flat(x, -x, *b, _rows(slots, 1), mean)
     for u, w in zip(a, b):
         assert torch.equal(u, w)
 

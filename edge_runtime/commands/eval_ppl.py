@@ -52,6 +52,9 @@ def register(subparsers) -> None:
     p.add_argument("--recent-window", type=int, default=None, metavar="W",
                    help="int8 KV: positions read exact per sequence (engine default "
                         f"{DEFAULT_WINDOW_TOKENS}; 0: off)")
+    p.add_argument("--no-centred-keys", dest="centred_keys", action="store_false",
+                   help="int8 KV: store every key as it is (default: keys centred on their layer's "
+                        "mean where that lowers their absmax, docs/engine.md)")
     p.add_argument("--max-windows", type=int, default=0, help="evaluate only the first N windows")
     p.add_argument("--hf-reference", action="store_true",
                    help="also compute transformers' fp32 perplexity on the same windows")
@@ -92,14 +95,15 @@ def _windows(ids: list[int], window: int, limit: int) -> list[list[int]]:
 
 
 def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: bool,
-            chunk: int = 0, recent_window: int | None = None):
-    """An engine for scoring: it computes `chunk` positions per step (0: `window`, one prefill)."""
+            chunk: int = 0, settings: dict | None = None):
+    """An engine for scoring: it computes `chunk` positions per step (0: `window`, one prefill);
+    settings: EngineConfig overrides (recent_window, centred_keys)."""
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
 
     pages = math.ceil(window / page_tokens) + 1
     chunk = chunk or max(window, 8)
-    extra = {} if recent_window is None else {"recent_window": recent_window}
+    extra = dict(settings or {})
     cfg = EngineConfig(kv_dtype=kv_dtype, page_tokens=page_tokens, num_pages=max(pages, 2 * 8),
                        enable_prefix_cache=prefix_cache, enable_inline=False,
                        max_batch_tokens=chunk, max_num_seqs=min(8, chunk), **extra)
@@ -107,10 +111,10 @@ def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: 
 
 
 def perplexity(loaded, windows: list[list[int]], kv_dtype: str, page_tokens: int,
-               window: int, chunk: int = 0, recent_window: int | None = None) -> dict:
+               window: int, chunk: int = 0, settings: dict | None = None) -> dict:
     from edge_runtime.engine.scoring import score_tokens
 
-    engine = _engine(loaded, kv_dtype, page_tokens, window, False, chunk, recent_window)
+    engine = _engine(loaded, kv_dtype, page_tokens, window, False, chunk, settings)
     total, count, t0 = 0.0, 0, time.perf_counter()
     for i, w in enumerate(windows):
         print(f"\reval-ppl [{kv_dtype}] window {i + 1}/{len(windows)}", end="", file=sys.stderr,
@@ -144,7 +148,7 @@ def hf_perplexity(loaded, windows: list[list[int]]) -> float:
 
 
 def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens: int,
-             window: int, chunk: int = 0, recent_window: int | None = None) -> dict:
+             window: int, chunk: int = 0, settings: dict | None = None) -> dict:
     """Next-token distributions of KV dtype `test` vs `ref` at every position of the windows:
     mean KL(ref || test), and how often the greedy (argmax) token differs, overall and where the
     reference's top two logits are within 0.5 (near-ties, where greedy decoding flips). Far less
@@ -153,7 +157,7 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
 
     from edge_runtime.engine.scoring import score_logits
 
-    engines = {d: _engine(loaded, d, page_tokens, window, False, chunk, recent_window)
+    engines = {d: _engine(loaded, d, page_tokens, window, False, chunk, settings)
                for d in (test, ref)}
     kl_sum, flips, ties, tie_flips, n = 0.0, 0, 0, 0, 0
     for i, w in enumerate(windows):
@@ -175,7 +179,8 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
             "argmax_flips": flips, "near_ties": ties, "near_tie_flips": tie_flips}
 
 
-def agreement(loaded, dtypes: list[str], n: int, max_tokens: int, page_tokens: int) -> dict:
+def agreement(loaded, dtypes: list[str], n: int, max_tokens: int, page_tokens: int,
+              settings: dict | None = None) -> dict:
     from edge_runtime.engine.api import SamplingParams
     from edge_runtime.model.chat import encode_prompt
 
@@ -183,7 +188,7 @@ def agreement(loaded, dtypes: list[str], n: int, max_tokens: int, page_tokens: i
     outs = {}
     for d in dtypes:
         print(f"eval-ppl [{d}] greedy on {len(prompts)} chat prompts", file=sys.stderr)
-        engine = _engine(loaded, d, page_tokens, 1024, prefix_cache=True)
+        engine = _engine(loaded, d, page_tokens, 1024, prefix_cache=True, settings=settings)
         outs[d] = [r.token_ids for r in engine.generate(prompts, SamplingParams(max_tokens=max_tokens))]
     a, b = outs[dtypes[0]], outs[dtypes[-1]]
     same = sum(x == y for x, y in zip(a, b))
@@ -225,24 +230,28 @@ def run(args) -> int:
     if not windows:
         raise InputError("the text has fewer than 2 tokens; nothing to evaluate")
     recent = args.recent_window
+    settings = {} if recent is None else {"recent_window": recent}
+    if not args.centred_keys:
+        settings["centred_keys"] = False
     report = {"model": args.model, "text": args.text, "tokens": len(ids), "window": args.window,
               "windows": len(windows), "page_tokens": args.page_tokens,
               "chunk": args.chunk or args.window,
               "recent_window": DEFAULT_WINDOW_TOKENS if recent is None else recent,
+              "centred_keys": args.centred_keys,
               "torch_threads": torch.get_num_threads(), "results": []}
     for d in dtypes:
         report["results"].append(perplexity(loaded, windows, d, args.page_tokens, args.window,
-                                            args.chunk, recent))
+                                            args.chunk, settings))
     if args.hf_reference:
         report["transformers_fp32_ppl"] = hf_perplexity(loaded, windows)
     if len(dtypes) > 1:
         first, last = report["results"][0], report["results"][-1]
         report["relative_ppl_change"] = first["ppl"] / last["ppl"] - 1
         report["fidelity"] = fidelity(loaded, windows, dtypes[0], dtypes[-1], args.page_tokens,
-                                      args.window, args.chunk, recent)
+                                      args.window, args.chunk, settings)
     if args.agreement > 0:
         report["agreement"] = agreement(loaded, dtypes, min(args.agreement, len(CHAT_PROMPTS)),
-                                        args.agreement_tokens, args.page_tokens)
+                                        args.agreement_tokens, args.page_tokens, settings)
     _print(report, args.json)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
@@ -255,7 +264,7 @@ def _print(report: dict, as_json: bool) -> None:
         return
     print(f"model {report['model']}  tokens {report['tokens']}  windows {report['windows']} x "
           f"{report['window']}  page_tokens {report['page_tokens']}  chunk {report['chunk']}  "
-          f"recent_window {report['recent_window']}")
+          f"recent_window {report['recent_window']}  centred_keys {report['centred_keys']}")
     print(f"{'kv_dtype':>8} {'ppl':>10} {'nll':>8} {'tokens':>8} {'seconds':>8}")
     for r in report["results"]:
         print(f"{r['kv_dtype']:>8} {r['ppl']:>10.4f} {r['nll_mean']:>8.5f} "

@@ -26,6 +26,9 @@ class EngineConfig:
     # int8 KV: each running sequence's last recent_window positions are also kept exact (fp16) and
     # attention reads them from there (engine/recent_window.py); 0 = off. CPU flat path only.
     recent_window: int = DEFAULT_WINDOW_TOKENS
+    # int8 KV: store each key centred on its layer's mean key where that lowers its absmax
+    # (kernels/quantize.py; the means are measured at start, engine/key_means.py)
+    centred_keys: bool = True
     enable_prefix_cache: bool = True
     enable_inline: bool = True
     max_num_seqs: int = 8  # sequences running at once (n > 1 and beams count each sequence)
@@ -42,6 +45,8 @@ class EngineConfig:
         if not isinstance(self.recent_window, int) or self.recent_window < 0:
             raise ConfigError(f"recent_window must be a whole number of tokens >= 0 (0 turns it "
                               f"off), got {self.recent_window!r}")
+        if not isinstance(self.centred_keys, bool):
+            raise ConfigError(f"centred_keys must be true or false, got {self.centred_keys!r}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ConfigError(f"num_pages must be a positive integer, got {self.num_pages!r}")
         if self.enable_inline and (self.num_inline_slots < 1 or self.inline_tokens < 1):
@@ -68,7 +73,7 @@ class EngineConfig:
                              ("kv_dtype", "kv_dtype"), ("num_inline_slots", "inline_slots"),
                              ("inline_tokens", "inline_tokens"),
                              ("max_num_seqs", "max_concurrent_sequences"),
-                             ("recent_window", "recent_window")):
+                             ("recent_window", "recent_window"), ("centred_keys", "centred_keys")):
             if getattr(plan, theirs, None) is not None:
                 values[ours] = getattr(plan, theirs)
         if values.get("num_inline_slots") == 0 or values.get("inline_tokens") == 0:

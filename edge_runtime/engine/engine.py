@@ -23,6 +23,7 @@ from edge_runtime.cache.kv_manager import KVManager
 from edge_runtime.engine import beam, recent_window
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
+from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from edge_runtime.engine.sampler import SamplerRow, make_generator, sample
@@ -52,6 +53,8 @@ class Engine:
         self.storage = KVStorage(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.num_pages,
                                  cfg.page_tokens, slots, inline_tokens, cfg.kv_dtype, cfg.device,
                                  windows, window_tokens)
+        if cfg.kv_dtype == "int8" and cfg.centred_keys:  # before the first write (kv_storage.py)
+            self.storage.set_key_means(key_means_for(loaded_model, self.storage.rotated).to(cfg.device))
         self.kv = KVManager(self.num_pages, cfg.page_tokens, slots, inline_tokens,
                             enable_prefix_cache=cfg.enable_prefix_cache,
                             enable_inline=cfg.enable_inline, num_windows=windows,

@@ -10,6 +10,9 @@ Layout (docs/interfaces.md):
       recent-key window, engine/recent_window.py); int8 KV only, allocated when num_windows > 0.
 A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` in the arena,
 `window * window_tokens + offset` in the windows).
+  k_means: [num_layers, num_kv_heads, head_dim] fp32, in the stores' (rotated) basis, or None:
+      the mean key of each layer and kv head for centred int8 keys (kernels/quantize.py; measured
+      by engine/key_means.py), set once before the first write and never changed after.
 
 Invariants:
 - The tensors are never reallocated: kernels and block tables address them by page id forever.
@@ -46,8 +49,9 @@ class StoreView:
 
     k_cache: torch.Tensor  # [N, P, Hkv, D]
     v_cache: torch.Tensor  # [N, P, Hkv, D]
-    k_scale: torch.Tensor | None  # [N, P, Hkv] fp16 (int8 only)
+    k_scale: torch.Tensor | None  # [N, P, Hkv] fp16 (int8 only); negative: a centred key
     v_scale: torch.Tensor | None
+    k_mean: torch.Tensor | None = None  # [Hkv, D] fp32: the layer's mean key (centred keys)
 
 
 def _zeros(shape, dtype, device) -> torch.Tensor:
@@ -117,6 +121,22 @@ class KVStorage:
             self.window = _Store(num_windows, num_layers, window_tokens, num_kv_heads, head_dim,
                                  torch.float16, device)
         self.released: set[int] = set()
+        self.k_means: torch.Tensor | None = None
+
+    def set_key_means(self, means: torch.Tensor) -> None:
+        """Centre int8 keys on `means` [num_layers, num_kv_heads, head_dim] (rotated basis) from
+        now on; only before anything is written, since stored keys are read with these means."""
+        assert self.kv_dtype == "int8", "centred keys are an int8 store's"
+        k = self.pool.k
+        shape = (k.shape[1], k.shape[3], k.shape[4])
+        assert tuple(means.shape) == shape, f"key means {tuple(means.shape)} for a store of {shape}"
+        self.k_means = means.to(torch.float32, copy=True).contiguous()
+
+    def key_mean(self, name: str, layer: int) -> torch.Tensor | None:
+        """The layer's mean key for store `name`'s int8 keys; None for the fp16 window."""
+        if self.k_means is None or name == "window":
+            return None
+        return self.k_means[layer]
 
     def store(self, name: str) -> _Store:
         assert name in ("pages", "inline", "window"), name
@@ -125,7 +145,9 @@ class KVStorage:
         return st
 
     def view(self, name: str, layer: int) -> StoreView:
-        return self.store(name).view(layer)
+        v = self.store(name).view(layer)
+        mean = self.key_mean(name, layer)
+        return v if mean is None else StoreView(v.k_cache, v.v_cache, v.k_scale, v.v_scale, mean)
 
     def nbytes(self) -> int:
         return sum(st.nbytes() for st in (self.pool, self.inline, self.window) if st is not None)

@@ -232,7 +232,7 @@ class PagedKVContext:
             return self._attend_flat(layer, q, k, v)
         for store, slots in self.slot_mapping.items():
             view = self.storage.view(store, layer)
-            write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots)
+            write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots, view.k_mean)
         if self.window_slots is not None:
             view = self.storage.view("window", layer)
             write_kv(k, v, view.k_cache, view.v_cache, None, None, self.window_slots)
@@ -243,7 +243,8 @@ class PagedKVContext:
             else:
                 view = self.storage.view(call.store, layer)
             out, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
-                                       call.block_table, call.seq_idx, call.kv_lens, self.sm_scale)
+                                       call.block_table, call.seq_idx, call.kv_lens, self.sm_scale,
+                                       k_mean=view.k_mean)
             outs.append(out)
             lses.append(lse)
         return merge_attention(outs, lses).to(q.dtype)
@@ -254,7 +255,7 @@ class PagedKVContext:
             st = self.storage.store(name)
             sel = tokens if tokens.numel() != self.num_tokens else slice(None)
             write_kv_flat(k[sel], v[sel], st.k, st.v, st.k_scale, st.v_scale,
-                          rows + flat.layer_offset(name, layer))
+                          rows + flat.layer_offset(name, layer), self.storage.key_mean(name, layer))
         out = None
         if flat.prefill:
             out = torch.empty(q.shape, dtype=torch.float32)
@@ -262,7 +263,8 @@ class PagedKVContext:
                 args = [self._store_args(name, rows, layer) for name, rows in parts]
                 new_kv = (k[first:first + n], v[first:first + n]) if fresh else None
                 out[first:first + n] = gather_prefill_attention(q[first:first + n], args, bias,
-                                                                self.sm_scale, new_kv)
+                                                                self.sm_scale, new_kv,
+                                                                self._key_mean(layer))
         if flat.decode_tokens.numel():
             q_dec = q if flat.all_decode else q[flat.decode_tokens]
             out_dec = self._decode(layer, q_dec)
@@ -285,7 +287,8 @@ class PagedKVContext:
                     st = self.storage.store(name)
                     parts.append((st.k, st.v, st.k_scale, st.v_scale, rows, lens,
                                   flat.layer_offset(name, 1)))
-                self._native = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale)
+                self._native = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale,
+                                                     self.storage.k_means)
         return self._native
 
     def native_decode_args(self, num_heads: int, head_dim: int):
@@ -309,6 +312,8 @@ class PagedKVContext:
                 slot.ks, slot.vs = st.k_scale.data_ptr(), st.v_scale.data_ptr()
             slot.tokens, slot.rows, slot.n = tokens.data_ptr(), rows.data_ptr(), tokens.numel()
             slot.layer_stride = flat.layer_offset(name, 1)
+            if st.k_scale is not None and self.storage.k_means is not None:
+                slot.kmean = self.storage.k_means.data_ptr()  # all layers: decoder.c advances it
         return NativeDecodeArgs(attention, writes, keep, rotated=self.storage.rotated)
 
     def _decode(self, layer: int, q_dec: torch.Tensor) -> torch.Tensor:
@@ -318,7 +323,12 @@ class PagedKVContext:
         if native:
             return native(q_dec, layer)
         parts = [self._store_args(name, rows, layer) for name, rows in flat.gather]
-        return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale)
+        return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale, self._key_mean(layer))
+
+    def _key_mean(self, layer: int) -> torch.Tensor | None:
+        """The layer's mean key of the int8 stores (centred keys), or None."""
+        means = self.storage.k_means
+        return None if means is None else means[layer]
 
     def _store_args(self, name: str, rows: torch.Tensor, layer: int):
         st = self.storage.store(name)

@@ -42,6 +42,7 @@ typedef struct {               /* the new tokens' K/V that go to one store (pool
     const int64_t *tokens;     /* [n]: which rows of the batch */
     const int64_t *rows;       /* [n, Hkv]: their layer-0 row numbers in the store */
     int64_t n, layer_stride;   /* layer l's rows = layer 0's + l * layer_stride */
+    const float *kmean;        /* [layers, Hkv, D] mean keys of a centred-key int8 store, or NULL */
 } kv_write;
 
 /* Per-phase timers, built in with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (kernels/cpu_native.py; `bench
@@ -91,6 +92,7 @@ typedef struct { /* what every thread of a step reads: shapes, inputs and the sh
     const float *cos, *sin;         /* [R, D] */
     const kv_write *writes;
     int num_writes, num_parts;
+    const flat_part *parts;         /* as given: kmean holds all layers' mean keys (or NULL) */
     const int64_t *part_strides;
     float sm_scale;
     float *y, *qkv, *attn, *gu, *act; /* [R, hidden], [R, QKV], [R, H D], [R, 2 I], [R, I] */
@@ -157,7 +159,7 @@ static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) 
             if (kw->ks)
                 write_kv_int8(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
                               kw->rows + i * Hkv, l * kw->layer_stride, kw->k, kw->v, kw->ks,
-                              kw->vs);
+                              kw->vs, kw->kmean ? kw->kmean + l * Hkv * D : NULL);
             else
                 write_kv_f16(row + H * D, row + (H + Hkv) * D, QKV, QKV, 1, (int)Hkv, (int)D,
                              kw->rows + i * Hkv, l * kw->layer_stride, (uint16_t *)kw->k,
@@ -214,7 +216,10 @@ int64_t read_ahead_walk(const char *const *begin, const char *const *end, int n,
 
 /* the thread's attention tasks, and the rotation back of the heads they wrote */
 static void attention_phase(const step_plan *p, thread_share *s, int64_t l) {
-    for (int i = 0; i < p->num_parts; i++) s->own[i].layer_offset = l * p->part_strides[i];
+    for (int i = 0; i < p->num_parts; i++) { /* parts[i].kmean: all layers' means, or NULL */
+        s->own[i].layer_offset = l * p->part_strides[i];
+        s->own[i].kmean = p->parts[i].kmean ? p->parts[i].kmean + l * p->Hkv * p->D : NULL;
+    }
     if (s->a1 <= s->a0) return;
     read_ahead ahead;
     read_ahead_plan(p, s, l, &ahead);
@@ -278,7 +283,8 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
     if (rc) return rc;
     step_plan p = {.dm = dm, .x = x, .R = R, .Hd = Hd, .H = H, .Hkv = Hkv, .D = D, .I = I,
                    .QKV = QKV, .G = H / Hkv, .cos = cos, .sin = sin, .writes = writes,
-                   .num_writes = num_writes, .num_parts = num_parts, .part_strides = part_strides,
+                   .num_writes = num_writes, .num_parts = num_parts, .parts = parts,
+                   .part_strides = part_strides,
                    .sm_scale = sm_scale, .attn_scratch = attn_scratch,
                    .scratch_stride = scratch_stride, .paired = I % BN == 0, .lw = lw};
     p.y = work;

@@ -14,11 +14,16 @@ typedef struct {
     const int32_t *lens;        /* [R] valid entries of each row's list */
     int64_t width;
     int64_t layer_offset;
+    const float *kmean;         /* [Hkv, D] the current layer's mean key of an int8 part whose
+                                   keys may be centred (a negative scale: key = |s| q + mean,
+                                   kernels/quantize.py), or NULL; callers advance it per layer */
 } flat_part;
 
+/* kmean: [Hkv, D] this layer's mean key, or NULL: keys whose absmax falls when centred are
+ * stored centred with a negative scale (kernels/quantize.py, quantize_int8_keys) */
 void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v_stride_t, int T,
                    int Hkv, int D, const int64_t *rows, int64_t layer_offset, int8_t *k_store,
-                   int8_t *v_store, uint16_t *k_scales, uint16_t *v_scales);
+                   int8_t *v_store, uint16_t *k_scales, uint16_t *v_scales, const float *kmean);
 
 void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_stride_t, int T,
                   int Hkv, int D, const int64_t *rows, int64_t layer_offset, uint16_t *k_store,

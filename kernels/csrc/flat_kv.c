@@ -82,12 +82,17 @@ static inline v8f h8_to_v8(const uint16_t *p) {
 }
 #endif
 
-static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scale_bits) {
+static inline float absmax(const float *x, int d) {
     float amax = 0.0f;
     for (int i = 0; i < d; i++) {
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
+    return amax;
+}
+
+static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scale_bits) {
+    const float amax = absmax(x, d);
     uint16_t h = float_to_half(amax > 0.0f ? amax / 127.0f : 1.0f);
     float s = half_to_float(h);
     for (int i = 0; i < d; i++) {
@@ -98,15 +103,33 @@ static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scal
     *scale_bits = h;
 }
 
+#define MAX_HEAD_DIM 256
+
+/* a key row: centred (x - m, the scale's sign bit set) when that lowers its absmax, as
+ * quantize_int8_keys; m NULL: quantize_row. With m, d <= MAX_HEAD_DIM (the callers check). */
+static inline void quantize_key_row(const float *x, const float *m, int d, int8_t *q, uint16_t *scale_bits) {
+    if (m) {
+        float c[MAX_HEAD_DIM];
+        for (int i = 0; i < d; i++) c[i] = x[i] - m[i];
+        if (absmax(c, d) < absmax(x, d)) {
+            quantize_row(c, d, q, scale_bits);
+            *scale_bits |= 0x8000;
+            return;
+        }
+    }
+    quantize_row(x, d, q, scale_bits);
+}
+
 /* k, v: [T, Hkv, D] fp32, heads contiguous, tokens k_stride_t / v_stride_t floats apart;
  * rows: [T, Hkv] layer-0 row numbers (+ layer_offset). Writes q rows and scales. */
 void write_kv_int8(const float *k, const float *v, int64_t k_stride_t, int64_t v_stride_t, int T,
                    int Hkv, int D, const int64_t *rows, int64_t layer_offset, int8_t *k_store,
-                   int8_t *v_store, uint16_t *k_scales, uint16_t *v_scales) {
+                   int8_t *v_store, uint16_t *k_scales, uint16_t *v_scales, const float *kmean) {
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < Hkv; h++) {
             int64_t row = rows[(int64_t)t * Hkv + h] + layer_offset;
-            quantize_row(k + t * k_stride_t + (int64_t)h * D, D, k_store + row * D, k_scales + row);
+            quantize_key_row(k + t * k_stride_t + (int64_t)h * D, kmean ? kmean + (int64_t)h * D : NULL,
+                             D, k_store + row * D, k_scales + row);
             quantize_row(v + t * v_stride_t + (int64_t)h * D, D, v_store + row * D, v_scales + row);
         }
     }
@@ -136,7 +159,6 @@ void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_
     }
 }
 
-#define MAX_HEAD_DIM 256
 /* Keys ahead that the passes prefetch. 40 rather than 16: with the VM's two vCPUs on two chiplets
  * (the high-bandwidth mode, tools/vcpu_probe.c) the rows come from farther away, and in an
  * alternated `bench engine` A/B the batch-5/batch-1 ratio's steady high-mode pairs had median
@@ -207,14 +229,18 @@ decode_task(const float *q, const flat_part *parts, int num_parts, int r, int kh
         const flat_part *pt = &parts[p];
         const int64_t *idx = pt->index + ((int64_t)r * Hkv + kh) * pt->width;
         const int64_t n = pt->lens[r];
+        const float *mean = pt->kmean ? pt->kmean + (int64_t)kh * D : NULL;
         for (int64_t j = 0; j < n; j++, pos++) {
             int64_t row = idx[j] + pt->layer_offset;
             if (j + KV_PREFETCH < n) /* rows come from DRAM: keep several in flight */
                 __builtin_prefetch(pt->k + (idx[j + KV_PREFETCH] + pt->layer_offset) * D, 0, 0);
             float kf[MAX_HEAD_DIM];
             row_to_float(kf, pt, pt->k, row, D);
-            float sc = (pt->ks ? half_to_float(pt->ks[row]) : 1.0f) * sm_scale;
-            for (int g = 0; g < G; g++) scratch[g * total + pos] = dot_f(qr + g * D, kf, D) * sc;
+            const float s = pt->ks ? half_to_float(pt->ks[row]) : 1.0f;
+            const float sc = fabsf(s) * sm_scale;
+            for (int g = 0; g < G; g++) /* a centred key: + q.m (this path is not the fast one) */
+                scratch[g * total + pos] = dot_f(qr + g * D, kf, D) * sc
+                    + (s < 0.0f && mean ? dot_f(qr + g * D, mean, D) * sm_scale : 0.0f);
         }
     }
     softmax_rows(scratch, G, total);
@@ -323,10 +349,18 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
             __builtin_prefetch(pt->k + (idx[b] + off) * D, 0, 0);
             __builtin_prefetch(pt->v + (idx[b] + off) * D, 0, 2);
         }
+        float qm[MAX_FAST_GROUP]; /* q.m * sm_scale, added to a centred key's score */
+        for (int g = 0; g < G; g++) {
+            v8f a = (v8f){0};
+            if (pt->kmean)
+                for (int c = 0; c < D / 8; c++)
+                    a += load_v8(qr + g * D + 8 * c) * load_v8(pt->kmean + (int64_t)kh * D + 8 * c);
+            qm[g] = sum_v8(a) * sm_scale;
+        }
         int64_t j = 0;
         for (; j + 8 <= n; j += 8, pos += 8) {
             v8f dots[MAX_FAST_GROUP][8], acc[MAX_FAST_GROUP];
-            float scale[8];
+            float scale[8], centred[8];
             for (int i = 0; i < 8; i++) {
                 const int64_t row = idx[j + i] + off;
                 if (j + i + KV_PREFETCH < n) {
@@ -336,17 +370,21 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
                 key_dots(qr, pt->k + row * D, G, D, acc);
                 if (ahead) read_ahead_step(ahead);
                 for (int g = 0; g < G; g++) dots[g][i] = acc[g];
-                scale[i] = half_to_float(pt->ks[row]) * sm_scale;
+                const float s = half_to_float(pt->ks[row]);
+                scale[i] = fabsf(s) * sm_scale;
+                centred[i] = s < 0.0f ? 1.0f : 0.0f;
             }
-            const v8f sv = load_v8(scale);
-            for (int g = 0; g < G; g++) store_v8(scratch + g * total + pos, sums_of_8(dots[g]) * sv);
+            const v8f sv = load_v8(scale), cv = load_v8(centred);
+            for (int g = 0; g < G; g++)
+                store_v8(scratch + g * total + pos, sums_of_8(dots[g]) * sv + cv * splat_v8(qm[g]));
         }
         for (; j < n; j++, pos++) { /* the last n % 8 keys */
             const int64_t row = idx[j] + off;
             v8f acc[MAX_FAST_GROUP];
             key_dots(qr, pt->k + row * D, G, D, acc);
-            const float sc = half_to_float(pt->ks[row]) * sm_scale;
-            for (int g = 0; g < G; g++) scratch[g * total + pos] = sum_v8(acc[g]) * sc;
+            const float s = half_to_float(pt->ks[row]);
+            const float sc = fabsf(s) * sm_scale, centred = s < 0.0f ? 1.0f : 0.0f;
+            for (int g = 0; g < G; g++) scratch[g * total + pos] = sum_v8(acc[g]) * sc + centred * qm[g];
         }
     }
     softmax_rows(scratch, G, total);
