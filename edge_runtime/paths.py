@@ -1,4 +1,5 @@
-"""Up-front checks of paths a command will write, so a bad path fails before any work is done.
+"""Up-front checks of paths a command will write, so a bad path fails before any work is done,
+and where the runtime keeps its caches.
 
 Each check raises an `EdgeError` subclass naming the flag and what to change; none imports torch.
 """
@@ -12,6 +13,13 @@ from edge_runtime.errors import ConfigError, InputError
 
 # sockaddr_un.sun_path is 108 bytes on Linux, one of them the terminating NUL.
 MAX_UNIX_SOCKET_PATH_BYTES = 107
+
+
+def cache_dir(name: str) -> Path:
+    """$XDG_CACHE_HOME/edge-runtime/<name> (default ~/.cache): converted models, compiled kernels,
+    key means, the voice demo's audio. Not created here."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edge-runtime" / name
 
 
 def check_output_file(path: str | Path, flag: str) -> None:

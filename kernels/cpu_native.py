@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edge_runtime.paths import cache_dir
+
 SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "decoder_ops.h",
                         "decoder.c", "argmax.c")]
@@ -54,8 +56,7 @@ def _say(msg: str) -> None:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edge-runtime" / "native"
+    return cache_dir("native")
 
 
 def compile_to(compiler: str, target: Path, cflags: list[str]) -> None:

@@ -198,3 +198,37 @@ def test_centred_keys_bring_smollm2_closer_to_fp32_kv():
         test = logprobs(kv_dtype="int8", centred_keys=centred)
         kl[centred] = float((ref.exp() * (ref - test)).sum(-1).mean())
     assert kl[True] < 0.8 * kl[False], kl
+
+
+def test_key_means_are_cached_on_disk_by_model_files(tmp_path, monkeypatch):
+    """Measured once per model folder (and its files' sizes and times), read back by a new process
+    (here: a new model object), measured again for a damaged entry or a changed model file."""
+    import os
+
+    from engine_helpers import tiny_folder
+    from edge_runtime.engine import key_means
+    from edge_runtime.model.loader import load_model
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in tiny_folder().iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    first = key_means.key_means_for(load_model(str(folder), progress=None), rotated=False)
+    entries = list((tmp_path / "cache" / "edge-runtime" / "key-means").glob("*.pt"))
+    assert len(entries) == 1
+
+    measured = []
+    real = key_means.measure_key_means
+    monkeypatch.setattr(key_means, "measure_key_means",
+                        lambda *a, **k: measured.append(1) or real(*a, **k))
+    again = key_means.key_means_for(load_model(str(folder), progress=None), rotated=False)
+    assert measured == [] and torch.equal(again, first)  # read from the cache
+    entries[0].write_bytes(b"not a tensor")
+    assert torch.equal(key_means.key_means_for(load_model(str(folder), progress=None), False), first)
+    assert measured == [1]  # a damaged entry is measured again (and rewritten)
+    weights = next(folder.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    key_means.key_means_for(load_model(str(folder), progress=None), False)
+    assert measured == [1, 1]  # a changed model file is another entry
+    assert len(list(entries[0].parent.glob("*.pt"))) == 2 and not list(entries[0].parent.glob("*.tmp"))

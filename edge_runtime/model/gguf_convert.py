@@ -31,13 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.paths import cache_dir
 
 CONVERT_VERSION = 1
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "edge-runtime" / "models"
+    return cache_dir("models")
 
 
 def source_record(gguf_path: Path) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Callable
@@ -21,6 +20,7 @@ import numpy as np
 from edge_runtime.errors import InputError
 from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
 from edge_runtime.voice.tts import espeak_binary, synthesize, write_wav
+from edge_runtime.paths import cache_dir
 
 DEMO_COMMANDS = (
     ("turn on the kitchen lights", "dim the kitchen lights", "play the radio",
@@ -40,8 +40,7 @@ LEAD_S, GAP_S, TAIL_S = 0.5, 1.5, 1.0
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edge-runtime" / "voice-demo"
+    return cache_dir("voice-demo")
 
 
 def _espeak_version() -> str:
