@@ -26,6 +26,17 @@
  * ahead: five-row passes over the model's linears 9.0 ms vs 9.7 ms at 1 KiB (2 and 8 KiB
  * slower) in the high-bandwidth mode, equal in the low one (docs/perf.md, "Fifth session"). */
 #define PREFETCH_FLOATS 1024
+/* Its locality hint. NTA (0) is what the AMD EPYC (Zen 4) VM was tuned with; on the twelfth
+ * session's Intel Xeon VM NTA-prefetched weight lines cost the batch-5 step 33 ms against 27 ms
+ * with T0 (3), batch 1 unchanged (`bench step --batch 1,5 --prompt-tokens 512`, alternated,
+ * docs/perf.md "Twelfth session"); no prefetch at all: 33-34 ms. */
+#if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || \
+    defined(__znver5__)
+#define PREFETCH_LOCALITY 0
+#else
+#define PREFETCH_LOCALITY 3
+#endif
+#define PREFETCH_WEIGHTS(p) __builtin_prefetch((p), 0, PREFETCH_LOCALITY)
 
 #if defined(__AVX512F__)
 /* A block's 16 weights of one k as one 16-lane vector: the same multiply-adds in the same order
@@ -42,7 +53,7 @@ typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
         v16f acc[RB];                                                                              \
         for (int r = 0; r < RB; r++) acc[r] = (v16f){0};                                           \
         for (int64_t k = 0; k < K; k++) {                                                          \
-            if (RB >= 3) __builtin_prefetch(wb + k * BLOCK_N + PREFETCH_FLOATS, 0, 0);             \
+            if (RB >= 3) PREFETCH_WEIGHTS(wb + k * BLOCK_N + PREFETCH_FLOATS);                     \
             const v16f w = *(const v16f *)(wb + k * BLOCK_N);                                      \
             for (int r = 0; r < RB; r++) acc[r] += w * X[r * ldx + k];                             \
         }                                                                                          \
@@ -61,7 +72,7 @@ typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
         v8f acc[RB][2];                                                                            \
         for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = (v8f){0};                             \
         for (int64_t k = 0; k < K; k++) {                                                          \
-            if (RB >= 3) __builtin_prefetch(wb + k * BLOCK_N + PREFETCH_FLOATS, 0, 0);             \
+            if (RB >= 3) PREFETCH_WEIGHTS(wb + k * BLOCK_N + PREFETCH_FLOATS);                     \
             const v8f w0 = load_v8(wb + k * BLOCK_N), w1 = load_v8(wb + k * BLOCK_N + 8);          \
             for (int r = 0; r < RB; r++) {                                                         \
                 float x = X[r * ldx + k];                                                          \
