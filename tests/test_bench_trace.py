@@ -203,3 +203,47 @@ def test_trace_that_is_not_utf8_or_a_folder(tmp_path):
         load_trace(tmp_path)
     (tmp_path / "ok.jsonl").write_text(json.dumps({**_GOOD, "arrival_s": 0, "stream": 3}))
     assert load_trace(tmp_path / "ok.jsonl").streams["3"][0].arrival_s == 0.0
+
+
+def test_edge_backend_sends_do_not_wait_for_a_running_step(tiny):
+    """A stream's send during a long engine step (a cold-start prefill) must not stall the event
+    loop, and so every other stream's send, until the step ends: the driver thread adds requests
+    between steps, as the service's AsyncEngine does. A request the engine refuses fails alone."""
+    import threading
+    import time
+
+    from edge_runtime.bench.edge_systems import EdgeBackend, build_engine, load
+
+    loaded = load(str(tiny[0]))
+    engine = build_engine(loaded, "edge")
+    first_step, step = threading.Event(), engine.step
+
+    def slow_step():
+        with engine._lock:  # as a long prefill holds it
+            if not first_step.is_set():
+                first_step.set()
+                time.sleep(0.6)
+            return step()
+
+    engine.step = slow_step
+    backend = EdgeBackend(loaded, "edge", engine)
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+
+    async def run():
+        first = asyncio.create_task(backend.complete("s0", msgs, 3))
+        await asyncio.to_thread(first_step.wait)
+        t = time.perf_counter()
+        second = asyncio.create_task(backend.complete("s1", msgs + [{"role": "user", "content": "x"}], 3))
+        await asyncio.sleep(0)  # the second send runs up to its first await
+        sent_s = time.perf_counter() - t
+        too_long = [{"role": "user", "content": "word " * 20000}]  # past the model's context
+        with pytest.raises(RuntimeError, match="refused request"):
+            await backend.complete("s2", too_long, 3)
+        return sent_s, await first, await second
+
+    try:
+        sent_s, a, b = asyncio.run(run())
+    finally:
+        backend.close()
+    assert sent_s < 0.3, sent_s  # not the 0.6 s step
+    assert a.output_tokens == 3 and b.output_tokens == 3

@@ -117,10 +117,15 @@ class EdgeBackend:
     """`Backend` for bench.replay: the Engine stepped by one driver thread, events to asyncio.
 
     The bench drives the engine itself rather than through AsyncEngine so that it can sample the
-    KV state after every step, in the engine's thread, at no cost to the step it measures.
+    KV state after every step, in the engine's thread, at no cost to the step it measures. As
+    AsyncEngine, asyncio code only enqueues requests and the driver thread adds them between
+    steps: `add_request` takes the engine's lock, and called from the event loop during a step it
+    held every other stream's send until the step ended (a cold-start prefill: ~0.5 s), which
+    the service (engine/async_engine.py) never does.
     """
 
     def __init__(self, loaded, system: str, engine) -> None:
+        import collections
         import threading
 
         self.name = system
@@ -131,6 +136,7 @@ class EdgeBackend:
         self.kv_cached = Timeline()
         self.utilization: list[float] = []
         self._queues: dict = {}  # request id -> (loop, asyncio.Queue)
+        self._incoming: collections.deque = collections.deque()  # add_request arguments, FIFO
         self._wake = threading.Event()
         self._closed = False
         self._error: BaseException | None = None
@@ -156,6 +162,7 @@ class EdgeBackend:
     def _loop(self) -> None:
         try:
             while not self._closed:
+                self._admit_incoming()
                 if not self.engine.has_unfinished():
                     self._wake.wait(0.05)
                     self._wake.clear()
@@ -171,6 +178,16 @@ class EdgeBackend:
                 loop.call_soon_threadsafe(queue.put_nowait, (time.perf_counter(), exc))
             raise
 
+    def _admit_incoming(self) -> None:
+        """Add the enqueued requests, in the order they came; a refused one gets its error."""
+        while self._incoming:
+            prompt_ids, params, rid, stream = self._incoming.popleft()
+            try:
+                self.engine.add_request(prompt_ids, params, request_id=rid, stream_id=stream)
+            except Exception as exc:  # noqa: BLE001 - delivered to that request's caller
+                loop, queue = self._queues[rid]
+                loop.call_soon_threadsafe(queue.put_nowait, (time.perf_counter(), exc))
+
     async def complete(self, stream: str, messages: list[dict], max_tokens: int) -> Outcome:
         import asyncio
 
@@ -184,12 +201,15 @@ class EdgeBackend:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         rid = f"{stream}-{len(messages)}"
         self._queues[rid] = (asyncio.get_running_loop(), queue)
-        self.engine.add_request(prompt_ids, params, request_id=rid, stream_id=stream)
+        self._incoming.append((prompt_ids, params, rid, stream))
         self._wake.set()
         first_t = None
         while True:
             t, ev = await queue.get()
             if isinstance(ev, BaseException):
+                if self._error is None:  # add_request refused this one; the engine goes on
+                    del self._queues[rid]
+                    raise RuntimeError(f"{self.name} refused request {rid}: {ev}") from ev
                 raise RuntimeError(f"{self.name} engine thread failed") from ev
             if ev.token_ids and first_t is None:
                 first_t = t
