@@ -145,7 +145,8 @@ def test_engine_centres_keys_by_default_and_can_be_told_not_to():
     prompts = tiny_prompts([40, 25, 61], seed=3)
     on = engine_for(tiny(), kv_dtype="int8")
     off = engine_for(tiny(), kv_dtype="int8", centred_keys=False)
-    _generate(on, prompts), _generate(off, prompts)
+    _generate(on, prompts)
+    _generate(off, prompts)
     assert on.storage.k_means is not None and off.storage.k_means is None
     assert bool((on.storage.pool.k_scale < 0).any())  # some stored keys are centred
     assert not bool((off.storage.pool.k_scale < 0).any())
@@ -175,6 +176,16 @@ def test_budget_key_is_checked_and_reaches_the_plan(tmp_path):
     assert load_budget(str(off)).centred_keys is False
 
 
+SCORED_TEXT = (  # fixed here (not a repository file that may change), and not the calibration text
+    "The committee met on a cold morning to decide the future of the old railway line. Some members "
+    "wanted to turn it into a cycle path, others to sell the land for houses, and a few still hoped "
+    "that trains would return one day. After two hours of argument they agreed on a compromise: the "
+    "track would be kept, a path built beside it, and the question asked again in ten years. The "
+    "station building, empty since the last train left, would become a small museum run by "
+    "volunteers, with the signal box open to visitors on summer weekends. Funding would come from "
+    "the county, a lottery grant and a local brewery that promised to name a beer after the line.")
+
+
 @pytest.mark.slow
 def test_centred_keys_bring_smollm2_closer_to_fp32_kv():
     """The reason for the format: on the real model, every position scored as a decode step (as
@@ -184,8 +195,7 @@ def test_centred_keys_bring_smollm2_closer_to_fp32_kv():
     from edge_runtime.engine.scoring import score_logits
 
     loaded = smollm2()
-    text = pathlib.Path(__file__).parents[1].joinpath("README.md").read_text()
-    ids = loaded.tokenizer(text, add_special_tokens=False).input_ids[:160]
+    ids = loaded.tokenizer(SCORED_TEXT, add_special_tokens=False).input_ids[:160]
 
     def logprobs(**cfg):  # one position per step: every position read as a decode token
         eng = engine_for(loaded, enable_prefix_cache=False, enable_inline=False, max_batch_tokens=1,
