@@ -5,9 +5,10 @@ mean key is 63-83% of a key's norm for SmolLM2-135M), so an int8 row of `k - m` 
 than one of `k`. A fixed vector subtracted from keys is exact for attention once readers add `q.m`
 back, so int8 stores keep each key centred where that lowers its absmax (kernels/quantize.py).
 
-What: the model runs in fp32, as one prefill without a cache, over a fixed calibration text
-shipped with the package (data/key_calibration.txt: chat turns in the ChatML template, prose and
-code; not any benchmark's text), and each layer's roped keys are averaged over positions 1..
+What: the model runs in its own precision (fp32 activations on CPU, AWQ weights as loaded), as
+one prefill without a cache, over a fixed calibration text shipped with the package
+(data/key_calibration.txt: chat turns in the ChatML template, prose and code; not any
+benchmark's text), and each layer's roped keys are averaged over positions 1..
 (position 0, the attention sink, is far from the others and left out), then rotated into the
 stores' Hadamard basis when the store is rotated. A model without a tokenizer (tests' random
 models) is run on a fixed pseudo-random token sequence instead. The result is a pure function of
