@@ -210,7 +210,7 @@ class NativeDecodeAttention:
         advances them itself, expects)."""
         mean = None
         if self.k_means is not None:
-            mean = self.k_means.data_ptr() + layer * self.k_means[0].numel() * 4
+            mean = self.k_means[layer].data_ptr()
         for slot, stride in zip(self.parts, self.layer_strides):
             slot.layer_offset = layer * stride
             slot.kmean = mean if slot.ks else None  # int8 parts only: the window is fp16

@@ -264,7 +264,7 @@ class PagedKVContext:
                 new_kv = (k[first:first + n], v[first:first + n]) if fresh else None
                 out[first:first + n] = gather_prefill_attention(q[first:first + n], args, bias,
                                                                 self.sm_scale, new_kv,
-                                                                self._key_mean(layer))
+                                                                self.storage.key_mean("pages", layer))
         if flat.decode_tokens.numel():
             q_dec = q if flat.all_decode else q[flat.decode_tokens]
             out_dec = self._decode(layer, q_dec)
@@ -323,12 +323,8 @@ class PagedKVContext:
         if native:
             return native(q_dec, layer)
         parts = [self._store_args(name, rows, layer) for name, rows in flat.gather]
-        return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale, self._key_mean(layer))
-
-    def _key_mean(self, layer: int) -> torch.Tensor | None:
-        """The layer's mean key of the int8 stores (centred keys), or None."""
-        means = self.storage.k_means
-        return None if means is None else means[layer]
+        return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale,
+                                       self.storage.key_mean("pages", layer))
 
     def _store_args(self, name: str, rows: torch.Tensor, layer: int):
         st = self.storage.store(name)

@@ -91,8 +91,8 @@ static inline float absmax(const float *x, int d) {
     return amax;
 }
 
-static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scale_bits) {
-    const float amax = absmax(x, d);
+/* x's absmax already known (amax) */
+static inline void quantize_row_amax(const float *x, int d, float amax, int8_t *q, uint16_t *scale_bits) {
     uint16_t h = float_to_half(amax > 0.0f ? amax / 127.0f : 1.0f);
     float s = half_to_float(h);
     for (int i = 0; i < d; i++) {
@@ -103,21 +103,27 @@ static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scal
     *scale_bits = h;
 }
 
+static inline void quantize_row(const float *x, int d, int8_t *q, uint16_t *scale_bits) {
+    quantize_row_amax(x, d, absmax(x, d), q, scale_bits);
+}
+
 #define MAX_HEAD_DIM 256
 
 /* a key row: centred (x - m, the scale's sign bit set) when that lowers its absmax, as
  * quantize_int8_keys; m NULL: quantize_row. With m, d <= MAX_HEAD_DIM (the callers check). */
 static inline void quantize_key_row(const float *x, const float *m, int d, int8_t *q, uint16_t *scale_bits) {
+    const float x_amax = absmax(x, d);
     if (m) {
         float c[MAX_HEAD_DIM];
         for (int i = 0; i < d; i++) c[i] = x[i] - m[i];
-        if (absmax(c, d) < absmax(x, d)) {
-            quantize_row(c, d, q, scale_bits);
+        const float c_amax = absmax(c, d);
+        if (c_amax < x_amax) {
+            quantize_row_amax(c, d, c_amax, q, scale_bits);
             *scale_bits |= 0x8000;
             return;
         }
     }
-    quantize_row(x, d, q, scale_bits);
+    quantize_row_amax(x, d, x_amax, q, scale_bits);
 }
 
 /* k, v: [T, Hkv, D] fp32, heads contiguous, tokens k_stride_t / v_stride_t floats apart;
