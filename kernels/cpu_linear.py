@@ -33,9 +33,10 @@ BATCH_HINT = 16
 ENV_SWITCH = "EDGE_RUNTIME_CPU_LINEAR"  # auto (default) | c-blocked | onednn | dense (A/B runs)
 BLOCK_N = 16  # output rows per block of kernels/csrc/linear_f32.c
 # c-blocked: from this many rows on (prefill chunks), a batched matmul over the blocked weights
-# instead of the C kernel: on the 2-vCPU Intel Xeon VM (twelfth session) a 576 x 3,072 linear with
-# weights from DRAM took 0.74 vs 1.59 ms at 16 rows, 0.54 vs 1.09 ms at 8, and 0.51 vs 0.45 ms at
-# 4; at 512 rows 300 vs 65 GFLOP/s (docs/perf.md, "Twelfth session")
+# instead of the C kernel. On the twelfth session's Intel Xeon VM, weights cold, 576 x 3,072
+# (`python tools/linear_rows_probe.py --rows 8,32,128,512 --copies 20`, after the T0 prefetch of
+# linear_f32.c): 8 rows C 0.41 / matmul 0.49 ms, 32 rows 0.92 / 0.89, 128 rows 3.1 / 2.5, 512
+# rows 11.7 / 9.2: about even below ~32 rows, BLAS ahead above (docs/perf.md, "Twelfth session").
 GEMM_MIN_ROWS = 8
 
 
