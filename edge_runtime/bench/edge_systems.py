@@ -128,6 +128,8 @@ class EdgeBackend:
         import collections
         import threading
 
+        from edge_runtime.kernels.openmp_pool import release_thread_pool
+
         self.name = system
         self.loaded = loaded
         self.engine = engine
@@ -140,6 +142,7 @@ class EdgeBackend:
         self._wake = threading.Event()
         self._closed = False
         self._error: BaseException | None = None
+        release_thread_pool()  # built in this thread, stepped in the driver (kernels/openmp_pool.py)
         self._thread = threading.Thread(target=self._loop, name=f"bench-{system}", daemon=True)
         self._thread.start()
 

@@ -59,6 +59,11 @@ class HFBackend:
         self.kv = Timeline()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self._lock = asyncio.Lock()
+        # loaded in this thread, generates in asyncio's worker thread: the same release the
+        # engine gets (kernels/openmp_pool.py), so the baseline is not slowed by it either
+        from edge_runtime.kernels.openmp_pool import release_thread_pool
+
+        release_thread_pool()
 
     async def complete(self, stream: str, messages: list[dict], max_tokens: int) -> Outcome:
         from edge_runtime.model.chat import encode_messages

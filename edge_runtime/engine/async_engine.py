@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 
 from edge_runtime.engine.api import GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.engine import Engine
+from edge_runtime.kernels.openmp_pool import release_thread_pool
 
 
 class EngineLoopStopped(RuntimeError):
@@ -40,6 +41,9 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._stop = False
         self._error: BaseException | None = None
+        # the engine was built in this thread, it runs in the loop thread: free this thread's
+        # OpenMP workers, or every parallel region of the loop thread pays a wake-up
+        release_thread_pool()
         self._thread = threading.Thread(target=self._run, name="edge-engine", daemon=True)
         self._thread.start()
 
