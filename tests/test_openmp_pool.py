@@ -28,19 +28,27 @@ def _wait_for(pred, timeout_s: float = 5.0) -> bool:
     return pred()
 
 
+@pytest.fixture
+def two_torch_threads():
+    """Other tests (and silero's import) leave torch on one thread: no workers to release."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one torch thread: no OpenMP workers")
-def test_release_ends_the_workers_and_keeps_results():
+def test_release_ends_the_workers_and_keeps_results(two_torch_threads):
     x = torch.randn(512, 4096, generator=torch.Generator().manual_seed(0))
     assert loaded_runtime() is not None, "torch's CPU build loads an OpenMP 5.0 runtime here"
     seen = {}
 
     def worker():
+        assert torch.get_num_threads() == 2  # torch applies the count to every new thread
         seen["before"] = _parallel_op(x)
         seen["with_pool"] = _num_threads()
         seen["released"] = release_thread_pool()
-        seen["ended"] = _wait_for(lambda: _num_threads() <= seen["with_pool"]
-                                  - (torch.get_num_threads() - 1))
+        seen["ended"] = _wait_for(lambda: _num_threads() <= seen["with_pool"] - 1)
         seen["after"] = _parallel_op(x)  # a new pool
         seen["released_again"] = release_thread_pool()
 
