@@ -59,12 +59,39 @@ def test_requests_arriving_together_share_one_system_prompt_copy():
     prompts = [system + s for s in tiny_prompts([5, 8, 6, 9], seed=210)]
     eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=48, inline_tokens=32)
     results = eng.generate(prompts, greedy(6, ignore_eos=True))
-    # the first computes the system prompt; the others wait one step and match its pages
+    # the first computes the system prompt; the others match its pages (in the same step)
     assert results[0].cached_prompt_tokens == 0
     assert all(r.cached_prompt_tokens >= 64 for r in results[1:])  # 4 full 16-token pages + more
     cold = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=48,
                       enable_prefix_cache=False).generate(prompts, greedy(6, ignore_eos=True))
     assert [r.token_ids for r in results] == [r.token_ids for r in cold]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
+def test_sharers_get_their_first_token_in_the_step_that_computes_the_prefix(kv_dtype, monkeypatch):
+    """The followers read the prefix in the forward that writes it: every first token comes from
+    the first step, and every answer equals the one of waiting a step for the prefix (the same
+    K/V bytes are read: bit-identical, int8 included)."""
+    from edge_runtime.engine.scheduler import Scheduler
+
+    system = tiny_prompts([70], seed=140)[0]
+    prompts = [system + s for s in tiny_prompts([5, 8, 6, 9], seed=240)]
+    params = greedy(6, ignore_eos=True)
+    eng = engine_for(tiny(), kv_dtype=kv_dtype, page_tokens=16, num_pages=48, inline_tokens=32)
+    ids = [eng.add_request(p, params) for p in prompts]
+    first = eng.step()
+    assert {e.request_id for e in first if e.token_ids} == set(ids)
+    assert eng.counters["prefill_tokens"] == len(prompts[0]) + sum(len(p) - 70 for p in prompts[1:])
+    results = {e.request_id: e.result for e in first if e.result is not None}
+    while eng.has_unfinished():
+        results.update({e.request_id: e.result for e in eng.step() if e.result is not None})
+    monkeypatch.setattr(Scheduler, "_commit_ahead", lambda self, out: None)  # the old schedule
+    waited = engine_for(tiny(), kv_dtype=kv_dtype, page_tokens=16, num_pages=48, inline_tokens=32)
+    expected = waited.generate(prompts, params)
+    assert [results[i].token_ids for i in ids] == [r.token_ids for r in expected]
+    assert [results[i].cached_prompt_tokens for i in ids] == [r.cached_prompt_tokens for r in expected]
+    assert waited.counters["steps"] > eng.counters["steps"]
+    eng.kv.check_leaks()
 
 
 def test_multi_turn_history_ends_in_slots_match_transformers():

@@ -5,6 +5,7 @@ the newest with resume from the cache, admission gate, a request that can never 
 import itertools
 
 from edge_runtime.cache.kv_manager import KVManager
+from edge_runtime.cache.kv_types import PAGES, CopyOp
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.scheduler import Scheduler
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
@@ -21,9 +22,11 @@ def _seq(name, n_prompt, max_tokens=8, first_token=3):
 
 
 def _run(sched, out, sampled=7):
-    """What the engine does after the forward: commit, then append a token when caught up."""
+    """What the engine does after the forward: commit (unless the scheduler committed ahead),
+    then append a token when caught up."""
     for seq, n in out.scheduled:
-        sched.kv.commit(seq.seq_id, seq.token_ids[seq.num_computed:seq.num_computed + n])
+        if seq.seq_id not in out.committed:
+            sched.kv.commit(seq.seq_id, seq.token_ids[seq.num_computed:seq.num_computed + n])
         seq.num_computed += n
         if seq.num_computed == len(seq.token_ids):
             seq.token_ids.append(sampled)
@@ -108,3 +111,72 @@ def test_lowest_priority_is_preempted_before_the_newest():
     out = s.schedule()  # both need a new page: the low-priority (older) one goes
     assert [q.seq_id for q in out.preempted] == ["low/0"]
     assert [q.seq_id for q, _ in out.scheduled] == ["high/0"]
+
+
+def _sharing_pair(shared=40, extra=6):
+    """a: `shared` tokens; b: the same tokens followed by `extra` of its own."""
+    a = _seq("a", shared)
+    b = _seq("b", shared)
+    b.token_ids += list(range(900, 900 + extra))
+    b.request.prompt_ids = list(b.token_ids)
+    return a, b
+
+
+def test_arriving_together_one_prefix_is_computed_once_in_one_step():
+    kv = KVManager(num_pages=16, page_tokens=8)
+    s = Scheduler(kv, max_num_seqs=4, max_batch_tokens=64)
+    a, b = _sharing_pair()
+    s.add(a)
+    s.add(b)
+    out = s.schedule()
+    # a computes the 40 shared tokens; b reads a's pages in the same forward, computes its 6
+    assert [(q.seq_id, n) for q, n in out.scheduled] == [("a/0", 40), ("b/0", 6)]
+    assert out.committed == {"a/0"} and out.copies == []
+    assert b.num_computed == 40 and kv.seqs["b/0"].prefix_pages == kv.seqs["a/0"].tail_pages
+    assert kv.counters.cached_prompt_tokens == 40
+    kv.check_invariants()
+    _run(s, out)
+    kv.check_invariants()
+    assert [(q.seq_id, n) for q, n in s.schedule().scheduled] == [("a/0", 1), ("b/0", 1)]
+
+
+def test_prefill_longer_than_the_step_still_makes_the_other_wait():
+    kv = KVManager(num_pages=16, page_tokens=8)
+    s = Scheduler(kv, max_num_seqs=4, max_batch_tokens=48)
+    a, b = _sharing_pair(shared=80)
+    s.add(a)
+    s.add(b)
+    out = s.schedule()  # a's first chunk takes the whole budget: b waits for the rest
+    assert [(q.seq_id, n) for q, n in out.scheduled] == [("a/0", 48)]
+    assert out.committed == set() and list(s.waiting) == [b]
+    _run(s, out)
+    out = s.schedule()  # a's last 32 tokens, then b in the same step over all 80 of them
+    assert [(q.seq_id, n) for q, n in out.scheduled] == [("a/0", 32), ("b/0", 6)]
+    assert out.committed == {"a/0"} and b.num_computed == 80
+    _run(s, out)
+    kv.check_invariants()
+
+
+def test_a_sharer_that_needs_a_copy_waits_and_leaves_the_counters(monkeypatch):
+    """A copy runs before the forward, when the pages committed ahead are not written yet: such
+    a sequence is taken back and admitted in the next step instead."""
+    kv = KVManager(num_pages=16, page_tokens=8)
+    s = Scheduler(kv, max_num_seqs=4, max_batch_tokens=64)
+    a, b = _sharing_pair()
+    s.add(a)
+    s.add(b)
+    reserve = kv.reserve
+
+    def reserve_with_a_copy(seq_id, n):
+        ops = reserve(seq_id, n)
+        if seq_id == "b/0":
+            ops = ops + [kv._copied(CopyOp(PAGES, 0, PAGES, 8, 4))]
+        return ops
+
+    monkeypatch.setattr(kv, "reserve", reserve_with_a_copy)
+    out = s.schedule()
+    assert [(q.seq_id, n) for q, n in out.scheduled] == [("a/0", 40)]
+    assert list(s.waiting) == [b] and b.num_computed == 0 and "b/0" not in kv.seqs
+    c = kv.counters
+    assert (c.admitted, c.copies, c.copied_tokens, c.cached_prompt_tokens) == (1, 0, 0, 0)
+    kv.check_invariants()

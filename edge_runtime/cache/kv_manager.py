@@ -182,12 +182,15 @@ class KVManager(TailStorage):
         self._drop(seq)
         return copies
 
-    def release(self, seq_id) -> None:
+    def release(self, seq_id, planned_copies=()) -> None:
         """Cancel: drop every reference. Committed K/V in pages stays cached (it is complete);
         an inline tail is dropped. Released before computing anything (an admission the engine
-        takes back), the sequence leaves the admission and hit-rate counters as they were."""
+        takes back), the sequence leaves the admission, hit-rate and copy counters as they were
+        (`planned_copies`: the CopyOps its reserve returned, never run)."""
         seq = self.seqs[seq_id]
         if seq.num_tokens == seq.num_cached_tokens:
+            self.counters.copies -= len(planned_copies)
+            self.counters.copied_tokens -= sum(op.num_tokens for op in planned_copies)
             self.counters.admitted -= 1
             self.counters.prompt_tokens -= seq.prompt_len
             self.counters.cached_prompt_tokens -= seq.num_cached_tokens

@@ -123,7 +123,7 @@ class Engine:
                 self.storage.copy(op)
             self.last_step_tokens = out.num_tokens
             if out.scheduled:
-                self._run_batch(out.scheduled, events)
+                self._run_batch(out.scheduled, events, out.committed)
                 self.counters["steps"] += 1
             if not self.scheduler.has_work():
                 self.kv.check_leaks()  # idle: no live page, no slot in use
@@ -178,7 +178,9 @@ class Engine:
             return self.pool_chunks.grow(self.kv, self.storage)
 
     # --- one step ---------------------------------------------------------------------------
-    def _run_batch(self, scheduled: list[tuple[Sequence, int]], events: list[TokenEvent]) -> None:
+    def _run_batch(self, scheduled: list[tuple[Sequence, int]], events: list[TokenEvent],
+                   committed: set = frozenset()) -> None:
+        """committed: seq_ids whose tokens the scheduler committed ahead (scheduler policy 5)."""
         now = time.perf_counter()
         ids, steps, last_rows, sampled = [], [], [], []
         for seq, n in scheduled:
@@ -195,7 +197,8 @@ class Engine:
         logits = self._forward(ids, steps, last_rows)
         for seq, n in scheduled:
             start = seq.num_computed
-            self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
+            if seq.seq_id not in committed:
+                self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
             seq.num_computed += n
         self._sample_and_emit(sampled, logits, events)
 

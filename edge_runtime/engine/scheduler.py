@@ -15,6 +15,15 @@ Policy (one `schedule()` call per engine step):
    restarted once with every cached page evicted, since a prefix hit can make it need more pages
    than a cold start (it pins the matched pages and copies a shared partial page per fork).
 
+5. Requests that arrive together with one uncached prefix (five streams, one system prompt): the
+   first computes it; the others are admitted into the same step, after it, reading its pages.
+   For that the step's prefill tokens are committed when the step is planned ("ahead": their K/V
+   is written in the forward before any attention reads it, layer by layer, on every path), so
+   the prefix cache matches them; `committed` tells the engine not to commit them again. Only a
+   sequence that needs no copy is admitted so (a copy runs before the forward, when those pages
+   are not written yet); nothing is preempted after the commit. Before this the others waited a
+   step (`_waits_for_inflight_prefix`), as they still do for a prefill longer than the step.
+
 Beam groups (a beam-search request's sequences) move together: admitted all-or-nothing, never
 chunked, preempted together, so every beam has its logits in the same step.
 
@@ -42,6 +51,7 @@ class SchedulerOutput:
     copies: list = field(default_factory=list)  # (seq, CopyOp) to run before the forward
     preempted: list[Sequence] = field(default_factory=list)
     failed: list[tuple[Sequence, str]] = field(default_factory=list)  # can never fit: error
+    committed: set = field(default_factory=set)  # seq_ids whose scheduled tokens are committed
 
     @property
     def num_tokens(self) -> int:
@@ -90,24 +100,40 @@ class Scheduler:
             if seq.num_pending > 1 and seq.status is SeqStatus.RUNNING and budget > 0:
                 n = seq.num_pending if seq.request.is_beam else min(seq.num_pending, budget)
                 budget -= self._reserve_or_preempt(seq, n, out)
-        self._admit(out, budget)
+        budget, held = self._admit(out, budget)
+        if held and budget > 0:  # policy 5: share a prefix computed in this very step
+            self._commit_ahead(out)
+            self._admit(out, budget, copies_allowed=False)
         return out
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int,
+               copies_allowed: bool = True) -> tuple[int, bool]:
+        """Admit from the head of the queue; returns (budget left, whether the head waits for a
+        prefix being computed in this step)."""
         while self.waiting and budget > 0 and self.admission_gate():
             group = self._waiting_group(self.waiting[0])
             width = max(len(group), self._width(group[0]))
             if self.running and len(self.running) + width > self.max_num_seqs:
-                return
+                break
             if self._waits_for_inflight_prefix(group[0]):
-                return
-            admitted = self._admit_group(group, budget, out)
+                return budget, True
+            admitted = self._admit_group(group, budget, out, copies_allowed)
             if admitted is None:
-                return
+                break
             budget -= admitted
+        return budget, False
 
-    def _admit_group(self, group: list[Sequence], budget: int, out: SchedulerOutput) -> int | None:
-        """Plan KV for every sequence of the group, or for none. Returns tokens scheduled."""
+    def _commit_ahead(self, out: SchedulerOutput) -> None:
+        """Commit the prefill tokens of this step now, so that the prefix cache matches them."""
+        for seq, n in out.scheduled:
+            if n > 1 and seq.seq_id not in out.committed:
+                self.kv.commit(seq.seq_id, seq.token_ids[seq.num_computed:seq.num_computed + n])
+                out.committed.add(seq.seq_id)
+
+    def _admit_group(self, group: list[Sequence], budget: int, out: SchedulerOutput,
+                     copies_allowed: bool = True) -> int | None:
+        """Plan KV for every sequence of the group, or for none. Returns tokens scheduled;
+        None when it must wait (no pages now, or a copy where `copies_allowed` is False)."""
         planned, used, copies = [], 0, []
         try:
             for seq in group:
@@ -117,6 +143,11 @@ class Scheduler:
                 n = seq.num_pending if seq.request.is_beam else min(seq.num_pending, budget - used)
                 copies += [(seq, op) for op in self.kv.reserve(seq.seq_id, n)]
                 used += n
+            if copies and not copies_allowed:
+                for seq in planned:
+                    self.kv.release(seq.seq_id, [op for s, op in copies if s is seq])
+                    seq.num_computed = 0
+                return None
         except OutOfPages as exc:
             for seq in planned:
                 self.kv.release(seq.seq_id)
