@@ -94,6 +94,23 @@ def test_sharers_get_their_first_token_in_the_step_that_computes_the_prefix(kv_d
     eng.kv.check_leaks()
 
 
+def test_a_step_that_fails_after_committing_ahead_stops_the_engine(monkeypatch):
+    system = tiny_prompts([70], seed=150)[0]
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=48, inline_tokens=32)
+    for p in (system + s for s in tiny_prompts([5, 8], seed=250)):
+        eng.add_request(p, greedy(4))
+
+    def fail(*args):
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(eng, "_forward", fail)
+    with pytest.raises(MemoryError):
+        eng.step()  # the second request was admitted over the first one's pages, committed ahead
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="build a new Engine"):
+        eng.step()
+
+
 def test_multi_turn_history_ends_in_slots_match_transformers():
     """Turns whose history crosses page boundaries: a turn's end continues in inline slots
     after full pages (copied from the shared partial page, or after filling its own page), and

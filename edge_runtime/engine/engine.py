@@ -68,6 +68,7 @@ class Engine:
         self._lock = threading.RLock()
         self._events: list[TokenEvent] = []  # produced outside step() (cancel)
         self._admission_paused = False
+        self._broken: BaseException | None = None  # a step failed after committing ahead
         self.last_step_tokens = 0  # tokens computed by the last step (0: nothing could run)
         self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
                              requests_failed=0, requests_cancelled=0, pool_bytes_released=0)
@@ -113,6 +114,10 @@ class Engine:
 
     def step(self) -> list[TokenEvent]:
         with self._lock:
+            if self._broken is not None:
+                raise RuntimeError("an earlier step failed after its prefill tokens were committed "
+                                   "ahead; their pages may be unwritten: build a new Engine") \
+                    from self._broken
             events, self._events = self._events, []
             out = self.scheduler.schedule()
             for seq, message in out.failed:
@@ -123,7 +128,14 @@ class Engine:
                 self.storage.copy(op)
             self.last_step_tokens = out.num_tokens
             if out.scheduled:
-                self._run_batch(out.scheduled, events, out.committed)
+                try:
+                    self._run_batch(out.scheduled, events, out.committed)
+                except BaseException as exc:
+                    # without tokens committed ahead a failed step can simply be retried; with
+                    # them the prefix cache would hand out pages whose K/V was never written
+                    if out.committed:
+                        self._broken = exc
+                    raise
                 self.counters["steps"] += 1
             if not self.scheduler.has_work():
                 self.kv.check_leaks()  # idle: no live page, no slot in use
