@@ -2,11 +2,12 @@
 
 Why: GNU OpenMP (libgomp; torch's CPU wheels and our C kernels share one copy in the process) keeps
 a pool of worker threads for every thread that has started a parallel region, and counts them all.
-Once they outnumber the CPUs it throttles: an idle worker spins ~1000x shorter before it sleeps, so
-every parallel region pays a futex wake-up. Loading the model in one thread (the main thread, the
-service's loader thread) and stepping the engine in another crosses that line on any machine where
-torch uses every core (a Jetson too). Measured on a 2-vCPU VM: small torch ops ~10x slower in the
-engine thread, a step with short prefills ~2x (docs/perf.md, "Thirteenth session").
+Once they outnumber the CPUs it throttles: an idle worker spins 100 times instead of 300,000
+before it sleeps (libgomp's documented GOMP_SPINCOUNT rule), so every parallel region pays a futex
+wake-up. Loading the model in one thread (the main thread, the service's loader thread) and
+stepping the engine in another crosses that line on any machine where torch uses every core (a
+Jetson too). Measured on a 2-vCPU VM: a step with short prefills ~1.8x slower, a decode step ~1.2x
+(`python tools/thread_pool_probe.py`, docs/perf.md "Thirteenth session's runs").
 
 `omp_pause_resource_all(omp_pause_soft)` (OpenMP 5.0) frees the calling thread's pool and drops it
 from the count; a later parallel region in that thread builds a new pool, so releasing is always
