@@ -14,7 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_helpers import make_tiny_llama, write_trace  # noqa: E402
 
+from edge_runtime.bench.stats import percentile  # noqa: E402
 from edge_runtime.bench.trace_bench import compare, identical_answers, parse_systems  # noqa: E402
+from edge_runtime.bench.trace_worker import later_turn_ttfts  # noqa: E402
 from edge_runtime.cli import main  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
@@ -49,6 +51,9 @@ def test_rows_records_and_files(report):
         assert row["output_tokens"] == sum(r["output_tokens"] for r in recs) > 0
         assert row["peak_kv_bytes"] > 0 and row["peak_rss_bytes"] > 0
         assert 0 < row["ttft_p50_s"] <= row["ttft_p95_s"]
+        later = [r["ttft_s"] for r in recs if r["turn"] > 0]  # turns count from 0 here
+        assert len(later) == STREAMS * (TURNS - 1) == len(later_turn_ttfts(recs))
+        assert row["ttft_p95_later_turns_s"] == pytest.approx(percentile(later, 95))
         assert row["jtop"].startswith("unavailable")
         # later turns carry the history, so prompts grow within a stream
         for s in range(STREAMS):

@@ -17,9 +17,20 @@ from edge_runtime.bench.stats import percentile
 from edge_runtime.bench.trace import load_trace
 
 
+def later_turn_ttfts(recs) -> list[float]:
+    """TTFTs of every turn after each stream's first (its cold start), for records or their dicts."""
+    get = (lambda r, k: r[k]) if recs and isinstance(recs[0], dict) else getattr
+    first: dict = {}
+    for r in recs:
+        first[get(r, "stream")] = min(first.get(get(r, "stream"), get(r, "turn")), get(r, "turn"))
+    return [get(r, "ttft_s") for r in recs
+            if get(r, "ttft_s") is not None and get(r, "turn") > first[get(r, "stream")]]
+
+
 def summarize(system: str, result: ReplayResult, peak_kv, peak_rss, extra: dict) -> dict:
     recs = result.records
     ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
+    later = later_turn_ttfts(recs)
     tpots = [r.tpot_s for r in recs if r.tpot_s is not None]
     out_tokens = sum(r.output_tokens for r in recs)
     prompt = [r.prompt_tokens for r in recs if r.prompt_tokens is not None]
@@ -30,6 +41,7 @@ def summarize(system: str, result: ReplayResult, peak_kv, peak_rss, extra: dict)
         "requests_per_s": len(recs) / span, "output_tokens": out_tokens,
         "output_tokens_per_s": out_tokens / span,
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
+        "ttft_p95_later_turns_s": percentile(later, 95) if later else None,
         "tpot_p50_s": percentile(tpots, 50), "tpot_p95_s": percentile(tpots, 95),
         "peak_kv_bytes": peak_kv, "peak_rss_bytes": peak_rss,
         "prompt_tokens": sum(prompt) if len(prompt) == len(recs) else None,
