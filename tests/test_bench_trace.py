@@ -52,7 +52,8 @@ def test_rows_records_and_files(report):
         assert row["peak_kv_bytes"] > 0 and row["peak_rss_bytes"] > 0
         assert 0 < row["ttft_p50_s"] <= row["ttft_p95_s"]
         later = [r["ttft_s"] for r in recs if r["turn"] > 0]  # turns count from 0 here
-        assert len(later) == STREAMS * (TURNS - 1) == len(later_turn_ttfts(recs))
+        assert len(later) == STREAMS * (TURNS - 1) == len(later_turn_ttfts(
+            (r["stream"], r["turn"], r["ttft_s"]) for r in recs))
         assert row["ttft_p95_later_turns_s"] == pytest.approx(percentile(later, 95))
         assert row["jtop"].startswith("unavailable")
         # later turns carry the history, so prompts grow within a stream

@@ -17,20 +17,20 @@ from edge_runtime.bench.stats import percentile
 from edge_runtime.bench.trace import load_trace
 
 
-def later_turn_ttfts(recs) -> list[float]:
-    """TTFTs of every turn after each stream's first (its cold start), for records or their dicts."""
-    get = (lambda r, k: r[k]) if recs and isinstance(recs[0], dict) else getattr
+def later_turn_ttfts(turns) -> list[float]:
+    """turns: (stream, turn, ttft_s) of every request -> the TTFTs of every turn after each
+    stream's first (its cold start)."""
+    turns = list(turns)
     first: dict = {}
-    for r in recs:
-        first[get(r, "stream")] = min(first.get(get(r, "stream"), get(r, "turn")), get(r, "turn"))
-    return [get(r, "ttft_s") for r in recs
-            if get(r, "ttft_s") is not None and get(r, "turn") > first[get(r, "stream")]]
+    for stream, turn, _ in turns:
+        first[stream] = min(first.get(stream, turn), turn)
+    return [ttft for stream, turn, ttft in turns if ttft is not None and turn > first[stream]]
 
 
 def summarize(system: str, result: ReplayResult, peak_kv, peak_rss, extra: dict) -> dict:
     recs = result.records
     ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
-    later = later_turn_ttfts(recs)
+    later = later_turn_ttfts((r.stream, r.turn, r.ttft_s) for r in recs)
     tpots = [r.tpot_s for r in recs if r.tpot_s is not None]
     out_tokens = sum(r.output_tokens for r in recs)
     prompt = [r.prompt_tokens for r in recs if r.prompt_tokens is not None]
