@@ -291,6 +291,29 @@ def test_any_small_pool_gives_unconstrained_outputs(lengths, page_tokens, spare,
     eng.kv.check_leaks()
 
 
+@settings(max_examples=5, deadline=None, derandomize=True)
+@given(shared=st.integers(32, 60), tails=st.lists(st.integers(1, 12), min_size=2, max_size=4),
+       page_tokens=st.sampled_from([4, 8, 16]), spare=st.integers(0, 6), inline=st.booleans(),
+       max_batch=st.integers(40, 128))
+def test_arriving_together_with_one_prefix_under_any_small_pool(shared, tails, page_tokens, spare,
+                                                                inline, max_batch):
+    """Same-step sharing (scheduler policy 5) under chunking, small pools and preemption: the
+    answers of an engine without a prefix cache."""
+    system = tiny_prompts([shared], seed=1500)[0]
+    prompts = [system + t for t in tiny_prompts(tails, seed=1501)]
+    params = greedy(8, ignore_eos=True)
+    alone = engine_for(tiny(), kv_dtype="fp32", page_tokens=64, num_pages=32,
+                       enable_prefix_cache=False).generate(prompts, params)
+    need = -(-(max(map(len, prompts)) + 8) // page_tokens) + 1  # the largest alone + a CoW page
+    eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=page_tokens, num_pages=need + spare,
+                     enable_inline=inline, inline_tokens=page_tokens, max_num_seqs=4,
+                     max_batch_tokens=max_batch)
+    results = eng.generate(prompts, params)
+    assert [r.token_ids for r in results] == [r.token_ids for r in alone]
+    assert all(r.finish_reason == "length" for r in results)
+    eng.kv.check_leaks()
+
+
 def test_n_samples_with_the_largest_seed_wrap_instead_of_failing():
     """seed 2**64 - 1 with n = 3: children are seeded seed + i modulo 2**64 (0 and 1), where the
     unwrapped seed used to raise inside step() and stop the engine for good."""
