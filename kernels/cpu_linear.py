@@ -37,7 +37,9 @@ BLOCK_N = 16  # output rows per block of kernels/csrc/linear_f32.c
 # (`python tools/linear_rows_probe.py --rows 8,32,128,512 --copies 20`, after the T0 prefetch of
 # linear_f32.c): 8 rows C 0.41 / matmul 0.49 ms, 32 rows 0.92 / 0.89, 128 rows 3.1 / 2.5, 512
 # rows 11.7 / 9.2: about even below ~32 rows, BLAS ahead above (docs/perf.md, "Twelfth session").
-GEMM_MIN_ROWS = 8
+# With 12-row passes on AVX-512 (thirteenth session) the C kernel is ahead up to ~32-48 rows, so
+# the switch moved from 8 to 32 rows: short prefills mixed into decode steps stay in C.
+GEMM_MIN_ROWS = 32
 
 
 def _onednn_available() -> bool:

@@ -32,7 +32,7 @@ def _linear(k, n, bias, seed):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 2, 5, 7, 16, 37, 100])
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 12, 13, 16, 31, 32, 37, 100])
 @pytest.mark.parametrize("outs,bias", [((48,), False), ((40, 24, 24), True), ((96, 96), False),
                                        ((13, 7), True)])
 def test_packed_linear_matches_f_linear(kind, rows, outs, bias):
@@ -57,6 +57,32 @@ def test_packed_linear_takes_strided_and_batched_inputs(kind):
     x3 = torch.randn(2, 3, 64)
     torch.testing.assert_close(packed(x3), part(x3), atol=1e-5, rtol=1e-5)
     assert packed(torch.randn(0, 64)).shape == (0, 40)
+
+
+@pytest.mark.skipif(cpu_native.library() is None, reason="kernels/csrc not built (no C compiler)")
+def test_c_kernel_every_row_pass_and_row_block():
+    """The C kernel itself at every row count of a pass (1-12: AVX-512 builds take 12 rows a
+    pass, others 6) and across the 48-row blocks, whatever GEMM_MIN_ROWS sends to it; a row's
+    outputs do not depend on how many rows share its pass (bit-identical to that row alone)."""
+    part = _linear(80, 72, True, seed=9)
+    packed = PackedLinear([part], kind="c-blocked")
+    x = torch.randn(50, 80)
+    alone = [_c_rows(packed, x[i:i + 1]) for i in range(x.shape[0])]
+    for rows in [*range(1, 26), 47, 48, 49, 50]:
+        got = _c_rows(packed, x[:rows])
+        torch.testing.assert_close(got, part(x[:rows]), atol=1e-4, rtol=1e-4)
+        assert torch.equal(got, torch.cat(alone[:rows])), rows
+
+
+def _c_rows(packed, x):
+    """linear_blocked_f32 on x whatever its row count (PackedLinear hands 32+ rows to BLAS)."""
+    out = torch.empty(x.shape[0], packed.out_features)
+    rc = packed._lib.linear_blocked_f32(packed.packed.data_ptr(), packed.bias.data_ptr(),
+                                        x.data_ptr(), x.stride(0), out.data_ptr(),
+                                        packed.out_features, packed.out_features,
+                                        packed.in_features, x.shape[0], torch.get_num_threads())
+    assert rc == 0
+    return out
 
 
 @pytest.mark.skipif(cpu_native.library() is None, reason="kernels/csrc not built (no C compiler)")

@@ -8,9 +8,11 @@
  * linears"); torch's MKL GEMV and oneDNN's inner product reached 40-55% of it here.
  *
  * linear_blocked_f32: Y[r, n] = sum_k X[r, k] * W[n, k] (+ bias[n]) for r < R, n < N.
- * Rows are taken 6 at a time (12 vector accumulators: fits AVX2's 16 registers), in row blocks of
- * 48 so a block of X stays in cache while the weight blocks stream by; blocks of 16 outputs are
- * split statically over `nthreads` OpenMP threads. fp32 accumulation in k order per output.
+ * Rows are taken 6 at a time (12 vector accumulators: fits AVX2's 16 registers; 12 at a time on
+ * AVX-512 targets, one 16-lane accumulator per row of its 32 registers), in row blocks of 48 so a
+ * block of X stays in cache while the weight blocks stream by; blocks of 16 outputs are split
+ * statically over `nthreads` OpenMP threads. fp32 accumulation in k order per output, so a row's
+ * outputs do not depend on the rows it shares a pass with.
  */
 #include <stdint.h>
 #include <string.h>
@@ -18,7 +20,14 @@
 #include "edge_runtime_cpu.h" /* v8f, load_v8, store_v8, splat_v8 */
 
 #define BLOCK_N LINEAR_BLOCK_N
+#if defined(__AVX512F__)
+/* 12 rows a pass: 7-12 rows (decode batches, short prefills in a mixed step) stream each weight
+ * line once instead of twice; on the Intel Xeon VM batch-8 decode steps 39-42 -> 31-32 ms and a
+ * 20-token prefill over a cached prefix 70-74 -> 61-65 ms (docs/perf.md, "Thirteenth session"). */
+#define MAX_ROWS 12
+#else
 #define MAX_ROWS 6
+#endif
 #define ROW_BLOCK 48
 /* Software prefetch 4 KiB ahead in the weight stream, for 3+ rows only: measured on huge pages
  * (docs/perf.md, "CPU linears"), it helps 5 rows and costs 1-2 rows (-4 to -8% when the
@@ -99,11 +108,24 @@ DEFINE_KERNEL(3)
 DEFINE_KERNEL(4)
 DEFINE_KERNEL(5)
 DEFINE_KERNEL(6)
+#if MAX_ROWS == 12
+DEFINE_KERNEL(7)
+DEFINE_KERNEL(8)
+DEFINE_KERNEL(9)
+DEFINE_KERNEL(10)
+DEFINE_KERNEL(11)
+DEFINE_KERNEL(12)
+#endif
 
 typedef void (*kernel_fn)(const float *, int64_t, const float *, int64_t, float *, int64_t, int,
                           const float *);
 static const kernel_fn KERNELS[MAX_ROWS + 1] = {0,        kernel_1, kernel_2, kernel_3,
-                                                kernel_4, kernel_5, kernel_6};
+                                                kernel_4, kernel_5, kernel_6,
+#if MAX_ROWS == 12
+                                                kernel_7, kernel_8, kernel_9, kernel_10,
+                                                kernel_11, kernel_12
+#endif
+};
 
 void linear_blocks_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
                        int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0, int64_t b1) {
