@@ -141,6 +141,12 @@ class PackedLinear(nn.Module):
         rows = x.reshape(-1, k)
         if rows.shape[0] >= GEMM_MIN_ROWS:
             return self._gemm(rows).view(*x.shape[:-1], n)
+        return self.c_kernel(rows).view(*x.shape[:-1], n)
+
+    def c_kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows: [M, in_features] float32 -> [M, out_features] through kernels/csrc/linear_f32.c
+        whatever M (forward hands GEMM_MIN_ROWS+ rows to BLAS; probes and tests call this)."""
+        k, n = self.in_features, self.out_features
         if rows.stride(1) != 1 or rows.stride(0) < k:
             rows = rows.contiguous()
         out = torch.empty(rows.shape[0], n, dtype=torch.float32)
@@ -150,7 +156,7 @@ class PackedLinear(nn.Module):
                 rows.data_ptr(), rows.stride(0), out.data_ptr(), n, n, k, rows.shape[0],
                 torch.get_num_threads())
             assert rc == 0, f"linear_blocked_f32 returned {rc}"
-        return out.view(*x.shape[:-1], n)
+        return out
 
     def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
         """Many rows (a prefill chunk): one batched matmul over the blocks, [M, K] @ [nb, K, 16]

@@ -67,22 +67,11 @@ def test_c_kernel_every_row_pass_and_row_block():
     part = _linear(80, 72, True, seed=9)
     packed = PackedLinear([part], kind="c-blocked")
     x = torch.randn(50, 80)
-    alone = [_c_rows(packed, x[i:i + 1]) for i in range(x.shape[0])]
+    alone = [packed.c_kernel(x[i:i + 1]) for i in range(x.shape[0])]
     for rows in [*range(1, 26), 47, 48, 49, 50]:
-        got = _c_rows(packed, x[:rows])
+        got = packed.c_kernel(x[:rows])
         torch.testing.assert_close(got, part(x[:rows]), atol=1e-4, rtol=1e-4)
         assert torch.equal(got, torch.cat(alone[:rows])), rows
-
-
-def _c_rows(packed, x):
-    """linear_blocked_f32 on x whatever its row count (PackedLinear hands 32+ rows to BLAS)."""
-    out = torch.empty(x.shape[0], packed.out_features)
-    rc = packed._lib.linear_blocked_f32(packed.packed.data_ptr(), packed.bias.data_ptr(),
-                                        x.data_ptr(), x.stride(0), out.data_ptr(),
-                                        packed.out_features, packed.out_features,
-                                        packed.in_features, x.shape[0], torch.get_num_threads())
-    assert rc == 0
-    return out
 
 
 @pytest.mark.skipif(cpu_native.library() is None, reason="kernels/csrc not built (no C compiler)")
