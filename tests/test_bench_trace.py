@@ -211,6 +211,29 @@ def test_trace_that_is_not_utf8_or_a_folder(tmp_path):
     assert load_trace(tmp_path / "ok.jsonl").streams["3"][0].arrival_s == 0.0
 
 
+def test_trace_loader_takes_what_json_lines_allow(tmp_path):
+    """A byte-order mark, CRLF line ends, and raw U+2028 / U+0085 inside a string (JSON allows them
+    unescaped; str.splitlines() would cut the line there)."""
+    from edge_runtime.bench.trace import load_trace
+
+    lines = [json.dumps({**_GOOD, "command": "turn on\u2028the light"}, ensure_ascii=False),
+             json.dumps({**_GOOD, "turn": 2, "command": "caf\u00e9\u0085x"}, ensure_ascii=False)]
+    (tmp_path / "t.jsonl").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    turns = load_trace(tmp_path / "t.jsonl").streams["s0"]
+    assert [t.command for t in turns] == ["turn on\u2028the light", "caf\u00e9\u0085x"]
+
+
+def test_trace_loader_refuses_surrogates_and_deep_nesting(tmp_path):
+    from edge_runtime.bench.trace import load_trace
+
+    (tmp_path / "s.jsonl").write_text(json.dumps({**_GOOD, "command": "\ud800"}))  # "\\ud800" in the file
+    with pytest.raises(InputError, match=r":1: command holds a lone UTF-16 surrogate"):
+        load_trace(tmp_path / "s.jsonl")
+    (tmp_path / "d.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(InputError, match=r":1: not valid JSON"):
+        load_trace(tmp_path / "d.jsonl")
+
+
 def test_edge_backend_sends_do_not_wait_for_a_running_step(tiny):
     """A stream's send during a long engine step (a cold-start prefill) must not stall the event
     loop, and so every other stream's send, until the step ends: the driver thread adds requests

@@ -54,7 +54,9 @@ def _parse_line(line: str, where: str) -> Turn:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{where}: not valid JSON ({exc.msg})") from exc
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError as exc:
+        raise InputError(f"{where}: not valid JSON for a trace (nested too deeply)") from exc
     if not isinstance(obj, dict):
         raise InputError(f"{where}: expected a JSON object per line")
     missing = [k for k in REQUIRED if k not in obj]
@@ -88,15 +90,30 @@ def _check_types(obj: dict, where: str) -> None:
         raise bad("turn", "an integer")
     if not (isinstance(obj["stream"], str) or _is_int(obj["stream"])):
         raise bad("stream", "a string or an integer id")
+    if isinstance(obj["stream"], str):
+        _check_encodable(obj["stream"], "stream", where)
     for field in ("system", "command"):
         if not isinstance(obj[field], str):
             raise bad(field, "a string")
+        _check_encodable(obj[field], field, where)
     arrival = obj.get("arrival_s")
     if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, (int, float))
                                 or not 0 <= arrival < float("inf")):
         raise bad("arrival_s", "a number of seconds >= 0 (or absent)")
-    if obj.get("answer") is not None and not isinstance(obj["answer"], str):
-        raise bad("answer", "a string (or absent)")
+    if obj.get("answer") is not None:
+        if not isinstance(obj["answer"], str):
+            raise bad("answer", "a string (or absent)")
+        _check_encodable(obj["answer"], "answer", where)
+
+
+def _check_encodable(text: str, field: str, where: str) -> None:
+    """A JSON escape like \\ud800 decodes to a lone UTF-16 surrogate, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{where}: {field} holds a lone UTF-16 surrogate "
+                         f"({text[exc.start]!r} at character {exc.start}); write the character "
+                         "itself or its full surrogate pair") from None
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -107,14 +124,16 @@ def load_trace(path: str | Path) -> Trace:
     if not p.is_file():
         raise InputError(f"trace file {p} does not exist (generate one with tools/gen_trace.py)")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_bytes().decode("utf-8-sig")  # a leading byte-order mark is allowed
     except UnicodeDecodeError as exc:
         raise InputError(f"trace file {p} is not UTF-8 text (byte {exc.start}): give JSON lines, "
                          "see docs/trace-format.md") from exc
     except OSError as exc:
         raise InputError(f"cannot read trace file {p}: {exc.strerror}") from exc
     streams: dict[str, list[Turn]] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # JSON lines end at "\n" only: str.splitlines() would also split inside a string at U+2028,
+    # U+0085 and the like, which JSON allows raw
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         turn = _parse_line(line, f"{p}:{lineno}")
