@@ -64,6 +64,8 @@ def test_parse_int_list_refuses_empty_items():
     for bad in ("1,,5", "1,", ",", "", "abc", "0", "-1", "1.5"):
         with pytest.raises(InputError, match="--batch"):
             parse_int_list(bad, "--batch")
+    with pytest.raises(InputError, match="--batch lists 1, 5 more than once"):
+        parse_int_list("1,5,1,5,2", "--batch")
 
 
 BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
@@ -93,6 +95,17 @@ BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
     ("service", ["--max-tokens", "0"], "--max-tokens"),
     ("trace", ["--num-pages", "0"], "--num-pages"),
     ("trace", ["--page-tokens", "0"], "--page-tokens"),
+    ("engine", ["--batch", "1,1"], "--batch"),
+    ("engine", ["--prompt-tokens", "8,8"], "--prompt-tokens"),
+    ("engine", ["--recent-window", "-1"], "--recent-window"),
+    ("step", ["--recent-window", "-1"], "--recent-window"),
+    ("trace", ["--recent-window", "-1"], "--recent-window"),
+    ("trace", ["--systems", "edge,hf,edge"], "--systems"),
+    ("trace", ["--from-json", ""], "--from-json"),
+    ("trace", ["--from-json", ","], "--from-json"),
+    ("trace", ["--from-json", "/"], "--from-json"),
+    ("trace", ["--target", "http://127.0.0.1:notaport"], "--target"),
+    ("trace", ["--target", "http://[::1"], "--target"),
 ]
 
 
@@ -118,3 +131,62 @@ def test_bad_target_scheme_is_refused_before_the_trace_is_read(capsys):
     rc = main(["bench", "trace", *MINIMAL["trace"], "--target", "ftp://x"])
     err = capsys.readouterr().err
     assert rc == 2 and "--target must be unix:PATH or http://HOST:PORT" in err, err
+
+
+def test_outputs_never_overwrite_the_trace_or_each_other(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{}\n")
+    for extra, message in [
+            (["--json", str(trace)], "is the --trace file this run reads"),
+            (["--json", str(tmp_path / "a.png"), "--plot", str(tmp_path / "a.png")],
+             "--json and --plot name the same file"),
+            (["--plot", str(tmp_path / "p.txt")], "end the file name with the image format"),
+            (["--plot", str(tmp_path / "noext")], "end the file name with the image format")]:
+        rc = main(["bench", "trace", "--model", NO_MODEL, "--trace", str(trace), *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and message in err and "Traceback" not in err, (extra, err)
+    assert trace.read_text() == "{}\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from bench_helpers import make_tiny_llama  # noqa: E402 - needs tests/ on sys.path
+
+    return str(make_tiny_llama(tmp_path_factory.mktemp("args_model") / "model"))
+
+
+@pytest.mark.parametrize("sub,extra,flags", [  # the tiny model's context is 2,048 tokens
+    ("engine", ["--batch", "1", "--prompt-tokens", "2000", "--gen-tokens", "49",
+                "--bandwidth-mib", "1"], "--prompt-tokens + --gen-tokens: 2049 tokens"),
+    ("step", ["--batch", "1", "--prompt-tokens", "2030", "--steps", "11"],
+     "--prompt-tokens + --steps + 8 spare tokens: 2049 tokens"),
+    ("logits", ["--lengths", "7,2049"], "--lengths: 2049 tokens"),
+    ("engine", ["--recent-window", "4096", "--bandwidth-mib", "1"], "--recent-window: 4096"),
+])
+def test_more_tokens_than_the_context_are_refused_before_the_load(tiny_model, sub, extra, flags,
+                                                                  capsys):
+    rc = main(["bench", sub, "--model", tiny_model, *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and flags in err and "context of 2048" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_trace_pool_larger_than_memory_is_refused_before_the_load(tiny_model, tmp_path, capsys):
+    from bench_helpers import write_trace  # noqa: E402
+
+    trace = write_trace(tmp_path / "t.jsonl", 1, 1)
+    rc = main(["bench", "trace", "--model", tiny_model, "--trace", str(trace), "--systems", "edge",
+               "--num-pages", str(10**12)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--num-pages 1000000000000" in err and "GiB" in err, err
+
+
+def test_trace_request_larger_than_the_pool_is_one_line(tiny_model, tmp_path, capsys):
+    from bench_helpers import write_trace  # noqa: E402
+
+    trace = write_trace(tmp_path / "t.jsonl", 1, 1)
+    rc = main(["bench", "trace", "--model", tiny_model, "--trace", str(trace), "--systems", "edge",
+               "--num-pages", "1", "--page-tokens", "16", "--no-isolate"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "refused request" in err and "--num-pages" in err, err
+    assert "Traceback" not in err

@@ -123,6 +123,18 @@ def test_compare_and_identical_helpers():
                                        "first_turn_total": 1}
     with pytest.raises(InputError):
         parse_systems("edge,vllm")
+    # streams that start at different turn numbers: each stream's own first turn counts
+    c = [{"stream": "a", "turn": 0, "text": "x"}, {"stream": "a", "turn": 1, "text": "y"},
+         {"stream": "b", "turn": 1, "text": "x"}]
+    assert identical_answers(c, c)["first_turn_total"] == 2
+
+
+def test_report_header_shows_uneven_streams():
+    from edge_runtime.bench.trace_bench import _shape
+
+    recs = [{"stream": s, "turn": t} for s, t in [("a", 0), ("a", 1), ("a", 2), ("b", 1)]]
+    assert _shape({"edge": {"records": recs}}) == "2 streams, 4 requests (1-3 turns per stream)"
+    assert _shape({"edge": {"records": recs[:1] + recs[3:]}}) == "2 streams x 1 turns"
 
 
 def test_cli_errors_are_one_line(tiny, capsys):
@@ -144,6 +156,19 @@ def test_from_json_reports_saved_runs(tiny, report, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "edge/hf requests/s" in printed and "answers identical to hf" in printed
     assert main(["bench", "trace", "--trace", str(trace), "--from-json", str(trace)]) == 2
+    # the saved run's settings are reported, not this command line's replay options
+    assert main(["bench", "trace", "--trace", str(tmp_path / "other.jsonl"), "--model", "/other",
+                 "--history", "scripted", "--from-json", str(out / "r.json"),
+                 "--json", str(merged)]) == 0
+    again = json.loads(merged.read_text())
+    assert (again["trace"], again["model"], again["history"]) == (data["trace"], data["model"],
+                                                                  "generated")
+    assert f"trace {data['trace']}: {STREAMS} streams x {TURNS} turns" in capsys.readouterr().out
+    (tmp_path / "empty.json").write_text('{"bench": "trace", "rows": [], "records": {}}')
+    (tmp_path / "engine.json").write_text('{"bench": "engine", "rows": []}')
+    for bad, message in [("empty.json", "hold(s) no runs"), ("engine.json", "bench engine run")]:
+        assert main(["bench", "trace", "--from-json", str(tmp_path / bad)]) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp16", "fp32"])
@@ -266,7 +291,8 @@ def test_edge_backend_sends_do_not_wait_for_a_running_step(tiny):
         await asyncio.sleep(0)  # the second send runs up to its first await
         sent_s = time.perf_counter() - t
         too_long = [{"role": "user", "content": "word " * 20000}]  # past the model's context
-        with pytest.raises(RuntimeError, match="refused request"):
+        with pytest.raises(InputError, match="refused request s2-1: the prompt has .* tokens; "
+                                               "this model accepts at most 2047$"):
             await backend.complete("s2", too_long, 3)
         return sent_s, await first, await second
 

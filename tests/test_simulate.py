@@ -133,6 +133,11 @@ def test_format_table_with_an_empty_baseline_does_not_divide_by_zero():
     (["--out", "/nonexistent/dir/x.json"], "the folder /nonexistent/dir does not exist"),
     (["--out", "."], "is a folder"),
     (["--trace", "."], "is a folder: give a trace file"),
+    (["--page-tokens", ""], "--page-tokens takes comma-separated positive integers"),
+    (["--page-tokens", "16,16"], "--page-tokens lists 16 more than once"),
+    (["--pages", "10000000000"], "--pages must be at most 1,000,000"),
+    (["--inline-slots", "10000000000"], "--inline-slots must be at most 100,000"),
+    (["--synthetic-answer-words", "1000000000"], "--synthetic-answer-words must be at most"),
 ])
 def test_simulate_bad_arguments_fail_before_any_work(argv, message, capsys, tmp_path):
     from edge_runtime.cli import main
@@ -144,3 +149,29 @@ def test_simulate_bad_arguments_fail_before_any_work(argv, message, capsys, tmp_
                  *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def test_simulate_out_never_overwrites_the_trace(tmp_path, capsys):
+    from edge_runtime.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"stream": "s0", "turn": 1, "system": "S", "command": "hi",
+                                 "max_tokens": 1}) + "\n")
+    before = trace.read_text()
+    assert main(["simulate", "--trace", str(trace), "--out", str(trace)]) == 2
+    assert "is the --trace file this run reads" in capsys.readouterr().err
+    assert trace.read_text() == before
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    (["--think-s", "nan"], "--think-s must be a number of seconds >= 0"),
+    (["--think-s", "-10"], "--think-s must be a number of seconds >= 0"),
+    (["--streams", "1000000", "--turns", "1000000"], "at most 1,000,000 per trace"),
+    (["-o", "/nonexistent-dir/x.jsonl"], "give a file name in an existing folder"),
+    (["-o", "/tmp"], "give a file name in an existing folder"),
+])
+def test_gen_trace_refuses_what_the_readers_would(argv, message):
+    run = subprocess.run([sys.executable, str(ROOT / "tools/gen_trace.py"), *argv],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
+from pathlib import Path
+
+MAX_REQUESTS = 1_000_000  # a trace larger than this is a typo, not a benchmark
 
 HOME_SYSTEM = (
     "You are the voice assistant of a smart home. You control these devices: "
@@ -175,11 +179,25 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.streams < 1 or args.turns < 1:
         ap.error("--streams and --turns must be at least 1")
-    rows = generate(args.variant, args.streams, args.turns, args.seed, args.max_tokens, args.think_s)
-    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if args.streams * args.turns > MAX_REQUESTS:
+        ap.error(f"--streams x --turns is {args.streams * args.turns:,} requests; at most "
+                 f"{MAX_REQUESTS:,} per trace")
+    if args.max_tokens < 1:
+        ap.error(f"--max-tokens must be at least 1 (the readers refuse 0), got {args.max_tokens}")
+    if not math.isfinite(args.think_s) or args.think_s < 0:
+        ap.error(f"--think-s must be a number of seconds >= 0, got {args.think_s}")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        out = Path(args.output)
+        if out.is_dir() or not out.parent.is_dir():
+            ap.error(f"-o {out}: give a file name in an existing folder")
+    rows = generate(args.variant, args.streams, args.turns, args.seed, args.max_tokens, args.think_s)
+    text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            ap.error(f"-o {args.output}: cannot write ({exc.strerror})")
     else:
         sys.stdout.write(text)
     return 0

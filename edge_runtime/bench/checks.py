@@ -7,22 +7,46 @@ Each check raises `InputError` naming the flag and what to change; nothing here 
 from __future__ import annotations
 
 import functools
+import json
+import os
+from pathlib import Path
 
 from edge_runtime.errors import InputError
 from edge_runtime.paths import check_output_file
 
 # Flags of bench subcommands that name a file the run writes at its end.
 OUTPUT_FLAGS = ("json", "plot")
+# Flags that name a file the run reads: an output written over one would destroy it.
+INPUT_FLAGS = ("trace",)
+# Image formats --plot writes (matplotlib picks the format from the extension).
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".eps", ".ps")
 
 
 def check_outputs(args) -> None:
-    """Every output file the run will write can be written (checked before any work)."""
+    """Every output file the run will write can be written, is named once, overwrites no input
+    and (--plot) names an image format matplotlib writes; checked before any work."""
+    written: dict[str, str] = {}
     for name in OUTPUT_FLAGS:
         path = getattr(args, name, None)
-        if path is not None:
-            if not str(path):
-                raise InputError(f"--{name} needs a file name")
-            check_output_file(path, f"--{name}")
+        if path is None:
+            continue
+        if not str(path):
+            raise InputError(f"--{name} needs a file name")
+        check_output_file(path, f"--{name}")
+        if name == "plot" and Path(path).suffix.lower() not in PLOT_SUFFIXES:
+            raise InputError(f"--plot {path}: end the file name with the image format to write "
+                             f"({', '.join(PLOT_SUFFIXES)})")
+        key = os.path.realpath(path)
+        if key in written:
+            raise InputError(f"--{written[key]} and --{name} name the same file {path}; give each "
+                             "its own")
+        written[key] = name
+    for name in INPUT_FLAGS:
+        path = getattr(args, name, None)
+        if path and os.path.realpath(path) in written:
+            out = written[os.path.realpath(path)]
+            raise InputError(f"--{out} {path} is the --{name} file this run reads; write the "
+                             "results to another file")
 
 
 def checked(run):
@@ -36,7 +60,8 @@ def checked(run):
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
-    """`"1,2,5"` -> [1, 2, 5]; an empty item (`1,,5`, `1,`), a non-integer or a value < 1 is refused."""
+    """`"1,2,5"` -> [1, 2, 5]; an empty item (`1,,5`, `1,`), a non-integer, a value < 1 or a value
+    given twice (it would run twice and its rows be merged) is refused."""
     items = [x.strip() for x in text.split(",")]
     try:
         values = [int(x) for x in items]
@@ -45,7 +70,32 @@ def parse_int_list(text: str, flag: str) -> list[int]:
                          f"got {text!r}") from exc
     if min(values) < 1:
         raise InputError(f"{flag} needs positive integers, got {text!r}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise InputError(f"{flag} lists {', '.join(map(str, twice))} more than once; give each "
+                         "value once")
     return values
+
+
+def model_context_tokens(model: str) -> int | None:
+    """The model's context length from its config.json (no weights loaded), None if it has none."""
+    from edge_runtime.model.loader import resolve_model_folder
+
+    folder = resolve_model_folder(model, progress=None)
+    try:
+        ctx = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None  # loading the model reports a broken config.json
+    return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+
+
+def check_context(model: str, tokens: int, what: str) -> None:
+    """`tokens` positions fit in the model's context; a request that hits the limit stops early and
+    would time steps that do nothing (`what` names the flags that make up `tokens`)."""
+    ctx = model_context_tokens(model)
+    if ctx is not None and tokens > ctx:
+        raise InputError(f"{what}: {tokens} tokens, more than the model's context of {ctx}; "
+                         "choose fewer")
 
 
 def check_min(args, **minimums: int) -> None:

@@ -21,6 +21,7 @@ import time
 
 from edge_runtime.bench.monitor import Timeline
 from edge_runtime.bench.replay import Outcome
+from edge_runtime.errors import InputError, RequestError
 
 SYSTEM_FLAGS = {  # system -> (kv_dtype, prefix cache, inline path)
     "edge": ("int8", True, True),
@@ -80,7 +81,6 @@ def check_pool(max_batch: int, max_tokens: int, num_pages: int = 32,
     """`max_batch` sequences of `max_tokens` tokens fit in the bench's KV pool; cheap, so the
     commands call it before loading the model (build_engine checks it again)."""
     from edge_runtime.engine.config import EngineConfig
-    from edge_runtime.errors import InputError
 
     page_tokens = page_tokens or EngineConfig.page_tokens
     need = max_batch * -(-max_tokens // page_tokens)
@@ -212,6 +212,10 @@ class EdgeBackend:
             if isinstance(ev, BaseException):
                 if self._error is None:  # add_request refused this one; the engine goes on
                     del self._queues[rid]
+                    if isinstance(ev, RequestError):  # the request does not fit this bench's engine
+                        hint = (" (the bench's pool: --num-pages, --page-tokens)"
+                                if "KV pool" in str(ev) else "")
+                        raise InputError(f"{self.name} refused request {rid}: {ev}{hint}") from None
                     raise RuntimeError(f"{self.name} refused request {rid}: {ev}") from ev
                 raise RuntimeError(f"{self.name} engine thread failed") from ev
             if ev.token_ids and first_t is None:

@@ -20,7 +20,7 @@ import random
 import sys
 import time
 
-from edge_runtime.bench.checks import check_bandwidth_mib, check_min, parse_int_list
+from edge_runtime.bench.checks import check_bandwidth_mib, check_context, check_min, parse_int_list
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.stats import Summary
 from edge_runtime.errors import InputError
@@ -220,9 +220,12 @@ def run(args) -> int:
 
     batches = parse_int_list(args.batch, "--batch")
     prompts = parse_int_list(args.prompt_tokens, "--prompt-tokens")
-    check_min(args, gen_tokens=2, repeat=1)
+    check_min(args, gen_tokens=2, repeat=1, recent_window=0)
     check_bandwidth_mib(args.bandwidth_mib)
     check_pool(max(batches), max(prompts) + args.gen_tokens)
+    check_context(args.model, max(prompts) + args.gen_tokens, "--prompt-tokens + --gen-tokens")
+    if args.recent_window:
+        check_context(args.model, args.recent_window, "--recent-window")
     set_threads(args.threads)
     _progress("measuring memory read bandwidth (the roofline)...")
     probe = BandwidthProbe(size_mib=args.bandwidth_mib)

@@ -31,6 +31,16 @@ def parse_target(target: str) -> tuple[str | None, str]:
             raise InputError("--target unix: needs a socket path, e.g. unix:/run/edge-runtime.sock")
         return path, "http://localhost"
     if target.startswith(("http://", "https://")):
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(target)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        except ValueError as exc:
+            raise InputError(f"--target {target!r} is not a valid URL ({exc}); give "
+                             "http://HOST:PORT") from None
+        if not parts.hostname:
+            raise InputError(f"--target {target!r} names no host; give http://HOST:PORT")
         return None, target.rstrip("/")
     raise InputError(
         f"--target must be unix:PATH or http://HOST:PORT, got {target!r}"

@@ -102,12 +102,13 @@ def run_logits(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edge_runtime.bench.checks import parse_int_list
+    from edge_runtime.bench.checks import check_context, parse_int_list
     from edge_runtime.bench.report import Column, machine_info, markdown_table, write_json
     from edge_runtime.model.contiguous_kv import ContiguousKVCache
     from edge_runtime.model.loader import load_model
 
     lengths = parse_int_list(args.lengths, "--lengths")
+    check_context(args.model, max(lengths), "--lengths")
     lm = load_model(args.model)
     print("loading the transformers reference ...", file=sys.stderr, flush=True)
     ref = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=torch.float32).eval()

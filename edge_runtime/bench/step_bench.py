@@ -21,7 +21,7 @@ import sys
 import time
 
 from edge_runtime.bench.bandwidth import BandwidthProbe
-from edge_runtime.bench.checks import check_min, parse_int_list
+from edge_runtime.bench.checks import check_context, check_min, parse_int_list
 from edge_runtime.bench.engine_bench import random_prompts, set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.step_phases import StepPhases
@@ -132,8 +132,12 @@ def run(args) -> int:
     from edge_runtime.bench.edge_systems import build_engine, check_pool, load
 
     batches = parse_int_list(args.batch, "--batch")
-    check_min(args, steps=3, prompt_tokens=1, profile=0)
+    check_min(args, steps=3, prompt_tokens=1, profile=0, recent_window=0)
     check_pool(max(batches), args.prompt_tokens + args.steps + 8)
+    check_context(args.model, args.prompt_tokens + args.steps + 8,
+                  "--prompt-tokens + --steps + 8 spare tokens")
+    if args.recent_window:
+        check_context(args.model, args.recent_window, "--recent-window")
     if args.decoder_phases and _phase_times(1) is None:
         raise InputError("--decoder-phases needs the CPU kernels built with per-phase timers: run "
                          "with EDGE_RUNTIME_CPU_PHASE_TIMES=1 (they build once into their own cache "

@@ -55,6 +55,10 @@ def parse_systems(text: str) -> list[str]:
     if unknown or not systems:
         raise InputError(f"--systems takes a comma-separated subset of {', '.join(SYSTEMS)}; "
                          f"unknown: {', '.join(unknown) or '(empty)'}")
+    twice = sorted({s for s in systems if systems.count(s) > 1})
+    if twice:
+        raise InputError(f"--systems lists {', '.join(twice)} more than once (a system's row would "
+                         "replace its first run's); give each once")
     return systems
 
 
@@ -71,10 +75,14 @@ def compare(rows: dict[str, dict]) -> list[dict]:
 
 
 def identical_answers(a: list[dict], b: list[dict]) -> dict:
-    """How many (stream, turn) answers of run a have exactly the same text in run b."""
+    """How many (stream, turn) answers of run a have exactly the same text in run b; the first
+    turns (each stream's lowest turn: same prompts on both runs) counted apart."""
     texts_b = {(r["stream"], r["turn"]): r["text"] for r in b}
     same = sum(1 for r in a if texts_b.get((r["stream"], r["turn"])) == r["text"])
-    first_turn = [r for r in a if r["turn"] == min(x["turn"] for x in a)]
+    first = {}
+    for r in a:
+        first[r["stream"]] = min(first.get(r["stream"], r["turn"]), r["turn"])
+    first_turn = [r for r in a if r["turn"] == first[r["stream"]]]
     same_first = sum(1 for r in first_turn if texts_b.get((r["stream"], r["turn"])) == r["text"])
     return {"identical": same, "total": len(a),
             "identical_first_turn": same_first, "first_turn_total": len(first_turn)}
@@ -97,13 +105,22 @@ def _run_all(systems: list[str], trace: str, opts: dict, isolate: bool, save=Non
     return results
 
 
-def _payload(args, trace, results: dict, cmp_rows=None, same=None) -> dict:
+# What a run replayed, saved in its JSON; --from-json reports saved runs with their own values.
+META_KEYS = ("trace", "model", "streams", "arrivals", "threads", "history", "prewarm",
+             "recent_window")
+
+
+def _meta(args, trace) -> dict:
+    return {"trace": args.trace, "model": args.model, "streams": len(trace.streams),
+            "arrivals": getattr(args, "arrivals", "ignore"), "threads": getattr(args, "threads", None),
+            "history": getattr(args, "history", "generated"),
+            "prewarm": getattr(args, "prewarm", False),
+            "recent_window": getattr(args, "recent_window", None)}
+
+
+def _payload(meta: dict, results: dict, cmp_rows=None, same=None) -> dict:
     return {
-        "bench": "trace", "trace": args.trace, "model": args.model, "streams": len(trace.streams),
-        "arrivals": getattr(args, "arrivals", "ignore"), "threads": getattr(args, "threads", None),
-        "history": getattr(args, "history", "generated"),
-        "prewarm": getattr(args, "prewarm", False),
-        "recent_window": getattr(args, "recent_window", None),
+        "bench": "trace", **meta,
         "complete": cmp_rows is not None,
         "rows": [r["row"] for r in results.values()], "comparisons": cmp_rows,
         "edge_vs_fp16kv_identical": same,
@@ -156,27 +173,47 @@ def _print_later_turns(rows: dict[str, dict]) -> None:
           f"ratio {ratio(a, b):.3f}")
 
 
-def load_results(paths: str) -> dict[str, dict]:
-    """Results of earlier runs (their --json files), later files overriding earlier systems."""
+def load_results(paths: str) -> tuple[dict[str, dict], dict]:
+    """(results, what was replayed) of earlier runs (their --json files), later files overriding
+    earlier systems; the replay settings are the first file's (a note names any that differ)."""
     import json
     from pathlib import Path
 
+    names = [p.strip() for p in paths.split(",") if p.strip()]
+    if not names:
+        raise InputError("--from-json needs the --json file(s) of earlier runs, comma-separated")
     results: dict[str, dict] = {}
-    for name in [p for p in paths.split(",") if p]:
+    meta: dict | None = None
+    for name in names:
         path = Path(name)
+        if path.is_dir():
+            raise InputError(f"--from-json: {path} is a folder; give the --json file of an "
+                             "earlier bench trace run")
         if not path.is_file():
             raise InputError(f"--from-json: {path} does not exist")
         try:
             data = json.loads(path.read_text())
+            if data.get("bench", "trace") != "trace":
+                raise InputError(f"--from-json: {path} holds a bench {data['bench']} run, not a "
+                                 "bench trace run")
+            saved = {k: data.get(k) for k in META_KEYS}
+            if meta is None:
+                meta = saved
+            elif saved != meta:
+                differ = ", ".join(k for k in META_KEYS if saved[k] != meta[k])
+                print(f"note: {path} was replayed with other settings than {names[0]} ({differ}); "
+                      f"the report names {names[0]}'s", file=sys.stderr)
             for row in data["rows"]:
                 system = row["system"]
                 results[system] = {"row": row, "records": data["records"][system],
                                    "kv_timeline": data["kv_timeline"][system]}
                 results[system]["ttft_s"] = [r["ttft_s"] for r in results[system]["records"]
                                              if r["ttft_s"] is not None]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"--from-json: {path} is not a bench trace JSON file ({exc})") from exc
-    return results
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise InputError(f"--from-json: {path} is not a bench trace JSON file ({exc!r})") from exc
+    if not results:
+        raise InputError(f"--from-json: {', '.join(names)} hold(s) no runs (no rows)")
+    return results, meta
 
 
 def run(args) -> int:
@@ -184,13 +221,19 @@ def run(args) -> int:
         from edge_runtime.bench.http_client import parse_target
 
         parse_target(args.target)  # a bad scheme is refused here, not as a KeyError after loading
+    if args.from_json is not None:
+        results, meta = load_results(args.from_json)
+        return _report(args, meta, results)
+    if not args.trace:
+        raise InputError("--trace is required (the JSON-lines trace to replay; "
+                         "tools/gen_trace.py writes one)")
     systems = [args.target] if args.target else parse_systems(args.systems)
-    check_min(args, num_pages=1, page_tokens=1)
+    check_min(args, num_pages=1, page_tokens=1, recent_window=0)
     from edge_runtime.bench.trace import load_trace
 
     trace = load_trace(args.trace).limit_streams(args.streams)
-    if args.from_json:
-        return _report(args, trace, load_results(args.from_json))
+    if not args.target:
+        _check_engine_sizes(args, systems)
     print(f"[bench trace] {trace.name}: {len(trace.streams)} streams, {trace.num_requests} requests;"
           f" systems {', '.join(systems)}", file=sys.stderr, flush=True)
     opts = {"model": args.model, "streams": args.streams, "arrivals": args.arrivals,
@@ -198,27 +241,62 @@ def run(args) -> int:
             "target_model": args.target_model, "page_tokens": args.page_tokens,
             "num_pages": args.num_pages, "threads": args.threads,
             "recent_window": args.recent_window}
-    save = (lambda res: write_json(args.json, _payload(args, trace, res))) if args.json else None
+    meta = _meta(args, trace)
+    save = (lambda res: write_json(args.json, _payload(meta, res))) if args.json else None
     results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate, save=save)
-    return _report(args, trace, results)
+    return _report(args, meta, results)
 
 
-def _report(args, trace, results: dict[str, dict]) -> int:
-    print(f"trace {args.trace}: {len(trace.streams)} streams x "
-          f"{trace.num_requests // max(len(trace.streams), 1)} turns, model {args.model}, greedy")
+def _check_engine_sizes(args, systems: list[str]) -> None:
+    """The edge systems' KV pool and recent-key windows fit in memory and the model's context,
+    checked from the model's config before any system loads."""
+    from edge_runtime.bench.checks import check_context, check_fits_in_memory
+    from edge_runtime.commands.plan import model_for_plan
+    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.plan import kv_bytes_per_token
+
+    edge = [s for s in systems if s != "hf"]
+    if not edge:
+        return
+    if args.recent_window:
+        check_context(args.model, args.recent_window, "--recent-window")
+    config, _, _ = model_for_plan(args.model, "fp32")
+    page_tokens = args.page_tokens or EngineConfig.page_tokens
+    dtype = "fp16" if "edge-fp16kv" in edge else "int8"
+    check_fits_in_memory(args.num_pages * page_tokens * kv_bytes_per_token(config, dtype),
+                         f"--num-pages {args.num_pages} of {page_tokens} tokens ({dtype} KV)")
+
+
+def _shape(results: dict[str, dict]) -> str:
+    """"5 streams x 12 turns", or the spread when the streams' turn counts differ."""
+    from collections import Counter
+
+    per_stream = Counter(r["stream"] for r in next(iter(results.values()))["records"])
+    counts = sorted(set(per_stream.values())) or [0]
+    if len(counts) == 1:
+        return f"{len(per_stream)} streams x {counts[0]} turns"
+    return (f"{len(per_stream)} streams, {sum(per_stream.values())} requests "
+            f"({counts[0]}-{counts[-1]} turns per stream)")
+
+
+def _report(args, meta: dict, results: dict[str, dict]) -> int:
+    print(f"trace {meta['trace']}: {_shape(results)}, model {meta['model']}, greedy")
     cmp_rows, same = print_report(results)
     if args.json:
-        write_json(args.json, _payload(args, trace, results, cmp_rows, same))
+        write_json(args.json, _payload(meta, results, cmp_rows, same))
     if args.plot:
+        from pathlib import Path
+
         from edge_runtime.bench.plot import plot_trace
 
-        plot_trace(args.plot, results, title=f"{trace.name}: {len(trace.streams)} streams")
+        plot_trace(args.plot, results,
+                   title=f"{Path(str(meta['trace'])).stem}: {meta['streams']} streams")
     return 0
 
 
 def register_subcommand(subparsers) -> None:
     p = subparsers.add_parser("trace", help="closed-loop multi-stream trace replay vs baselines")
-    p.add_argument("--trace", required=True, help="JSONL trace (tools/gen_trace.py)")
+    p.add_argument("--trace", help="JSONL trace (tools/gen_trace.py); required unless --from-json")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated subset of {', '.join(SYSTEMS)}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from edge_runtime.errors import InputError
+from edge_runtime.errors import InputError, OutOfPages
 
 
 def register(subparsers) -> None:
@@ -126,18 +126,34 @@ def format_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Upper bounds: the bookkeeping keeps Python state per page, slot and answer word, so a typo like
+# 10000000000 would hang or exhaust memory; these are far beyond any device's pool.
+MAX_PAGES = 1_000_000
+MAX_INLINE_SLOTS = 100_000
+MAX_SYNTHETIC_WORDS = 10_000  # an answer is cut to its turn's max_tokens anyway
+MAX_RUNNING = 10_000
+
+
 def _check_args(args) -> None:
     """Before any work; `--pages 0` used to mean the default and `--max-running 0` never ended."""
+    import os
+
     from edge_runtime.paths import check_output_file
 
-    for flag, value, least in (("--pages", args.pages, 1), ("--max-running", args.max_running, 1),
-                               ("--inline-slots", args.inline_slots, 0),
-                               ("--inline-tokens", args.inline_tokens, 0),
-                               ("--synthetic-answer-words", args.synthetic_answer_words, 0)):
+    for flag, value, least, most in (
+            ("--pages", args.pages, 1, MAX_PAGES), ("--max-running", args.max_running, 1, MAX_RUNNING),
+            ("--inline-slots", args.inline_slots, 0, MAX_INLINE_SLOTS),
+            ("--inline-tokens", args.inline_tokens, 0, None),
+            ("--synthetic-answer-words", args.synthetic_answer_words, 0, MAX_SYNTHETIC_WORDS)):
         if value is not None and value < least:
             raise InputError(f"{flag} must be at least {least}, got {value}")
+        if value is not None and most is not None and value > most:
+            raise InputError(f"{flag} must be at most {most:,}, got {value:,}")
     if args.out:
         check_output_file(args.out, "--out")
+        if os.path.realpath(args.out) == os.path.realpath(args.trace):
+            raise InputError(f"--out {args.out} is the --trace file this run reads; write the "
+                             "report to another file")
 
 
 def run(args) -> int:
@@ -147,10 +163,9 @@ def run(args) -> int:
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
     from edge_runtime.plan import kv_bytes_per_token
 
-    try:
-        sizes = [int(x) for x in args.page_tokens.split(",") if x.strip()]
-    except ValueError as exc:
-        raise InputError(f"--page-tokens must be comma-separated integers: {args.page_tokens!r}") from exc
+    from edge_runtime.bench.checks import parse_int_list
+
+    sizes = parse_int_list(args.page_tokens, "--page-tokens")
     for P in sizes:
         check_page_tokens(P, "--page-tokens")
     _check_args(args)
@@ -161,7 +176,11 @@ def run(args) -> int:
     print(f"tokenizing {trace.num_requests} requests ...", file=sys.stderr, flush=True)
     streams = build_requests(trace, tokenizer, args.synthetic_answer_words)
     bytes_per_token = kv_bytes_per_token(config, args.kv_dtype)
-    results = simulate_all(streams, sizes, args, bytes_per_token)
+    try:
+        results = simulate_all(streams, sizes, args, bytes_per_token)
+    except OutOfPages as exc:
+        raise InputError(f"{exc}; give a larger --pages (or leave it out: enough to never "
+                         "evict)") from None
     report = json.dumps({"trace": args.trace, "model": args.model, "kv_dtype": args.kv_dtype,
                          "bytes_per_token": bytes_per_token, "results": results}, indent=2)
     if args.out:
