@@ -175,3 +175,16 @@ def test_gen_trace_refuses_what_the_readers_would(argv, message):
     run = subprocess.run([sys.executable, str(ROOT / "tools/gen_trace.py"), *argv],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_simulate_pool_too_small_names_the_flag(tmp_path, capsys):
+    from bench_helpers import make_tiny_llama, write_trace
+
+    from edge_runtime.cli import main
+
+    model = make_tiny_llama(tmp_path / "model")
+    trace = write_trace(tmp_path / "t.jsonl", 1, 1)
+    assert main(["simulate", "--trace", str(trace), "--model", str(model), "--page-tokens", "16",
+                 "--pages", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "give a larger --pages" in err and "Traceback" not in err, err
