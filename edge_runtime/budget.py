@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -35,6 +36,14 @@ TOP_KEYS = {"name", "description", "device_memory", "reserve", "activation_reser
 SECTION_KEYS = {"reserve": {"os", "other"},
                 "kv": {"dtype", "page_tokens", "max_pool_bytes", "recent_window", "centred_keys"},
                 "inline": {"slots", "tokens"}}
+MAX_BYTES = 2**50  # 1 PiB: any size above is a typo (and would overflow the plan's float maths)
+MAX_COUNT = 2**24  # tokens, slots: any count above is a typo
+# A step decodes one token per running sequence and holds at most EngineConfig.max_batch_tokens
+# (1024) tokens; no Orin board has memory for more sequences than that anyway.
+MAX_CONCURRENT_SEQUENCES = 1024
+WINDOW_COST = ("each running sequence holds 2 fp16 windows, so a window longer than a page costs "
+               "about 4 int8 pages per sequence, and the default 16 tokens give most of the "
+               "accuracy gain (docs/engine.md)")
 
 
 def parse_bytes(value: Any, where: str) -> int:
@@ -44,15 +53,27 @@ def parse_bytes(value: Any, where: str) -> int:
     if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
         raise ConfigError(f"{where}: expected a size such as 4GiB, got {value!r}")
     if isinstance(value, int):
-        return value
+        return _size_in_range(value, value, where)
     m = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]*)?|-?\.[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"{where}: expected a size such as 4GiB or 512MiB, got {value!r}")
-    number, unit = float(m.group(1)), _UNITS[m.group(2).lower()]
-    if unit == 1 and not number.is_integer():
+    number, unit = Fraction(m.group(1)), _UNITS[m.group(2).lower()]  # exact: no float overflow
+    if unit == 1 and number.denominator != 1:
         raise ConfigError(f"{where}: {value!r} is a fraction of a byte; add a unit "
                           f"(e.g. {m.group(1)}GiB) or give whole bytes")
-    return int(number * unit)
+    return _size_in_range(int(number * unit), value, where)
+
+
+def _size_in_range(size: int, value: Any, where: str) -> int:
+    if abs(size) > MAX_BYTES:
+        raise ConfigError(f"{where}: {_short(value)} is out of range (sizes go up to 1 PiB); "
+                          "give a size such as 64GiB")
+    return size
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -99,18 +120,33 @@ class Budget:
         if self.max_concurrent_sequences < 1 or self.stream_context_tokens < 1:
             raise ConfigError(f"{where}: max_concurrent_sequences and stream_context_tokens "
                               "must be at least 1")
+        check_concurrent_sequences(self.max_concurrent_sequences,
+                                   f"{where}: max_concurrent_sequences")
         if self.max_pool_bytes is not None and self.max_pool_bytes <= 0:
             raise ConfigError(f"{where}: kv.max_pool_bytes must be positive when set")
         if self.recent_window < 0:
             raise ConfigError(f"{where}: kv.recent_window must be 0 (off) or a number of tokens, "
                               f"got {self.recent_window}")
+        if self.kv_dtype == "int8" and self.recent_window > self.page_tokens:
+            raise ConfigError(f"{where}: kv.recent_window ({self.recent_window}) must be at most "
+                              f"kv.page_tokens ({self.page_tokens}): {WINDOW_COST}")
         object.__setattr__(self, "guard", MappingProxyType(dict(self.guard)))
         object.__setattr__(self, "service", MappingProxyType(dict(self.service)))
 
 
 def check_page_tokens(page_tokens: Any, where: str) -> None:
-    if (isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or page_tokens < 1 or page_tokens & (page_tokens - 1)):
-        raise ConfigError(f"{where} must be a power of two (16, 64, 256, 512...), got {page_tokens!r}")
+    if (isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or page_tokens < 1
+            or page_tokens & (page_tokens - 1)):
+        raise ConfigError(f"{where} must be a power of two (16, 64, 256, 512...), "
+                          f"got {_short(page_tokens)}")
+    if page_tokens > MAX_COUNT:
+        raise ConfigError(f"{where} must be at most {MAX_COUNT:,}, got {_short(page_tokens)}")
+
+
+def check_concurrent_sequences(value: int, where: str) -> None:
+    if value > MAX_CONCURRENT_SEQUENCES:
+        raise ConfigError(f"{where} must be at most {MAX_CONCURRENT_SEQUENCES} (an engine step "
+                          f"decodes one token per running sequence), got {_short(value)}")
 
 
 def resolve_budget_path(name_or_path: str | Path) -> Path:
@@ -157,7 +193,9 @@ def _bool(value: Any, where: str) -> bool:
 
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {_short(value)}")
+    if abs(value) > MAX_COUNT:
+        raise ConfigError(f"{where}: {_short(value)} is out of range (at most {MAX_COUNT:,})")
     return value
 
 
@@ -207,8 +245,9 @@ def _validated(data: dict, key: str, source: str) -> dict:
         return sec
     try:
         parser.from_dict(sec)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {key}: {exc}") from exc
+    except ConfigError as exc:  # the owners' messages mostly name the section already
+        message = str(exc) if str(exc).startswith(key) else f"{key}: {exc}"
+        raise ConfigError(f"{source}: {message}") from exc
     return sec
 
 

@@ -9,17 +9,18 @@ Arithmetic (docs/pool.md):
   kv bytes/token = num_layers * 2 (K and V) * num_kv_heads * (head_dim * elem + scale bytes)
                    int8: elem 1, one fp16 scale per token and head (2 bytes); fp16: 2; fp32: 4
   pool bytes     = device - os reserve - other reserve - activation reserve - weights - inline
-                   arena (capped by kv.max_pool_bytes)
+                   arena - recent-key windows (capped by kv.max_pool_bytes)
   pages          = pool bytes // (page_tokens * bytes/token)
 Invariants: a MemoryPlan is frozen and only ever derived from a Budget; an impossible budget
-raises ConfigError listing the numbers that do not add up.
+raises ConfigError naming what binds (the cap, or the numbers that do not add up and the largest
+of them) and the key to change. A page size passed in obeys the budget's rules for kv.page_tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from edge_runtime.budget import Budget, check_page_tokens
+from edge_runtime.budget import WINDOW_COST, Budget, check_page_tokens
 from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE, window_bytes
 from edge_runtime.errors import ConfigError
 
@@ -106,38 +107,98 @@ class MemoryPlan:
         return asdict(self)
 
 
-def make_plan(budget: Budget, model_config, weight_bytes: int, kv_dtype: str | None = None,
-              page_tokens: int | None = None, model_name: str = "") -> MemoryPlan:
+def make_plan(budget: Budget, model_config, weight_bytes: int | None,
+              kv_dtype: str | None = None, page_tokens: int | None = None,
+              model_name: str = "") -> MemoryPlan:
+    """`weight_bytes` None: not known yet (before the model loads); counted as 0, so a budget
+    refused then is refused after loading too. `kv_dtype`/`page_tokens` None: the budget's."""
     kv_dtype = kv_dtype or budget.kv_dtype
-    page_tokens = page_tokens or budget.page_tokens
-    check_page_tokens(page_tokens, "the page size")
+    page_tokens = budget.page_tokens if page_tokens is None else page_tokens
+    check_page_size(budget, page_tokens, kv_dtype, "the page size")
     per_token = kv_bytes_per_token(model_config, kv_dtype)
     per_page = per_token * page_tokens
     arena = budget.inline_slots * budget.inline_tokens * per_token
     window = budget.recent_window if kv_dtype == "int8" else 0
     windows = WINDOWS_PER_SEQUENCE * budget.max_concurrent_sequences * window_bytes(
         model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, window)
-    reserved = budget.os_reserve + budget.other_reserve + budget.activation_reserve
-    room = budget.device_memory - reserved - weight_bytes - arena - windows
+    parts = _deductions(budget, weight_bytes, arena, windows)
+    room = budget.device_memory - sum(n for _, n, _ in parts)
     if budget.max_pool_bytes is not None:
         room = min(room, budget.max_pool_bytes)
     num_pages = max(0, room) // per_page
     if num_pages < 1:
-        raise ConfigError(
-            f"{budget.source}: the budget leaves no room for one KV page: device_memory "
-            f"{_gib(budget.device_memory)} - reserve.os {_gib(budget.os_reserve)} - reserve.other "
-            f"{_gib(budget.other_reserve)} - activation_reserve {_gib(budget.activation_reserve)} "
-            f"- weights {_gib(weight_bytes)} - inline arena {_gib(arena)} - recent-key windows "
-            f"{_gib(windows)} = {_gib(room)}, but one "
-            f"page of {page_tokens} tokens needs {_gib(per_page)}; lower the reserves, the page "
-            "size or the inline arena, or quantize the weights")
+        raise _no_room(budget, parts, per_page, page_tokens, weight_bytes is None)
     pages_per_stream = -(-budget.stream_context_tokens // page_tokens)
+    reserved = budget.os_reserve + budget.other_reserve + budget.activation_reserve
     return MemoryPlan(
         budget.name, model_name, kv_dtype, page_tokens, budget.device_memory, reserved,
-        weight_bytes, per_token, per_page, budget.inline_slots, budget.inline_tokens, arena,
-        window, windows, kv_dtype == "int8" and budget.centred_keys, num_pages * per_page, num_pages, num_pages * page_tokens, budget.stream_context_tokens,
+        weight_bytes or 0, per_token, per_page, budget.inline_slots, budget.inline_tokens, arena,
+        window, windows, kv_dtype == "int8" and budget.centred_keys, num_pages * per_page,
+        num_pages, num_pages * page_tokens, budget.stream_context_tokens,
         num_pages // pages_per_stream, budget.max_concurrent_sequences)
+
+
+def check_page_size(budget: Budget, page_tokens, kv_dtype: str, where: str) -> None:
+    """A page size given instead of kv.page_tokens (`where` names it, e.g. --page-tokens) obeys
+    the budget's own rules: a power of two, no shorter than an inline slot or a recent window."""
+    check_page_tokens(page_tokens, where)
+    if budget.inline_slots and budget.inline_tokens > page_tokens:
+        raise ConfigError(
+            f"{where} ({page_tokens}) is smaller than inline.tokens ({budget.inline_tokens}) in "
+            f"{budget.source}: an inline slot holds at most one page; use pages of at least "
+            f"{budget.inline_tokens} tokens, or lower inline.tokens (inline.slots: 0 turns it off)")
+    if kv_dtype == "int8" and budget.recent_window > page_tokens:
+        raise ConfigError(
+            f"{where} ({page_tokens}) is smaller than kv.recent_window ({budget.recent_window}) in "
+            f"{budget.source}: {WINDOW_COST}; use pages of at least {budget.recent_window} tokens, "
+            "or lower kv.recent_window")
+
+
+def _deductions(budget: Budget, weight_bytes: int | None, arena: int, windows: int) -> list:
+    """(label, bytes, what to change) for everything the pool comes after."""
+    parts = [("reserve.os", budget.os_reserve, "lower reserve.os"),
+             ("reserve.other", budget.other_reserve, "lower reserve.other"),
+             ("activation_reserve", budget.activation_reserve, "lower activation_reserve")]
+    if weight_bytes is not None:
+        parts.append(("weights", weight_bytes, "quantize the weights or use a smaller model"))
+    return parts + [
+        ("inline arena", arena, "lower inline.slots or inline.tokens"),
+        ("recent-key windows", windows,
+         f"lower kv.recent_window ({budget.recent_window}) or max_concurrent_sequences "
+         f"({budget.max_concurrent_sequences})")]
+
+
+def _no_room(budget: Budget, parts: list, per_page: int, page_tokens: int,
+             before_weights: bool) -> ConfigError:
+    """The error for a budget with no room for one page, naming what binds and what to change."""
+    free = budget.device_memory - sum(n for _, n, _ in parts)
+    page = f"one page of {page_tokens} tokens needs {_size(per_page)}"
+    cap = budget.max_pool_bytes
+    if free >= per_page:  # only the cap binds
+        return ConfigError(
+            f"{budget.source}: kv.max_pool_bytes ({_size(cap)}) leaves no room for one KV page: "
+            f"{page}; raise kv.max_pool_bytes to at least {_size(per_page)} or lower "
+            "kv.page_tokens")
+    terms = "".join(f" - {label} {_gib(n)}" for label, n, _ in parts)
+    label, largest, advice = max(parts, key=lambda part: part[1])
+    fix = (f"the largest part is {label} ({_gib(largest)}): {advice}" if largest
+           else "raise device_memory")
+    also = (f" (kv.max_pool_bytes {_size(cap)} is below one page too)"
+            if cap is not None and cap < per_page else "")
+    return ConfigError(
+        f"{budget.source}: the budget leaves no room for one KV page"
+        f"{' even before the model weights' if before_weights else ''}: device_memory "
+        f"{_gib(budget.device_memory)}{terms} = {_gib(free)}, but {page}{also}; {fix}, or lower "
+        "kv.page_tokens")
 
 
 def _gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
+
+
+def _size(n: int) -> str:
+    """Bytes in the largest unit that keeps them above 1 (a 6 MiB page is not "0.01 GiB")."""
+    for unit, name in ((GiB, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= unit:
+            return f"{n / unit:.2f} {name}"
+    return f"{n} bytes"

@@ -65,6 +65,17 @@ def test_sizes_parse():
     ({"guard": {"poll_interval_s": float("nan")}}, "guard.poll_interval_s: must be a finite"),
     ({"guard": {"poll_interval_s": float("inf")}}, "guard.poll_interval_s: must be a finite"),
     ({"service": {"socket": 42}}, "service.socket: expected str, got 42"),
+    ({"service": {"max_body_bytes": "lots"}}, "service.max_body_bytes: expected a size"),
+    ({"max_concurrent_sequences": 100000}, r": max_concurrent_sequences must be at most 1024"),
+    ({"service": {"max_concurrent_sequences": 100000}},
+     r"service\.max_concurrent_sequences must be at most 1024 .*, got 100000"),
+    ({"kv": {"recent_window": 100000}},
+     r"kv\.recent_window \(100000\) must be at most kv\.page_tokens \(512\)"),
+    ({"device_memory": 10**400}, r"device_memory: 1000.* out of range \(sizes go up to 1 PiB\)"),
+    ({"device_memory": "1" + "0" * 300 + "GiB"}, r"device_memory: .* out of range"),
+    ({"kv": {"max_pool_bytes": "2000000GiB"}}, r"kv\.max_pool_bytes: .* out of range"),
+    ({"inline": {"slots": 10**30}}, r"inline\.slots: .* out of range"),
+    ({"kv": {"page_tokens": 2**40}}, r"kv\.page_tokens must be at most 16,777,216"),
 ])
 def test_bad_budgets_name_the_file_and_key(tmp_path, change, message):
     path = tmp_path / "bad.yaml"
@@ -118,7 +129,8 @@ def test_plan_arithmetic_and_streams():
     assert plan.bytes_per_page == 512 * 11880 and plan.num_pages == room // (512 * 11880)
     assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16").recent_window_bytes == 0  # exact KV
     assert plan.pool_tokens == plan.num_pages * 512 and plan.streams_that_fit == plan.num_pages // 2
-    assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16", page_tokens=64).bytes_per_page == 64 * 30 * 2 * 3 * 128
+    # a page-size override no shorter than the 128-token inline slots (64 is refused: test_budget_errors)
+    assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16", page_tokens=128).bytes_per_page == 128 * 30 * 2 * 3 * 128
 
 
 def test_impossible_budget_lists_the_numbers():

@@ -92,9 +92,12 @@ def format_plan(plan) -> str:
 
 def run(args) -> int:
     from edge_runtime.budget import load_budget
-    from edge_runtime.plan import make_plan
+    from edge_runtime.plan import check_page_size, make_plan
 
     budget = load_budget(args.config)
+    if args.page_tokens is not None:  # 0 too: it is not "absent"
+        check_page_size(budget, args.page_tokens, args.kv_dtype or budget.kv_dtype,
+                        "--page-tokens")
     print(f"reading model {args.model} ...", file=sys.stderr)
     config, weight_bytes, name = model_for_plan(args.model, budget.weight_dtype)
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)

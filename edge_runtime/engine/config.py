@@ -78,9 +78,10 @@ class EngineConfig:
                 values[ours] = getattr(plan, theirs)
         if values.get("num_inline_slots") == 0 or values.get("inline_tokens") == 0:
             values["enable_inline"] = False
-        if "max_num_seqs" in values:
-            values["max_batch_tokens"] = max(cls.max_batch_tokens, values["max_num_seqs"])
         values.update(overrides)
+        # after the overrides: the service's max_concurrent_sequences replaces the plan's
+        if "max_num_seqs" in values and "max_batch_tokens" not in overrides:
+            values["max_batch_tokens"] = max(cls.max_batch_tokens, values["max_num_seqs"])
         return cls.from_dict(values)
 
 

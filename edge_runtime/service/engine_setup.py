@@ -2,7 +2,8 @@
 
 Runs in a worker thread during start-up (server.Server._load). The engine's page pool is sized
 from the budget's memory plan (edge_runtime.plan.make_plan -> EngineConfig.from_plan), and
-its concurrency from `service.max_concurrent_sequences`.
+its concurrency from `service.max_concurrent_sequences`. `check_budget` refuses a budget that
+cannot fit one KV page before any weights are read.
 """
 
 from __future__ import annotations
@@ -37,12 +38,36 @@ def _memory_plan(config: str | None, loaded):
                      model_name=loaded.path.name)
 
 
+def check_budget(model_name: str, config_path: str | None) -> None:
+    """Refuse a budget whose plan fails even before the weights count (a pool cap below one page,
+    recent-key windows that fill the device...), reading only the model's config.json: serve
+    can run this before it listens, and load_all runs it before the weights load."""
+    if not config_path:
+        return
+    import json
+
+    from edge_runtime.budget import load_budget
+    from edge_runtime.errors import ModelLoadError
+    from edge_runtime.model.config import ModelConfig
+    from edge_runtime.model.loader import resolve_model_folder
+    from edge_runtime.plan import make_plan
+
+    budget = load_budget(config_path)
+    folder = resolve_model_folder(model_name)
+    try:
+        config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from exc
+    make_plan(budget, config, None, model_name=folder.name)
+
+
 def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
              guard_config: GuardConfig, device: str = "cpu") -> Loaded:
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
     from edge_runtime.model.loader import load_model
 
+    check_budget(model_name, config_path)
     loaded = load_model(model_name, device=device)
     engine = Engine(loaded, engine_config(config_path, limits, loaded, device))
     aengine = AsyncEngine(engine)

@@ -1,13 +1,16 @@
 """`service:` section of the budget YAML -> frozen ServiceLimits (see docs/interfaces.md).
 
 Invariants: every limit is positive (max_prompt_tokens 0 means "the model's context - 1");
-unknown keys are errors. Values derived from the model (the effective prompt limit) are computed
-by `prompt_limit()`, never written back.
+unknown keys are errors; `*_bytes` keys take sizes as the rest of the budget does (1MiB). Values
+derived from the model (the effective prompt limit) are computed by `prompt_limit()`, never
+written back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from edge_runtime.budget import check_concurrent_sequences, parse_bytes
 from edge_runtime.errors import ConfigError
 from edge_runtime.guard.config import GuardConfig, _checked
 
@@ -22,17 +25,27 @@ class ServiceLimits:
     max_queue: int = 32
     retry_after_s: int = 1
     shutdown_deadline_s: float = 10.0
+    body_timeout_s: float = 10.0  # a request body must arrive within this, else 408
 
     def __post_init__(self) -> None:
+        if not 0 < self.body_timeout_s < float("inf"):
+            raise ConfigError(f"service.body_timeout_s must be a finite number > 0, "
+                              f"got {self.body_timeout_s}")
         for name in ("max_body_bytes", "max_tokens", "max_concurrent_sequences", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
+        check_concurrent_sequences(self.max_concurrent_sequences,
+                                   "service.max_concurrent_sequences")
         if self.max_prompt_tokens < 0 or self.max_queue < 0 or self.shutdown_deadline_s < 0:
             raise ConfigError("service.max_prompt_tokens, max_queue, shutdown_deadline_s must be >= 0")
 
     @classmethod
     def from_dict(cls, section: dict | None) -> "ServiceLimits":
-        return cls(**_checked(cls, section or {}, "service"))
+        section = section or {}
+        if isinstance(section, dict):  # sizes as everywhere in the budget: bytes or "1MiB"
+            section = {key: parse_bytes(value, f"service.{key}") if key in _SIZE_KEYS else value
+                       for key, value in section.items()}
+        return cls(**_checked(cls, section, "service"))
 
     @property
     def max_in_flight(self) -> int:
@@ -44,6 +57,9 @@ class ServiceLimits:
         assert context_len > 1, context_len
         cap = context_len - 1
         return min(self.max_prompt_tokens, cap) if self.max_prompt_tokens else cap
+
+
+_SIZE_KEYS = {f.name for f in fields(ServiceLimits) if f.name.endswith("_bytes")}
 
 
 def load_sections(config: str | None) -> tuple[ServiceLimits, GuardConfig]:
