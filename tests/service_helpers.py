@@ -1,7 +1,9 @@
-"""Helpers for the service tests: start a real `edge-runtime serve` process on a Unix socket."""
+"""Helpers for the service tests: start a real `edge-runtime serve` process on a Unix socket, or
+the app alone (a stand-in engine, no model) in a thread, and talk raw HTTP to either."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -76,3 +78,113 @@ def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[int, str
 
 def _output(proc: subprocess.Popen) -> str:
     return Path(proc.log_path).read_text()
+
+
+class StubEngine:
+    """Stand-in AsyncEngine: every request generates the tokens [5, 6] ("ab")."""
+
+    failure = None
+
+    async def stream(self, prompt_ids, params, request_id):
+        from edge_runtime.engine.api import Completion, GenerationResult, TokenEvent
+
+        result = GenerationResult(request_id, len(prompt_ids), 0,
+                                  [Completion("ab", [5, 6], "length")])
+        yield TokenEvent(request_id, 0, [5, 6], "ab")
+        yield TokenEvent(request_id, 0, [], "", result=result)
+
+    async def cancel(self, request_id):
+        return None
+
+
+def stub_state(**limits):
+    """A ready ServiceState on StubEngine: model "m", vocabulary 10, context 64, a 64-page pool."""
+    from types import SimpleNamespace
+
+    from edge_runtime.service.app import ServiceState
+    from edge_runtime.service.limits import ServiceLimits
+
+    state = ServiceState(ServiceLimits(**limits), "m")
+    config = SimpleNamespace(page_tokens=16, enable_inline=False, num_inline_slots=0,
+                             inline_tokens=0)
+    engine = SimpleNamespace(config=config, num_pages=64, stats=lambda: {"steps": 0})
+    model = SimpleNamespace(tokenizer=None, config=SimpleNamespace(max_position_embeddings=64,
+                                                                    vocab_size=10))
+    state.set_ready(model, engine, StubEngine(), None)
+    return state
+
+
+@contextlib.contextmanager
+def app_on_unix_socket(state, path: str):
+    """Serve build_app(state) on `path` from an event loop in a thread, as server.py runs it."""
+    import asyncio
+    import socket
+    import threading
+
+    from aiohttp import web
+
+    from edge_runtime.service.app import build_app
+
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start():
+        await runner.setup()
+        await web.SockSite(runner, listener).start()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        yield path
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+        listener.close()
+
+
+def raw_connect(path: str, timeout: float = 60.0):
+    import socket
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout)  # a safety net against a hang, not a measurement
+    conn.connect(path)
+    return conn
+
+
+def post_bytes(url: str, body: bytes, headers: str = "") -> bytes:
+    """A POST request as bytes; `headers` are extra header lines, each ending in CRLF."""
+    return (f"POST {url} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"{headers}Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def read_response(conn) -> tuple[int, dict, bytes]:
+    """One HTTP/1.1 response from a raw socket: status, headers (lower-case names), body (by
+    Content-Length, or up to the close); skips interim 1xx responses."""
+    data = b""
+    while True:
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            assert chunk, f"connection closed before a full response: {data[:200]!r}"
+            data += chunk
+        head, data = data.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        if status >= 200:
+            break
+    headers = dict((k.strip().lower(), v.strip()) for k, v in
+                   (line.split(":", 1) for line in lines[1:]))
+    if "content-length" in headers:
+        while len(data) < int(headers["content-length"]):
+            chunk = conn.recv(65536)
+            assert chunk, "connection closed inside the body"
+            data += chunk
+    else:
+        while chunk := conn.recv(65536):
+            data += chunk
+    return status, headers, data

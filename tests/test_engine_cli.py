@@ -50,11 +50,20 @@ def test_generate_bad_prompts_file_and_flags_are_one_line_errors(capsys, tmp_pat
     err = _bad_input(capsys, tmp_path, b'{"prompt": "x", "max_tokens": true}\n')
     assert "max_tokens must be a positive integer, got True" in err  # not read as 1
     assert "chat must be true or false" in _bad_input(capsys, tmp_path, b'{"prompt": "x", "chat": "no"}')
+    # unknown keys were silently ignored: a typo, or a setting that only exists as a flag
+    err = _bad_input(capsys, tmp_path, b'{"prompt": "x"}\n{"prompt": "y", "max_token": 8, '
+                     b'"temperature": 0.5}\n')
+    assert err.strip().endswith("p.jsonl:2: unknown key(s) max_token, temperature; known: prompt, "
+                                "chat, max_tokens"), err
     for value in ("nan", "inf"):
         err = _bad_input(capsys, tmp_path, None, "--prompt", "x", "--temperature", value)
         assert "--temperature must be a finite number" in err
     err = _bad_input(capsys, tmp_path, None, "--prompt", "x", "--page-tokens", "500")
     assert "--page-tokens must be a power of two" in err
+    # a page shorter than the budget's inline slots: refused before the model loads
+    err = _bad_input(capsys, tmp_path, None, "--prompt", "x", "--config", "cpu-dev",
+                     "--model", str(tmp_path / "no-model"), "--page-tokens", "16")
+    assert "--page-tokens (16) is smaller than inline.tokens (128)" in err, err
 
 
 def test_huge_max_tokens_sizes_the_pool_by_the_context(capsys):

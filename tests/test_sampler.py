@@ -115,3 +115,34 @@ def test_sampling_params_reject_seeds_outside_64_bits():
     for seed in (1 << 64, -(1 << 63) - 1):
         with pytest.raises(RequestError, match="seed"):
             SamplingParams(seed=seed)
+
+
+def test_sampling_params_bound_top_k_so_the_sampler_cannot_overflow():
+    """top_k >= 2**63 passed validation and made the sampler's int64 tensor raise OverflowError,
+    which stopped the engine loop for good; the largest k accepted samples like top_k off."""
+    import pytest
+
+    from edge_runtime.engine.api import TOP_K_MAX
+    from edge_runtime.errors import RequestError
+
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(5))
+    big = SamplingParams(temperature=1.0, top_k=TOP_K_MAX, seed=9)
+    off = SamplingParams(temperature=1.0, top_k=0, seed=9)
+    assert sample(logits, _rows([big, big], [9, 10])) == sample(logits, _rows([off, off], [9, 10]))
+    for top_k in (TOP_K_MAX + 1, 1 << 63, -1, 2.5, True):
+        with pytest.raises(RequestError, match="top_k"):
+            SamplingParams(top_k=top_k)
+
+
+def test_sampling_params_reject_non_finite_temperature_and_penalty():
+    import pytest
+
+    from edge_runtime.errors import RequestError
+
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(RequestError, match="temperature"):
+            SamplingParams(temperature=value)
+        with pytest.raises(RequestError, match="repetition_penalty"):
+            SamplingParams(repetition_penalty=value)
+    with pytest.raises(RequestError, match="n must be an integer"):
+        SamplingParams(n=2.5)

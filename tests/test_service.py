@@ -123,6 +123,9 @@ BAD = [
     ("/v1/completions", b'{"prompt": "caf\xc3\x28"}', 400, "invalid_utf8"),
     ("/v1/completions", b'{"prompt": "' + b"a" * (10 << 20) + b'"}', 413, "body_too_large"),
     ("/v1/completions", json.dumps({"prompt": [1, 2, 10 ** 9]}).encode(), 400, "invalid_value"),
+    # past the sampler's int64: it stopped the engine loop for good (the long request then failed)
+    ("/v1/completions", json.dumps({"prompt": "x", "top_k": 1 << 63, "temperature": 1}).encode(),
+     400, "invalid_value"),
     ("/v1/nope", b"{}", 404, "not_found"),
 ]
 

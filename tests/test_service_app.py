@@ -113,3 +113,33 @@ def test_health_and_metrics_report_a_guard_that_cannot_read_memory():
     source.failing = False
     guard.poll()
     assert state.health() == (200, {"status": "ready", "reason": ""})
+
+
+def test_requests_the_http_parser_refuses_log_one_info_line_not_an_error(tmp_path, caplog):
+    """aiohttp answers these itself, before any handler (text/plain 400; docs/service.md says so);
+    each logged an ERROR with a traceback. Now one INFO line each, and the server goes on."""
+    import logging
+
+    from service_helpers import app_on_unix_socket, client, raw_connect, read_response, stub_state
+
+    bad = [b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # URL over 8190 bytes
+           b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",
+           b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+           b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+           b"Content-Length: 5\r\n\r\n0\r\n\r\n",
+           "GET /h\u00e9alth HTTP/1.1\r\nHost: x\r\n\r\n".encode()]
+    caplog.set_level(logging.INFO, logger="aiohttp.server")
+    with app_on_unix_socket(stub_state(), str(tmp_path / "api.sock")) as sock:
+        for request in bad:
+            conn = raw_connect(sock)
+            conn.sendall(request)
+            status, _, _ = read_response(conn)
+            conn.close()
+            assert status == 400, request[:40]
+        with client(sock) as c:
+            assert c.get("/health").json()["status"] == "ready"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], \
+        [r.getMessage()[:200] for r in caplog.records if r.levelno >= logging.WARNING]
+    refused = [r for r in caplog.records if r.getMessage().startswith("refused a malformed HTTP")]
+    assert len(refused) == len(bad) and not any(r.exc_info for r in refused)
+    assert all("\n" not in r.getMessage() for r in refused)

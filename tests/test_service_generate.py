@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -97,3 +99,50 @@ def test_a_request_that_ran_out_of_pool_gets_an_error_message():
     finish, error = json.loads(events[-3]), json.loads(events[-2])
     assert finish["choices"][0]["finish_reason"] == "error"
     assert error["error"]["code"] == "memory_pressure" and error["error"]["message"].startswith(why)
+
+
+BODY = b'{"prompt": [1, 2, 3], "max_tokens": 4}'
+
+
+def _send_headers_and_part_of_the_body(sock: str):
+    """A client that sends its headers and half its body, then stalls. `Expect: 100-continue`
+    tells when the handler has started: aiohttp answers it just before calling the handler."""
+    from service_helpers import post_bytes, raw_connect
+
+    conn = raw_connect(sock)
+    request = post_bytes("/v1/completions", BODY, "Expect: 100-continue\r\n")
+    head = request[:request.index(b"\r\n\r\n") + 4]
+    conn.sendall(head)
+    interim = b""
+    while not interim.endswith(b"\r\n\r\n"):
+        byte = conn.recv(1)
+        assert byte, f"closed before the interim response: {interim!r}"
+        interim += byte
+    assert interim.startswith(b"HTTP/1.1 100"), interim
+    conn.sendall(BODY[:len(BODY) // 2])
+    return conn
+
+
+def test_a_stalled_body_holds_no_request_slot_and_gets_408(tmp_path, caplog):
+    """Requests were counted in flight before their body was read, with no timeout: clients that
+    stalled mid-body held every slot and all others got 429 for as long as they stayed."""
+    from service_helpers import app_on_unix_socket, client, read_response, stub_state
+
+    state = stub_state(max_concurrent_sequences=1, max_queue=1, body_timeout_s=2.0)
+    with app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
+        stalled = [_send_headers_and_part_of_the_body(sock) for _ in range(3)]
+        assert state.in_flight == 0
+        with client(sock) as c:
+            ok = c.post("/v1/completions", content=BODY)
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["choices"][0]["text"] == "ab"
+        for conn in stalled:  # each gets its 408 once body_timeout_s has passed
+            status, headers, body = read_response(conn)
+            assert status == 408 and headers["connection"] == "close", (status, headers)
+            error = json.loads(body)["error"]
+            assert error["code"] == "body_timeout" and "service.body_timeout_s" in error["message"]
+            conn.close()
+        with client(sock) as c:  # still serving
+            assert c.post("/v1/completions", content=BODY).status_code == 200
+    assert state.in_flight == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

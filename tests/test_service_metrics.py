@@ -56,3 +56,29 @@ def test_render_engine_guard_and_backends():
     assert s['edge_guard_transitions_total{from="high",to="critical"}'] == 1
     assert s['edge_kernel_backend{op="paged_attention",backend="triton"}'] == 1
     assert s["edge_service_queued"] == 1 and s["edge_service_ready"] == 1
+
+
+def test_engine_counters_are_typed_counter_and_the_rest_gauge():
+    """Engine counters (steps, requests_finished, KV admissions...) were exported as gauges. The set
+    in metrics.ENGINE_COUNTERS is checked here against a real engine's counters."""
+    from dataclasses import fields
+
+    from engine_helpers import engine_for, tiny
+
+    from edge_runtime.cache.observability import KVCounters
+    from edge_runtime.engine.api import SamplingParams
+
+    engine = engine_for(tiny(), num_pages=8, page_tokens=16)
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    stats = engine.stats()
+    text = render_prometheus(ServiceMetrics().snapshot(stats, None, None, {"status": "ready"}))
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
+    counters = [*engine.counters, "preemptions", "kv_evictions",
+                *(f"kv_{f.name}" for f in fields(KVCounters))]
+    assert stats["steps"] > 0 and stats["requests_finished"] == 1
+    for key in counters:
+        assert types[f"edge_engine_{key}"] == "counter", key
+    for key in ("running", "waiting", "num_pages", "kv_pages_free", "kv_pages_live",
+                "kv_prefix_hit_rate", "kv_inline_slots_used"):
+        assert types[f"edge_engine_{key}"] == "gauge", key
+    assert f"edge_engine_steps {stats['steps']}" in text  # the documented name is kept

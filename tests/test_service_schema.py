@@ -42,6 +42,23 @@ def test_null_max_completion_tokens_counts_as_absent():
         assert e.value.message.startswith("'max_completion_tokens'")
 
 
+@pytest.mark.parametrize("parse,base", [
+    (parse_completion, {"prompt": "x"}),
+    (parse_chat, {"messages": [{"role": "user", "content": "hi"}]}),
+])
+def test_null_counts_as_absent_for_every_optional_field(parse, base):
+    """n, top_k and ignore_eos were 400 on null while every other nullable field took it as absent
+    (OpenAI's schema has n nullable; SDKs send nulls)."""
+    keys = ("n", "top_k", "ignore_eos", "temperature", "top_p", "seed", "stop", "stream",
+            "stream_options", "max_tokens", "max_completion_tokens", "repetition_penalty",
+            "presence_penalty", "frequency_penalty", "logit_bias", "model")
+    req = parse(dict(base, **{key: None for key in keys}), CAP)
+    assert req.params == parse(base, CAP).params and not req.stream
+    assert parse(dict(base, n=None, best_of=None), CAP).params.n == 1
+    with_top_k = parse(dict(base, top_k=(1 << 31) - 1), CAP)  # the largest k: keeps every token
+    assert with_top_k.params.top_k == (1 << 31) - 1
+
+
 @pytest.mark.parametrize("raw,code", [
     (b"{not json", "invalid_json"),
     (b"[1, 2]", "invalid_json"),
@@ -95,6 +112,9 @@ def test_lone_surrogates_are_400_naming_the_field(raw, param):
     ({"prompt": "x", "seed": 10 ** 23}, "seed"),
     ({"prompt": "x", "seed": -(1 << 63) - 1}, "seed"),
     ({"prompt": "x", "seed": 1.5}, "seed"),
+    ({"prompt": "x", "top_k": 1 << 63}, "top_k"),  # overflowed the sampler's int64: engine dead
+    ({"prompt": "x", "top_k": (1 << 31)}, "top_k"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
 ])
 def test_bad_completion_fields_name_the_param(body, param):
     with pytest.raises(ApiError) as e:

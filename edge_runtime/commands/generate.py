@@ -18,6 +18,7 @@ from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # == edge_runtime.model.loader.DEFAULT_MODEL (no torch import here)
 DTYPES = ("float32", "bfloat16", "float16")
+PROMPT_KEYS = ("prompt", "chat", "max_tokens")  # of a --prompts-file line; the rest are flags
 
 
 def register(subparsers) -> None:
@@ -62,6 +63,13 @@ def read_requests(args) -> list[dict]:
         from edge_runtime.budget import check_page_tokens
 
         check_page_tokens(args.page_tokens, "--page-tokens")  # as plan and simulate require
+        if getattr(args, "config", None):  # and the budget's own rules (inline slots, windows)
+            from edge_runtime.budget import load_budget
+            from edge_runtime.plan import check_page_size
+
+            budget = load_budget(args.config)
+            check_page_size(budget, args.page_tokens, getattr(args, "kv_dtype", None)
+                            or budget.kv_dtype, "--page-tokens")
     if args.prompt is not None:
         return [{"prompt": args.prompt, "chat": args.chat, "max_tokens": args.max_tokens}]
     try:
@@ -81,6 +89,10 @@ def read_requests(args) -> list[dict]:
             raise InputError(f"{args.prompts_file}:{n}: not valid JSON ({exc.msg})") from exc
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise InputError(f'{args.prompts_file}:{n}: expected {{"prompt": "...", ...}}')
+        unknown = sorted(set(obj) - set(PROMPT_KEYS))
+        if unknown:  # a typo ("max_token") or a flag-only setting would be silently ignored
+            raise InputError(f"{args.prompts_file}:{n}: unknown key(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(PROMPT_KEYS)}")
         max_tokens = obj.get("max_tokens", args.max_tokens)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise RequestError(f"{args.prompts_file}:{n}: max_tokens must be a positive integer, "

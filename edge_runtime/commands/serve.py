@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     sock, owns = activated_unix_socket(), None
     if sock is None:
         owns = args.socket or limits.socket
-        check_unix_socket_path(owns, "--socket" if args.socket else "service.socket")
-        sock = bind_unix_socket(owns)
+        flag = "--socket" if args.socket else "service.socket"
+        check_unix_socket_path(owns, flag)
+        sock = bind_unix_socket(owns, flag)
     state = ServiceState(limits, _served_name(model))
 
     def loader():

@@ -7,6 +7,7 @@ front end (CLI, HTTP, voice) gets the same message.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from edge_runtime.errors import RequestError
@@ -14,6 +15,9 @@ from edge_runtime.errors import RequestError
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 # torch.Generator takes a 64-bit seed, signed or unsigned (-1 and 2**64 - 1 are the same seed)
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+# The sampler packs the batch's top_k values into an int64 tensor: a k of 2**63 or more would stop
+# the engine loop (OverflowError). No vocabulary comes near 2**31, so any k above it means "all".
+TOP_K_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -33,24 +37,29 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.temperature < math.inf:  # NaN fails every comparison
+            raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= TOP_K_MAX:
+            raise RequestError(f"top_k must be an integer in [0, {TOP_K_MAX}] (0: off), "
+                               f"got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
+        if not 0 < self.repetition_penalty < math.inf:
             raise RequestError(
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"
             )
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise RequestError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
-        if not 1 <= self.n <= 16:
-            raise RequestError(f"n must be between 1 and 16, got {self.n}")
-        if not 1 <= self.beam_width <= 4:
+        if not _is_int(self.n) or not 1 <= self.n <= 16:
+            raise RequestError(f"n must be an integer between 1 and 16, got {self.n!r}")
+        if not _is_int(self.beam_width) or not 1 <= self.beam_width <= 4:
             raise RequestError(f"beam_width must be between 1 and 4, got {self.beam_width}")
         if self.beam_width > 1 and self.n > 1:
             raise RequestError("use either n > 1 (sampling) or beam_width > 1, not both")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass

@@ -8,8 +8,11 @@ Invariants:
   so clients that connect early (socket activation) get a clear answer, never a hang.
 - Every error answer is JSON `{"error": {"message", "type", "code", "param"}}` with a 4xx/5xx status,
   including unknown routes and wrong methods; a handler bug answers 500 JSON and is logged.
-- `in_flight` counts accepted generation requests (running + waiting in the engine); more than
-  `limits.max_in_flight` is answered 429 with Retry-After before the body is even read.
+  The one exception: a request aiohttp's HTTP parser refuses before any handler runs (request
+  line or header too long, bad Content-Length...) gets aiohttp's text/plain 400 and the connection
+  is closed; aiohttp has no hook for that answer. It is logged as one INFO line (`ProtocolLog`).
+- `in_flight` counts accepted generation requests (running + waiting in the engine), counted once
+  the body is read and valid; more than `limits.max_in_flight` is answered 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import time
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from edge_runtime.service.limits import ServiceLimits
 from edge_runtime.service.metrics import ServiceMetrics, render_prometheus
@@ -90,7 +94,23 @@ class ServiceState:
 
 
 def json_error(exc: ApiError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+    response = web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+    if exc.close_connection:
+        response.force_close()
+    return response
+
+
+class ProtocolLog(logging.LoggerAdapter):
+    """aiohttp's connection-level logger. A request its HTTP parser refuses is the client's error,
+    answered 400 by aiohttp: one INFO line, not an ERROR with a traceback. Anything else (an
+    exception escaping the app, a bug) keeps its traceback."""
+
+    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self.info("refused a malformed HTTP request (%s %s): %s", exc_info.code,
+                      type(exc_info).__name__, " ".join(str(exc_info.message).split())[:300])
+        else:
+            super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 @web.middleware
@@ -160,9 +180,13 @@ async def metrics(request: web.Request) -> web.Response:
 def build_app(state: ServiceState) -> web.Application:
     from edge_runtime.service.generate import chat_completions, completions
 
-    # The body limit is enforced (with a JSON 413) by generate.read_body; this is a backstop.
+    # The body limit is enforced (with a JSON 413) by body.read_body; this is a backstop.
+    # body.read_body decodes Content-Encoding itself, so that a body that does not decode
+    # or an unsupported coding is a JSON 400/415 rather than a 500 or aiohttp's text/plain 400.
     app = web.Application(middlewares=[error_middleware],
-                          client_max_size=state.limits.max_body_bytes + 1)
+                          client_max_size=state.limits.max_body_bytes + 1,
+                          handler_args={"auto_decompress": False,
+                                        "logger": ProtocolLog(logging.getLogger("aiohttp.server"))})
     app[STATE_KEY] = state
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)

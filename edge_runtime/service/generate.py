@@ -1,8 +1,10 @@
 """/v1/completions and /v1/chat/completions: admission, body, tokenization, engine, response.
 
 Invariants:
-- `state.in_flight` is incremented exactly once per accepted request and decremented in `finally`,
-  whatever happens (bad body, disconnect, engine error).
+- A request counts in `state.in_flight` only once its body has been read (body.py: within
+  `service.body_timeout_s`, else 408) and validated: a client that stalls mid-body holds no slot.
+  It is incremented exactly once per accepted request and decremented in `finally`, whatever
+  happens (disconnect, engine error).
 - A request whose client disconnects (aiohttp cancels the handler: handler_cancellation=True) or
   whose stream write fails is cancelled in the engine, which releases its pages; a request is
   cancelled at most once and only if it did not finish.
@@ -25,10 +27,10 @@ from edge_runtime.engine.async_engine import EngineLoopStopped
 from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestError
 from edge_runtime.service import responses as R
 from edge_runtime.service.app import STATE_KEY, ServiceState
+from edge_runtime.service.body import read_body
 from edge_runtime.service.schema import ApiError, ApiRequest, parse_body, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
-_DRAIN_LIMIT = 64 << 20  # read (and drop) at most this much of an oversized body before answering
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -41,15 +43,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state: ServiceState = request.app[STATE_KEY]
-    _admit(state)
+    _admit(state)  # answer at once while loading, stopping or full, without reading the body
+    raw = await read_body(request, state.limits.max_body_bytes, state.limits.body_timeout_s)
+    parse = parse_chat if kind == "chat" else parse_completion
+    req = parse(parse_body(raw), state.limits.max_tokens)
+    if req.model is not None and req.model != state.model_name:
+        raise ApiError(404, f"model '{req.model}' is not served here; GET /v1/models lists "
+                       f"'{state.model_name}'", "model_not_found", "model")
+    _admit(state)  # again: the state may have changed while the body arrived
     state.in_flight += 1
     try:
-        raw = await read_body(request, state.limits.max_body_bytes)
-        parse = parse_chat if kind == "chat" else parse_completion
-        req = parse(parse_body(raw), state.limits.max_tokens)
-        if req.model is not None and req.model != state.model_name:
-            raise ApiError(404, f"model '{req.model}' is not served here; GET /v1/models lists "
-                           f"'{state.model_name}'", "model_not_found", "model")
         prompt_ids = await asyncio.to_thread(_encode, state, req)
         _check_length(state, prompt_ids, req)
         _check_pool(state, len(prompt_ids), req)
@@ -82,32 +85,6 @@ def _admit(state: ServiceState) -> None:
                        f"{state.limits.max_in_flight}); retry after "
                        f"{state.limits.retry_after_s} s", "server_busy",
                        type_="rate_limit_error", headers=retry)
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The body, or a JSON 413 once it exceeds `limit` (after draining it, so the client reads it)."""
-    too_big = ApiError(413, f"request body larger than this server's limit of {limit} bytes",
-                       "body_too_large")
-    if request.content_length is not None and request.content_length > limit:
-        await _drain(request)
-        raise too_big
-    parts, size = [], 0
-    async for part in request.content.iter_chunked(1 << 16):
-        size += len(part)
-        if size > limit:
-            await _drain(request)
-            raise too_big
-        parts.append(part)
-    return b"".join(parts)
-
-
-async def _drain(request: web.Request) -> None:
-    drained = 0
-    while drained < _DRAIN_LIMIT and not request.content.at_eof():
-        part = await request.content.readany()
-        if not part:
-            break
-        drained += len(part)
 
 
 def _encode(state: ServiceState, req: ApiRequest) -> list[int]:

@@ -6,8 +6,10 @@ Invariants:
 - Histograms are cumulative Prometheus histograms: `counts[i]` counts observations <= `bounds[i]`
   (the +Inf bucket equals `count`).
 - Engine statistics are passed through generically: every numeric value of `engine.stats()`
-  (nested dicts flattened with '_') becomes a gauge `edge_engine_<key>`, so new engine counters
-  (pages free/cached/live, inline slots, hit rate, queue, running) show up without editing this file.
+  (nested dicts flattened with '_') becomes `edge_engine_<key>`, so new engine numbers (pages
+  free/cached/live, inline slots, hit rate, queue, running) show up without editing this file.
+  They are gauges, except the monotone counters named in `ENGINE_COUNTERS`, typed `counter`. Those
+  keep their documented names (`edge_engine_steps`, not `..._steps_total`): queries keep working.
 """
 
 from __future__ import annotations
@@ -17,6 +19,15 @@ import re
 import threading
 from collections import Counter
 
+# Monotone since start (Engine.counters, the scheduler's preemptions, KVCounters, the pool's
+# evictions); tests/test_service_metrics.py checks this set against a real engine's stats.
+ENGINE_COUNTERS = frozenset(
+    ["steps", "prefill_tokens", "decode_tokens", "requests_finished", "requests_failed",
+     "requests_cancelled", "pool_bytes_released", "preemptions", "kv_evictions"]
+    + [f"kv_{name}" for name in ("admitted", "finished", "cancelled", "preemptions",
+                                 "prompt_tokens", "cached_prompt_tokens", "copies", "copied_tokens",
+                                 "inline_to_pages", "pages_to_slots", "take_overs",
+                                 "failed_allocations")])
 TTFT_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -108,7 +119,8 @@ def render_prometheus(stats: dict) -> str:
     for name, h in stats["latency"].items():
         _histogram(out, f"edge_{name}", h)
     for key, value in _flatten(stats.get("engine") or {}):
-        _gauge(out, f"edge_engine_{key}", f"engine stats: {key}", value)
+        kind = "counter" if key in ENGINE_COUNTERS else "gauge"
+        _metric(out, f"edge_engine_{key}", kind, f"engine stats: {key}", [("", value)])
     _render_guard(out, stats.get("guard"))
     backends = stats.get("kernel_backends") or {}
     _metric(out, "edge_kernel_backend", "gauge", "kernel backend in use (label), always 1",

@@ -9,6 +9,7 @@ Invariants:
   naming the field, like a body that is not UTF-8.
 - Unknown top-level keys are ignored (as OpenAI-compatible servers do: SDKs send extras), but a
   known key with a wrong type or an unsupported value is an error naming the key (`param`).
+  A known optional key whose value is null counts as absent (OpenAI's schema makes them nullable).
 Prompt length and the model name need the tokenizer and the model: the app checks those.
 """
 
@@ -18,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from edge_runtime.engine.api import SEED_MAX, SEED_MIN, SamplingParams
+from edge_runtime.engine.api import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from edge_runtime.errors import RequestError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -30,11 +31,13 @@ class ApiError(RequestError):
     """An HTTP error answered as {"error": {"message", "type", "code", "param"}}."""
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 type_: str = "invalid_request_error", headers: dict | None = None) -> None:
+                 type_: str = "invalid_request_error", headers: dict | None = None,
+                 close_connection: bool = False) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.type = type_
         self.headers = headers or {}
+        self.close_connection = close_connection  # after the answer: the body was not all read
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "code": self.code,
@@ -104,7 +107,7 @@ def parse_completion(body: dict, max_tokens_cap: int) -> ApiRequest:
     for key, allowed in (("echo", (None, False)), ("logprobs", (None, 0)), ("suffix", (None, ""))):
         if body.get(key) not in allowed:
             raise _unsupported(key)
-    if body.get("best_of") not in (None, body.get("n", 1)):
+    if body.get("best_of") not in (None, _n(body)):
         raise _unsupported("best_of")
     return ApiRequest("completion", _model(body), _params(body, max_tokens_cap), *_stream(body),
                       prompt=prompt, max_tokens_param=_max_tokens_key(body))
@@ -164,13 +167,12 @@ def _params(body: dict, cap: int) -> SamplingParams:
     if seed is not None and not (_is_int(seed) and SEED_MIN <= seed <= SEED_MAX):
         raise _bad("seed", f"must be an integer in [-2**63, 2**64 - 1] (a 64-bit seed), "
                    f"got {seed!r}")
-    top_k = body.get("top_k", 0)
-    if not _is_int(top_k) or top_k < -1:
-        raise _bad("top_k", "must be an integer >= -1 (-1 or 0: off)")
-    n = body.get("n", 1)
-    if not _is_int(n) or not 1 <= n <= 16:
-        raise _bad("n", "must be an integer between 1 and 16")
-    ignore_eos = body.get("ignore_eos", False)
+    top_k = _get(body, "top_k", 0)
+    if not _is_int(top_k) or not -1 <= top_k <= TOP_K_MAX:
+        raise _bad("top_k", f"must be an integer in [-1, {TOP_K_MAX}] (-1 or 0: off; a k past "
+                   f"the vocabulary keeps every token), got {top_k!r}")
+    n = _n(body)
+    ignore_eos = _get(body, "ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos", "must be a boolean")
     temperature = _num(body, "temperature", 1.0, 0.0, 2.0)
@@ -184,6 +186,19 @@ def _params(body: dict, cap: int) -> SamplingParams:
             ignore_eos=ignore_eos)
     except RequestError as exc:
         raise ApiError(400, str(exc), "invalid_value") from None
+
+
+def _get(body: dict, key: str, default):
+    """body[key], or `default` when the key is absent or null (OpenAI's fields are nullable)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _n(body: dict) -> int:
+    n = _get(body, "n", 1)
+    if not _is_int(n) or not 1 <= n <= 16:
+        raise _bad("n", f"must be an integer between 1 and 16, got {n!r}")
+    return n
 
 
 def _stop(stop) -> tuple[str, ...]:

@@ -9,6 +9,8 @@ Lifecycle (each step is reported to systemd with STATUS=):
 Invariants:
 - The socket file is created with mode 0660 (umask set around bind, then chmod) and removed on
   exit unless it came from systemd (socket activation: systemd owns it and keeps listening).
+  A path that cannot be bound (a symlink, a live socket, another file, an OS refusal) is a
+  one-line ConfigError at start-up naming the flag, never a traceback.
 - WATCHDOG=1 is sent only if the engine loop thread is alive and the engine is idle or its step
   counter moved since the last check, so a hung step or a dead loop stops the pings and systemd
   restarts the service. (A dead loop leaves the Engine looking idle: the loop's own state counts.)
@@ -17,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -48,29 +51,73 @@ class Loaded:
     guard: object | None  # MemoryGuard, or None when disabled
 
 
-def bind_unix_socket(path: str, backlog: int = 1024) -> socket.socket:
-    """A listening AF_UNIX socket at `path`, mode 0660; refuses to steal a live socket."""
-    if os.path.exists(path):
-        if not stat.S_ISSOCK(os.stat(path).st_mode):
-            raise ConfigError(f"{path} exists and is not a socket; choose another --socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-            raise ConfigError(f"another server is already listening on {path}")
-        except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)  # stale socket of a crashed run
-        finally:
-            probe.close()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+def bind_unix_socket(path: str, flag: str = "--socket", backlog: int = 1024) -> socket.socket:
+    """A listening AF_UNIX socket at `path`, mode 0660; refuses to steal a live socket.
+
+    Every OS error (a symlink in the way, a read-only or special file system, no permission) is a
+    ConfigError naming `flag` and the path, which the CLI prints as one line."""
+    where = f"{flag} {path}"
+    _remove_stale_socket(path, where)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o117)
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{where}: cannot bind ({_why(exc)}); choose another path") from None
     finally:
         os.umask(old)
-    os.chmod(path, 0o660)
-    sock.listen(backlog)
+    try:
+        os.chmod(path, 0o660)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise ConfigError(f"{where}: bound, but cannot chmod 0660 and listen ({_why(exc)}); "
+                          "choose another path") from None
     return sock
+
+
+def _remove_stale_socket(path: str, where: str) -> None:
+    """Unlink the socket file of a crashed run; refuse a live socket, a symlink, any other file."""
+    if os.path.islink(path):  # bind() would not follow it: EADDRINUSE even when it dangles
+        target = os.readlink(path)
+        dangling = "" if os.path.exists(path) else ", which does not exist"
+        raise ConfigError(f"{where} is a symbolic link (to {target}{dangling}); give the real "
+                          "path of the socket, or remove the link")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot inspect it ({_why(exc)}); choose another "
+                          "path") from None
+    if not stat.S_ISSOCK(mode):
+        raise ConfigError(f"{where} exists and is not a socket; choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        raise ConfigError(f"{where}: another server is already listening on it")
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # stale socket of a crashed run
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot check whether a server listens on it "
+                          f"({_why(exc)}); remove it or choose another path") from None
+    finally:
+        probe.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot remove the stale socket ({_why(exc)}); remove it or "
+                          "choose another path") from None
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
 
 
 class Server:
