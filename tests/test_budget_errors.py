@@ -109,6 +109,23 @@ def test_service_sizes_take_units_like_the_rest_of_the_budget(tmp_path):
     assert ServiceLimits.from_dict({"max_body_bytes": 4096}).max_body_bytes == 4096
 
 
+def test_service_sequences_cannot_exceed_the_planned_count(tmp_path):
+    """The plan sizes the recent-key windows for the top-level count; more service sequences
+    would allocate past the memory the budget planned."""
+    from edge_runtime.service.limits import load_sections
+
+    path = _write(tmp_path, {**BASE, "max_concurrent_sequences": 4,
+                             "service": {"max_concurrent_sequences": 5}})
+    with pytest.raises(ConfigError, match=r"service.max_concurrent_sequences \(5\) is more than "
+                                          r"max_concurrent_sequences \(4\)"):
+        load_sections(str(path))
+    path = _write(tmp_path, {**BASE, "max_concurrent_sequences": 4,
+                             "service": {"max_concurrent_sequences": 3}})
+    assert load_sections(str(path))[0].max_concurrent_sequences == 3
+    path = _write(tmp_path, {**BASE, "max_concurrent_sequences": 4})  # unset: the planned count
+    assert load_sections(str(path))[0].max_concurrent_sequences == 4
+
+
 def test_plan_cli_refuses_an_absurd_size_without_a_traceback(tmp_path, capsys):
     path = tmp_path / "huge.yaml"
     path.write_text("device_memory: 1" + "0" * 400 + "\n")

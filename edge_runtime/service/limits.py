@@ -69,4 +69,14 @@ def load_sections(config: str | None) -> tuple[ServiceLimits, GuardConfig]:
     from edge_runtime.budget import load_budget
 
     budget = load_budget(config)
-    return ServiceLimits.from_dict(dict(budget.service)), GuardConfig.from_dict(dict(budget.guard))
+    # unset, the service runs as many sequences as the memory plan is made for
+    limits = ServiceLimits.from_dict({"max_concurrent_sequences": budget.max_concurrent_sequences,
+                                      **budget.service})
+    if limits.max_concurrent_sequences > budget.max_concurrent_sequences:
+        # the plan sizes the recent-key windows for the top-level count; the engine would
+        # allocate them for the service's, past the memory the budget planned
+        raise ConfigError(
+            f"{budget.source}: service.max_concurrent_sequences ({limits.max_concurrent_sequences})"
+            f" is more than max_concurrent_sequences ({budget.max_concurrent_sequences}), the "
+            "count the memory plan is made for; raise the top-level value or lower the service's")
+    return limits, GuardConfig.from_dict(dict(budget.guard))
