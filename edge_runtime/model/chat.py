@@ -22,13 +22,31 @@ def _as_id_list(encoded) -> list[int]:
     return [int(i) for i in encoded]
 
 
+def control_tokens(tokenizer) -> tuple[str, ...]:
+    """The texts the tokenizer turns into its special (control) tokens, e.g. <|im_end|>."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts = {tok.content for tok in added.values() if getattr(tok, "special", False)}
+    texts.update(getattr(tokenizer, "all_special_tokens", None) or [])
+    return tuple(sorted(t for t in texts if t))
+
+
 def encode_messages(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Token ids of a conversation ending with the assistant's generation prompt."""
+    """Token ids of a conversation ending with the assistant's generation prompt.
+
+    A message whose text holds a control token's text (`<|im_end|>`...) is refused: the template's
+    tokenization would read it as the token itself, so a user's text could end its own turn and
+    open a forged system or assistant turn (tiktoken refuses such text by default too)."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError("this model has no chat template; run without --chat")
-    for m in messages:
+    controls = control_tokens(tokenizer)
+    for i, m in enumerate(messages):
         if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
             raise RequestError(f"a chat message needs a role (system/user/assistant) and text: {m!r}")
+        found = [c for c in controls if c in m["content"]]
+        if found:
+            raise RequestError(f"message {i} ({m['role']}) contains the text of the model's control "
+                               f"token(s) {', '.join(found)}, which chat messages cannot carry; "
+                               "remove it")
     encoded = tokenizer.apply_chat_template(
         [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
     )

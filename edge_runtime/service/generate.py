@@ -53,7 +53,11 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     _admit(state)  # again: the state may have changed while the body arrived
     state.in_flight += 1
     try:
-        prompt_ids = await asyncio.to_thread(_encode, state, req)
+        try:
+            prompt_ids = await asyncio.to_thread(_encode, state, req)
+        except RequestError as exc:  # e.g. a control token's text inside a message
+            raise ApiError(400, str(exc), "invalid_value",
+                           "messages" if req.kind == "chat" else "prompt") from None
         _check_length(state, prompt_ids, req)
         _check_pool(state, len(prompt_ids), req)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
