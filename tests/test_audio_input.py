@@ -135,3 +135,95 @@ def test_text_commands(tmp_path):
     (tmp_path / "blank.txt").write_text("\n \n")
     with pytest.raises(InputError, match=r"blank\.txt: contains no commands"):
         list(Source(InputSpec("text", tmp_path / "blank.txt")).recordings())
+
+
+@pytest.fixture
+def soundfile_spy(monkeypatch):
+    """soundfile.read that fails the test when handed anything but a regular file: its open
+    holds a lock every stream shares, so a FIFO there would stall every other stream's WAVs."""
+    import stat
+
+    import soundfile
+
+    real = soundfile.read
+
+    def read(file, *args, **kwargs):
+        mode = os.stat(file).st_mode if isinstance(file, (str, Path)) else \
+            os.fstat(file.fileno()).st_mode if hasattr(file, "fileno") else stat.S_IFREG
+        assert stat.S_ISREG(mode), f"soundfile was handed a non-regular file: {file}"
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(soundfile, "read", read)
+
+
+def test_fifo_as_wav_is_refused_before_soundfile_opens_it(tmp_path, soundfile_spy):
+    write_wav(tmp_path / "a.wav", np.full(1600, 0.1, np.float32))
+    os.mkfifo(tmp_path / "b.wav")  # e.g. `arecord -t wav > b.wav` in a folder of recordings
+    write_wav(tmp_path / "c.wav", np.full(800, 0.1, np.float32))
+    items = list(Source(InputSpec("folder", tmp_path)).recordings())
+    assert [type(i).__name__ for i in items] == ["Recording", "InputError", "Recording"]
+    assert str(items[1]) == f"{tmp_path / 'b.wav'}: not a regular file (a FIFO); for a pipe " \
+                            "use pcm: or -"
+    with pytest.raises(InputError, match=r"b\.wav: not a regular file \(a FIFO\)"):
+        list(Source(InputSpec("wav", tmp_path / "b.wav")).recordings())
+
+
+def test_folder_symlink_loop_and_dangling_link_are_named(tmp_path):
+    write_wav(tmp_path / "a.wav", np.full(1600, 0.1, np.float32))
+    os.symlink("loop2.wav", tmp_path / "loop1.wav")
+    os.symlink("loop1.wav", tmp_path / "loop2.wav")
+    os.symlink("/nonexistent.wav", tmp_path / "gone.wav")
+    items = list(Source(InputSpec("folder", tmp_path)).recordings())
+    assert [type(i).__name__ for i in items] == ["Recording", "InputError", "InputError",
+                                                 "InputError"]
+    assert "gone.wav: file not found (a symlink to /nonexistent.wav, which does not exist)" \
+        in str(items[1])
+    assert "loop1.wav: symlink loop" in str(items[2]) and "loop2.wav: symlink loop" in str(items[3])
+
+
+def test_text_input_must_be_a_regular_file(tmp_path):
+    for spec in ("text:-", "wav:-", "folder:-"):
+        with pytest.raises(InputError, match=r"stdin \(-\) carries raw audio only \(pcm:- or -\)"):
+            parse_input_spec(spec)
+    fifo = tmp_path / "typed.txt"
+    os.mkfifo(fifo)  # nothing writes to it: reading must not block
+    with pytest.raises(InputError, match=r"typed\.txt: not a regular file \(a FIFO\); text input "
+                                         r"must be a regular file of commands, one per line"):
+        list(Source(InputSpec("text", fifo)).recordings())
+
+
+def _wav_with_data_size(path, audio, size, tail=b""):
+    """A 16-bit WAV of `audio` whose data chunk declares `size` bytes, with `tail` appended."""
+    write_wav(path, audio)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"data") + 4
+    data[at : at + 4] = size.to_bytes(4, "little")
+    path.write_bytes(bytes(data) + tail)
+    return len(audio) * 2
+
+
+@pytest.mark.parametrize("size", [0x80000000, 0x7FFFFFFF, 0x7FFFFF00, 0xFFFFFFFF, 0])
+def test_streaming_writers_placeholder_size_is_read_to_the_end(tmp_path, size):
+    audio = np.random.default_rng(8).uniform(-0.5, 0.5, 1000).astype(np.float32)
+    path = tmp_path / "arecord.wav"  # `arecord -f S16_LE -r 16000 > arecord.wav`, then Ctrl-C
+    _wav_with_data_size(path, audio, size)
+    (rec,) = Source(InputSpec("wav", path)).recordings()
+    assert rec.cut_short is None  # not "truncated": nothing is missing
+    got = np.concatenate(list(rec.frames()))
+    np.testing.assert_allclose(got[:1000], audio, atol=1 / 32767)
+    assert not got[1000:].any()
+
+
+def test_data_size_smaller_than_the_file_is_reported(tmp_path):
+    audio = np.random.default_rng(9).uniform(-0.5, 0.5, 16000).astype(np.float32)
+    path = tmp_path / "short_header.wav"
+    _wav_with_data_size(path, audio, 8000 * 2)  # declares the first half only
+    (rec,) = Source(InputSpec("wav", path)).recordings()
+    assert sum(len(f) for f in rec.frames()) == 16 * FRAME_SAMPLES  # 8000 samples, padded
+    assert rec.cut_short.startswith(f"{path}: header disagrees with the file size: its data "
+                                    "chunk declares 0.50 s but 16000 more bytes (~0.50 s) follow")
+    listed = tmp_path / "listed.wav"  # the same bytes as a LIST chunk after the data: fine
+    n = _wav_with_data_size(listed, audio[:8000], 8000 * 2,
+                            tail=b"LIST" + (16000 - 8).to_bytes(4, "little") + bytes(16000 - 8))
+    (rec,) = Source(InputSpec("wav", listed)).recordings()
+    assert rec.cut_short is None and n == 16000

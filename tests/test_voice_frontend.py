@@ -120,3 +120,25 @@ def test_run_on_speech_is_a_fault_and_not_sent(tmp_path):
     assert [type(i).__name__ for i in items] == ["Fault", "Command", "NoneType"]
     assert "runon.wav: speech from 0.48 s to 3.01 s" in items[0].problem
     assert "without a pause for more than vad.max_utterance_s (1.5 s); not sent" in items[0].problem
+
+
+def test_arecord_placeholder_size_keeps_the_last_command(tmp_path):
+    audio = _speech(np.random.default_rng(5), [("n", 0.5), ("s", 0.8), ("n", 0.25)])
+    path = tmp_path / "arecord.wav"  # arecord to stdout leaves data size 0x80000000
+    write_wav(path, audio)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"data") + 4
+    data[at : at + 4] = (0x80000000).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    items = _front(Source(InputSpec("wav", path)), half_duplex=False)
+    assert [type(i).__name__ for i in items] == ["Command", "NoneType"], items
+
+
+def test_posting_after_the_loop_closed_stops_the_thread_quietly(tmp_path):
+    loop = asyncio.new_event_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    front = FrontEnd(Source(InputSpec("text", tmp_path / "t.txt")), None, queue, loop,
+                     realtime=False)
+    loop.close()  # Ctrl-C: asyncio.run closed its loop while this thread was still reading
+    front._post(Command(tmp_path / "t.txt", text="late"))  # no RuntimeError
+    assert front.stop_event.is_set()

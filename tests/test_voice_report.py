@@ -1,4 +1,5 @@
-"""edge_runtime/voice/report.py: WER normalisation and edit distance, percentiles vs numpy."""
+"""edge_runtime/voice/report.py: WER normalisation and edit distance, percentiles vs numpy, the
+alignment of utterances with reference commands (against an exhaustive oracle)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from edge_runtime.voice import report
 from edge_runtime.voice.report import (
     edit_distance, latency_split, normalize, number_words, percentile, split_table, stream_table,
     wer, word_errors,
@@ -87,3 +89,75 @@ def test_tables_without_answers_print_dashes_not_nan():
         assert "p50 -  p95 -;  cached prompt share, turns >= 2: -" in text
     split = split_table(latency_split(skipped))
     assert "nan" not in split and "      -       -       -" in split
+
+
+DEMO0 = ["turn on the kitchen lights", "dim the kitchen lights", "play the radio",
+         "turn off the kitchen lights"]
+
+
+def _heard(*transcripts):
+    return [{"kind": "utterance", "stream": 0, "utterance": i, "transcript": t, "answer": "ok"}
+            for i, t in enumerate(transcripts)]
+
+
+def test_a_dropped_command_is_a_deletion_and_shifts_no_row():
+    events = _heard("Turn on the kitchen lights.", "Dim, location lights.",
+                    "Turn off the kitchen lights.")  # "play the radio" was never cut
+    assert report.align(DEMO0, [e["transcript"] for e in events]) == \
+        [(0, 0), (1, 1), (2, None), (3, 2)]
+    s = report.score(DEMO0, [e["transcript"] for e in events])
+    assert (s.edits, s.words, s.commands, s.missed) == (2 + 3, 17, 4, ("play the radio",))
+    rows = stream_table(0, events, DEMO0).splitlines()[2:6]
+    assert "play the radio" in rows[2] and "(not heard)" in rows[2]
+    assert "turn off the kitchen lights" in rows[3] and "Turn off the kitchen lights." in rows[3]
+
+
+def test_a_split_command_is_an_insertion():
+    heard = ["turn on the", "kitchen lights", "dim the kitchen lights"]
+    assert report.align(DEMO0[:2], heard) == [(0, 0), (None, 1), (1, 2)]
+    s = report.score(DEMO0[:2], heard)
+    assert (s.edits, s.words, s.extra) == (2 + 2, 9, ("kitchen lights",))
+    total = report.Score.total([s, report.score(["play the radio"], ["play the radio"])])
+    assert total.wer == pytest.approx(4 / 12) and total.commands == 3
+    assert total.gaps() == " (1 extra utterance(s): 'kitchen lights')"
+
+
+def test_alignment_is_a_minimum_over_all_pairings():
+    rng = random.Random(1)
+    vocab = "turn on off the lights radio door lock play".split()
+    for _ in range(100):
+        refs = [" ".join(rng.choices(vocab, k=rng.randint(1, 4))) for _ in range(rng.randint(0, 4))]
+        hyps = [" ".join(rng.choices(vocab, k=rng.randint(0, 4))) for _ in range(rng.randint(0, 4))]
+        pairs = report.align(refs, hyps)
+        assert [i for i, _ in pairs if i is not None] == list(range(len(refs)))
+        assert [j for _, j in pairs if j is not None] == list(range(len(hyps)))
+        assert report.score(refs, hyps).edits == _best_pairing_cost(refs, hyps)
+
+
+def _best_pairing_cost(refs, hyps):
+    """Oracle: every order-keeping one-to-one pairing, unpaired words all count as errors."""
+    from functools import lru_cache
+
+    r, h = [normalize(x) for x in refs], [normalize(x) for x in hyps]
+
+    @lru_cache(maxsize=None)
+    def best(i, j):
+        if i == len(r) or j == len(h):
+            return sum(map(len, r[i:])) + sum(map(len, h[j:]))
+        return min(best(i + 1, j + 1) + edit_distance(r[i], h[j]), best(i + 1, j) + len(r[i]),
+                   best(i, j + 1) + len(h[j]))
+
+    return best(0, 0)
+
+
+def test_summary_counts_every_spoken_command(capsys):
+    from edge_runtime.commands.voice import _print_summary
+    from edge_runtime.voice.loop import StreamReport
+
+    reports = [StreamReport(0, "s0.wav", _heard("turn on the kitchen lights",
+                                                "dim the kitchen lights",
+                                                "turn off the kitchen lights")),
+               StreamReport(1, "s1.wav", _heard("play the radio"))]
+    _print_summary(reports, [DEMO0, ["play the radio"]])
+    out = capsys.readouterr().out
+    assert "word error rate: 15.0% over 5 commands (1 not heard: 'play the radio')" in out

@@ -4,15 +4,19 @@
 Inputs: `--input SPEC` per stream (repeatable; with fewer inputs than --streams they are reused
 round-robin). SPEC is `[wav:|folder:|pcm:|text:]PATH` (see edge_runtime/voice/audio_input.py).
 Exit status: 0 when every stream ran clean, 1 when some stream reported a fault (each printed as
-one line naming the file and the problem), 2 for a usage/config error.
+one line naming the file and the problem) or the events file could not be written, 2 for a
+usage/config error, 130 after Ctrl-C (the turns answered so far are printed first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+from edge_runtime.voice.usage import check_pipes_unshared as _check_pipes_unshared
 
 
 def register(subparsers) -> None:
@@ -57,7 +61,8 @@ def register(subparsers) -> None:
     p.add_argument("--server", metavar="SOCKET",
                    help="use a running `edge-runtime serve` on this Unix socket instead of loading "
                         "the model here (--model then only picks the tokenizer)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N (checked before the model loads)")
     p.add_argument("--quiet", action="store_true", help="no per-utterance progress lines")
     p.set_defaults(func=run)
 
@@ -67,6 +72,7 @@ def _config(args):
 
     from edge_runtime.errors import ConfigError
     from edge_runtime.voice.config import load_voice_config
+    from edge_runtime.voice.prompting import load_system_prompt
 
     config = load_voice_config(args.voice_config)
     changes = {}
@@ -80,7 +86,9 @@ def _config(args):
         changes["max_tokens"] = args.max_tokens
     if args.no_asr_hint:
         changes["asr_hint"] = False
-    return dataclasses.replace(config, **changes) if changes else config
+    config = dataclasses.replace(config, **changes) if changes else config
+    load_system_prompt(config.system_prompt)  # a bad prompt YAML fails before the model load
+    return config
 
 
 def _sources(args, progress):
@@ -93,6 +101,8 @@ def _sources(args, progress):
     references = None
     specs = list(args.input)
     if args.demo:
+        if specs:
+            raise ConfigError("--demo makes its own inputs; drop --input")
         if not 1 <= args.turns <= 4:
             raise ConfigError(f"--turns must be between 1 and 4, got {args.turns}")
         streams = args.streams or len(DEMO_COMMANDS)
@@ -119,108 +129,95 @@ def _sources(args, progress):
     return sources, references
 
 
-def _check_pipes_unshared(sources) -> None:
-    """A pipe (FIFO, `-`) has one reader's worth of data: shared, each stream would get a
-    random part of one speaker's audio and act on garbled commands."""
-    import os
-    import stat
-
-    from edge_runtime.errors import ConfigError
-
-    users: dict[str, list[int]] = {}
-    for i, source in enumerate(sources):
-        path = source.spec.path
-        if source.spec.kind != "pcm":
-            continue
-        if str(path) == "-":
-            key = "-"
-        else:
-            try:
-                if stat.S_ISREG(path.stat().st_mode):
-                    continue  # a regular file can be read by several streams
-            except OSError:
-                continue  # missing: reported by its stream
-            key = os.path.realpath(path)
-        users.setdefault(key, []).append(i)
-    for key, streams in users.items():
-        if len(streams) > 1:
-            name = "stdin (-)" if key == "-" else f"pipe {key}"
-            raise ConfigError(f"{name} would feed streams {', '.join(map(str, streams))}: a pipe "
-                              "can feed only one stream (give each stream its own pipe, or "
-                              "lower --streams)")
-
-
-def _check_outputs(args) -> None:
-    """Output paths are checked before the model loads, so a typo costs no load and no answers."""
-    import os
-
-    from edge_runtime.errors import ConfigError
-
-    if args.tts:
-        try:
-            args.tts_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"--tts-dir {args.tts_dir}: cannot create the folder "
-                              f"({exc.strerror}); give a writable folder") from exc
-        if not os.access(args.tts_dir, os.W_OK | os.X_OK):
-            raise ConfigError(f"--tts-dir {args.tts_dir}: folder is not writable")
-    if args.events is not None:
-        path, parent = args.events, args.events.parent
-        if path.is_dir():
-            raise ConfigError(f"--events {path}: is a directory; give a file name")
-        if not parent.is_dir():
-            raise ConfigError(f"--events {path}: folder {parent} does not exist")
-        if not os.access(path if path.exists() else parent, os.W_OK):
-            raise ConfigError(f"--events {path}: not writable")
-
-
 def run(args: argparse.Namespace) -> int:
     from edge_runtime.model.loader import DEFAULT_MODEL
-    from edge_runtime.voice import report
-    from edge_runtime.voice.session import _stderr, load_runtime, run_streams
+    from edge_runtime.voice.config import DEFAULT_CONFIG
+    from edge_runtime.voice.session import _stderr, load_runtime
+    from edge_runtime.voice.usage import check_device, check_outputs, check_stagger
 
     progress = (lambda msg: None) if args.quiet else _stderr
     config = _config(args)
-    _check_outputs(args)
+    check_stagger(args.stagger)
+    check_device(args.device, args.server)
     sources, references = _sources(args, progress)
+    check_outputs(sources, args.events, args.tts_dir if args.tts else None,
+                  {"--voice-config": args.voice_config or DEFAULT_CONFIG,
+                   "--system-prompt": config.system_prompt})
     need_asr = any(s.spec.kind != "text" for s in sources)
     runtime = load_runtime(config, args.model or DEFAULT_MODEL, len(sources), args.config,
                            args.device, need_asr, progress=_stderr, server=args.server)
+    out, events_failed = _Stdout(), []
+    reports, engine_stats, interrupted = _serve(args, runtime, config, sources, out,
+                                                events_failed)
+    _print_summary(reports, references, out)
+    if engine_stats:
+        _print_engine(engine_stats, out)
+    if args.events and not events_failed:
+        _stderr(f"events written to {args.events}")
+    if interrupted:
+        _stderr("interrupted: the tables above hold the turns answered before Ctrl-C")
+        return 130
+    return 1 if events_failed or any(r.faults for r in reports) else 0
+
+
+def _serve(args, runtime, config, sources, out: _Stdout, events_failed: list):
+    """Run the streams -> (reports, engine stats or None, interrupted). Ctrl-C keeps the
+    reports so far; a failed events write is appended to `events_failed`."""
+    from edge_runtime.voice.session import Interrupted, _stderr, run_streams
+
     realtime = args.realtime or (args.demo and not args.fast)
     stagger = args.stagger if args.stagger is not None else (0.6 if args.demo else 0.0)
     half = (args.duplex or ("half" if args.demo else "full")) == "half"
     _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'}"
             f", {'half' if half else 'full'} duplex)")
-
     live = len(sources) == 1 and not args.quiet  # one stream: its answers stream to stdout
-    on_event, on_text = _printers(args.quiet, live, _stderr)
+    on_event, on_text = _printers(args.quiet, live, _stderr, out)
     try:
         reports = run_streams(runtime, config, sources, realtime=realtime, stagger_s=stagger,
                               tts_dir=args.tts_dir if args.tts else None, half_duplex=half,
                               tts_play=args.tts_play, events_path=args.events,
-                              on_event=on_event, on_text=on_text)
+                              on_event=on_event, on_text=on_text,
+                              on_warning=lambda msg: (events_failed.append(msg), _stderr(msg)))
         engine = getattr(runtime.aengine, "engine", None)  # None with --server
-        engine_stats = engine.stats() if engine is not None else None
+        return reports, (engine.stats() if engine is not None else None), False
+    except Interrupted as exc:  # Ctrl-C: what was answered so far, then exit 130
+        return exc.reports, None, True
     finally:
         runtime.close()
-    _print_summary(reports, references, report)
-    if engine_stats:
-        _print_engine(engine_stats)
-    if args.events:
-        _stderr(f"events written to {args.events}")
-    return 1 if any(r.faults for r in reports) else 0
 
 
-def _printers(quiet: bool, live: bool, note):
+class _Stdout:
+    """stdout that goes quiet once its reader is gone (`| head -c 3`): the streams, the events
+    file and the exit status carry on, and no BrokenPipeError traceback is printed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def print(self, *args, **kwargs) -> None:
+        if self.closed:
+            return
+        try:
+            print(*args, **kwargs, flush=True)
+        except BrokenPipeError:
+            self.closed = True
+            try:  # Python's own advice: point fd 1 at devnull so the exit flush succeeds too
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):  # a stdout without a file descriptor
+                sys.stdout = open(os.devnull, "w")
+
+
+def _printers(quiet: bool, live: bool, note, out: _Stdout):
     """(on_event, on_text): progress lines, fault lines, a one-time TTS warning, live text."""
     warned_tts: list = []  # say it once, not once per answer
 
     def on_text(stream: int, delta: str) -> None:
-        print(delta, end="", flush=True)
+        out.print(delta, end="")
 
     def on_event(ev: dict) -> None:
         if live and "answer" in ev:
-            print(flush=True)
+            out.print()
         if ev["kind"] == "error":
             print(f"edge-runtime voice: stream {ev['stream']}: {ev['problem']}", file=sys.stderr)
             return
@@ -236,29 +233,37 @@ def _printers(quiet: bool, live: bool, note):
     return on_event, (on_text if live else None)
 
 
-def _print_engine(stats: dict) -> None:
+def _print_engine(stats: dict, out: _Stdout) -> None:
     """How the streams' generations were batched (decode tokens per engine step)."""
     steps = max(1, stats["steps"])
-    print(f"engine: {stats['steps']} steps, {stats['decode_tokens']} decode tokens "
-          f"({stats['decode_tokens'] / steps:.2f} per step: the streams' answers batched), "
-          f"{stats['prefill_tokens']} prefill tokens computed, {stats['preemptions']} preemptions")
+    out.print(f"engine: {stats['steps']} steps, {stats['decode_tokens']} decode tokens "
+              f"({stats['decode_tokens'] / steps:.2f} per step: the streams' answers batched), "
+              f"{stats['prefill_tokens']} prefill tokens computed, {stats['preemptions']} "
+              "preemptions")
 
 
-def _print_summary(reports, references, report) -> None:
+def _print_summary(reports, references, out: _Stdout | None = None) -> None:
+    """Per-stream tables, the WER over every reference command (aligned with what was heard, so
+    a dropped or split utterance is counted, never shifts the rows), the latency split."""
+    from edge_runtime.voice import report
+
+    out = out or _Stdout()
     events = [ev for r in reports for ev in r.events]
     for r in reports:
         refs = references[r.stream] if references and r.stream < len(references) else None
-        print(report.stream_table(r.stream, r.events, refs))
+        out.print(report.stream_table(r.stream, r.events, refs))
         for fault in r.faults:
-            print(f"  fault: {fault['problem']}")
+            out.print(f"  fault: {fault['problem']}")
     if references:
-        pairs = [(refs[ev["utterance"]], ev["transcript"]) for r, refs in zip(reports, references)
-                 for ev in r.events if ev["utterance"] < len(refs)]
-        if pairs:
-            print(f"word error rate: {report.wer(pairs):.1%} over {len(pairs)} commands")
+        scores = [report.score(refs, [ev["transcript"] for ev in r.events])
+                  for r, refs in zip(reports, references)]
+        total = report.Score.total(scores)
+        if total.words:
+            out.print(f"word error rate: {total.wer:.1%} over {total.commands} commands"
+                      + total.gaps())
     if any("first_token_s" in ev for ev in events):
-        print("latency split (seconds from the end of speech; see docs/voice.md):")
-        print(report.split_table(report.latency_split(events)))
-    print(json.dumps({"answered": sum("answer" in ev for ev in events),
-                      "utterances": len(events),
-                      "faults": sum(len(r.faults) for r in reports)}))
+        out.print("latency split (seconds from the end of speech; see docs/voice.md):")
+        out.print(report.split_table(report.latency_split(events)))
+    out.print(json.dumps({"answered": sum("answer" in ev for ev in events),
+                          "utterances": len(events),
+                          "faults": sum(len(r.faults) for r in reports)}))

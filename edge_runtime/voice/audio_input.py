@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -26,8 +27,9 @@ from typing import Iterator
 import numpy as np
 
 from edge_runtime.errors import InputError
+from edge_runtime.voice.regular_file import open_regular
 from edge_runtime.voice.resample import StreamResampler, downmix
-from edge_runtime.voice.wav_file import SAMPLE_RATE, check_rate, read_wav, wav_truncation
+from edge_runtime.voice.wav_file import SAMPLE_RATE, check_rate, load_wav
 
 FRAME_SAMPLES = 512  # 32 ms: the window silero-vad takes at 16 kHz
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -51,6 +53,9 @@ def parse_input_spec(spec: str) -> InputSpec:
     if sep and kind.lower() in KINDS:
         if not rest:
             raise InputError(f"empty path in {spec!r} (e.g. {kind.lower()}:kitchen.wav)")
+        if rest == "-" and kind.lower() != "pcm":
+            raise InputError(f"{spec}: stdin (-) carries raw audio only (pcm:- or -); "
+                             f"{kind.lower()} input must be a regular file")
         return InputSpec(kind.lower(), Path(rest), **_pcm_options(options, spec, kind.lower()))
     if not spec:
         raise InputError("empty path (give a WAV file, folder, pipe or .txt file)")
@@ -104,7 +109,8 @@ class Recording:
     kind: str  # "audio" | "text"
     _frames: Iterator[np.ndarray] | None = None
     lines: list[str] | None = None
-    cut_short: str | None = None  # the file is truncated: reported after its audio, no cut command
+    cut_short: str | None = None  # the file holds less or more than its header says: reported
+    # after its audio, and the utterance open where the audio stops is not sent
 
     def frames(self) -> Iterator[np.ndarray]:
         assert self._frames is not None, "text recordings have no frames"
@@ -136,9 +142,15 @@ class Source:
             yield Recording(path, "text", lines=read_text_commands(path))
 
     def _folder(self, path: Path) -> Iterator[Recording | InputError]:
-        if not path.is_dir():
-            raise InputError(f"{path}: folder not found")
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".wav")
+        try:
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".wav")
+        except FileNotFoundError as exc:
+            raise InputError(f"{path}: folder not found") from exc
+        except NotADirectoryError as exc:
+            raise InputError(f"{path}: not a folder (give a folder of .wav files)") from exc
+        except OSError as exc:
+            why = "symlink loop" if exc.errno == errno.ELOOP else f"cannot read ({exc.strerror})"
+            raise InputError(f"{path}: {why}") from exc
         if not files:
             raise InputError(f"{path}: folder contains no .wav files")
         for wav_path in files:
@@ -151,16 +163,16 @@ class Source:
 
 
 def _wav_recording(path: Path) -> Recording:
-    audio = read_wav(path)
-    return Recording(path, "audio", frames_of(audio),
-                     cut_short=wav_truncation(path, len(audio) / SAMPLE_RATE))
+    wav = load_wav(path)
+    return Recording(path, "audio", frames_of(wav.samples), cut_short=wav.problem)
 
 
 def read_text_commands(path: Path) -> list[str]:
-    if not path.is_file():
-        raise InputError(f"{path}: file not found")
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_regular(path, "a text file", "give a .txt file of commands, one per line",
+                          "text input must be a regular file of commands, one per line (raw "
+                          "audio from a pipe is pcm:)") as f:
+            text = f.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a readable UTF-8 text file ({exc})") from exc
     lines = [line.strip() for line in text.splitlines() if line.strip()]

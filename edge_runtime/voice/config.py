@@ -13,10 +13,14 @@ from pathlib import Path
 import yaml
 
 from edge_runtime.errors import ConfigError
+from edge_runtime.voice import setting_checks as check
 from edge_runtime.voice.vad import VADConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "voice"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+CPU_KEYS = ("asr_workers", "asr_threads", "engine_threads")
+MAX_THREADS = 1024  # more is a typo, not a machine
+MAX_RETRY_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,17 @@ class VoiceConfig:
     server_retry_s: float = 60.0  # --server: how long a service that is down or loading is retried
 
     def __post_init__(self) -> None:
-        for name in ("asr_workers", "asr_threads"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"cpu.{name} must be >= 1, got {getattr(self, name)}")
-        if self.engine_threads < 0:
-            raise ConfigError(f"cpu.engine_threads must be >= 0, got {self.engine_threads}")
-        if self.max_tokens < 1 or self.history_tokens < 0:
-            raise ConfigError("max_tokens must be >= 1 and history_tokens >= 0")
-        if not 0 <= self.server_retry_s < float("inf"):  # NaN fails the comparison too
-            raise ConfigError(f"server_retry_s must be a number of seconds >= 0, got "
-                              f"{self.server_retry_s!r}")
+        if not isinstance(self.system_prompt, Path):
+            raise ConfigError(f"system_prompt must be the path of a YAML file, got "
+                              f"{self.system_prompt!r}")
+        check.text("asr", self.asr)
+        check.flag("asr_hint", self.asr_hint)
+        assert isinstance(self.vad, VADConfig), self.vad
+        check.count("history_tokens", self.history_tokens, 0)
+        check.count("max_tokens", self.max_tokens, 1)
+        for name, lo in (("asr_workers", 1), ("asr_threads", 1), ("engine_threads", 0)):
+            check.count(f"cpu.{name}", getattr(self, name), lo, MAX_THREADS)
+        check.number("server_retry_s", self.server_retry_s, 0, MAX_RETRY_S)
 
     def resolved_engine_threads(self) -> int:
         if self.engine_threads:
@@ -52,6 +57,8 @@ class VoiceConfig:
 
 
 def load_voice_config(path: Path | None = None) -> VoiceConfig:
+    """The YAML at `path` (default.yaml) -> VoiceConfig; every key's type and range is checked
+    here, before any model loads, and a bad one is one line naming the file and the key."""
     path = path or DEFAULT_CONFIG
     if not path.is_file():
         raise ConfigError(f"{path}: voice config not found")
@@ -59,18 +66,31 @@ def load_voice_config(path: Path | None = None) -> VoiceConfig:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings")
-    data = dict(data)
-    vad = data.pop("vad", None) or {}
-    cpu = data.pop("cpu", None) or {}
+    try:
+        return _from_mapping(data, path.parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _from_mapping(data: object, folder: Path) -> VoiceConfig:
+    data = dict(_mapping("the voice config", data))
+    vad = _mapping("vad", data.pop("vad", None) or {})
+    cpu = _mapping("cpu", data.pop("cpu", None) or {})
     known = {f.name for f in fields(VoiceConfig)} - {"vad"}
-    unknown = sorted(set(data) - known) + sorted(f"cpu.{k}" for k in set(cpu) - known)
-    vad_known = {f.name for f in fields(VADConfig)}
-    unknown += sorted(f"vad.{k}" for k in set(vad) - vad_known)
+    unknown = (sorted(str(k) for k in set(data) - known)
+               + sorted(f"cpu.{k}" for k in set(cpu) - set(CPU_KEYS))
+               + sorted(f"vad.{k}" for k in set(vad) - {f.name for f in fields(VADConfig)}))
     if unknown:
-        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}")
     if "system_prompt" in data:
-        sp = Path(str(data["system_prompt"])).expanduser()
-        data["system_prompt"] = sp if sp.is_absolute() else path.parent / sp
+        check.text("system_prompt", data["system_prompt"], "the path of a YAML file")
+        sp = Path(data["system_prompt"]).expanduser()
+        data["system_prompt"] = sp if sp.is_absolute() else folder / sp
     return VoiceConfig(vad=VADConfig(**vad), **data, **cpu)
+
+
+def _mapping(key: str, value: object) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a mapping of settings (key: value lines), got "
+                          f"{value!r}")
+    return value

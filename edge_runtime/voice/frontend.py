@@ -13,6 +13,8 @@ items into the stream's asyncio queue (thread-safe via `loop.call_soon_threadsaf
   error part-way (a pipe's stray byte) comes after the complete audio before it;
 - `None` when the stream's input is over.
 
+Once the event loop is closed (Ctrl-C ended the run), posting stops the thread quietly.
+
 Half duplex (`half_duplex=True`, the demo's default): after posting a command the front end stops
 reading until the loop calls `answered()`, then carries on with the rest of the input (paced time
 shifted by the wait). That is how a person uses a voice assistant (speak, listen, speak again), and
@@ -50,9 +52,10 @@ class Fault:
 
 
 class FrontEnd:
-    """Runs `Source` -> `UtteranceCutter` in a daemon thread, posting to `queue`."""
+    """Runs `Source` -> `UtteranceCutter` in a daemon thread, posting to `queue`. A text source
+    has no cutter (no VAD is made for it)."""
 
-    def __init__(self, source: Source, cutter: UtteranceCutter, queue: asyncio.Queue,
+    def __init__(self, source: Source, cutter: UtteranceCutter | None, queue: asyncio.Queue,
                  loop: asyncio.AbstractEventLoop, realtime: bool, start_delay_s: float = 0.0,
                  half_duplex: bool = False):
         self.source = source
@@ -85,7 +88,12 @@ class FrontEnd:
         self.pacer.shift(time.perf_counter() - start)
 
     def _post(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:
+            if not self.loop.is_closed():
+                raise
+            self.stop_event.set()  # the run is over (Ctrl-C): nobody reads this stream any more
 
     def _run(self) -> None:
         try:
@@ -116,6 +124,7 @@ class FrontEnd:
                 self._wait_for_answer()
 
     def _audio(self, rec: Recording) -> None:
+        assert self.cutter is not None, f"audio from {rec.path} on a stream built for text"
         self._emit(self.cutter.new_recording(rec.path))
         heard = num_frames = 0  # utterances (sent or not) and frames of this recording
         error = None

@@ -76,12 +76,14 @@ class VoiceLoop:
         self.on_text = on_text  # streamed answer text: (stream, delta)
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
         self._device_lock = asyncio.Lock()  # one audio device: answers play one after another
+        self.reports: list[StreamReport] = []  # filled as the streams go (kept if interrupted)
 
     async def run(self, sources: list[Source]) -> list[StreamReport]:
-        reports = [StreamReport(i, s.name) for i, s in enumerate(sources)]
+        self.reports = [StreamReport(i, s.name) for i, s in enumerate(sources)]
         await self._prewarm()
-        await asyncio.gather(*(self._stream(i, s, reports[i]) for i, s in enumerate(sources)))
-        return reports
+        await asyncio.gather(*(self._stream(i, s, self.reports[i])
+                               for i, s in enumerate(sources)))
+        return self.reports
 
     async def _prewarm(self) -> None:
         """Prefill the shared system prompt once before any stream starts. The appliance knows it
@@ -104,7 +106,8 @@ class VoiceLoop:
         loop = asyncio.get_running_loop()
         commands: asyncio.Queue = asyncio.Queue()
         recognized: asyncio.Queue = asyncio.Queue()
-        cutter = UtteranceCutter(self.settings.vad, make_detector(self.settings.vad))
+        cutter = (None if source.spec.kind == "text"  # no VAD (no silero session) for text
+                  else UtteranceCutter(self.settings.vad, make_detector(self.settings.vad)))
         front = FrontEnd(source, cutter, commands, loop, self.settings.realtime,
                          index * self.settings.stagger_s, self.settings.half_duplex)
         conv = Conversation(self.tokenizer, self.system_prompt, self.settings.history_tokens,

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from edge_runtime.errors import ConfigError, InputError
+from edge_runtime.errors import ConfigError, InputError, RequestError
+from edge_runtime.model.chat import control_tokens
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,11 @@ class Conversation:
         return msgs
 
     def build(self, command: str) -> PromptPlan:
+        """The prompt for `command`; a RequestError when it holds a control token's text."""
+        found = [c for c in control_tokens(self.tokenizer) if c in command]
+        if found:  # encode_text parses them: the command could end its turn and forge the next
+            raise RequestError(f"the command contains the text of the model's control token(s) "
+                               f"{', '.join(found)}, which a command cannot carry; not sent")
         dropped = 0
         if sum(t.tokens for t in self.turns) > self.history_tokens:
             # drop to half the budget, not just under it: otherwise every later turn would drop

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from edge_runtime.errors import ConfigError
 from edge_runtime.voice.asr import ASRPool, make_recognizer
 from edge_runtime.voice.audio_input import Source
 from edge_runtime.voice.config import VoiceConfig
@@ -109,25 +110,72 @@ def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str 
     return Runtime(tokenizer, eos, aengine, recognizer, times)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_streams`: `reports` holds what the streams did until then."""
+
+    def __init__(self, reports: list[StreamReport]):
+        super().__init__()
+        self.reports = reports
+
+
+class EventsFile:
+    """The --events sink: one JSON line per event, flushed. A failed write (a full disk,
+    /dev/full) is one warning and turns the events off; the streams and their results go on."""
+
+    def __init__(self, path: Path, warn: Callable[[str], None]):
+        self.path = path
+        self.warn = warn
+        try:
+            self._file = open(path, "w", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"--events {path}: cannot open ({exc.strerror})") from exc
+
+    def write(self, event: dict) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(json.dumps(event) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self._fail(exc)
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.warn(f"--events {self.path}: write failed ({exc.strerror or exc}); events are off "
+                  "from here")
+        file, self._file = self._file, None
+        try:
+            file.close()  # the unwritten lines fail again: nothing more to say about them
+        except OSError:
+            pass
+
+
 def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                 realtime: bool = False, stagger_s: float = 0.0, tts_dir: Path | None = None,
                 half_duplex: bool = False, tts_play: bool = False,
                 events_path: Path | None = None,
                 on_event: Callable[[dict], None] | None = None,
-                on_text: Callable[[int, str], None] | None = None) -> list[StreamReport]:
-    """Run the loop over `sources` (one per stream) to the end of every input."""
+                on_text: Callable[[int, str], None] | None = None,
+                on_warning: Callable[[str], None] = _stderr) -> list[StreamReport]:
+    """Run the loop over `sources` (one per stream) to the end of every input. Ctrl-C raises
+    `Interrupted` carrying the reports so far."""
     system = load_system_prompt(config.system_prompt)
     settings = LoopSettings(vad=config.vad, max_tokens=config.max_tokens,
                             history_tokens=config.history_tokens, realtime=realtime,
                             stagger_s=stagger_s, tts_dir=tts_dir, half_duplex=half_duplex,
                             tts_play=tts_play)
     pool = ASRPool(runtime.recognizer, config.asr_workers) if runtime.recognizer else None
-    sink = open(events_path, "w", encoding="utf-8") if events_path else None
+    sink = EventsFile(events_path, on_warning) if events_path else None
 
     def emit(event: dict) -> None:
         if sink:
-            sink.write(json.dumps(event) + "\n")
-            sink.flush()
+            sink.write(event)
         if on_event:
             on_event(event)
 
@@ -135,6 +183,8 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                      runtime.eos_token_ids, on_event=emit, on_text=on_text)
     try:
         return asyncio.run(loop.run(sources))
+    except KeyboardInterrupt as exc:
+        raise Interrupted(loop.reports) from exc
     finally:
         if pool:
             pool.close()

@@ -5,7 +5,8 @@ Backends:
 - `silero`: the silero-vad ONNX model that ships inside the `silero_vad` PyPI package, run with
   onnxruntime on 1 thread. The file is located with importlib without importing `silero_vad`,
   whose import calls torch.set_num_threads(1) and would silently take the engine's threads.
-  Falls back to the package's TorchScript model when onnxruntime is missing.
+  Falls back to the package's TorchScript model when onnxruntime is missing. One ONNX session
+  serves every stream (each stream's state lives in its SileroVAD); text streams make no VAD.
 - `energy`: RMS level above an adaptive noise floor; no model, for machines without either.
 
 Cutter invariants (all lengths in 32 ms frames):
@@ -21,6 +22,7 @@ Cutter invariants (all lengths in 32 ms frames):
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import time
@@ -31,10 +33,15 @@ from pathlib import Path
 import numpy as np
 
 from edge_runtime.errors import ConfigError
+from edge_runtime.voice import setting_checks as check
 from edge_runtime.voice.audio_input import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE
 
 TRUNCATED_TAIL_MS = 100
 HYSTERESIS = 0.15
+# bounds of the settings: past them a value is a typo, and would hold audio in memory for minutes
+MAX_UTTERANCE_S = 600.0
+MAX_SILENCE_MS = 10_000
+MAX_PAD_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -49,13 +56,11 @@ class VADConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("silero", "energy"):
             raise ConfigError(f"vad.backend must be 'silero' or 'energy', got {self.backend!r}")
-        if not 0.2 <= self.threshold < 1:
-            raise ConfigError(f"vad.threshold must be in [0.2, 1), got {self.threshold}")
-        for name in ("min_speech_ms", "min_silence_ms", "pad_ms"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"vad.{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_utterance_s <= 1:
-            raise ConfigError(f"vad.max_utterance_s must be > 1, got {self.max_utterance_s}")
+        check.number("vad.threshold", self.threshold, 0.2, 1, hi_open=True)
+        check.number("vad.max_utterance_s", self.max_utterance_s, 1, MAX_UTTERANCE_S, lo_open=True)
+        for name, hi in (("min_speech_ms", 1000 * self.max_utterance_s),
+                         ("min_silence_ms", MAX_SILENCE_MS), ("pad_ms", MAX_PAD_MS)):
+            check.number(f"vad.{name}", getattr(self, name), 0, hi)
 
 
 def _silero_data_file(name: str) -> Path | None:
@@ -64,6 +69,20 @@ def _silero_data_file(name: str) -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / name
     return path if path.exists() else None
+
+
+@functools.lru_cache(maxsize=None)
+def _onnx_session(onnx_path: Path):
+    """One onnxruntime session for every stream (~8 MB each otherwise): `InferenceSession.run`
+    is thread-safe, and the recurrent state and context are passed in and out by each SileroVAD,
+    so the session itself holds none. 1 intra-op thread: each call runs on its caller's thread."""
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(onnx_path), sess_options=opts,
+                                        providers=["CPUExecutionProvider"])
 
 
 class SileroVAD:
@@ -75,14 +94,7 @@ class SileroVAD:
         onnx_path = _silero_data_file("silero_vad.onnx")
         self._session = None
         if onnx_path is not None and importlib.util.find_spec("onnxruntime") is not None:
-            import onnxruntime
-
-            opts = onnxruntime.SessionOptions()
-            opts.intra_op_num_threads = 1
-            opts.inter_op_num_threads = 1
-            self._session = onnxruntime.InferenceSession(
-                str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"]
-            )
+            self._session = _onnx_session(onnx_path)
         else:
             self._jit = self._load_jit()
         self.reset()
