@@ -35,14 +35,24 @@ class LayerArch:
         num_heads = getattr(cfg, "num_heads", None) or cfg.num_attention_heads
         num_kv = getattr(cfg, "num_kv_heads", None) or getattr(cfg, "num_key_value_heads", None)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
-        rope_scaling = getattr(cfg, "rope_scaling", None)
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) != "default":
-            raise NotImplementedError(f"AWQ quantizer supports default RoPE only, not {rope_scaling}")
+        rope_type = _rope_scaling_type(getattr(cfg, "rope_scaling", None))
+        if rope_type not in (None, "default"):
+            raise NotImplementedError(f"the AWQ quantizer supports default RoPE only; this model has "
+                                      f"{rope_type!r} rope scaling (config.json): give a model without it")
         theta = getattr(cfg, "rope_theta", None)
         if theta is None:  # transformers 5 keeps it in rope_parameters
             theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
         return cls(cfg.hidden_size, num_heads, num_kv or num_heads, head_dim, float(theta),
                    float(cfg.rms_norm_eps))
+
+
+def _rope_scaling_type(rope_scaling) -> str | None:
+    """The RoPE type of our ModelConfig's RopeScaling or of a transformers rope_scaling dict."""
+    if not rope_scaling:
+        return None
+    if isinstance(rope_scaling, dict):
+        return rope_scaling.get("rope_type", rope_scaling.get("type"))
+    return rope_scaling.rope_type
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -86,6 +86,18 @@ def _check_groups(path: str, old: nn.Linear, scales: torch.Tensor, group_size: i
         "set group_size to the one the checkpoint was quantized with")
 
 
+def _check_dtypes(path: str, qweight, qzeros, scales, bias) -> None:
+    """AutoAWQ GEMM layout: int32 qweight/qzeros (8 nibbles each), floating scales and bias."""
+    for name, tensor, ok, expect in (("qweight", qweight, qweight.dtype == torch.int32, "int32"),
+                                     ("qzeros", qzeros, qzeros.dtype == torch.int32, "int32"),
+                                     ("scales", scales, scales.is_floating_point(), "floating point"),
+                                     ("bias", bias, bias is None or bias.is_floating_point(),
+                                      "floating point")):
+        if not ok:
+            raise ModelLoadError(f"{path}.{name} must be {expect}, got {str(tensor.dtype)[6:]}: "
+                                 "the checkpoint is not an AutoAWQ GEMM checkpoint; re-export it")
+
+
 def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
                      backend: str) -> None:
     try:
@@ -98,6 +110,14 @@ def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
     qzeros, scales = _pop_tensor(state, f"{path}.qzeros"), _pop_tensor(state, f"{path}.scales")
     bias = state.pop(f"{path}.bias", None)
     what = f"for a {old.in_features}->{old.out_features} linear"
+    if old.out_features % 8:
+        raise ModelLoadError(f"{path}: out_features {old.out_features} (config.json) is not a multiple "
+                             "of 8, which an AWQ linear packs 8 to an int32: the checkpoint does not "
+                             "match config.json")
+    if bias is not None and old.bias is None:
+        raise ModelLoadError(f"checkpoint has unexpected weights, e.g. {path}.bias (config.json "
+                             "gives this layer no bias, e.g. attention_bias false)")
+    _check_dtypes(path, qweight, qzeros, scales, bias)
     _check_shape(f"{path}.qweight", qweight, (old.in_features, old.out_features // 8), what)
     _check_groups(path, old, scales, group_size)
     groups = old.in_features // group_size
@@ -113,6 +133,10 @@ def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
 def _halve_embeddings(model: nn.Module, state: dict) -> None:
     key = "model.embed_tokens.weight"
     embed = model.get_submodule("model.embed_tokens")
+    for name in (key, "lm_head.weight"):
+        if name in state and not state[name].is_floating_point():
+            raise ModelLoadError(f"{name} must be floating point, got {str(state[name].dtype)[6:]}: "
+                                 "AWQ checkpoints keep the embeddings in float16; re-export it")
     if key in state and isinstance(embed, nn.Embedding):
         # the loader's shape check never sees this tensor again: check it here
         _check_shape(key, state[key], tuple(embed.weight.shape),

@@ -86,6 +86,7 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize("out, extra, match", [
     ("file", [], "is a file; give a folder name"),
     ("missing/out", [], "does not exist; create it"),
+    ("file/sub", [], "--out file/sub: file is a file, not a folder"),  # said "does not exist"
     ("/proc/edge-runtime-quantize-test", [], "cannot create a folder in /proc"),
     ("new", ["--samples", "0"], "--samples must be >= 1, got 0"),
     ("new", ["--samples", "-3"], "--samples must be >= 1, got -3"),
@@ -112,3 +113,21 @@ def test_quantize_refuses_seq_len_beyond_the_model_context(tmp_path, monkeypatch
     monkeypatch.setattr(loader, "load_model", lambda *a, **k: lm)
     assert main(["quantize", "--out", str(tmp_path / "q"), "--seq-len", "65"]) == 2
     assert "--seq-len 65 is longer than the model's context (64 tokens)" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("rope_scaling", [{"rope_type": "linear", "factor": 2.0},
+                                          {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 256}])
+def test_quantize_refuses_rope_scaling_in_one_line(tmp_path, capsys, rope_scaling):
+    """docs/awq.md "Known limits": the searches assume default RoPE (was an AttributeError)."""
+    from model_helpers import copy_tokenizer
+
+    folder = tmp_path / "model"
+    tiny_llama(num_hidden_layers=1, rope_scaling=rope_scaling).save_pretrained(folder)
+    copy_tokenizer(folder)
+    capsys.readouterr()
+    assert main(["quantize", "--model", str(folder), "--out", str(tmp_path / "q")]) == 2
+    line = _one_error_line(capsys)
+    assert f"default RoPE only; this model has {rope_scaling['rope_type']!r} rope scaling" in line
+    assert not (tmp_path / "q").exists()

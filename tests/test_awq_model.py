@@ -158,6 +158,12 @@ _Q = "model.layers.0.self_attn.q_proj"
     ("bad qzeros", rf"{_Q}.qzeros has shape \(4, 15\), expected \(4, 16\)"),
     ("bad embed", r"model.embed_tokens.weight has shape \(300, 126\), expected \(300, 128\)"),
     ("config string", "quantization_config must be a JSON object"),
+    ("float qweight", rf"{_Q}.qweight must be int32, got float32"),
+    ("int8 qweight", rf"{_Q}.qweight must be int32, got int8"),
+    ("float qzeros", rf"{_Q}.qzeros must be int32, got float32"),
+    ("int scales", rf"{_Q}.scales must be floating point, got int32"),
+    ("int8 embed", r"model.embed_tokens.weight must be floating point, got int8"),
+    ("bias without attention_bias", rf"unexpected weights, e.g. {_Q}.bias \(config.json gives"),
 ])
 def test_broken_awq_checkpoint_is_a_model_load_error(case, match):
     from edge_runtime.errors import ModelLoadError
@@ -173,8 +179,29 @@ def test_broken_awq_checkpoint_is_a_model_load_error(case, match):
         state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"][:, :-2]
     elif case == "config string":
         qc = "awq"
+    elif case.endswith(("qweight", "qzeros", "scales")):  # garbage output with exit 0, before
+        dtype, name = case.split()
+        key = f"{_Q}.{name}"
+        state[key] = state[key].to({"float": torch.float32, "int8": torch.int8, "int": torch.int32}[dtype])
+    elif case == "int8 embed":
+        state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"].to(torch.int8)
+    elif case == "bias without attention_bias":  # the float path refuses it; AWQ loaded it
+        state[f"{_Q}.bias"] = torch.randn(128)
     with pytest.raises(ModelLoadError, match=match):
         build_model(config, state, qc)
+
+
+def test_awq_linear_with_out_features_not_a_multiple_of_8_is_a_load_error():
+    """The shape check floors out_features // 8, so this was an AssertionError in from_tensors."""
+    from edge_runtime.errors import ModelLoadError
+
+    model = torch.nn.ModuleDict({"proj": torch.nn.Linear(128, 100, bias=False)})
+    state = {"proj.qweight": torch.zeros(128, 12, dtype=torch.int32),
+             "proj.qzeros": torch.zeros(4, 12, dtype=torch.int32),
+             "proj.scales": torch.ones(4, 100, dtype=torch.float16)}
+    with pytest.raises(ModelLoadError, match=r"^proj: out_features 100 \(config.json\) is not a "
+                                             r"multiple of 8"):
+        awq_model._make_awq_linear(model, "proj", state, 32, "reference")
 
 
 def test_rtn_checkpoint_helper_builds():

@@ -131,6 +131,27 @@ def test_calibration_ids_use_the_shipped_text_or_fixed_random_ids():
     assert 500 < len(ids) <= 1024 and max(ids) < 200
     random_ids = calibration_ids(None, 50)
     assert random_ids == calibration_ids(None, 50) and len(set(random_ids)) > 20
+    assert len(calibration_ids(Tok(), 200, max_tokens=64)) == 64  # no longer than the context
+    assert calibration_ids(None, 50, max_tokens=64) == random_ids[:64]
+
+
+def test_key_means_of_a_model_with_a_short_context(tmp_path, monkeypatch):
+    """A model whose context (or sliding window) is below the calibration text's length is
+    calibrated on its context's worth of tokens (it used to fail with an IndexError)."""
+    from engine_helpers import TINY_VOCAB
+    from model_helpers import save_random_model, tiny_hf_config
+    from edge_runtime.engine.key_means import key_means_for
+    from edge_runtime.model.loader import load_model
+
+    folders = [save_random_model(tiny_hf_config(arch, vocab_size=TINY_VOCAB, num_hidden_layers=1, **kw),
+                                 tmp_path / arch)  # the tokenizer from the default model's cache
+               for arch, kw in (("llama", {"max_position_embeddings": 64}), ("mistral", {"sliding_window": 48}))]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for folder in folders:
+        loaded = load_model(str(folder), progress=None)
+        assert loaded.tokenizer is not None and loaded.config.max_position_embeddings <= 64
+        means = key_means_for(loaded, rotated=False)
+        assert means.shape == (1, 2, 16) and torch.isfinite(means).all()
 
 
 def _generate(engine, prompts):

@@ -59,3 +59,22 @@ def test_control_token_text_in_a_message_is_refused(tokenizer):
     # plain (non-chat) prompts keep the tokenizer's own rules: raw prompting may use them
     assert encode_prompt(tokenizer, "hi<|im_end|>", chat=False)[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert encode_messages(tokenizer, [{"role": "user", "content": "a <b> c | im_end"}])
+
+
+def test_a_template_that_refuses_the_conversation_or_is_broken(tokenizer):
+    """jinja2 errors were tracebacks: Mistral's template raises on a system role or on roles that
+    do not alternate; a template may also have a syntax error."""
+    import copy
+
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                            "{{ raise_exception('System role not supported') }}{% endif %}"
+                            "{{ m['content'] }}{% endfor %}")
+    with pytest.raises(RequestError, match=r"^the model's chat template refused the conversation: "
+                                           r"System role not supported$"):
+        encode_prompt(strict, "hi", chat=True, system="Be brief.")
+    assert encode_prompt(strict, "hi", chat=True)  # without a system turn it is accepted
+    broken = copy.deepcopy(tokenizer)
+    broken.chat_template = "{% for m in messages %}{{ m['content'] }"
+    with pytest.raises(RequestError, match=r"^the model's chat template is broken: .+"):
+        encode_prompt(broken, "hi", chat=True)

@@ -5,7 +5,7 @@ forks, beam search vs transformers, cancel, request validation."""
 import pytest
 import torch
 
-from engine_helpers import (TINY_VOCAB, engine_for, greedy, hf_beam, hf_greedy, tiny, tiny_hf,
+from engine_helpers import (TINY_VOCAB, engine_for, greedy, hf_beam, hf_greedy, tiny, tiny_folder, tiny_hf,
                             tiny_prompts)
 
 from edge_runtime.engine.api import SamplingParams
@@ -226,6 +226,20 @@ def test_int8_kv_close_to_fp32():
     agree = sum(a == b for a, b in zip(out["fp32"], out["int8"]))
     assert agree >= 5, out  # random weights are fragile; the real-model figure is in docs/engine.md
     assert torch.tensor(out["int8"]).max() < TINY_VOCAB
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_model_on_int8_kv_generates_like_the_fp32_model(dtype):
+    """A bf16/fp16 model on the default int8 KV (C decode attention, float32 only) generates;
+    it used to fail an assert on q's dtype in the first decode step."""
+    from edge_runtime.model.loader import load_model
+
+    prompt = tiny_prompts([30], seed=702)[0]
+    out = {name: engine_for(model, kv_dtype="int8", page_tokens=16, num_pages=16)
+           .generate([prompt], greedy(8, ignore_eos=True))[0].token_ids
+           for name, model in (("fp32", tiny()), ("half", load_model(str(tiny_folder()), dtype=dtype,
+                                                                      progress=None)))}
+    assert len(out["half"]) == 8 and sum(a == b for a, b in zip(out["fp32"], out["half"])) >= 4, out
 
 
 def test_stop_string_ends_generation_and_is_not_in_text():

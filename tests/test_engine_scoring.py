@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from engine_helpers import engine_for, tiny, tiny_hf, tiny_prompts
+from engine_helpers import engine_for, tiny, tiny_folder, tiny_hf, tiny_prompts
 
 from edge_runtime.cli import main
 from edge_runtime.engine.scoring import score_tokens
@@ -60,3 +60,55 @@ def test_eval_ppl_bad_out_and_page_tokens_fail_before_loading(tmp_path, capsys):
         assert main(["eval-ppl", "--text", str(text), "--model", model, *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
+
+
+def _short_context_model(tmp_path, vocab_size):
+    """A tiny random Llama with SmolLM2's tokenizer and a 64-token context."""
+    from model_helpers import save_random_model, tiny_hf_config
+
+    return str(save_random_model(tiny_hf_config("llama", vocab_size=vocab_size, num_hidden_layers=1,
+                                                max_position_embeddings=64), tmp_path / "m"))
+
+
+def test_eval_ppl_refuses_a_window_beyond_the_context_and_foreign_token_ids(tmp_path, capsys):
+    """--window above the context was an IndexError; a tokenizer whose ids pass the model's
+    vocabulary was an IndexError in the embedding; --agreement without a chat template failed
+    only after the perplexities (and named --chat, which eval-ppl does not have)."""
+    from engine_helpers import TINY_VOCAB
+
+    text = tmp_path / "a.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 4)
+    model = _short_context_model(tmp_path, TINY_VOCAB)
+    capsys.readouterr()
+    assert main(["eval-ppl", "--text", str(text), "--model", model, "--window", "65"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--window 65 is longer than the model's context (64 tokens); "
+                        "give --window 64 or less") and "Traceback" not in err, err
+    (tmp_path / "m" / "chat_template.jinja").unlink()
+    assert main(["eval-ppl", "--text", str(text), "--model", model, "--window", "64",
+                 "--agreement", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "eval-ppl [" not in err and "run without --agreement" in err.splitlines()[-1], err
+    small = _short_context_model(tmp_path / "small", 512)
+    capsys.readouterr()
+    assert main(["eval-ppl", "--text", str(text), "--model", small, "--window", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is outside the vocabulary (0..511): the tokenizer does not match the " \
+                               "model" in err[0], err
+
+
+def test_eval_ppl_sizes_the_pool_to_the_longest_window_not_to_window(tmp_path, monkeypatch, capsys):
+    """A huge --window on a short text used to size the pool for --window tokens (25 GB)."""
+    from edge_runtime.commands import eval_ppl
+
+    text = tmp_path / "a.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 2)
+    built = []
+    real = eval_ppl._engine
+    monkeypatch.setattr(eval_ppl, "_engine", lambda loaded, kv, pt, window, *a, **k:
+                        built.append(window) or real(loaded, kv, pt, window, *a, **k))
+    model = str(tiny_folder())  # 2048-token context, SmolLM2's tokenizer
+    assert main(["eval-ppl", "--text", str(text), "--model", model, "--window", "2048",
+                 "--kv-dtype", "fp32", "--threads", "1"]) == 0
+    report_tokens = int(capsys.readouterr().out.split("tokens ")[1].split()[0])
+    assert built == [report_tokens] and report_tokens < 40

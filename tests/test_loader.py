@@ -86,6 +86,24 @@ def test_missing_weight_and_missing_shard(good_folder, tmp_path):
         load_model(str(folder))
 
 
+@pytest.mark.parametrize("name, content, match", [
+    ("model.safetensors.index.json", "[1]", "index.json is not a valid safetensors index"),
+    ("model.safetensors.index.json", '{"weight_map": ["model.safetensors"]}',
+     "index.json is not a valid safetensors index: weight_map must map tensor names to shard"),
+    ("model.safetensors.index.json", '{"weight_map": {"a": 5}}',
+     "index.json is not a valid safetensors index: weight_map must map tensor names to shard"),
+    ("tokenizer_config.json", "[1]", "tokenizer_config.json must be a JSON object of fields, got a list"),
+    ("tokenizer.json", "[]", "cannot load the tokenizer in .* \\(tokenizer.json"),
+])
+def test_malformed_side_files_are_load_errors(good_folder, tmp_path, name, content, match):
+    """JSON of the wrong shape was a TypeError/AttributeError traceback."""
+    folder = copy_of(good_folder, tmp_path)
+    (folder / name).write_text(content)
+    with pytest.raises(ModelLoadError, match=match) as err:
+        load_model(str(folder), progress=None)
+    assert "\n" not in str(err.value)
+
+
 def test_missing_tokenizer(good_folder, tmp_path):
     folder = copy_of(good_folder, tmp_path)
     (folder / "tokenizer.json").unlink()

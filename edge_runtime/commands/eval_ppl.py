@@ -225,10 +225,13 @@ def run(args) -> int:
         check_output_file(args.out, "--out")  # before the evaluation, not after it
     text = _read_texts(args.text)
     loaded = load_model(args.model)
+    _check_model_fits(loaded, args)
     ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    _check_vocabulary(ids, loaded.config.vocab_size)
     windows = _windows(ids, args.window, args.max_windows)
     if not windows:
         raise InputError("the text has fewer than 2 tokens; nothing to evaluate")
+    pool_window = max(len(w) for w in windows)  # the pool holds the longest window, not --window
     recent = args.recent_window
     settings = {} if recent is None else {"recent_window": recent}
     if not args.centred_keys:
@@ -240,7 +243,7 @@ def run(args) -> int:
               "centred_keys": args.centred_keys,
               "torch_threads": torch.get_num_threads(), "results": []}
     for d in dtypes:
-        report["results"].append(perplexity(loaded, windows, d, args.page_tokens, args.window,
+        report["results"].append(perplexity(loaded, windows, d, args.page_tokens, pool_window,
                                             args.chunk, settings))
     if args.hf_reference:
         report["transformers_fp32_ppl"] = hf_perplexity(loaded, windows)
@@ -248,7 +251,7 @@ def run(args) -> int:
         first, last = report["results"][0], report["results"][-1]
         report["relative_ppl_change"] = first["ppl"] / last["ppl"] - 1
         report["fidelity"] = fidelity(loaded, windows, dtypes[0], dtypes[-1], args.page_tokens,
-                                      args.window, args.chunk, settings)
+                                      pool_window, args.chunk, settings)
     if args.agreement > 0:
         report["agreement"] = agreement(loaded, dtypes, min(args.agreement, len(CHAT_PROMPTS)),
                                         args.agreement_tokens, args.page_tokens, settings)
@@ -256,6 +259,25 @@ def run(args) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _check_model_fits(loaded, args) -> None:
+    """Checks that need the model but not the evaluation: the window fits the context, and the
+    agreement prompts have a chat template."""
+    context = loaded.config.max_position_embeddings
+    if args.window > context:
+        raise InputError(f"--window {args.window} is longer than the model's context ({context} "
+                         f"tokens); give --window {context} or less")
+    if args.agreement > 0 and not getattr(loaded.tokenizer, "chat_template", None):
+        raise InputError("--agreement needs a model with a chat template (its prompts are chat "
+                         "turns); this model has none: run without --agreement")
+
+
+def _check_vocabulary(ids: list[int], vocab_size: int) -> None:
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise InputError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1}): "
+                         "the tokenizer does not match the model")
 
 
 def _print(report: dict, as_json: bool) -> None:

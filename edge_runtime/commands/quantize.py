@@ -45,6 +45,8 @@ def _check_out_dir(out: Path) -> None:
         raise InputError(f"output folder {out} exists and is not empty; choose a new --out folder "
                          "or delete it")
     parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise InputError(f"--out {out}: {parent} is a file, not a folder; choose another path")
     if not parent.is_dir():
         raise InputError(f"--out {out}: the folder {parent} does not exist; create it or choose "
                          "another path")

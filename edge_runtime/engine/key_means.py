@@ -56,14 +56,16 @@ class _KeyRecorder:
         return causal_attention(q, k, v, 0, self.sm_scale)
 
 
-def calibration_ids(tokenizer, vocab_size: int) -> list[int]:
-    """The tokens the means are measured on: the shipped text, or fixed random ids without a tokenizer."""
+def calibration_ids(tokenizer, vocab_size: int, max_tokens: int = MAX_CALIBRATION_TOKENS) -> list[int]:
+    """The tokens the means are measured on: the shipped text, or fixed random ids without a
+    tokenizer; at most `max_tokens` (the model's context: the prefill cannot be longer)."""
+    max_tokens = min(max_tokens, MAX_CALIBRATION_TOKENS)
     if tokenizer is None:
         gen = torch.Generator().manual_seed(_RANDOM_SEED)
-        return torch.randint(0, vocab_size, (_RANDOM_TOKENS,), generator=gen).tolist()
+        return torch.randint(0, vocab_size, (_RANDOM_TOKENS,), generator=gen).tolist()[:max_tokens]
     text = _calibration_text()
-    ids = tokenizer(text, add_special_tokens=False).input_ids[:MAX_CALIBRATION_TOKENS]
-    return [i for i in ids if 0 <= i < vocab_size]
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    return [i for i in ids if 0 <= i < vocab_size][:max_tokens]
 
 
 @torch.inference_mode()
@@ -93,7 +95,8 @@ def key_means_for(loaded_model, rotated: bool) -> torch.Tensor:
         path = _cache_file(loaded_model)
         means = _read_cached(path, model.config)
         if means is None:
-            ids = calibration_ids(loaded_model.tokenizer, model.config.vocab_size)
+            ids = calibration_ids(loaded_model.tokenizer, model.config.vocab_size,
+                                  model.config.max_position_embeddings)
             means = measure_key_means(model, ids, rotated=False)
             _write_cached(path, means)
         model._edge_key_means = means

@@ -320,8 +320,8 @@ class PagedKVContext:
         """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
         flat = self.flat
         native = self._native_attention(q_dec.shape[1], q_dec.shape[-1])
-        if native:
-            return native(q_dec, layer)
+        if native:  # float32 in and out (a bf16/fp16 model's q is cast; the caller casts back)
+            return native(q_dec.float(), layer)
         parts = [self._store_args(name, rows, layer) for name, rows in flat.gather]
         return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale,
                                        self.storage.key_mean("pages", layer))

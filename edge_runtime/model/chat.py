@@ -47,10 +47,25 @@ def encode_messages(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[in
             raise RequestError(f"message {i} ({m['role']}) contains the text of the model's control "
                                f"token(s) {', '.join(found)}, which chat messages cannot carry; "
                                "remove it")
-    encoded = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
-    )
-    return _as_id_list(encoded)
+    return _as_id_list(_apply_template(tokenizer, messages))
+
+
+def _apply_template(tokenizer, messages: Sequence[Mapping[str, str]]):
+    """apply_chat_template, its jinja errors as RequestErrors: a template may refuse a conversation
+    on purpose (Mistral's raise_exception: roles must alternate, no system role) or be broken."""
+    from jinja2 import TemplateError, TemplateSyntaxError
+
+    try:
+        return tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
+                                             tokenize=True)
+    except TemplateSyntaxError as exc:
+        raise RequestError(f"the model's chat template is broken: {_one_line(exc)}") from exc
+    except TemplateError as exc:
+        raise RequestError(f"the model's chat template refused the conversation: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def encode_prompt(tokenizer, text: str, chat: bool, system: str | None = None) -> list[int]:

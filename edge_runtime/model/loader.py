@@ -85,9 +85,13 @@ def resolve_model_folder(name_or_path: str, progress: Callable[[str], None] | No
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot parse {path}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path} must be a JSON object of fields, got a {type(value).__name__}; "
+                             "re-export the model folder")
+    return value
 
 
 def load_tokenizer(folder: Path):
@@ -105,8 +109,15 @@ def load_tokenizer(folder: Path):
         from transformers import AutoTokenizer as tokenizer_cls
     try:
         return tokenizer_cls.from_pretrained(str(folder))
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {exc}") from exc
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # a tokenizer.json of the wrong shape ([] for {...}) fails inside the tokenizers library
+        raise ModelLoadError(f"cannot load the tokenizer in {folder} (tokenizer.json, "
+                             f"tokenizer_config.json): {_one_line(exc)}; re-export the tokenizer "
+                             "files") from exc
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _apply_awq(model: CausalLM, state: dict, quant_config: dict) -> str:

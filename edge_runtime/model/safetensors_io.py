@@ -19,9 +19,16 @@ def weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as exc:
+            content = json.loads(index.read_text())
+        except ValueError as exc:
             raise ModelLoadError(f"{index} is not a valid safetensors index: {exc}") from exc
+        if not isinstance(content, dict) or "weight_map" not in content:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: it must be a JSON object "
+                                 "with a weight_map; re-export the model folder")
+        weight_map = content["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelLoadError(f"{index} is not a valid safetensors index: weight_map must map "
+                                 "tensor names to shard file names; re-export the model folder")
         files = [folder / name for name in sorted(set(weight_map.values()))]
         for f in files:
             if not f.is_file():
