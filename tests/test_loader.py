@@ -6,6 +6,7 @@ weight_bytes counts real storage.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -104,6 +105,42 @@ def test_malformed_side_files_are_load_errors(good_folder, tmp_path, name, conte
     assert "\n" not in str(err.value)
 
 
+def _edit_weights(folder, edit):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    edit(state)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_shape_mismatch_is_one_line_naming_config_keys(good_folder, tmp_path):
+    folder = copy_of(good_folder, tmp_path)
+    edit_config(folder, intermediate_size=128)  # the checkpoint's MLPs are 160 wide
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(folder), progress=None)
+    assert str(err.value) == (
+        "checkpoint does not match config.json: model.layers.0.mlp.down_proj.weight has shape "
+        "[64, 160], config.json (intermediate_size, hidden_size) expects [64, 128] (and 5 more)")
+    folder = copy_of(good_folder, tmp_path / "one")
+    _edit_weights(folder, lambda s: s.update({"model.layers.1.self_attn.k_proj.weight":
+                                              torch.randn(64, 64)}))
+    with pytest.raises(ModelLoadError, match=r"^checkpoint does not match config.json: "
+                       r"model.layers.1.self_attn.k_proj.weight has shape \[64, 64\], config.json "
+                       r"\(num_key_value_heads, head_dim, hidden_size\) expects \[32, 64\]$"):
+        load_model(str(folder), progress=None)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool])
+def test_integer_weights_in_a_float_checkpoint(good_folder, tmp_path, dtype):
+    folder = copy_of(good_folder, tmp_path)
+    _edit_weights(folder, lambda s: s.update({"model.norm.weight": s["model.norm.weight"].to(dtype)}))
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(folder), progress=None)
+    assert str(err.value) == (f"model.norm.weight has dtype {name}; a float checkpoint needs "
+                              "float32/float16/bfloat16 weights")
+
+
 def test_missing_tokenizer(good_folder, tmp_path):
     folder = copy_of(good_folder, tmp_path)
     (folder / "tokenizer.json").unlink()
@@ -122,6 +159,20 @@ def test_unknown_quantization_method(good_folder, tmp_path):
     edit_config(folder, quantization_config={"quant_method": "gptq", "bits": 4})
     with pytest.raises(ModelLoadError, match="gptq"):
         load_model(str(folder))
+
+
+@pytest.mark.parametrize("device, cuda_count, match", [
+    ("cuda", 0, "device cuda is not available here \\(no CUDA device\\); use --device cpu"),
+    ("cuda:3", 1, "device cuda:3 is not available here \\(this machine has 1 CUDA device"),
+    ("tpu", 1, "unknown device 'tpu'"),
+])
+def test_unavailable_device_is_refused_before_loading(good_folder, monkeypatch, device, cuda_count,
+                                                      match):
+    # used to surface as "cannot read model.safetensors (truncated or corrupt?): pin_memory=..."
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_count)
+    with pytest.raises(ModelLoadError, match=match):
+        load_model(str(good_folder), device=device, progress=None)
 
 
 def test_good_folder_loads_with_real_weight_bytes(good_folder):
@@ -164,6 +215,32 @@ def test_config_shape_fields_must_be_positive_integers(change, match):
     cfg = {k: v for k, v in tiny_hf_config("llama").to_dict().items() if k != "head_dim"}
     with pytest.raises(ModelLoadError, match=match):
         ModelConfig.from_hf({**cfg, **change})
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    ({"attention_bias": 1}, "attention_bias must be true or false"),
+    ({"rope_theta": 0}, "rope_theta must be a positive number, got 0"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -5}},
+     "rope_parameters.rope_theta must be a positive number"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "rope_scaling.factor must be a positive"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": -2.0, "rope_theta": 1e4}},
+     "rope_parameters.factor must be a positive"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 1.0}}, "high_freq_factor .* must be larger"),
+    ({"rope_scaling": "linear"}, "rope_scaling must be an object"),
+    ({"rms_norm_eps": -1e-6}, "rms_norm_eps must be a finite number >= 0"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps must be a finite number"),
+    ({"rms_norm_eps": "x"}, "rms_norm_eps must be a number"),
+    ({"sliding_window": -5}, "sliding_window must be a positive integer, got -5"),
+])
+def test_config_out_of_range_values_name_the_key(change, match):
+    # each of these used to load and give NaN logits or silently drop lm_head
+    cfg = {k: v for k, v in tiny_hf_config("mistral").to_dict().items()
+           if k not in ("rope_scaling", "rope_parameters")}
+    with pytest.raises(ModelLoadError, match=match):
+        ModelConfig.from_hf({**cfg, **change})
+    assert ModelConfig.from_hf({**cfg, "rms_norm_eps": 0, "sliding_window": None}).rms_norm_eps == 0
 
 
 @pytest.mark.parametrize("cfg, gen", [([1, 2], None), ("llama", None), ({}, [1])])
@@ -229,6 +306,68 @@ def test_gguf_cache_removes_stale_siblings_only(tmp_path, monkeypatch):
     assert second != first and not first.exists()
     assert sorted(p.name for p in root.iterdir()) == sorted(
         [".tmp-abc", "hand-made", kept_folder.name, second.name])
+
+
+def test_gguf_cache_removes_temp_folders_of_dead_converters(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "edge-runtime" / "models"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    killed = root / f".tmp-{int(dead.stdout)}-k1ll"  # a conversion killed by SIGTERM
+    live = root / f".tmp-{os.getpid()}-l1ve"  # a conversion running right now
+    no_pid = root / ".tmp-abc"
+    for folder in (killed, live, no_pid):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"half")
+    used = []
+
+    def fake_convert(src, out):
+        used.append(out.name)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(gguf_convert, "_convert", fake_convert)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF fake")
+    target = gguf_convert.ensure_converted(tmp_path / "m.gguf")
+    assert used[0].startswith(f".tmp-{os.getpid()}-")
+    assert sorted(p.name for p in root.iterdir()) == sorted([live.name, no_pid.name, target.name])
+
+
+def _disk_full_errors():
+    import errno
+
+    from safetensors import SafetensorError
+
+    return [SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                            'message: "No space left on device" }) (os error 28)'),
+            OSError(errno.ENOSPC, "No space left on device")]
+
+
+@pytest.mark.parametrize("error", _disk_full_errors(), ids=["safetensors", "oserror"])
+def test_gguf_conversion_on_a_full_disk_is_one_clear_error(tmp_path, monkeypatch, error):
+    import safetensors.torch
+    import transformers
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = transformers.AutoModelForCausalLM.from_config(tiny_hf_config("llama"))
+    monkeypatch.setattr(gguf_convert, "gguf_architecture", lambda path: "llama")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+
+    def full_disk(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF fake")
+    root = tmp_path / "cache" / "edge-runtime" / "models"
+    with pytest.raises(ModelLoadError, match=re.escape(
+            f"no space left on device writing the converted model to {root}; free space or set "
+            "XDG_CACHE_HOME to a larger disk")):
+        gguf_convert.ensure_converted(tmp_path / "m.gguf")
+    assert list(root.iterdir()) == []  # the partial folder is gone
 
 
 @pytest.mark.slow

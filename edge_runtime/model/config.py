@@ -16,6 +16,7 @@ Both config dialects are read: transformers < 5 (`rope_theta` + `rope_scaling`) 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from edge_runtime.errors import ModelLoadError
@@ -106,8 +107,8 @@ class ModelConfig:
         if act not in ("silu", "swish"):
             raise ModelLoadError(f"config.json: hidden_act {act!r} is not supported (only silu)")
         rope_theta, rope_scaling = _rope(cfg)
-        qkv_bias = arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
-        o_bias = arch == "LlamaForCausalLM" and bool(cfg.get("attention_bias", False))
+        qkv_bias = arch == "Qwen2ForCausalLM" or _flag(cfg, "attention_bias")
+        o_bias = arch == "LlamaForCausalLM" and _flag(cfg, "attention_bias")
         window = _sliding_window(cfg, arch)
         max_pos = int(cfg.get("max_position_embeddings", 2048))
         if window is not None:
@@ -122,15 +123,15 @@ class ModelConfig:
             num_kv_heads=_positive_int(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") else heads,
             head_dim=head_dim,
             max_position_embeddings=max_pos,
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_finite(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps", minimum=0.0),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
             attention_bias=qkv_bias,
             eos_token_ids=_eos_ids(cfg, generation_config),
             bos_token_id=cfg.get("bos_token_id"),
             o_proj_bias=o_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            mlp_bias=_flag(cfg, "mlp_bias"),
             sliding_window=window,
         )
 
@@ -142,6 +143,28 @@ def _positive_int(cfg: dict, key: str) -> int:
     if isinstance(value, bool) or not whole or value <= 0:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _flag(cfg: dict, key: str) -> bool:
+    """A JSON boolean: the string "false" is truthy in Python, and transformers refuses it too."""
+    value = cfg.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false (a JSON boolean), got {value!r}")
+    return value
+
+
+def _finite(value, key: str, minimum: float | None = None, positive: bool = False) -> float:
+    """A number field; out-of-range values (theta 0, factor 0, eps < 0) load but give NaN logits."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    number = float(value)
+    too_small = (positive and number <= 0) or (minimum is not None and number < minimum)
+    if not math.isfinite(number) or too_small:
+        need = "a positive number" if positive else f"a finite number >= {minimum:g}"
+        raise ValueError(f"{key} must be {need}, got {value!r}")
+    return number
 
 
 def _architecture(cfg: dict) -> str:
@@ -162,10 +185,18 @@ def _architecture(cfg: dict) -> str:
 
 
 def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
+    for key in ("rope_parameters", "rope_scaling"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ValueError(f"{key} must be an object such as {{\"rope_type\": \"linear\", "
+                             f"\"factor\": 2.0}}, got {cfg[key]!r}")
     params = dict(cfg.get("rope_parameters") or {})
     legacy = cfg.get("rope_scaling") or {}
     params = {**legacy, **params}
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    section = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    if "rope_theta" in params:
+        theta = _finite(params["rope_theta"], f"{section}.rope_theta", positive=True)
+    else:
+        theta = _finite(cfg.get("rope_theta", 10000.0), "rope_theta", positive=True)
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
@@ -174,21 +205,32 @@ def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
         )
     if rope_type == "default":
         return theta, None
+    if "factor" not in params:
+        raise KeyError(f"{section}.factor")
     scaling = RopeScaling(
         rope_type=rope_type,
-        factor=float(params["factor"]),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+        factor=_finite(params["factor"], f"{section}.factor", positive=True),
+        low_freq_factor=_finite(params.get("low_freq_factor", 1.0), f"{section}.low_freq_factor",
+                                positive=True),
+        high_freq_factor=_finite(params.get("high_freq_factor", 4.0), f"{section}.high_freq_factor",
+                                 positive=True),
+        original_max_position_embeddings=_positive_int(
+            {"original_max_position_embeddings": 8192, **params}, "original_max_position_embeddings"),
     )
+    if rope_type == "llama3" and scaling.high_freq_factor <= scaling.low_freq_factor:
+        raise ValueError(f"{section}.high_freq_factor ({scaling.high_freq_factor:g}) must be larger "
+                         f"than low_freq_factor ({scaling.low_freq_factor:g}); llama3 rope divides by "
+                         "their difference")
     return theta, scaling
 
 
 def _sliding_window(cfg: dict, arch: str) -> int | None:
     window = cfg.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+    if arch == "Qwen2ForCausalLM" and not _flag(cfg, "use_sliding_window"):
         return None
-    return int(window) if window else None
+    if window is None or (window == 0 and not isinstance(window, bool)):
+        return None  # null or 0: no window
+    return _positive_int(cfg, "sliding_window")
 
 
 def _eos_ids(cfg: dict, generation_config: dict | None) -> tuple[int, ...]:

@@ -14,20 +14,25 @@ Invariants:
   written before the rename. After a conversion completes, stale siblings are removed: those made
   from the same source path (an older file or converter: a reinstalled model package) and those
   whose recorded source no longer exists (a deleted clone) or no longer matches its size and mtime.
-  Without this every reinstall added a ~500 MB folder. Never removed: `.tmp-*` folders (another
-  process may be converting into them), folders whose source still exists and matches, and folders
-  with no recorded source. Folders from before `source.json` are judged by the `edge_runtime_source`
+  Without this every reinstall added a ~500 MB folder. Never removed there: `.tmp-*` folders,
+  folders whose source still exists and matches, and folders with no recorded source.
+- Temporary folders are named `.tmp-<pid>-<random>`. Before converting, those whose pid is no longer
+  alive (a conversion killed by SIGTERM/SIGKILL, ~500 MB each) are removed; live ones (another process
+  converting right now) and names without a pid are left alone. Folders from before `source.json` are judged by the `edge_runtime_source`
   path in their config.json (same path or missing file: stale).
 """
 
 from __future__ import annotations
 
 import hashlib
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from edge_runtime.errors import ModelLoadError
@@ -62,7 +67,8 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
         progress(f"converting {gguf_path.name} to {target} (once; about 20-30 s)")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        remove_dead_temp_folders(target.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=target.parent))
     except OSError as exc:
         raise ModelLoadError(
             f"cannot write the model cache {target.parent} ({exc.strerror}): "
@@ -70,7 +76,8 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
         ) from exc
     try:
         _convert(gguf_path, tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps(source_record(gguf_path)))
+        with _writing(tmp):
+            (tmp / SOURCE_FILE).write_text(json.dumps(source_record(gguf_path)))
         try:
             os.rename(tmp, target)
         except OSError:
@@ -84,6 +91,50 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
 
 
 SOURCE_FILE = "source.json"
+
+
+@contextlib.contextmanager
+def _writing(tmp: Path) -> Iterator[None]:
+    """Turn a failed write into the temp folder (a full disk: OSError, or safetensors' own
+    SafetensorError "No space left on device (os error 28)") into a ModelLoadError; the caller
+    removes the partial folder."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        folder = tmp.parent
+        if getattr(exc, "errno", None) == errno.ENOSPC or "os error 28" in str(exc):
+            raise ModelLoadError(f"no space left on device writing the converted model to {folder}; "
+                                 "free space or set XDG_CACHE_HOME to a larger disk") from exc
+        raise ModelLoadError(f"cannot write the converted model to {folder}: "
+                             f"{' '.join(str(exc).split())}; set XDG_CACHE_HOME to a writable "
+                             "folder") from exc
+_TMP_NAME = re.compile(r"\.tmp-(\d+)-.+")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists but is not ours (EPERM), or cannot tell: keep its folder
+    return True
+
+
+def remove_dead_temp_folders(root: Path) -> list[Path]:
+    """Delete `.tmp-<pid>-*` folders whose converting process is gone; see module doc."""
+    removed = []
+    for folder in sorted(root.iterdir()):
+        match = _TMP_NAME.fullmatch(folder.name)
+        if match is None or int(match.group(1)) <= 0 or not folder.is_dir():
+            continue
+        if _pid_alive(int(match.group(1))):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def _recorded_source(folder: Path) -> dict | None:
@@ -212,11 +263,12 @@ def _convert(gguf_path: Path, out: Path) -> None:
     cfg["architectures"] = [type(model).__name__]
     cfg["dtype"] = "float32"
     cfg["edge_runtime_source"] = str(gguf_path.resolve())
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if cfg.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer.save_pretrained(str(out))
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(str(out))
+    with _writing(out):
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(str(out))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(str(out))

@@ -141,6 +141,40 @@ def _no_weight_init():
         nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
 
 
+_SHAPE_KEYS = (  # tensor name part -> the config.json keys that decide its shape
+    (("embed_tokens", "lm_head"), "vocab_size, hidden_size"),
+    (("q_proj",), "num_attention_heads, head_dim, hidden_size"),
+    (("k_proj", "v_proj"), "num_key_value_heads, head_dim, hidden_size"),
+    (("o_proj",), "hidden_size, num_attention_heads, head_dim"),
+    (("gate_proj", "up_proj", "down_proj"), "intermediate_size, hidden_size"),
+    (("norm",), "hidden_size"),
+)
+
+
+def _shape_keys(name: str) -> str:
+    for parts, keys in _SHAPE_KEYS:
+        if any(part in name for part in parts):
+            return keys
+    return "the model's dimensions"
+
+
+def _check_shapes_and_dtypes(model_state: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                             names: set[str]) -> None:
+    """One line for the first wrong tensor; torch's load_state_dict prints one per tensor."""
+    for name in sorted(names):
+        want, got = model_state[name], state[name]
+        if want.is_floating_point() and not got.is_floating_point():
+            dtype = str(got.dtype).removeprefix("torch.")
+            raise ModelLoadError(f"{name} has dtype {dtype}; a float checkpoint needs "
+                                 "float32/float16/bfloat16 weights")
+    wrong = [n for n in sorted(names) if state[n].shape != model_state[n].shape]
+    if wrong:
+        name, more = wrong[0], f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise ModelLoadError(
+            f"checkpoint does not match config.json: {name} has shape {list(state[name].shape)}, "
+            f"config.json ({_shape_keys(name)}) expects {list(model_state[name].shape)}{more}")
+
+
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_config: dict | None,
                 device: str | torch.device = "cpu") -> tuple[CausalLM, str]:
     """A CausalLM whose parameters are exactly the tensors of `state` (consumed)."""
@@ -170,6 +204,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
     unexpected = sorted(k for k in set(state) - expected if "rotary_emb" not in k)
     if unexpected:
         raise ModelLoadError(f"checkpoint has unexpected weights, e.g. {', '.join(unexpected[:3])}")
+    _check_shapes_and_dtypes(model.state_dict(), state, expected)
     try:
         model.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
     except RuntimeError as exc:
@@ -192,10 +227,28 @@ def weight_bytes_of(model: torch.nn.Module) -> int:
     return total
 
 
+def check_device(device: str | torch.device) -> None:
+    """Refuse a device this machine lacks before any work (safetensors would report it as a
+    corrupt file: "pin_memory=True requires a CUDA...")."""
+    name = str(device)
+    kind, _, index = name.partition(":")
+    if kind == "cpu" and not index:
+        return
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ModelLoadError(f"unknown device {name!r}; use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ModelLoadError(f"device {name} is not available here (no CUDA device); use --device cpu")
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        raise ModelLoadError(f"device {name} is not available here (this machine has {count} CUDA "
+                             f"device{'s' if count != 1 else ''}: cuda:0..cuda:{count - 1})")
+
+
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
                progress: Callable[[str], None] | None = _stderr) -> LoadedModel:
     from edge_runtime.model.safetensors_io import load_state_dict
 
+    check_device(device)
     folder = resolve_model_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
     gen_path = folder / "generation_config.json"
