@@ -40,19 +40,29 @@ def awq_quant_config(group_size: int) -> dict:
             "version": "gemm", "modules_to_not_convert": None}
 
 
-def _config_int(quant_config: dict, key: str, legacy: str, default: int) -> int:
+def _config_int(quant_config: dict, key: str, legacy: str, default: int, usual: str) -> int:
     value = quant_config.get(key, quant_config.get(legacy, default))
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ModelLoadError(f"config.json: quantization_config.{key} must be a positive integer "
-                             f"(the AWQ group size is usually 128 or 64), got {value!r}")
+                             f"({usual}), got {value!r}")
     return value
 
 
+def awq_group_size(quant_config: dict) -> int:
+    """group_size, or AutoAWQ's legacy q_group_size; 128 when neither is given."""
+    return _config_int(quant_config, "group_size", "q_group_size", 128,
+                       "the AWQ group size is usually 128 or 64")
+
+
 def _check_config(quant_config: dict) -> int:
-    bits = _config_int(quant_config, "bits", "w_bit", 4)
-    group_size = _config_int(quant_config, "group_size", "q_group_size", 128)
+    bits = _config_int(quant_config, "bits", "w_bit", 4, "AWQ GEMM checkpoints use 4")
+    group_size = awq_group_size(quant_config)
     version = str(quant_config.get("version", "gemm")).lower()
-    if bits != 4 or version != "gemm" or not quant_config.get("zero_point", True):
+    zero_point = quant_config.get("zero_point", True)
+    if not isinstance(zero_point, bool):  # the string "false" would read as true
+        raise ModelLoadError(f"config.json: quantization_config.zero_point must be true or false "
+                             f"(a JSON boolean), got {zero_point!r}")
+    if bits != 4 or version != "gemm" or not zero_point:
         raise ModelLoadError(
             f"AWQ checkpoint with bits={bits}, version={version!r}, zero_point="
             f"{quant_config.get('zero_point')} is not supported: only 4-bit GEMM with zero points")

@@ -164,6 +164,11 @@ _Q = "model.layers.0.self_attn.q_proj"
     ("int scales", rf"{_Q}.scales must be floating point, got int32"),
     ("int8 embed", r"model.embed_tokens.weight must be floating point, got int8"),
     ("bias without attention_bias", rf"unexpected weights, e.g. {_Q}.bias \(config.json gives"),
+    ("bits '4'", r"quantization_config.bits must be a positive integer \(AWQ GEMM checkpoints "
+                 r"use 4\), got '4'"),
+    ("zero_point 'false'", r"zero_point must be true or false \(a JSON boolean\), got 'false'"),
+    ("no quantization_config", r"holds AWQ tensors \(\*.qweight\) but config.json has no "
+                               r"quantization_config"),
 ])
 def test_broken_awq_checkpoint_is_a_model_load_error(case, match):
     from edge_runtime.errors import ModelLoadError
@@ -187,6 +192,12 @@ def test_broken_awq_checkpoint_is_a_model_load_error(case, match):
         state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"].to(torch.int8)
     elif case == "bias without attention_bias":  # the float path refuses it; AWQ loaded it
         state[f"{_Q}.bias"] = torch.randn(128)
+    elif case == "bits '4'":  # the message used to speak of the group size
+        qc["bits"] = "4"
+    elif case == "zero_point 'false'":  # a truthy string, read as true
+        qc["zero_point"] = "false"
+    elif case == "no quantization_config":  # an old AutoAWQ export: "missing 14 weights" before
+        qc = None
     with pytest.raises(ModelLoadError, match=match):
         build_model(config, state, qc)
 
@@ -202,6 +213,15 @@ def test_awq_linear_with_out_features_not_a_multiple_of_8_is_a_load_error():
     with pytest.raises(ModelLoadError, match=r"^proj: out_features 100 \(config.json\) is not a "
                                              r"multiple of 8"):
         awq_model._make_awq_linear(model, "proj", state, 32, "reference")
+
+
+def test_legacy_group_size_key_names_the_quantization():
+    """AutoAWQ's q_group_size loaded as g64 but the model was labelled awq-g128."""
+    config, state, qc = _rtn_checkpoint()
+    legacy = {k: v for k, v in qc.items() if k != "group_size"}
+    legacy["q_group_size"] = qc["group_size"]
+    _, quantization = build_model(config, state, legacy)
+    assert quantization == f"awq-g{qc['group_size']}" != "awq-g128"
 
 
 def test_rtn_checkpoint_helper_builds():

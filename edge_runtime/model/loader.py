@@ -122,11 +122,11 @@ def _one_line(exc: Exception) -> str:
 
 def _apply_awq(model: CausalLM, state: dict, quant_config: dict) -> str:
     try:
-        from edge_runtime.quant.awq_model import quantize_linears_from_checkpoint
+        from edge_runtime.quant.awq_model import awq_group_size, quantize_linears_from_checkpoint
     except ImportError as exc:
         raise ModelLoadError("AWQ support not installed (edge_runtime.quant.awq_model is missing)") from exc
     quantize_linears_from_checkpoint(model, state, quant_config)
-    return f"awq-g{int(quant_config.get('group_size', 128))}"
+    return f"awq-g{awq_group_size(quant_config)}"
 
 
 @contextlib.contextmanager
@@ -191,6 +191,11 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
         if method != "awq":
             raise ModelLoadError(f"quantization method {method!r} is not supported (only awq)")
         quantization = _apply_awq(model, state, quant_config)
+    elif any(k.endswith(".qweight") for k in state):
+        raise ModelLoadError(
+            "the checkpoint holds AWQ tensors (*.qweight) but config.json has no quantization_config;"
+            ' add one such as {"quant_method": "awq", "bits": 4, "group_size": 128, "version": '
+            '"gemm", "zero_point": true} (older AutoAWQ exports keep it in quant_config.json)')
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = set(model.state_dict().keys())
