@@ -50,8 +50,10 @@ def read_text_file(path: str) -> list[str]:
     p = Path(path)
     if p.is_dir():
         raise InputError(f"calibration file {path} is a folder; pass a UTF-8 text file")
-    if not p.is_file():
+    if not p.exists():
         raise InputError(f"calibration file {path} does not exist; pass a UTF-8 text file")
+    if not p.is_file():  # /dev/null, a FIFO: reading one may block or give nothing
+        raise InputError(f"calibration file {path} is not a regular file; pass a UTF-8 text file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

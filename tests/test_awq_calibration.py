@@ -35,6 +35,8 @@ def test_calibration_ids_shape_and_short_text_error(tmp_path):
         calibration.calibration_ids(_CharTokenizer(), texts, num_samples=100, seq_len=512)
     with pytest.raises(InputError, match="does not exist"):
         calibration.read_text_file(str(tmp_path / "missing.txt"))
+    with pytest.raises(InputError, match="/dev/null is not a regular file"):  # said "does not exist"
+        calibration.read_text_file("/dev/null")
 
 
 def test_group_size_must_divide_in_features():

@@ -260,6 +260,7 @@ def test_gguf_cache_converts_once_atomically(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}")
 
     monkeypatch.setattr(gguf_convert, "_convert", fake_convert)
+    monkeypatch.setattr(gguf_convert, "check_supported", lambda path: None)  # fake GGUF files
     first = gguf_convert.ensure_converted(gguf)
     second = gguf_convert.ensure_converted(gguf)
     assert first == second and len(calls) == 1
@@ -279,6 +280,7 @@ def test_gguf_cache_converts_once_atomically(tmp_path, monkeypatch):
 
 def test_gguf_cache_removes_stale_siblings_only(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_convert, "check_supported", lambda path: None)  # fake GGUF files
     monkeypatch.setattr(gguf_convert, "_convert",
                         lambda src, out: (out / "config.json").write_text(
                             json.dumps({"edge_runtime_source": str(src.resolve())})))
@@ -330,6 +332,7 @@ def test_gguf_cache_removes_temp_folders_of_dead_converters(tmp_path, monkeypatc
         (out / "config.json").write_text("{}")
 
     monkeypatch.setattr(gguf_convert, "_convert", fake_convert)
+    monkeypatch.setattr(gguf_convert, "check_supported", lambda path: None)  # fake GGUF files
     (tmp_path / "m.gguf").write_bytes(b"GGUF fake")
     target = gguf_convert.ensure_converted(tmp_path / "m.gguf")
     assert used[0].startswith(f".tmp-{os.getpid()}-")
@@ -431,9 +434,12 @@ def _gguf_header(arch: str) -> bytes:
 def test_bad_gguf_refused_before_conversion(content, match, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "m.gguf").write_bytes(content)
+    said = []
     with pytest.raises(ModelLoadError, match=match):
-        load_model(str(tmp_path / "m.gguf"), progress=None)
-    assert list((tmp_path / "cache" / "edge-runtime" / "models").iterdir()) == []
+        load_model(str(tmp_path / "m.gguf"), progress=said.append)
+    assert not any("converting" in m for m in said), said  # refused before announcing the work
+    models = tmp_path / "cache" / "edge-runtime" / "models"
+    assert not models.exists() or list(models.iterdir()) == []
 
 
 def test_gguf_random_bytes_after_magic_are_refused_without_allocating(tmp_path):

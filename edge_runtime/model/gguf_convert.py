@@ -63,6 +63,7 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
     target = cached_folder_for(gguf_path)
     if (target / "config.json").is_file():
         return target
+    check_supported(gguf_path)  # a text file renamed .gguf is refused before "converting ..."
     if progress:
         progress(f"converting {gguf_path.name} to {target} (once; about 20-30 s)")
     try:
@@ -186,6 +187,15 @@ _STRING, _ARRAY = 8, 9
 GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
+def check_supported(gguf_path: Path) -> None:
+    """The file is a GGUF of a supported architecture (header only: before any conversion work)."""
+    arch = gguf_architecture(gguf_path)
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"GGUF architecture {arch!r} is not supported; supported: " + ", ".join(GGUF_ARCHITECTURES)
+        )
+
+
 def gguf_architecture(path: Path) -> str:
     """`general.architecture` from the GGUF header, read without parsing the tensors (fast).
 
@@ -244,11 +254,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    arch = gguf_architecture(gguf_path)
-    if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"GGUF architecture {arch!r} is not supported; supported: " + ", ".join(GGUF_ARCHITECTURES)
-        )
+    check_supported(gguf_path)
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
