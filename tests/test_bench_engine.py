@@ -141,7 +141,12 @@ def test_bench_step_decoder_phases(tmp_path, monkeypatch, capsys):
     for r in rows:
         assert [p["phase"] for p in r["decoder_phases"]] == list(DECODER_PHASES)
         assert all(p["ms"] > 0 and len(p["work_ms"]) == 2 for p in r["decoder_phases"])
-        assert sum(p["ms"] for p in r["decoder_phases"]) < 2 * r["engine_step_ms"]  # per step
+        # per step: each phase, and each thread's work over all phases, lies inside the step, so
+        # stays below the steps' mean (phases of different threads may overlap on a busy machine,
+        # and the median step leaves out the descheduled ones the means include)
+        mean = r["engine_step_mean_ms"] * 1.05
+        assert all(p["ms"] <= mean for p in r["decoder_phases"])
+        assert all(sum(p["work_ms"][t] for p in r["decoder_phases"]) <= mean for t in range(2))
     assert "decoder layers of a batch-3 step, by phase" in capsys.readouterr().out
 
 
