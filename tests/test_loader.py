@@ -68,7 +68,22 @@ def test_truncated_safetensors(good_folder, tmp_path):
     folder = copy_of(good_folder, tmp_path)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+    with pytest.raises(ModelLoadError, match="truncated or corrupt") as err:
+        load_model(str(folder))
+    assert "delete" not in str(err.value)  # the user's own folder: not ours to suggest deleting
+
+
+def test_truncated_conversion_in_the_gguf_cache_names_the_folder_to_delete(good_folder, tmp_path,
+                                                                           monkeypatch):
+    from edge_runtime.model.gguf_convert import cache_root
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = cache_root() / "tiny-0123abcd"
+    folder.parent.mkdir(parents=True)
+    shutil.copytree(good_folder, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match=f"; delete {folder} and the GGUF is converted again$"):
         load_model(str(folder))
 
 

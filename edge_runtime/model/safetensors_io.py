@@ -43,7 +43,12 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def _corrupt(path: Path, exc: Exception) -> ModelLoadError:
-    return ModelLoadError(f"cannot read {path} (truncated or corrupt safetensors file?): {exc}")
+    from edge_runtime.model.gguf_convert import cache_root
+
+    fix = ""
+    if cache_root() in path.resolve().parents:  # a GGUF conversion of ours: it is redone if gone
+        fix = f"; delete {path.parent} and the GGUF is converted again"
+    return ModelLoadError(f"cannot read {path} (truncated or corrupt safetensors file?): {exc}{fix}")
 
 
 def tensor_specs(path: Path) -> dict[str, tuple[str, list[int]]]:
