@@ -22,6 +22,18 @@ def cache_dir(name: str) -> Path:
     return Path(base) / "edge-runtime" / name
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """One file under two names: the same real path, or the same (st_dev, st_ino) (hard links,
+    /dev/stdin and /dev/fd/0). A path that does not exist yet is only its real path."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 def check_output_file(path: str | Path, flag: str) -> None:
     """`path` can be created or overwritten: its folder exists and is writable, it is no folder."""
     p = Path(path)

@@ -146,6 +146,10 @@ def test_outputs_never_overwrite_the_trace_or_each_other(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and message in err and "Traceback" not in err, (extra, err)
     assert trace.read_text() == "{}\n"
+    (tmp_path / "link.jsonl").hardlink_to(trace)  # one file under two names (paths.same_file)
+    rc = main(["bench", "trace", "--model", NO_MODEL, "--trace", str(trace),
+               "--json", str(tmp_path / "link.jsonl")])
+    assert rc == 2 and "is the --trace file this run reads" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

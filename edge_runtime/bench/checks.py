@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 
 from edge_runtime.errors import InputError
-from edge_runtime.paths import check_output_file
+from edge_runtime.paths import check_output_file, same_file
 
 # Flags of bench subcommands that name a file the run writes at its end.
 OUTPUT_FLAGS = ("json", "plot")
@@ -25,7 +24,7 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".webp", ".tif", ".tif
 def check_outputs(args) -> None:
     """Every output file the run will write can be written, is named once, overwrites no input
     and (--plot) names an image format matplotlib writes; checked before any work."""
-    written: dict[str, str] = {}
+    written: list[tuple[str, str]] = []  # (flag, path)
     for name in OUTPUT_FLAGS:
         path = getattr(args, name, None)
         if path is None:
@@ -36,17 +35,17 @@ def check_outputs(args) -> None:
         if name == "plot" and Path(path).suffix.lower() not in PLOT_SUFFIXES:
             raise InputError(f"--plot {path}: end the file name with the image format to write "
                              f"({', '.join(PLOT_SUFFIXES)})")
-        key = os.path.realpath(path)
-        if key in written:
-            raise InputError(f"--{written[key]} and --{name} name the same file {path}; give each "
-                             "its own")
-        written[key] = name
+        for other, other_path in written:
+            if same_file(path, other_path):
+                raise InputError(f"--{other} and --{name} name the same file {path}; give each "
+                                 "its own")
+        written.append((name, path))
     for name in INPUT_FLAGS:
         path = getattr(args, name, None)
-        if path and os.path.realpath(path) in written:
-            out = written[os.path.realpath(path)]
-            raise InputError(f"--{out} {path} is the --{name} file this run reads; write the "
-                             "results to another file")
+        for out, out_path in written if path else ():
+            if same_file(path, out_path):
+                raise InputError(f"--{out} {out_path} is the --{name} file this run reads; write "
+                                 "the results to another file")
 
 
 def checked(run):

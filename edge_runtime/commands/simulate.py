@@ -136,9 +136,7 @@ MAX_RUNNING = 10_000
 
 def _check_args(args) -> None:
     """Before any work; `--pages 0` used to mean the default and `--max-running 0` never ended."""
-    import os
-
-    from edge_runtime.paths import check_output_file
+    from edge_runtime.paths import check_output_file, same_file
 
     for flag, value, least, most in (
             ("--pages", args.pages, 1, MAX_PAGES), ("--max-running", args.max_running, 1, MAX_RUNNING),
@@ -151,7 +149,7 @@ def _check_args(args) -> None:
             raise InputError(f"{flag} must be at most {most:,}, got {value:,}")
     if args.out:
         check_output_file(args.out, "--out")
-        if os.path.realpath(args.out) == os.path.realpath(args.trace):
+        if same_file(args.out, args.trace):
             raise InputError(f"--out {args.out} is the --trace file this run reads; write the "
                              "report to another file")
 

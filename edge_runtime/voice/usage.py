@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from edge_runtime.errors import ConfigError
+from edge_runtime.paths import same_file
 
 MAX_STAGGER_S = 3600.0
 _ANSWER_WAV = re.compile(r"stream\d+_utt\d+\.wav")  # loop.py's names for spoken answers
@@ -84,7 +85,7 @@ def check_outputs(sources, events: Path | None, tts_dir: Path | None,
     here, after every check."""
     _check_not_inputs(sources, events, tts_dir)
     for flag, path in (settings or {}).items():
-        if events is not None and _same_file(events, path):
+        if events is not None and same_file(events, path):
             raise ConfigError(f"--events {events} is the {flag} file ({path}): the events would "
                               "overwrite it; give another file")
     if tts_dir is not None:
@@ -112,17 +113,17 @@ def _check_not_inputs(sources, events: Path | None, tts_dir: Path | None) -> Non
             continue
         if kind == "folder":
             if events is not None and events.suffix.lower() == ".wav" and \
-                    _same_file(events.parent, path):
+                    same_file(events.parent, path):
                 raise _clash("--events", events, "is inside", i, path,
                              "it would be read as one of its WAVs")
-            if tts_dir is not None and _same_file(tts_dir, path):
+            if tts_dir is not None and same_file(tts_dir, path):
                 raise _clash("--tts-dir", tts_dir, "is", i, path,
                              "the answers would be written among its WAVs")
             continue
-        if events is not None and _same_file(events, path):
+        if events is not None and same_file(events, path):
             raise _clash("--events", events, "is", i, path, "the events would overwrite it")
         if tts_dir is not None and _ANSWER_WAV.fullmatch(path.name) and \
-                _same_file(path.parent, tts_dir):
+                same_file(path.parent, tts_dir):
             raise _clash("--tts-dir", tts_dir, "holds", i, path,
                          "a spoken answer would overwrite it")
 
@@ -131,14 +132,3 @@ def _clash(flag: str, output: Path, relation: str, index: int, path: Path, why: 
            ) -> ConfigError:
     return ConfigError(f"{flag} {output} {relation} input {index} ({path}): {why}; give another "
                        f"{'folder' if flag == '--tts-dir' else 'file'}")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """One file under two names: the same real path, or the same (st_dev, st_ino)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        sa, sb = os.stat(a), os.stat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
