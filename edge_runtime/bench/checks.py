@@ -7,7 +7,6 @@ Each check raises `InputError` naming the flag and what to change; nothing here 
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 from edge_runtime.errors import InputError
@@ -76,23 +75,14 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def model_context_tokens(model: str) -> int | None:
-    """The model's context length from its config.json (no weights loaded), None if it has none."""
-    from edge_runtime.model.loader import resolve_model_folder
-
-    folder = resolve_model_folder(model, progress=None)
-    try:
-        ctx = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None  # loading the model reports a broken config.json
-    return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
-
-
 def check_context(model: str, tokens: int, what: str) -> None:
-    """`tokens` positions fit in the model's context; a request that hits the limit stops early and
-    would time steps that do nothing (`what` names the flags that make up `tokens`)."""
-    ctx = model_context_tokens(model)
-    if ctx is not None and tokens > ctx:
+    """`tokens` positions fit in the model's context (from config.json, no weights loaded); a
+    request that hits the limit stops early and would time steps that do nothing (`what` names
+    the flags that make up `tokens`)."""
+    from edge_runtime.model.loader import read_model_config, resolve_model_folder
+
+    ctx = read_model_config(resolve_model_folder(model, progress=None)).max_position_embeddings
+    if tokens > ctx:
         raise InputError(f"{what}: {tokens} tokens, more than the model's context of {ctx}; "
                          "choose fewer")
 

@@ -11,8 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-from edge_runtime.errors import ModelLoadError
-
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 _DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
                "I8": 1, "U8": 1, "BOOL": 1}
@@ -53,16 +51,11 @@ def model_for_plan(name: str, weight_dtype: str):
     if name in REFERENCE_MODELS:
         shape = REFERENCE_MODELS[name]
         return shape, estimate_weight_bytes(shape, weight_dtype), f"{name} (reference shape)"
-    from edge_runtime.model.config import ModelConfig
-    from edge_runtime.model.loader import resolve_model_folder
+    from edge_runtime.model.loader import read_model_config, resolve_model_folder
     from edge_runtime.model.safetensors_io import weight_files
 
     folder = resolve_model_folder(name)
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from exc
-    config = ModelConfig.from_hf(cfg)
+    config = read_model_config(folder)
     return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name
 
 

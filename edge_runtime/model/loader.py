@@ -249,6 +249,17 @@ def check_device(device: str | torch.device) -> None:
                              f"device{'s' if count != 1 else ''}: cuda:0..cuda:{count - 1})")
 
 
+def read_model_config(folder: Path) -> ModelConfig:
+    """The model's config from its folder's config.json (+ generation_config.json), no weights:
+    what plan, the service's budget check and the bench's context checks need."""
+    return _model_config(folder, _read_json(folder / "config.json"))
+
+
+def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
+    gen_path = folder / "generation_config.json"
+    return ModelConfig.from_hf(cfg_dict, _read_json(gen_path) if gen_path.is_file() else None)
+
+
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
                progress: Callable[[str], None] | None = _stderr) -> LoadedModel:
     from edge_runtime.model.safetensors_io import load_state_dict
@@ -256,9 +267,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     check_device(device)
     folder = resolve_model_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
-    gen_path = folder / "generation_config.json"
-    gen = _read_json(gen_path) if gen_path.is_file() else None
-    config = ModelConfig.from_hf(cfg_dict, gen)
+    config = _model_config(folder, cfg_dict)
     tokenizer = load_tokenizer(folder)
     state = load_state_dict(folder, dtype, device)
     model, quantization = build_model(config, state, cfg_dict.get("quantization_config"), device)

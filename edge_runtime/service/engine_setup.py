@@ -44,20 +44,13 @@ def check_budget(model_name: str, config_path: str | None) -> None:
     can run this before it listens, and load_all runs it before the weights load."""
     if not config_path:
         return
-    import json
-
     from edge_runtime.budget import load_budget
-    from edge_runtime.errors import ModelLoadError
-    from edge_runtime.model.config import ModelConfig
-    from edge_runtime.model.loader import resolve_model_folder
+    from edge_runtime.model.loader import read_model_config, resolve_model_folder
     from edge_runtime.plan import make_plan
 
     budget = load_budget(config_path)
     folder = resolve_model_folder(model_name)
-    try:
-        config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from exc
+    config = read_model_config(folder)
     make_plan(budget, config, None, model_name=folder.name)
 
 
