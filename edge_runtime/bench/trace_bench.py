@@ -251,8 +251,8 @@ def _check_engine_sizes(args, systems: list[str]) -> None:
     """The edge systems' KV pool and recent-key windows fit in memory and the model's context,
     checked from the model's config before any system loads."""
     from edge_runtime.bench.checks import check_context, check_fits_in_memory
-    from edge_runtime.commands.plan import model_for_plan
     from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.model.loader import read_model_config, resolve_model_folder
     from edge_runtime.plan import kv_bytes_per_token
 
     edge = [s for s in systems if s != "hf"]
@@ -260,7 +260,7 @@ def _check_engine_sizes(args, systems: list[str]) -> None:
         return
     if args.recent_window:
         check_context(args.model, args.recent_window, "--recent-window")
-    config, _, _ = model_for_plan(args.model, "fp32")
+    config = read_model_config(resolve_model_folder(args.model, progress=None))
     page_tokens = args.page_tokens or EngineConfig.page_tokens
     dtype = "fp16" if "edge-fp16kv" in edge else "int8"
     check_fits_in_memory(args.num_pages * page_tokens * kv_bytes_per_token(config, dtype),
