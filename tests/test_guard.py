@@ -7,6 +7,7 @@ from hypothesis import given, strategies as st
 
 from edge_runtime.errors import ConfigError
 from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard.cgroup_memory import CgroupReading
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import MemorySample, ScriptedSource
 
@@ -41,6 +42,10 @@ class RecordingActions:
         self.calls.append(("grow",))
         return 4
 
+    def refuse_waiting(self, message):
+        self.calls.append(("refuse", message))
+        return 2
+
 
 def _run(values):
     actions = RecordingActions()
@@ -59,14 +64,16 @@ def test_every_transition_with_hysteresis():
 
 
 def test_actions_of_each_state():
+    """high returns whole chunks (evicting alone lowers no RSS: the pool is resident);
+    critical also evicts every cached page and preempts."""
     guard, actions, _ = _run([0.5, 0.82, 0.92, 0.5])
     assert actions.calls == [
-        ("paused", True), ("evict", None),                       # ok -> high
+        ("paused", True), ("shrink", 1),                         # ok -> high
         ("evict", None), ("shrink", 1), ("preempt", 2),          # high -> critical
         ("paused", False), ("grow",),                            # critical -> ok
     ]
     assert not actions.paused
-    assert guard.action_counts == {"paused": 1, "pages_evicted": 6, "chunks_released": 1,
+    assert guard.action_counts == {"paused": 1, "pages_evicted": 3, "chunks_released": 2,
                                    "preempted": 2, "resumed": 1, "chunks_regrown": 4}
 
 
@@ -86,8 +93,8 @@ def test_snapshot_reports_source_and_reason():
 
 
 def test_cgroup_limit_dominates_when_tighter():
-    s = MemorySample(total_bytes=100, available_bytes=90, cgroup_current_bytes=95,
-                     cgroup_max_bytes=100)
+    s = MemorySample(total_bytes=100, available_bytes=90,
+                     cgroup=CgroupReading("v2", "/svc", 95, 0, 100, "memory.max"))
     guard = MemoryGuard(CFG, ScriptedSource([s]), None)
     assert guard.poll() == "critical"  # device is 10% used, but the cgroup is at 95%
 

@@ -60,16 +60,16 @@ def test_cgroup_tighter_than_device_v1_and_unlimited(tmp_path):
     s = _tree(tmp_path / "a", "v1", "3900000000\n", "4000000000\n").read()
     assert abs(s.used_fraction - 0.975) < 1e-9
     s = _tree(tmp_path / "b", "v1", "100\n", "9223372036854771712\n").read()  # v1 "no limit"
-    assert s.cgroup_max_bytes is None and abs(s.used_fraction - 0.75) < 1e-9
+    assert s.cgroup.limit_bytes is None and abs(s.used_fraction - 0.75) < 1e-9
     s = _tree(tmp_path / "c", "v2", "100\n", "max\n").read()
-    assert s.cgroup_max_bytes is None
+    assert s.cgroup.limit_bytes is None and s.cgroup.usage_bytes == 100
 
 
 def test_no_cgroup_file_means_meminfo_only(tmp_path):
     (tmp_path / "meminfo").write_text(MEMINFO)
     src = ProcMeminfoSource(str(tmp_path / "meminfo"), str(tmp_path / "none"),
                             str(tmp_path / "missing"))
-    assert src.name == "proc-meminfo" and src.read().cgroup_current_bytes is None
+    assert src.name == "proc-meminfo" and src.read().cgroup is None
 
 
 class _FakeJetson:

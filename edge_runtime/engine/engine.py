@@ -71,7 +71,8 @@ class Engine:
         self._broken: BaseException | None = None  # a step failed after committing ahead
         self.last_step_tokens = 0  # tokens computed by the last step (0: nothing could run)
         self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
-                             requests_failed=0, requests_cancelled=0, pool_bytes_released=0)
+                             requests_failed=0, requests_cancelled=0, requests_refused=0,
+                             pool_bytes_released=0)
 
     # --- public API -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
@@ -188,6 +189,17 @@ class Engine:
         """Bring every returned chunk back into service, toward the budgeted pool size."""
         with self._lock:
             return self.pool_chunks.grow(self.kv, self.storage)
+
+    def refuse_waiting(self, message: str) -> int:
+        """End every request that is still waiting for its first admission with `message` as its
+        error (the admission pause ran out); admitted requests, preempted ones too, go on."""
+        with self._lock:
+            waiting = {s.request.request_id: s for s in self.scheduler.waiting
+                       if s.request.first_scheduled_at is None}
+            for seq in waiting.values():
+                self._fail_seq(seq, message, self._events)
+            self.counters["requests_refused"] += len(waiting)
+            return len(waiting)
 
     # --- one step ---------------------------------------------------------------------------
     def _run_batch(self, scheduled: list[tuple[Sequence, int]], events: list[TokenEvent],

@@ -21,7 +21,9 @@ class GuardConfig:
     critical_used_fraction: float = 0.93
     hysteresis: float = 0.03
     preempt_on_critical: int = 1
+    shrink_chunks_on_high: int = 1  # whole pool chunks returned to the OS per poll in high
     shrink_chunks_on_critical: int = 1
+    max_admission_pause_s: float = 10.0  # then requests not yet admitted get 503 + Retry-After
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -37,8 +39,13 @@ class GuardConfig:
             raise ConfigError(f"guard: hysteresis must be in [0, high), got {self.hysteresis}")
         if self.poll_interval_s <= 0:
             raise ConfigError(f"guard: poll_interval_s must be > 0, got {self.poll_interval_s}")
-        if self.preempt_on_critical < 0 or self.shrink_chunks_on_critical < 0:
-            raise ConfigError("guard: preempt_on_critical and shrink_chunks_on_critical must be >= 0")
+        if min(self.preempt_on_critical, self.shrink_chunks_on_high,
+               self.shrink_chunks_on_critical) < 0:
+            raise ConfigError("guard: preempt_on_critical, shrink_chunks_on_high and "
+                              "shrink_chunks_on_critical must be >= 0")
+        if self.max_admission_pause_s <= 0:
+            raise ConfigError("guard: max_admission_pause_s must be > 0 (seconds a request may "
+                              f"wait while admission is paused), got {self.max_admission_pause_s}")
 
     @classmethod
     def from_dict(cls, section: dict | None) -> "GuardConfig":

@@ -30,3 +30,6 @@ class EngineGuardHooks:
 
     def grow_pool(self) -> int:
         return self.engine.grow_pool()
+
+    def refuse_waiting(self, message: str) -> int:
+        return self.engine.refuse_waiting(message)

@@ -6,9 +6,16 @@ Invariants:
   not flap.
 - Every transition is logged and counted in `transitions[(from, to)]`; every action's effect
   (pages evicted, sequences preempted, chunks released/regrown) is summed in `action_counts`.
-- high: admission paused (new requests wait, none is dropped) and cached pages evicted.
-  critical: additionally, each poll preempts the newest sequences and returns pool chunks to the OS.
-  Back to ok: admission resumes and the pool regrows toward the budget. No action drops a request.
+- high: admission paused, and each poll returns up to `shrink_chunks_on_high` whole pool chunks to
+  the OS (their cached pages evicted, live pages moved below them: engine/pool_resize.py); on the
+  CPU back end the pool is resident, so evicting pages alone would lower nothing.
+  critical: additionally, each poll evicts every cached page, preempts the newest sequences and
+  returns up to `shrink_chunks_on_critical` chunks. Back to ok: admission resumes and the pool
+  regrows toward the budget.
+- The pause is bounded: once admission has been paused for `max_admission_pause_s`, each poll
+  ends every request still waiting for its first admission with an error (the service answers
+  503 with Retry-After; it also refuses new ones at once while `refusing_admission`). Requests
+  already admitted are never refused: they run to the end (preempted ones resume).
 - `poll()` is synchronous and cheap; the service calls it from a timer, tests call it directly.
 - A failed telemetry read changes no state and runs no action (the last state holds); it is
   recorded in `telemetry_error` (shown by `snapshot()` until a read succeeds) and re-raised. The
@@ -39,6 +46,7 @@ class GuardActions(Protocol):
     def preempt_newest(self, k: int) -> int: ...
     def shrink_pool(self, n_chunks: int) -> int: ...
     def grow_pool(self) -> int: ...
+    def refuse_waiting(self, message: str) -> int: ...
 
 
 class MemoryGuard:
@@ -54,6 +62,7 @@ class MemoryGuard:
         self.polls = 0
         self.telemetry_error: str | None = None
         self.failed_polls = 0  # consecutive failed reads
+        self.paused_since: float | None = None  # time.monotonic() when admission was paused
         self._lock = threading.Lock()
 
     @property
@@ -109,40 +118,61 @@ class MemoryGuard:
             return
         if new == "ok":
             self.actions.set_admission_paused(False)
+            self.paused_since = None
             self.action_counts["resumed"] += 1
             self.action_counts["chunks_regrown"] += self.actions.grow_pool()
         elif old == "ok":
             self.actions.set_admission_paused(True)
+            self.paused_since = time.monotonic()
             self.action_counts["paused"] += 1
+
+    def paused_for(self) -> float:
+        """Seconds admission has been paused (0 while admitting)."""
+        since = self.paused_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    @property
+    def refusing_admission(self) -> bool:
+        """True once the pause has lasted max_admission_pause_s: waiting requests get 503."""
+        return self.paused_since is not None and \
+            self.paused_for() >= self.config.max_admission_pause_s
 
     def _act(self) -> None:
         """Actions repeated on every poll while under pressure (pressure may keep rising)."""
         if self.actions is None or self.state == "ok":
             return
-        self.action_counts["pages_evicted"] += self.actions.evict_cached(None)
+        c = self.config
+        shrink = c.shrink_chunks_on_critical if self.state == "critical" else c.shrink_chunks_on_high
         if self.state == "critical":
-            c = self.config
-            if c.shrink_chunks_on_critical:
-                self.action_counts["chunks_released"] += self.actions.shrink_pool(
-                    c.shrink_chunks_on_critical)
-            if c.preempt_on_critical:
-                self.action_counts["preempted"] += self.actions.preempt_newest(
-                    c.preempt_on_critical)
+            self.action_counts["pages_evicted"] += self.actions.evict_cached(None)
+        if shrink:
+            self.action_counts["chunks_released"] += self.actions.shrink_pool(shrink)
+        if self.state == "critical" and c.preempt_on_critical:
+            self.action_counts["preempted"] += self.actions.preempt_newest(c.preempt_on_critical)
+        if self.refusing_admission:
+            self.action_counts["requests_refused"] += self.actions.refuse_waiting(
+                self.refusal_message())
+
+    def refusal_message(self) -> str:
+        return (f"the memory guard has paused admission for {self.paused_for():.0f} s "
+                f"({self.reason or 'memory pressure'}); not started, retry later")
 
     def snapshot(self) -> dict:
-        """JSON-able state for /health, /metrics and /v1/stats."""
+        """JSON-able state for /health, /metrics and /v1/stats; `inputs` holds every number the
+        used fraction is made of (machine and cgroup), so an operator sees why the guard acts."""
         s = self.last_sample
+        inputs = s.inputs() if s else {}
         return {
             "state": self.state,
             "reason": self.reason,
             "source": self.source_name,
             "telemetry_error": self.telemetry_error,  # set while reads fail: the state is stale
             "polls": self.polls,
-            "used_fraction": s.used_fraction if s else None,
-            "available_bytes": s.available_bytes if s else None,
-            "total_bytes": s.total_bytes if s else None,
-            "gpu_shared_bytes": s.gpu_shared_bytes if s else None,
-            "swap_used_bytes": s.swap_used_bytes if s else None,
+            **{k: inputs.get(k) for k in ("used_fraction", "available_bytes", "total_bytes",
+                                          "gpu_shared_bytes", "swap_used_bytes")},
+            "inputs": inputs,
+            "cgroup_limit": s.limit_label() if s else "",
+            "admission_paused_s": self.paused_for(),
             "transitions": {f"{a}->{b}": n for (a, b), n in sorted(self.transitions.items())},
             "actions": dict(self.action_counts),
         }

@@ -1,12 +1,16 @@
-"""Memory telemetry sources for the guard: jtop, /proc/meminfo + cgroup, and a scripted source.
+"""Memory telemetry sources for the guard: jtop, /proc/meminfo, each with the service's cgroup.
 
 Invariants:
 - Every source returns a `MemorySample` in bytes; `used_fraction` is the single pressure number the
-  guard compares with its thresholds: max(1 - MemAvailable/MemTotal, cgroup current/max), so a
-  service capped by MemoryMax= feels pressure from its cgroup before the device runs out.
+  guard compares with its thresholds: the higher of the machine's (1 - available/total) and the
+  cgroup's working set over its tightest limit (guard/cgroup_memory.py), so a service capped by
+  MemoryHigh=/MemoryMax= (or by a parent slice or container) feels pressure from its cgroup before
+  the device runs out. Neither counts clean page cache: MemAvailable leaves reclaimable memory out,
+  jtop's RAM `used` is MemTotal - MemFree - Buffers - Cached - SReclaimable, and the cgroup's
+  working set is usage minus inactive file pages.
 - `open_source()` prefers jtop only when its service answers (on a Jetson, RAM.shared = NvMap, the
-  GPU's share of the unified RAM); any failure falls back to /proc/meminfo, and the chosen source's
-  `name` is reported in /metrics and /health.
+  GPU's share of the unified RAM, is reported beside the fraction); any failure falls back to
+  /proc/meminfo, and the chosen source's `name` is reported in /metrics and /health.
 - Reading a source never raises for a missing cgroup file: the cgroup part is simply absent.
 - A reading that is not a memory reading (no MemTotal, zero total, no MemAvailable/MemFree, a
   garbage cgroup file) raises `TelemetryError` naming the file and field; it is never turned into
@@ -20,14 +24,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_runtime.errors import EdgeError
+from edge_runtime.guard.cgroup_memory import CgroupMemory, CgroupReading, TelemetryError
 
 log = logging.getLogger(__name__)
-_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a huge number near 2**63
-
-
-class TelemetryError(EdgeError):
-    """A telemetry source gave no usable memory reading."""
+__all__ = ["MemorySample", "TelemetryError", "ProcMeminfoSource", "JtopSource", "ScriptedSource",
+           "open_source", "parse_meminfo"]
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,45 @@ class MemorySample:
     available_bytes: int
     swap_used_bytes: int = 0
     gpu_shared_bytes: int = 0  # NvMap on Jetson (jtop RAM.shared / NvMapMemUsed); 0 elsewhere
-    cgroup_current_bytes: int | None = None
-    cgroup_max_bytes: int | None = None
+    cgroup: CgroupReading | None = None
     temperatures_c: dict[str, float] = field(default_factory=dict)
     power_mw: float | None = None
 
     @property
-    def used_fraction(self) -> float:
+    def machine_fraction(self) -> float:
         assert self.total_bytes > 0, self.total_bytes
-        frac = 1.0 - self.available_bytes / self.total_bytes
-        if self.cgroup_current_bytes is not None and self.cgroup_max_bytes:
-            frac = max(frac, self.cgroup_current_bytes / self.cgroup_max_bytes)
+        return 1.0 - self.available_bytes / self.total_bytes
+
+    @property
+    def cgroup_fraction(self) -> float | None:
+        return self.cgroup.fraction if self.cgroup is not None else None
+
+    @property
+    def used_fraction(self) -> float:
+        frac = max(self.machine_fraction, self.cgroup_fraction or 0.0)
         return min(max(frac, 0.0), 1.0)
+
+    def inputs(self) -> dict:
+        """Every number the fraction is made of, for /metrics and /v1/stats (None: not known)."""
+        c = self.cgroup
+        return {
+            "used_fraction": self.used_fraction,
+            "machine_used_fraction": self.machine_fraction,
+            "cgroup_used_fraction": self.cgroup_fraction,
+            "total_bytes": self.total_bytes,
+            "available_bytes": self.available_bytes,
+            "gpu_shared_bytes": self.gpu_shared_bytes,
+            "swap_used_bytes": self.swap_used_bytes,
+            "cgroup_usage_bytes": c.usage_bytes if c else None,
+            "cgroup_inactive_file_bytes": c.inactive_file_bytes if c else None,
+            "cgroup_working_set_bytes": c.working_set_bytes if c else None,
+            "cgroup_limit_bytes": c.limit_bytes if c else None,
+        }
+
+    def limit_label(self) -> str:
+        """Which cgroup file binds, e.g. "/system.slice memory.high" ("" when none)."""
+        c = self.cgroup
+        return f"{c.version} {c.path} {c.limit_file}" if c is not None and c.limit_bytes else ""
 
 
 class ScriptedSource:
@@ -74,16 +102,16 @@ class ScriptedSource:
 
 
 class ProcMeminfoSource:
-    """/proc/meminfo MemAvailable plus the cgroup's (v2 or v1) current usage and limit."""
+    """/proc/meminfo MemAvailable plus the cgroup's working set and tightest limit (v2 or v1)."""
 
     name = "proc-meminfo"
 
     def __init__(self, meminfo: str = "/proc/meminfo", cgroup_root: str = "/sys/fs/cgroup",
                  proc_cgroup: str = "/proc/self/cgroup") -> None:
         self.meminfo = Path(meminfo)
-        self.cgroup_files = _find_cgroup_files(Path(cgroup_root), Path(proc_cgroup))
-        if self.cgroup_files:
-            self.name = f"proc-meminfo+cgroup-{self.cgroup_files[0]}"
+        self.cgroup = CgroupMemory.locate(Path(cgroup_root), Path(proc_cgroup))
+        if self.cgroup is not None:
+            self.name = f"proc-meminfo+cgroup-{self.cgroup.version}"
 
     def read(self) -> MemorySample:
         info = parse_meminfo(self.meminfo.read_text())
@@ -94,20 +122,12 @@ class ProcMeminfoSource:
                 f"{self.meminfo}: need MemTotal > 0 and MemAvailable (or MemFree) between 0 and "
                 f"it, in kB; got MemTotal={info.get('MemTotal')}, MemAvailable="
                 f"{info.get('MemAvailable')}, MemFree={info.get('MemFree')} bytes")
-        current = limit = None
-        if self.cgroup_files:
-            _, cur_path, max_path = self.cgroup_files
-            current = _read_int(cur_path)
-            limit = _read_int(max_path)
-            if limit is not None and limit >= _UNLIMITED:
-                limit = None
         return MemorySample(
             total_bytes=total,
             available_bytes=available,
             swap_used_bytes=info.get("SwapTotal", 0) - info.get("SwapFree", 0),
             gpu_shared_bytes=info.get("NvMapMemUsed", 0),
-            cgroup_current_bytes=current,
-            cgroup_max_bytes=limit,
+            cgroup=self.cgroup.read() if self.cgroup is not None else None,
         )
 
 
@@ -116,8 +136,11 @@ class JtopSource:
 
     name = "jtop"
 
-    def __init__(self, jetson) -> None:
+    def __init__(self, jetson, cgroup: CgroupMemory | None = None) -> None:
         self.jetson = jetson  # a started jtop.jtop instance
+        self.cgroup = cgroup
+        if cgroup is not None:
+            self.name = f"jtop+cgroup-{cgroup.version}"
 
     @classmethod
     def connect(cls) -> "JtopSource":
@@ -125,9 +148,12 @@ class JtopSource:
 
         jetson = jtop()
         jetson.start()
-        return cls(jetson)
+        return cls(jetson, CgroupMemory.locate(Path("/sys/fs/cgroup"), Path("/proc/self/cgroup")))
 
     def read(self) -> MemorySample:
+        """jtop's RAM `used` leaves page cache out already (MemTotal - MemFree - Buffers -
+        Cached - SReclaimable, jtop/core/memory.py); NvMap (`shared`) is part of it on Orin,
+        reported beside it as the GPU's share."""
         self.jetson.ok(spin=True)
         mem = self.jetson.memory
         ram, swap = mem["RAM"], mem.get("SWAP", {})
@@ -142,6 +168,7 @@ class JtopSource:
             available_bytes=max(ram["tot"] - used_kib, 0) * 1024,
             swap_used_bytes=swap.get("used", 0) * 1024,
             gpu_shared_bytes=ram.get("shared", 0) * 1024,
+            cgroup=self.cgroup.read() if self.cgroup is not None else None,
             temperatures_c=temps,
             power_mw=float(power) if power is not None else None,
         )
@@ -185,37 +212,3 @@ def parse_meminfo(text: str) -> dict[str, int]:
         value = int(parts[0])
         out[key] = value * 1024 if len(parts) > 1 and parts[1] == "kB" else value
     return out
-
-
-def _find_cgroup_files(root: Path, proc_cgroup: Path):
-    """(version, current_file, max_file) of our memory cgroup, or None."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.count(":") < 2:  # not "hierarchy:controllers:path"
-            continue
-        hier, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if hier == "0" and (root / "cgroup.controllers").exists():
-            for d in (root / rel, root):
-                if (d / "memory.current").exists():
-                    return ("v2", d / "memory.current", d / "memory.max")
-        if "memory" in controllers.split(","):
-            for d in (root / "memory" / rel, root / "memory"):
-                if (d / "memory.usage_in_bytes").exists():
-                    return ("v1", d / "memory.usage_in_bytes", d / "memory.limit_in_bytes")
-    return None
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max":
-        return None
-    if not text.isdigit():
-        raise TelemetryError(f"{path}: expected a byte count or 'max', got {text[:40]!r}")
-    return int(text)

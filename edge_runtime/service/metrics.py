@@ -23,7 +23,7 @@ from collections import Counter
 # evictions); tests/test_service_metrics.py checks this set against a real engine's stats.
 ENGINE_COUNTERS = frozenset(
     ["steps", "prefill_tokens", "decode_tokens", "requests_finished", "requests_failed",
-     "requests_cancelled", "pool_bytes_released", "preemptions", "kv_evictions"]
+     "requests_cancelled", "requests_refused", "pool_bytes_released", "preemptions", "kv_evictions"]
     + [f"kv_{name}" for name in ("admitted", "finished", "cancelled", "preemptions",
                                  "prompt_tokens", "cached_prompt_tokens", "copies", "copied_tokens",
                                  "inline_to_pages", "pages_to_slots", "take_overs",
@@ -128,6 +128,21 @@ def render_prometheus(stats: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+GUARD_INPUTS = {
+    "used_fraction": "memory guard pressure: max(machine_used_fraction, cgroup_used_fraction)",
+    "machine_used_fraction": "1 - available_bytes / total_bytes",
+    "cgroup_used_fraction": "cgroup_working_set_bytes / cgroup_limit_bytes",
+    "total_bytes": "machine RAM (MemTotal, or jtop RAM tot)",
+    "available_bytes": "machine RAM available (MemAvailable, or jtop tot - used): cache left out",
+    "gpu_shared_bytes": "NvMap: RAM the GPU holds on Jetson (jtop RAM shared / NvMapMemUsed)",
+    "swap_used_bytes": "swap in use",
+    "cgroup_usage_bytes": "usage of the binding cgroup (memory.current / memory.usage_in_bytes)",
+    "cgroup_inactive_file_bytes": "its inactive file pages (reclaimable cache), left out",
+    "cgroup_working_set_bytes": "cgroup_usage_bytes - cgroup_inactive_file_bytes",
+    "cgroup_limit_bytes": "tightest limit on the path to the root (memory.max/high, v1 limit)",
+}
+
+
 def _render_guard(out: list[str], guard: dict | None) -> None:
     if not guard:
         return
@@ -142,10 +157,17 @@ def _render_guard(out: list[str], guard: dict | None) -> None:
            int(not guard.get("telemetry_error")))
     _metric(out, "edge_guard_actions_total", "counter", "memory guard actions (units per action)",
             [(f'{{action="{k}"}}', v) for k, v in sorted(guard["actions"].items())])
-    for key in ("used_fraction", "available_bytes", "total_bytes", "gpu_shared_bytes",
-                "swap_used_bytes"):
-        if guard.get(key) is not None:
-            _gauge(out, f"edge_guard_{key}", f"last telemetry sample: {key}", guard[key])
+    inputs = guard.get("inputs") or {}
+    for key, value in inputs.items():  # the used fraction and every number it is made of
+        if value is not None:
+            _gauge(out, f"edge_guard_{key}", GUARD_INPUTS.get(key, f"last sample: {key}"), value)
+    if guard.get("cgroup_limit"):
+        _metric(out, "edge_guard_cgroup_limit_info", "gauge",
+                "the cgroup limit the guard compares with (label), always 1",
+                [(f'{{limit="{_label(guard["cgroup_limit"])}"}}', 1)])
+    _gauge(out, "edge_guard_admission_paused_seconds",
+           "seconds admission has been paused by the guard (0 while admitting)",
+           guard.get("admission_paused_s") or 0.0)
 
 
 def _histogram(out: list[str], name: str, h: dict) -> None:
