@@ -12,6 +12,11 @@ Invariants:
 - A request whose n choices could not fit the whole KV pool even at full length is refused before
   it runs (400); one that still runs out of pool (the guard shrank it) ends with finish_reason
   "error" and an error: a 503 when not streaming, an SSE `error` event after the finish chunks.
+- Memory pressure never leaves a request waiting without an answer: while the guard has paused
+  admission for longer than `guard.max_admission_pause_s`, new requests get 503 at once, and the
+  guard ends the ones still waiting for their first admission (503 with Retry-After); requests
+  already admitted run to the end. A stream's headers are sent with its first token, so a stream
+  refused before it started gets the same 503, not a 200 with an error event.
 """
 
 from __future__ import annotations
@@ -83,6 +88,9 @@ def _admit(state: ServiceState) -> None:
     failure = state.engine_failure()
     if failure is not None:
         raise ApiError(503, failure, "engine_failed", type_="server_error")
+    if state.guard is not None and state.guard.refusing_admission:
+        raise ApiError(503, state.guard.refusal_message(), "memory_pressure",
+                       type_="server_error", headers=retry)
     if state.in_flight >= state.limits.max_in_flight:
         state.metrics.rejected_busy += 1
         raise ApiError(429, f"server busy: {state.in_flight} requests in flight (limit "
@@ -147,12 +155,15 @@ def _pages_needed(num_prompt: int, max_tokens: int, n: int, cfg) -> int:
     return shared + n * pages + (n - min(n, slots) if with_slot else n if tail else 0)
 
 
-def _failed(result, req: ApiRequest) -> ApiError | None:
-    """The engine ended the request with finish_reason "error": the pool ran out mid-generation."""
+def _failed(state: ServiceState, result, req: ApiRequest) -> ApiError | None:
+    """The engine ended the request with finish_reason "error": the pool ran out mid-generation,
+    or the guard refused it before it started (nothing generated: retrying is the advice)."""
     if result.error is None:
         return None
-    return ApiError(503, f"{result.error}; lower {req.max_tokens_param} or n, or retry later",
-                    "memory_pressure", type_="server_error", headers={"Retry-After": "1"})
+    advice = "retry later" if result.generated_tokens == 0 else \
+        f"lower {req.max_tokens_param} or n, or retry later"
+    return ApiError(503, f"{result.error}; {advice}", "memory_pressure", type_="server_error",
+                    headers={"Retry-After": str(state.limits.retry_after_s)})
 
 
 def _engine_error(exc: EdgeError) -> ApiError:
@@ -196,7 +207,7 @@ async def _complete(state, req, rid, prompt_ids) -> web.Response:
         return None
 
     result = await _run(state, req, rid, prompt_ids, ignore)
-    failed = _failed(result, req)
+    failed = _failed(state, result, req)
     if failed is not None:
         raise failed
     body = (R.chat_body if req.kind == "chat" else R.completion_body)(
@@ -207,29 +218,40 @@ async def _complete(state, req, rid, prompt_ids) -> web.Response:
 async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache", "X-Request-Id": rid})
-    await resp.prepare(request)
     created, model = R.now(), state.model_name
-    if req.kind == "chat":
-        for i in range(req.params.n):
-            await resp.write(R.sse(R.chunk("chat", rid, model, created, i, "", role=True)))
+
+    async def start():  # headers and role chunks go out with the first token
+        if resp.prepared:
+            return
+        await resp.prepare(request)
+        if req.kind == "chat":
+            for i in range(req.params.n):
+                await resp.write(R.sse(R.chunk("chat", rid, model, created, i, "", role=True)))
 
     async def send(ev):
+        if ev.text or (ev.result is not None and ev.result.error is None):
+            await start()
         if ev.text:
             await resp.write(R.sse(R.chunk(req.kind, rid, model, created, ev.index, ev.text)))
 
     try:
         result = await _run(state, req, rid, prompt_ids, send)
     except ApiError as exc:
+        if not resp.prepared:
+            raise
         await resp.write(R.sse(exc.body()))
         await resp.write(R.sse("[DONE]"))
         return resp
     except ConnectionResetError:  # the client went away; _run already cancelled the request
         log.info("client disconnected from stream %s", rid)
         return resp
+    failed = _failed(state, result, req)
+    if failed is not None and not resp.prepared:  # nothing sent yet: a plain 503
+        raise failed
+    await start()
     for i, c in enumerate(result.completions):
         empty = None if req.kind == "chat" else ""
         await resp.write(R.sse(R.chunk(req.kind, rid, model, created, i, empty, c.finish_reason)))
-    failed = _failed(result, req)
     if failed is not None:
         await resp.write(R.sse(failed.body()))
     if req.include_usage:
