@@ -67,16 +67,23 @@ def test_memory_limits_come_from_the_budget_plan(tmp_path):
     from edge_runtime.budget import load_budget
     from edge_runtime.commands.plan import model_for_plan
     from edge_runtime.plan import make_plan
+    from edge_runtime.guard.config import GuardConfig
     from edge_runtime.service.unit_limits import RUNTIME_OVERHEAD, unit_memory_limits
 
     config = ROOT / "configs/orin/orin-nx-16gb.yaml"
     _render(tmp_path, "--config", str(config))
     budget = load_budget(config)
+    guard = GuardConfig.from_dict(dict(budget.guard))
     model, weight_bytes, name = model_for_plan("smollm2-135m-instruct", budget.weight_dtype)
     plan = make_plan(budget, model, weight_bytes, model_name=name)
-    high, hard = unit_memory_limits(budget, plan)
-    assert high == (plan.weight_bytes + plan.pool_bytes + plan.inline_arena_bytes
-                    + plan.recent_window_bytes + budget.activation_reserve + RUNTIME_OVERHEAD)
+    high, hard = unit_memory_limits(budget, plan, guard)
+    planned = (plan.weight_bytes + plan.pool_bytes + plan.inline_arena_bytes
+               + plan.recent_window_bytes + budget.activation_reserve + RUNTIME_OVERHEAD)
+    # the planned load reads two hystereses below the guard's high band of MemoryHigh, and
+    # MemoryHigh sits at the guard's critical fraction of MemoryMax
+    band_lo = guard.high_used_fraction - guard.hysteresis
+    assert abs(planned / high - (guard.high_used_fraction - 2 * guard.hysteresis)) < 1e-6
+    assert high / hard >= guard.critical_used_fraction and not band_lo <= high / hard < 0.93
     assert high < hard < budget.device_memory
     service = (tmp_path / "edge-runtime.service").read_text()
     assert f"MemoryHigh={high}\n" in service and f"MemoryMax={hard}\n" in service
@@ -180,3 +187,26 @@ def test_install_touches_etc_only_after_the_plan_and_restarts_a_running_service(
                for c in calls), calls
     assert calls[-3:] == ["systemctl daemon-reload", "systemctl enable --now edge-runtime.socket",
                           "systemctl try-restart edge-runtime.service"], calls
+
+
+def test_the_template_limits_agree_with_the_default_guard():
+    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.service.unit_limits import check_unit_limits, parse_systemd_size
+
+    text = (ROOT / "systemd/edge-runtime.service").read_text()
+    value = {k: v for k, _, v in (line.partition("=") for line in text.splitlines())}
+    high = parse_systemd_size(value["MemoryHigh"], 8 << 30, "MemoryHigh")
+    hard = parse_systemd_size(value["MemoryMax"], 8 << 30, "MemoryMax")
+    check_unit_limits(high, hard, 0, GuardConfig())
+
+
+def test_install_refuses_overrides_inside_the_guard_band(tmp_path):
+    """The limits the orin-nx-16gb unit had (MemoryHigh 85.2% of MemoryMax) are refused with the
+    numbers; nothing is written."""
+    out = tmp_path / "units"
+    proc = _run_script("--render", str(out), "--venv", str(VENV), "--config", "orin-nx-16gb",
+                       "--memory-high", "11274142336", "--memory-max", "13233699142")
+    assert proc.returncode == 2, proc.stderr
+    assert "MemoryHigh 10.50 GiB is 85.2% of MemoryMax 12.32 GiB, inside the memory guard's " \
+           "high band [82.0%, 93.0%)" in proc.stderr
+    assert not out.exists()

@@ -10,9 +10,9 @@
 # copied to /etc/edge-runtime/budget.yaml -> units rendered into /etc/systemd/system ->
 # daemon-reload, enable --now edge-runtime.socket (the service starts on the first connection).
 #
-# MemoryHigh/MemoryMax: from the budget's memory plan (python -m edge_runtime.service.unit_limits:
-# weights + KV pool + inline arena + activation_reserve + runtime allowance; MemoryMax = High * 1.15
-# + 256 MiB). --memory-high/--memory-max override; without a plan the template's values stay.
+# MemoryHigh/MemoryMax: from the budget's memory plan and guard thresholds (python -m
+# edge_runtime.service.unit_limits, docs/guard.md). --memory-high/--memory-max override, checked
+# against the guard's thresholds the same way; without a plan the template's values stay.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PREFIX=/opt/edge-runtime
@@ -83,7 +83,10 @@ plan_memory() {
              "the template's values (give --venv, or --memory-high and --memory-max)" >&2
         return 0
     fi
+    # both limits given: checked against the guard's thresholds only (the model is not read)
     "$VENV/bin/python" -m edge_runtime.service.unit_limits --config "$CONFIG" --model "$MODEL" \
+        ${MEM_HIGH:+--memory-high "$MEM_HIGH"} ${MEM_MAX:+--memory-max "$MEM_MAX"} \
+        ${MEM_HIGH:+${MEM_MAX:+--no-plan}} \
         || die "cannot plan MemoryHigh/MemoryMax from --config $CONFIG --model $MODEL (above)"
 }
 
@@ -100,13 +103,11 @@ sed_text() {  # a sed s||| replacement that stands for itself
 
 render() {  # render DIR: write both units with this machine's paths, user and memory limits
     local out=$1 groups="" g
-    if [ -z "$MEM_HIGH" ] || [ -z "$MEM_MAX" ]; then
-        local planned
-        planned=$(plan_memory) || exit 2
-        read -r ph pm <<<"$planned" || true
-        MEM_HIGH=${MEM_HIGH:-${ph:-}}
-        MEM_MAX=${MEM_MAX:-${pm:-}}
-    fi
+    local planned  # derived limits, or the given ones once checked against the guard
+    planned=$(plan_memory) || exit 2
+    read -r ph pm <<<"$planned" || true
+    MEM_HIGH=${MEM_HIGH:-${ph:-}}
+    MEM_MAX=${MEM_MAX:-${pm:-}}
     mkdir -p "$out"
     for g in video render jtop; do getent group "$g" >/dev/null && groups="$groups $g"; done
     local exec

@@ -3,6 +3,9 @@
 A reference shape name (`llama-2-7b-awq`, see edge_runtime.plan.REFERENCE_MODELS) needs no
 weights: its weight bytes are estimated from the shape. Any other name or path is resolved by the
 model loader; only config.json and the safetensors headers are read (no weights are loaded).
+It also derives the service unit's MemoryHigh=/MemoryMax= and refuses limits that disagree with
+the guard's thresholds (edge_runtime/service/unit_limits.py); --memory-high/--memory-max check
+hand-set values instead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ def register(subparsers) -> None:
                    help="model name/path, or a reference shape such as llama-2-7b-awq")
     p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], help="override kv.dtype")
     p.add_argument("--page-tokens", type=int, help="override kv.page_tokens")
+    p.add_argument("--memory-high", help="check this unit MemoryHigh= (e.g. 12G) against the guard")
+    p.add_argument("--memory-max", help="check this unit MemoryMax= (e.g. 13G) against the guard")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(func=run)
 
@@ -57,6 +62,38 @@ def model_for_plan(name: str, weight_dtype: str):
     folder = resolve_model_folder(name)
     config = read_model_config(folder)
     return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name
+
+
+def unit_limits_for(budget, plan, memory_high=None, memory_max=None) -> dict:
+    """The unit's MemoryHigh/MemoryMax (derived, or the given ones) after the guard check."""
+    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.service.unit_limits import (check_unit_limits, parse_systemd_size,
+                                                  planned_total, unit_memory_limits)
+
+    guard = GuardConfig.from_dict(dict(budget.guard))
+    high, hard = unit_memory_limits(budget, plan, guard)
+    if memory_high:
+        high = parse_systemd_size(memory_high, budget.device_memory, "--memory-high")
+    if memory_max:
+        hard = parse_systemd_size(memory_max, budget.device_memory, "--memory-max")
+    planned = planned_total(budget, plan)
+    check_unit_limits(high, hard, planned, guard)
+    return {"planned_total_bytes": planned, "memory_high_bytes": high, "memory_max_bytes": hard,
+            "guard_high_band": [guard.high_used_fraction - guard.hysteresis,
+                                guard.critical_used_fraction]}
+
+
+def format_unit_limits(u: dict) -> str:
+    mib, high, hard = 2**20, u["memory_high_bytes"], u["memory_max_bytes"]
+    lo, crit = u["guard_high_band"]
+    of_high = f" = {u['planned_total_bytes'] / high:.1%} of MemoryHigh" if high else ""
+    ratio = f" ({high / hard:.1%})" if high and hard else ""
+    rows = [("planned total (service unit)", f"{u['planned_total_bytes'] / mib:,.0f} MiB{of_high}"),
+            ("unit MemoryHigh / MemoryMax",
+             f"{'infinity' if high is None else f'{high / mib:,.0f} MiB'} / "
+             f"{'infinity' if hard is None else f'{hard / mib:,.0f} MiB'}{ratio}"),
+            ("guard high band (of the tightest limit)", f"[{lo:.1%}, {crit:.1%}): checked, agrees")]
+    return "\n".join(f"{k:<48}  {v}" for k, v in rows)
 
 
 def format_plan(plan) -> str:
@@ -94,11 +131,14 @@ def run(args) -> int:
     print(f"reading model {args.model} ...", file=sys.stderr)
     config, weight_bytes, name = model_for_plan(args.model, budget.weight_dtype)
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
+    unit = unit_limits_for(budget, plan, args.memory_high, args.memory_max)
     backends = kernel_backends()
     if args.json:
-        print(json.dumps({**plan.as_dict(), "kernel_backends": backends}, indent=2))
+        print(json.dumps({**plan.as_dict(), "unit_limits": unit, "kernel_backends": backends},
+                         indent=2))
     else:
         print(format_plan(plan))
+        print(format_unit_limits(unit))
         print("kernels on this machine: " + ", ".join(f"{op}={b}" for op, b in backends.items()))
     return 0
 
