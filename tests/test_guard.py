@@ -18,9 +18,11 @@ CFG = GuardConfig(high_used_fraction=0.80, critical_used_fraction=0.90, hysteres
 class RecordingActions:
     """Records calls; returns plausible amounts so counters can be checked."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunk_bytes: int = 0) -> None:  # 0: nothing to regrow
         self.calls: list[tuple] = []
         self.paused = False
+        self.chunk_bytes = chunk_bytes
+        self.retired = 0  # chunks shrunk and not regrown
 
     def set_admission_paused(self, paused):
         self.paused = paused
@@ -36,19 +38,24 @@ class RecordingActions:
 
     def shrink_pool(self, n):
         self.calls.append(("shrink", n))
+        self.retired += n
         return n
 
-    def grow_pool(self):
-        self.calls.append(("grow",))
-        return 4
+    def grow_pool(self, n):
+        self.calls.append(("grow", n))
+        self.retired -= n
+        return n
+
+    def next_regrow_bytes(self):
+        return self.chunk_bytes if self.retired > 0 else 0
 
     def refuse_waiting(self, message):
         self.calls.append(("refuse", message))
         return 2
 
 
-def _run(values):
-    actions = RecordingActions()
+def _run(values, actions=None):
+    actions = actions or RecordingActions()
     guard = MemoryGuard(CFG, ScriptedSource(values), actions)
     states = [guard.poll() for _ in values]
     return guard, actions, states
@@ -66,15 +73,32 @@ def test_every_transition_with_hysteresis():
 def test_actions_of_each_state():
     """high returns whole chunks (evicting alone lowers no RSS: the pool is resident);
     critical also evicts every cached page and preempts."""
-    guard, actions, _ = _run([0.5, 0.82, 0.92, 0.5])
+    guard, actions, _ = _run([0.5, 0.82, 0.92, 0.5], RecordingActions(100 << 20))
     assert actions.calls == [
         ("paused", True), ("shrink", 1),                         # ok -> high
         ("evict", None), ("shrink", 1), ("preempt", 2),          # high -> critical
-        ("paused", False), ("grow",),                            # critical -> ok
+        ("paused", False), ("grow", 1), ("grow", 1),             # critical -> ok: one at a time
     ]
     assert not actions.paused
     assert guard.action_counts == {"paused": 1, "pages_evicted": 3, "chunks_released": 2,
-                                   "preempted": 2, "resumed": 1, "chunks_regrown": 4}
+                                   "preempted": 2, "resumed": 1, "chunks_regrown": 2}
+
+
+def test_regrowth_stops_where_a_chunk_would_reach_the_high_band():
+    """Back to ok at 0.70 (band from 0.75): a 0.5 GiB chunk of 8 GiB (+0.0625) would read 0.7625,
+    so nothing regrows; at 0.60 two chunks regrow one by one (each judged on a fresh reading),
+    then 0.72 + 0.0625 stops the third."""
+    actions = RecordingActions(chunk_bytes=512 << 20)
+    source = ScriptedSource([0.95, 0.95, 0.95, 0.70])
+    guard = MemoryGuard(CFG, source, actions)
+    for _ in range(4):
+        guard.poll()
+    assert guard.state == "ok" and actions.retired == 3  # one chunk per critical poll
+    assert guard.action_counts.get("chunks_regrown", 0) == 0
+    for v in (0.60, 0.65, 0.72):
+        source.push(v)
+    guard.poll()  # reads 0.60, regrows one; reads 0.65, regrows one; reads 0.72: stops
+    assert guard.action_counts["chunks_regrown"] == 2 and actions.retired == 1
 
 
 def test_critical_keeps_acting_while_pressure_lasts():

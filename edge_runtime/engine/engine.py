@@ -185,10 +185,11 @@ class Engine:
             self.counters["pool_bytes_released"] += released
             return done
 
-    def grow_pool(self) -> int:
-        """Bring every returned chunk back into service, toward the budgeted pool size."""
+    def grow_pool(self, n_chunks: int | None = None) -> int:
+        """Bring up to n_chunks (None: every) returned chunks back into service, toward the
+        budgeted pool size."""
         with self._lock:
-            return self.pool_chunks.grow(self.kv, self.storage)
+            return self.pool_chunks.grow(self.kv, self.storage, n_chunks)
 
     def refuse_waiting(self, message: str) -> int:
         """End every request that is still waiting for its first admission with `message` as its

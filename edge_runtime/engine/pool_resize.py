@@ -5,7 +5,8 @@ ranges of page ids. Shrinking takes the highest chunk still in service: the KVMa
 page range (cached pages evicted, live pages relocated below it through CopyOps and block-table
 edits, cache/pool_shrink.py), the engine runs the copies, then KVStorage releases the range's
 memory (madvise(MADV_DONTNEED) on CPU, so RSS falls; on CUDA the bytes stay allocated and only
-the page ids leave service). Growing puts the chunks back, lowest last, and makes them resident.
+the page ids leave service). Growing puts chunks back, the last retired first (the guard grows
+one at a time while there is room for it), and makes them resident.
 
 Invariants: the first chunk is never retired (the engine always has pages); chunks are retired in
 descending order and restored in ascending-retirement (LIFO) order; a chunk whose live pages find
@@ -50,10 +51,14 @@ class PoolChunks:
             done += 1
         return done, released
 
-    def grow(self, kv, storage) -> int:
-        """Put every retired chunk back in service; returns how many."""
+    def next_regrow_pages(self) -> int:
+        """Pages the next grow(n_chunks=1) puts back (0: none retired)."""
+        return self.retired[-1][1] - self.retired[-1][0] if self.retired else 0
+
+    def grow(self, kv, storage, n_chunks: int | None = None) -> int:
+        """Put up to n_chunks (None: every) retired chunks back in service; returns how many."""
         n = 0
-        while self.retired:
+        while self.retired and (n_chunks is None or n < n_chunks):
             start, end = self.retired.pop()
             storage.regrow_pages(start, end)
             kv.restore_pages(start, end)

@@ -28,8 +28,13 @@ class EngineGuardHooks:
         self.released_bytes += self.engine.counters["pool_bytes_released"] - before
         return done
 
-    def grow_pool(self) -> int:
-        return self.engine.grow_pool()
+    def grow_pool(self, n_chunks: int) -> int:
+        return self.engine.grow_pool(n_chunks)
+
+    def next_regrow_bytes(self) -> int:
+        """Bytes the next regrown chunk makes resident again (0: nothing to regrow)."""
+        pages = self.engine.pool_chunks.next_regrow_pages()
+        return self.engine.storage.pool.nbytes() * pages // self.engine.num_pages
 
     def refuse_waiting(self, message: str) -> int:
         return self.engine.refuse_waiting(message)

@@ -10,8 +10,10 @@ Invariants:
   the OS (their cached pages evicted, live pages moved below them: engine/pool_resize.py); on the
   CPU back end the pool is resident, so evicting pages alone would lower nothing.
   critical: additionally, each poll evicts every cached page, preempts the newest sequences and
-  returns up to `shrink_chunks_on_critical` chunks. Back to ok: admission resumes and the pool
-  regrows toward the budget.
+  returns up to `shrink_chunks_on_critical` chunks. Back to ok: admission resumes, and each poll
+  regrows the pool toward the budget one chunk at a time, only while the reading with that chunk
+  resident again stays below the high band (high - hysteresis): regrowing everything at once put
+  the memory straight back and the guard flapped between ok and high.
 - The pause is bounded: once admission has been paused for `max_admission_pause_s`, each poll
   ends every request still waiting for its first admission with an error (the service answers
   503 with Retry-After; it also refuses new ones at once while `refusing_admission`). Requests
@@ -45,7 +47,8 @@ class GuardActions(Protocol):
     def evict_cached(self, max_pages: int | None) -> int: ...
     def preempt_newest(self, k: int) -> int: ...
     def shrink_pool(self, n_chunks: int) -> int: ...
-    def grow_pool(self) -> int: ...
+    def grow_pool(self, n_chunks: int) -> int: ...
+    def next_regrow_bytes(self) -> int: ...
     def refuse_waiting(self, message: str) -> int: ...
 
 
@@ -120,7 +123,6 @@ class MemoryGuard:
             self.actions.set_admission_paused(False)
             self.paused_since = None
             self.action_counts["resumed"] += 1
-            self.action_counts["chunks_regrown"] += self.actions.grow_pool()
         elif old == "ok":
             self.actions.set_admission_paused(True)
             self.paused_since = time.monotonic()
@@ -139,7 +141,10 @@ class MemoryGuard:
 
     def _act(self) -> None:
         """Actions repeated on every poll while under pressure (pressure may keep rising)."""
-        if self.actions is None or self.state == "ok":
+        if self.actions is None:
+            return
+        if self.state == "ok":
+            self._regrow()
             return
         c = self.config
         shrink = c.shrink_chunks_on_critical if self.state == "critical" else c.shrink_chunks_on_high
@@ -152,6 +157,23 @@ class MemoryGuard:
         if self.refusing_admission:
             self.action_counts["requests_refused"] += self.actions.refuse_waiting(
                 self.refusal_message())
+
+    def _regrow(self) -> None:
+        """Regrow chunks while each keeps the projected reading below the high band."""
+        band = self.config.high_used_fraction - self.config.hysteresis
+        while (chunk := self.actions.next_regrow_bytes()) and self._projected(chunk) < band:
+            if not self.actions.grow_pool(1):
+                return
+            self.action_counts["chunks_regrown"] += 1
+            self.last_sample = self.source.read()  # the next chunk is judged on a fresh reading
+
+    def _projected(self, extra_bytes: int) -> float:
+        """The used fraction if `extra_bytes` more became resident (machine and cgroup)."""
+        s = self.last_sample
+        fractions = [s.machine_fraction + extra_bytes / s.total_bytes]
+        if s.cgroup is not None and s.cgroup.limit_bytes:
+            fractions.append(s.cgroup_fraction + extra_bytes / s.cgroup.limit_bytes)
+        return max(fractions)
 
     def refusal_message(self) -> str:
         return (f"the memory guard has paused admission for {self.paused_for():.0f} s "
