@@ -43,7 +43,7 @@ class CgroupReading:
     usage_bytes: int
     inactive_file_bytes: int
     limit_bytes: int | None  # None: no limit anywhere on the path
-    limit_file: str = ""  # memory.max, memory.high, memory.limit_in_bytes, hierarchical_memory_limit
+    limit_file: str = ""  # memory.max/.high, memory.limit_in_bytes, hierarchical_memory_limit
 
     @property
     def working_set_bytes(self) -> int:
@@ -64,8 +64,8 @@ class CgroupMemory:
 
     @classmethod
     def locate(cls, root: Path, proc_cgroup: Path) -> "CgroupMemory | None":
-        """From /proc/<pid>/cgroup: v2 (`0::/path` with a memory controller) or v1 (`N:memory:/path`).
-        A path not visible under the mount (a container's namespace) falls back to the mount root."""
+        """From /proc/<pid>/cgroup: v2 (`0::/path`, memory controller) or v1 (`N:memory:/path`).
+        A path not visible under the mount (a container's namespace) falls back to its root."""
         try:
             lines = proc_cgroup.read_text().splitlines()
         except OSError:
@@ -98,8 +98,8 @@ class CgroupMemory:
     def read(self) -> CgroupReading:
         levels = [r for r in (self._read_level(name, d) for name, d in self.levels()) if r]
         if not levels:
-            raise TelemetryError(f"{self.directory}: no memory usage file readable "
-                                 f"({'memory.current' if self.version == 'v2' else 'memory.usage_in_bytes'})")
+            usage = "memory.current" if self.version == "v2" else "memory.usage_in_bytes"
+            raise TelemetryError(f"{self.directory}: no readable {usage}")
         own = levels[0]
         if self.version == "v1":
             hidden = self._hierarchical_limit(own, levels)

@@ -76,11 +76,13 @@ class ClosedLoopClients:
             self._send(client)
 
     def counts(self) -> dict:
-        stats = self.engine.stats()
+        """Read without the engine lock (a step may hold it for seconds): a sample, not a
+        consistent snapshot, which is all a timeline row needs."""
+        e = self.engine
         return {"sent": self.sent, "answered": self.completed + self.errors,
                 "completed": self.completed, "errors": self.errors,
-                "refused": stats["requests_refused"], "running": stats["running"],
-                "waiting": stats["waiting"]}
+                "refused": e.counters["requests_refused"], "running": len(e.scheduler.running),
+                "waiting": len(e.scheduler.waiting)}
 
     def stop(self, timeout_s: float = 120.0) -> None:
         self.stopping = True
