@@ -141,3 +141,25 @@ def test_garbage_memory_stat_is_a_telemetry_error(tmp_path):
                             str(tmp_path / "proc"))
     with pytest.raises(TelemetryError, match="memory.stat: expected 'key bytes' lines"):
         src.read()
+
+
+def test_metrics_export_every_input_beside_the_fraction():
+    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.guard.guard import MemoryGuard
+    from edge_runtime.service.metrics import ServiceMetrics, render_prometheus
+
+    guard = MemoryGuard(GuardConfig(), _v2_source("v2_cache_heavy_limited_parent"), None)
+    guard.poll()
+    text = render_prometheus(ServiceMetrics().snapshot({}, guard.snapshot(), None,
+                                                       {"status": "ready"}))
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                  if line.startswith("edge_guard_"))
+    assert values["edge_guard_cgroup_usage_bytes"] == str(1950 * MIB)
+    assert values["edge_guard_cgroup_inactive_file_bytes"] == str(930 * MIB)
+    assert values["edge_guard_cgroup_working_set_bytes"] == str(1020 * MIB)
+    assert values["edge_guard_cgroup_limit_bytes"] == str(2 << 30)
+    assert float(values["edge_guard_cgroup_used_fraction"]) == pytest.approx(1020 / 2048)
+    assert float(values["edge_guard_used_fraction"]) == pytest.approx(1020 / 2048)
+    assert values["edge_guard_gpu_shared_bytes"] == str(900000 * 1024)
+    assert values['edge_guard_cgroup_limit_info{limit="v2 /system.slice memory.max"}'] == "1"
+    assert values["edge_guard_admission_paused_seconds"] == "0.0"
