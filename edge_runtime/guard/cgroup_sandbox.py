@@ -3,7 +3,8 @@
 `ChildCgroup.create(name)` makes `<our memory cgroup>/<name>`; `enter()` moves this process into
 it (its children follow), `set_limit()` caps it, `leave()` moves back and `remove()` deletes it.
 `CgroupUnavailable` says why when the machine does not allow it (not root, read-only cgroupfs,
-cgroup v2 whose memory controller cannot be enabled below a cgroup that holds processes...).
+cgroup v2 whose memory controller can be enabled neither below our cgroup, which holds processes,
+nor below the hierarchy's root...).
 
 Memory charged before `enter()` stays with the old cgroup (the kernel does not move charges on
 migration by default), so a process enters before it allocates what it wants counted.
@@ -20,16 +21,16 @@ class CgroupUnavailable(RuntimeError):
 
 
 class ChildCgroup:
-    def __init__(self, version: str, parent: Path, name: str) -> None:
+    def __init__(self, version: str, parent: Path, name: str, home: Path | None = None) -> None:
         self.version, self.parent, self.path = version, parent, parent / name
+        self.home = home or parent  # where leave() moves a process back to
 
     @classmethod
     def create(cls, name: str, root: str = "/sys/fs/cgroup",
                proc_cgroup: str = "/proc/self/cgroup") -> "ChildCgroup":
-        version, parent = _our_memory_cgroup(Path(root), Path(proc_cgroup))
-        if version == "v2":
-            _enable_memory_controller(parent)
-        child = cls(version, parent, name)
+        version, ours = _our_memory_cgroup(Path(root), Path(proc_cgroup))
+        parent = _v2_parent(ours, Path(root)) if version == "v2" else ours
+        child = cls(version, parent, name, home=ours)
         try:
             child.path.mkdir()
         except OSError as exc:
@@ -44,7 +45,7 @@ class ChildCgroup:
         (self.path / "cgroup.procs").write_text(str(pid or os.getpid()))
 
     def leave(self, pid: int = 0) -> None:
-        (self.parent / "cgroup.procs").write_text(str(pid or os.getpid()))
+        (self.home / "cgroup.procs").write_text(str(pid or os.getpid()))
 
     def remove(self) -> None:
         if self.version == "v1" and (self.path / "memory.force_empty").exists():
@@ -75,11 +76,17 @@ def _our_memory_cgroup(root: Path, proc_cgroup: Path) -> tuple[str, Path]:
                             f"(/proc/self/cgroup: {' | '.join(lines)[:200]})")
 
 
-def _enable_memory_controller(parent: Path) -> None:
-    control = parent / "cgroup.subtree_control"
-    if "memory" in control.read_text().split():
-        return
-    try:
-        control.write_text("+memory")
-    except OSError as exc:  # EBUSY: the parent holds processes (cgroup v2's no-internal-process rule)
-        raise CgroupUnavailable(f"cannot enable the memory controller in {control}: {exc}") from None
+def _v2_parent(ours: Path, root: Path) -> Path:
+    """Our cgroup if its children can get the memory controller, else the hierarchy's root (exempt
+    from v2's no-internal-process rule, which refuses +memory below a cgroup holding processes)."""
+    errors = []
+    for parent in dict.fromkeys((ours, root)):
+        control = parent / "cgroup.subtree_control"
+        try:
+            if "memory" not in control.read_text().split():
+                control.write_text("+memory")
+            return parent
+        except OSError as exc:
+            errors.append(f"{control}: {exc}")
+    raise CgroupUnavailable("cannot enable the memory controller for a child cgroup ("
+                            + "; ".join(errors) + ")")

@@ -23,23 +23,30 @@ def rss_bytes() -> int:
 
 class ClosedLoopClients:
     """`n` clients, each sending its next request when the previous one is answered. Prompts are
-    longer than an inline slot, so every request holds pool pages."""
+    longer than an inline slot, so every request holds pool pages; the first `shared_tokens` of
+    every prompt are the same (a system prompt: its pages are shared, only the rest is computed)."""
 
-    def __init__(self, engine, n: int, max_tokens: int, prompt_tokens: int = 600) -> None:
+    def __init__(self, engine, n: int, max_tokens: int, prompt_tokens: int = 600,
+                 shared_tokens: int = 0) -> None:
         from edge_runtime.engine.api import SamplingParams
 
+        assert 0 <= shared_tokens < prompt_tokens, (shared_tokens, prompt_tokens)
         self.engine, self.n, self.prompt_tokens = engine, n, prompt_tokens
         self.params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         self.rng = random.Random(0)
+        self.shared = self._tokens(shared_tokens)
         self.sent = self.completed = self.errors = 0
         self.owner: dict[str, int] = {}  # request id -> client
         self.stopping = False
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._drive, name="episode-clients", daemon=True)
 
-    def _prompt(self) -> list[int]:
+    def _tokens(self, n: int) -> list[int]:
         vocab = self.engine.model_config.vocab_size
-        return [self.rng.randrange(3, vocab) for _ in range(self.prompt_tokens)]
+        return [self.rng.randrange(3, vocab) for _ in range(n)]
+
+    def _prompt(self) -> list[int]:
+        return self.shared + self._tokens(self.prompt_tokens - len(self.shared))
 
     def warm_up(self) -> None:
         self.engine.generate([self._prompt()], self.params)

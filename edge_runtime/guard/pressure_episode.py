@@ -43,6 +43,8 @@ class EpisodeConfig:
     num_pages: int = 1500
     clients: int = 4
     max_tokens: int = 16
+    prompt_tokens: int = 600
+    shared_tokens: int = 0  # a common prefix of every prompt (a system prompt); 0: all unique
     phase_s: float = 3.0  # how long each phase holds once reached
     poll_s: float = 0.2
     idle_fraction: float = 0.55  # idle working set / limit
@@ -60,7 +62,8 @@ class Episode:
         self.cfg, self.cgroup = cfg, cgroup
         self.engine = Engine(load_model(cfg.model),
                              EngineConfig(num_pages=cfg.num_pages, max_num_seqs=cfg.clients))
-        self.clients = ClosedLoopClients(self.engine, cfg.clients, cfg.max_tokens)
+        self.clients = ClosedLoopClients(self.engine, cfg.clients, cfg.max_tokens,
+                                         cfg.prompt_tokens, cfg.shared_tokens)
         self.rows: list[dict] = []
         self.t0 = time.monotonic()
 
@@ -214,9 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-pages", type=int, default=EpisodeConfig.num_pages)
     p.add_argument("--clients", type=int, default=EpisodeConfig.clients)
     p.add_argument("--phase-s", type=float, default=EpisodeConfig.phase_s)
+    p.add_argument("--shared-tokens", type=int, default=0,
+                   help="tokens every prompt shares (a system prompt), of its 600")
     p.add_argument("--json", help="write the rows and the summary here")
     args = p.parse_args(argv)
-    cfg = EpisodeConfig(args.model, args.num_pages, args.clients, phase_s=args.phase_s)
+    cfg = EpisodeConfig(args.model, args.num_pages, args.clients, phase_s=args.phase_s,
+                        shared_tokens=args.shared_tokens)
     try:
         cgroup = ChildCgroup.create(f"edge-pressure-{int(time.time())}")
     except CgroupUnavailable as exc:
