@@ -80,7 +80,7 @@ def unit_limits_for(budget, plan, memory_high=None, memory_max=None) -> dict:
     check_unit_limits(high, hard, planned, guard)
     return {"planned_total_bytes": planned, "memory_high_bytes": high, "memory_max_bytes": hard,
             "guard_high_band": [guard.high_used_fraction - guard.hysteresis,
-                                guard.critical_used_fraction]}
+                                guard.critical_used_fraction], "guard_enabled": guard.enabled}
 
 
 def format_unit_limits(u: dict) -> str:
@@ -92,7 +92,8 @@ def format_unit_limits(u: dict) -> str:
             ("unit MemoryHigh / MemoryMax",
              f"{'infinity' if high is None else f'{high / mib:,.0f} MiB'} / "
              f"{'infinity' if hard is None else f'{hard / mib:,.0f} MiB'}{ratio}"),
-            ("guard high band (of the tightest limit)", f"[{lo:.1%}, {crit:.1%}): checked, agrees")]
+            ("guard high band (of the tightest limit)", f"[{lo:.1%}, {crit:.1%}): checked, agrees"
+             if u["guard_enabled"] else "guard disabled: nothing to check")]
     return "\n".join(f"{k:<48}  {v}" for k, v in rows)
 
 
