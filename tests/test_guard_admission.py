@@ -105,3 +105,36 @@ def test_paused_admission_answers_503_after_the_bound_and_admitted_requests_comp
         assert not any("error" in ch for ch in chunks)
     assert after_status == 200
     engine.kv.check_invariants()
+
+
+def test_refuse_waiting_ends_only_requests_never_admitted(loaded):
+    """A preempted request waits too, but it was admitted: it is not refused and completes."""
+    from edge_runtime.engine.api import SamplingParams
+    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.engine import Engine
+
+    engine = Engine(loaded, EngineConfig(num_pages=64, max_num_seqs=4))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    admitted = [engine.add_request([1, 2, i], params) for i in (3, 4)]
+    results = {}
+
+    def step():
+        for ev in engine.step():
+            if ev.result is not None:
+                results[ev.request_id] = ev.result
+
+    step()
+    assert engine.preempt_newest(1) == 1  # back in the queue, already admitted once
+    engine.set_admission_paused(True)
+    late = engine.add_request([5, 6, 7], params)
+    step()
+    assert engine.refuse_waiting("paused too long") == 1
+    step()
+    assert results[late].error == "paused too long" and results[late].generated_tokens == 0
+    assert results[late].finish_reason == "error"
+    engine.set_admission_paused(False)
+    while engine.has_unfinished():
+        step()
+    for rid in admitted:
+        assert results[rid].error is None and len(results[rid].token_ids) == 8
+    assert engine.counters["requests_refused"] == 1
