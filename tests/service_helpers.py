@@ -188,3 +188,24 @@ def read_response(conn) -> tuple[int, dict, bytes]:
         while chunk := conn.recv(65536):
             data += chunk
     return status, headers, data
+
+
+@contextlib.contextmanager
+def tiny_engine_state(limits: dict | None = None, **engine_cfg):
+    """A ready ServiceState on a real Engine + AsyncEngine over the tiny random Llama of
+    tests/engine_helpers.py (SmolLM2's tokenizer, random weights): the engine's own paths, fast."""
+    from engine_helpers import engine_for, tiny
+
+    from edge_runtime.engine.async_engine import AsyncEngine
+    from edge_runtime.service.app import ServiceState
+    from edge_runtime.service.limits import ServiceLimits
+
+    loaded = tiny()
+    engine = engine_for(loaded, **engine_cfg)
+    aengine = AsyncEngine(engine)
+    state = ServiceState(ServiceLimits(**(limits or {})), "tiny")
+    state.set_ready(loaded, engine, aengine, None)
+    try:
+        yield state
+    finally:
+        aengine.shutdown()

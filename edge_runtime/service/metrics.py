@@ -107,10 +107,11 @@ def render_prometheus(stats: dict) -> str:
     svc = stats["service"]
     _gauge(out, "edge_service_ready", "1 when the model is loaded and warm",
            1 if svc.get("status") == "ready" else 0)
-    for key in ("in_flight", "running", "queued", "tokens_in", "tokens_out",
-                "cached_prompt_tokens", "cancelled", "rejected_busy"):
+    gauges = ("in_flight", "running", "queued", "outside_engine")
+    for key in gauges + ("tokens_in", "tokens_out", "cached_prompt_tokens", "cancelled",
+                         "rejected_busy"):
         if key in svc:
-            kind = "gauge" if key in ("in_flight", "running", "queued") else "counter"
+            kind = "gauge" if key in gauges else "counter"
             suffix = "" if kind == "gauge" else "_total"
             _metric(out, f"edge_service_{key}{suffix}", kind, key.replace("_", " "), [("", svc[key])])
     _metric(out, "edge_service_requests_total", "counter", "HTTP requests by endpoint and status",
