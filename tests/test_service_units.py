@@ -180,3 +180,16 @@ def test_install_touches_etc_only_after_the_plan_and_restarts_a_running_service(
                for c in calls), calls
     assert calls[-3:] == ["systemctl daemon-reload", "systemctl enable --now edge-runtime.socket",
                           "systemctl try-restart edge-runtime.service"], calls
+
+
+def test_limit_nofile_holds_the_default_connection_cap():
+    """The service's descriptors (service.max_connections + the rest of the process) must fit the
+    unit's soft LimitNOFILE, and the hard one must leave room to raise the cap."""
+    from edge_runtime.service.connections import RESERVED_DESCRIPTORS
+    from edge_runtime.service.limits import ServiceLimits
+
+    text = (ROOT / "systemd/edge-runtime.service").read_text()
+    values = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("LimitNOFILE=")]
+    assert len(values) == 1, values
+    soft, hard = (int(v) for v in values[0].split(":"))
+    assert ServiceLimits().max_connections + RESERVED_DESCRIPTORS <= soft <= hard

@@ -53,6 +53,7 @@ class ServiceState:
         self.vocab_size = 0
         self.backends: dict | None = None
         self.active: dict[str, object] = {}  # request id -> handler task, for shutdown
+        self.connections = None  # connections.ConnectionLimiter, once listening
 
     @property
     def in_flight(self) -> int:
@@ -98,6 +99,8 @@ class ServiceState:
         status = self.health()[1]["status"]
         in_flight = in_flight or split(self.book.snapshot(), set(), set())
         state = {"status": status, "model": self.model_name, **in_flight.as_dict()}
+        if self.connections is not None:
+            state["connections_open"] = self.connections.num_open
         return self.metrics.snapshot(engine_stats, guard, self.backends, state)
 
     async def collect_stats(self) -> dict:
@@ -144,6 +147,8 @@ async def error_middleware(request: web.Request, handler):
     state: ServiceState = request.app[STATE_KEY]
     endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource \
         else "unknown"
+    if state.connections is not None:  # handling a request: not the idle one to close
+        state.connections.busy(request.protocol)
     try:
         response = await handler(request)
     except ApiError as exc:
@@ -154,6 +159,9 @@ async def error_middleware(request: web.Request, handler):
         log.exception("handler failed: %s %s", request.method, request.path)
         response = json_error(ApiError(500, "internal server error (see the service log)",
                                        "internal_error", type_="server_error"))
+    finally:
+        if state.connections is not None:
+            state.connections.idle(request.protocol)
     state.metrics.record_request(endpoint, response.status)
     return response
 
@@ -211,6 +219,7 @@ def build_app(state: ServiceState) -> web.Application:
     app = web.Application(middlewares=[error_middleware],
                           client_max_size=state.limits.max_body_bytes + 1,
                           handler_args={"auto_decompress": False,
+                                        "keepalive_timeout": state.limits.idle_timeout_s,
                                         "logger": ProtocolLog(logging.getLogger("aiohttp.server"))})
     app[STATE_KEY] = state
     app.router.add_get("/health", health)

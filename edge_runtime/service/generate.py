@@ -45,7 +45,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state: ServiceState = request.app[STATE_KEY]
     _admit(state)  # answer at once while loading, stopping or full, without reading the body
+    if state.connections is not None:  # while its body arrives it holds no slot: evictable
+        state.connections.idle(request.protocol)
     raw = await read_body(request, state.limits.max_body_bytes, state.limits.body_timeout_s)
+    if state.connections is not None:
+        state.connections.busy(request.protocol)
     parse = parse_chat if kind == "chat" else parse_completion
     req = parse(parse_body(raw), state.limits.max_tokens)
     if req.model is not None and req.model != state.model_name:
