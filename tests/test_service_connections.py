@@ -171,3 +171,50 @@ def _connect_when_the_backlog_has_room(path: str) -> socket.socket:
         except BlockingIOError:
             assert time.monotonic() < deadline, "the server stopped accepting"
             time.sleep(0.005)
+
+
+_SERVER_OUT_OF_DESCRIPTORS = """
+import logging, os, resource, sys, time
+sys.path.insert(0, {tests!r})
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+from service_helpers import app_on_unix_socket, stub_state
+state = stub_state(max_connections=5000)  # a cap this process's descriptors cannot hold
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, 20000))
+with app_on_unix_socket(state, {sock!r}):
+    print("listening", flush=True)
+    sys.stdin.readline()
+print("accept_errors", state.metrics.accept_errors, flush=True)
+"""
+
+
+def test_a_server_out_of_descriptors_logs_accept_errors_once_per_interval(tmp_path):
+    """The real accept() failure path: asyncio reports EMFILE and retries every second; each
+    report was an ERROR with a traceback (tens of thousands in the log)."""
+    import subprocess
+    import sys
+
+    from service_helpers import ROOT
+
+    sock = str(tmp_path / "api.sock")
+    code = _SERVER_OUT_OF_DESCRIPTORS.format(tests=str(ROOT / "tests"), sock=sock)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    held = []
+    try:
+        assert proc.stdout.readline().strip() == "listening"
+        for _ in range(120):  # the server runs out of descriptors after about 40
+            try:
+                held.append(raw_connect(sock, timeout=5))
+            except BlockingIOError:  # the backlog is full: the server stopped accepting
+                break
+        time.sleep(3)  # asyncio retries accept() once a second
+    finally:
+        for conn in held:
+            conn.close()
+        out, _ = proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    errors = int(out.split("accept_errors")[1].split()[0])
+    lines = [line for line in out.splitlines() if "accept() failed" in line]
+    assert errors >= 2 and len(lines) == 1, out[-3000:]
+    assert lines[0].startswith("WARNING") and "Too many open files" in lines[0]
+    assert "Traceback" not in out and len(out.splitlines()) < 20, out[-3000:]
