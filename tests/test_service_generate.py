@@ -263,3 +263,21 @@ def test_in_flight_is_running_plus_queued_plus_outside_engine(tmp_path, monkeypa
         svc = c.get("/v1/stats").json()["service"]
         assert (svc["in_flight"], svc["running"], svc["queued"], svc["outside_engine"]) \
             == (0, 0, 0, 0), svc
+
+
+def test_a_tiny_temperature_is_greedy_end_to_end(tmp_path):
+    """temperature 1e-300 was accepted and became 0 in the sampler's float32 tensor: NaN logits,
+    the same token every step. Now it is greedy: the tokens of temperature 0, whatever the seed."""
+    from service_helpers import app_on_unix_socket, client, tiny_engine_state
+
+    body = {"prompt": [11, 12, 13, 14], "max_tokens": 8, "ignore_eos": True}
+    with tiny_engine_state() as state, \
+            app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock, client(sock) as c:
+        def tokens(**extra):
+            r = c.post("/v1/completions", json=dict(body, **extra))
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        greedy = tokens(temperature=0)
+        assert tokens(temperature=1e-300, seed=1) == tokens(temperature=5e-324, seed=2) == greedy
+        assert len(set(state.tokenizer.encode(greedy, add_special_tokens=False))) > 1
