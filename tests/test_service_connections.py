@@ -129,6 +129,11 @@ def test_accept_errors_are_counted_and_logged_once_per_interval(caplog):
             loop.call_exception_handler({"message": "socket.accept() out of system resource",
                                          "exception": exc, "socket": listener})
         loop.call_exception_handler({"message": "something else"})  # asyncio's own handling
+        # the accept() retry asyncio schedules, firing after the listener closed (shutdown)
+        retry = asyncio.Handle(loop._start_serving, (None, listener), loop)  # never run
+        loop.call_exception_handler({"message": f"Exception in callback {retry!r}",
+                                     "exception": ValueError("Invalid file descriptor: -1"),
+                                     "handle": retry})
     finally:
         loop.close()
         listener.close()
@@ -137,6 +142,8 @@ def test_accept_errors_are_counted_and_logged_once_per_interval(caplog):
     assert lines[0].levelno == logging.WARNING and not lines[0].exc_info
     assert metrics.accept_errors == 5000
     assert any(r.getMessage() == "something else" for r in caplog.records)
+    assert not [r for r in caplog.records if "Invalid file descriptor" in r.getMessage()
+                or (r.exc_info and isinstance(r.exc_info[1], ValueError))]
 
 
 def test_a_cap_the_descriptor_limit_cannot_hold_is_refused_at_start():

@@ -160,6 +160,9 @@ class AcceptErrorLog:
         self._since_logged = 0
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if _stale_accept_retry(context):
+            log.info("accept() was paused after a failure when the listener closed: nothing lost")
+            return
         if context.get("message") != _ACCEPT_FAILED:
             loop.default_exception_handler(context)
             return
@@ -173,6 +176,13 @@ class AcceptErrorLog:
                         "limit (LimitNOFILE)", self._since_logged, self.interval_s,
                         exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
             self._logged_at, self._since_logged = now, 0
+
+
+def _stale_accept_retry(context: dict) -> bool:
+    """asyncio re-arms accept() a second after a failure even when the listening socket has
+    closed since (shutdown): its callback raises ValueError("Invalid file descriptor: -1")."""
+    return isinstance(context.get("exception"), ValueError) \
+        and "_start_serving" in repr(context.get("handle"))
 
 
 def check_descriptor_limit(max_connections: int) -> None:
