@@ -242,9 +242,9 @@ async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
 
 
 async def _end_stream(request, resp, rid: str, events: list, after: str) -> web.StreamResponse:
-    """Write the stream's closing events. Every token is out: a client that leaves now (the
-    writes fail, or aiohttp cancels this handler as the connection drops) was served; one INFO
-    line, and the request counts with the stream's status."""
+    """Write the stream's closing events. The engine is done with the request: a client that
+    leaves now (the writes fail, or aiohttp cancels this handler as the connection drops) got
+    every token there was; one INFO line, and the request counts with the stream's status."""
     try:
         for event in events:
             await resp.write(R.sse(event))
