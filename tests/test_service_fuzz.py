@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -132,9 +133,11 @@ def test_fuzz_http_layer_on_a_stand_in_engine(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     state = _stand_in_state()
     with app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
-        sent = _fuzz(sock, seed=1234, count=1100)
+        sent = _fuzz(sock, seed=1234, count=1000)
         for body, path in STREAMS:
             sent += _every_disconnect_point(sock, body, path)
+        with ThreadPoolExecutor(4) as pool:  # and four clients at once (seeded each)
+            sent += sum(pool.map(lambda seed: _fuzz(sock, seed, 60), range(4)))
         _assert_answering(sock)
         _assert_clean(state, caplog)
     assert sent >= 1000
