@@ -14,8 +14,10 @@ Invariants:
 - A connection idle for `service.idle_timeout_s` is closed: aiohttp's keepalive_timeout (app.py),
   which also runs from the moment a connection opens and while its headers arrive.
 - asyncio's accept loop reports a failed accept() (EMFILE, ENFILE, ENOBUFS, ENOMEM) to the loop's
-  exception handler and retries a second later; `AcceptErrorLog` counts each (`accept_errors`) and
-  logs at most one WARNING line per interval, without a traceback. The process's descriptor limit
+  exception handler and schedules a retry a second later, for each of up to `backlog` failures
+  per pass (so thousands a second); `AcceptErrorLog` counts each (`accept_errors`) and logs at
+  most one WARNING line per interval, without a traceback. Retries that fire after the listener
+  closed (shutdown) raise ValueError in asyncio's callback: logged at DEBUG. The process's descriptor limit
   is checked at start-up against the cap (`check_descriptor_limit`).
 """
 
@@ -160,8 +162,8 @@ class AcceptErrorLog:
         self._since_logged = 0
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
-        if _stale_accept_retry(context):
-            log.info("accept() was paused after a failure when the listener closed: nothing lost")
+        if _stale_accept_retry(context):  # one per failed accept() of the last second: quiet
+            log.debug("accept() was paused after a failure when the listener closed: nothing lost")
             return
         if context.get("message") != _ACCEPT_FAILED:
             loop.default_exception_handler(context)
