@@ -49,17 +49,28 @@ def wait_ready(proc: subprocess.Popen, sock: str, timeout: float = 120.0) -> Non
     raise AssertionError(f"server not ready after {timeout} s:\n{_output(proc)}")
 
 
-def start_server(sock: str, config: Path, model: str, extra_env: dict | None = None,
-                 pass_fds=(), argv_prefix=None, socket_arg: bool = True) -> subprocess.Popen:
+def start_server(sock: str, config: Path | None, model: str, extra_env: dict | None = None,
+                 pass_fds=(), argv_prefix=None, socket_arg: bool = True,
+                 max_open_files: int | None = None) -> subprocess.Popen:
+    """`edge-runtime serve` (without --config when `config` is None: default limits and pool),
+    with RLIMIT_NOFILE set to `max_open_files` (soft and hard) when given."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     if "NOTIFY_SOCKET" not in (extra_env or {}):
         env.pop("NOTIFY_SOCKET", None)
-    argv = list(argv_prefix or EXE) + ["serve", "--config", str(config), "--model", model]
+    argv = list(argv_prefix or EXE) + ["serve", "--model", model]
+    if config is not None:
+        argv += ["--config", str(config)]
     if socket_arg:
         argv += ["--socket", sock]
     log = open(sock + ".log", "w")  # a file, not a pipe: a full pipe would block the server
+    def limit_files():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            text=True, pass_fds=pass_fds)
+                            text=True, pass_fds=pass_fds,
+                            preexec_fn=limit_files if max_open_files else None)
     proc.log_path = sock + ".log"
     log.close()
     return proc
@@ -129,13 +140,15 @@ def app_on_unix_socket(state, path: str):
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(64)
+    listener.listen(1024)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
     async def start():
+        from edge_runtime.service.connections import start_listening
+
         await runner.setup()
-        await web.SockSite(runner, listener).start()
+        await start_listening(runner, listener, state)
 
     asyncio.run_coroutine_threadsafe(start(), loop).result(30)
     try:
@@ -188,3 +201,24 @@ def read_response(conn) -> tuple[int, dict, bytes]:
         while chunk := conn.recv(65536):
             data += chunk
     return status, headers, data
+
+
+@contextlib.contextmanager
+def tiny_engine_state(limits: dict | None = None, **engine_cfg):
+    """A ready ServiceState on a real Engine + AsyncEngine over the tiny random Llama of
+    tests/engine_helpers.py (SmolLM2's tokenizer, random weights): the engine's own paths, fast."""
+    from engine_helpers import engine_for, tiny
+
+    from edge_runtime.engine.async_engine import AsyncEngine
+    from edge_runtime.service.app import ServiceState
+    from edge_runtime.service.limits import ServiceLimits
+
+    loaded = tiny()
+    engine = engine_for(loaded, **engine_cfg)
+    aengine = AsyncEngine(engine)
+    state = ServiceState(ServiceLimits(**(limits or {})), "tiny")
+    state.set_ready(loaded, engine, aengine, None)
+    try:
+        yield state
+    finally:
+        aengine.shutdown()

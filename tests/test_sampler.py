@@ -1,5 +1,7 @@
 """Sampler: masks vs loop references on random logits, seeded reproducibility, greedy, penalty."""
 
+import itertools
+
 import torch
 
 from edge_runtime.engine.api import SamplingParams
@@ -146,3 +148,65 @@ def test_sampling_params_reject_non_finite_temperature_and_penalty():
             SamplingParams(repetition_penalty=value)
     with pytest.raises(RequestError, match="n must be an integer"):
         SamplingParams(n=2.5)
+
+
+def _float32_edges():
+    """Every float parameter at the lower and upper edge the API or SamplingParams accepts."""
+    from edge_runtime.engine.api import (FLOAT32_MAX, GREEDY_BELOW_TEMPERATURE,
+                                         REPETITION_PENALTY_MIN)
+
+    return [dict(temperature=t) for t in (1e-300, GREEDY_BELOW_TEMPERATURE,
+                                          GREEDY_BELOW_TEMPERATURE * 1.5, 1e-30, 2.0, FLOAT32_MAX)] \
+        + [dict(temperature=1.0, top_p=p) for p in (5e-324, 1e-9, 1.0 - 1e-9, 1.0)] \
+        + [dict(temperature=t, repetition_penalty=p) for t in (0.0, 1.0)
+           for p in (REPETITION_PENALTY_MIN, 10.0, 1e30)]
+
+
+def _reference_probs(logits: torch.Tensor, params: SamplingParams, seen: list[int]) -> torch.Tensor:
+    """What the sampler should draw from, in float64: penalty -> temperature -> top-p."""
+    row = logits.double().clone()
+    for i in set(seen):
+        p = params.repetition_penalty
+        row[i] = row[i] * p if row[i] < 0 else row[i] / p
+    if params.temperature == 0:
+        return torch.nn.functional.one_hot(row.argmax(), row.numel()).double()
+    probs = ((row - row.max()) / params.temperature).softmax(-1)
+    order = probs.argsort(descending=True)
+    keep = probs[order].cumsum(0) - probs[order] < params.top_p  # the smallest set reaching top_p
+    keep[0] = True
+    out = torch.zeros_like(probs)
+    out[order[keep]] = probs[order[keep]]
+    return out / out.sum()
+
+
+def test_every_float_param_at_its_float32_edges_samples_from_the_right_distribution():
+    """temperature 1e-300 became 0 in the sampler's float32 tensor: NaN logits, the same (wrong)
+    token every step. Each edge must draw only tokens the float64 reference gives probability,
+    and spread its draws like it (a NaN row lands on one index every time)."""
+    vocab, draws = 6, 600
+    seen = [0, 1]
+    for kwargs, scale in itertools.product(_float32_edges(), (1.0, 30.0)):
+        logits = torch.tensor([[2.0, -1.5, 0.5, 1.9, -3.0, 0.0]]) * scale
+        params = SamplingParams(**kwargs)
+        rows = [SamplerRow(params, make_generator(seed), list(seen)) for seed in range(draws)]
+        tokens = sample(logits.expand(draws, vocab), rows)
+        ref = _reference_probs(logits[0], params, seen)
+        counts = torch.bincount(torch.tensor(tokens), minlength=vocab).double() / draws
+        assert all(ref[t] > 0 for t in tokens), (kwargs, scale, counts, ref)
+        assert (counts - ref).abs().max() < 0.08, (kwargs, scale, counts, ref)
+
+
+def test_a_temperature_float32_cannot_hold_is_greedy_and_one_past_its_range_is_refused():
+    import pytest
+
+    from edge_runtime.engine.api import FLOAT32_MAX, GREEDY_BELOW_TEMPERATURE
+    from edge_runtime.errors import RequestError
+
+    for tiny in (1e-300, 5e-324, GREEDY_BELOW_TEMPERATURE / 2):
+        assert SamplingParams(temperature=tiny).temperature == 0.0
+    assert SamplingParams(temperature=GREEDY_BELOW_TEMPERATURE).temperature > 0
+    for bad in (FLOAT32_MAX * 2, 1e300, -1e-300):
+        with pytest.raises(RequestError, match="temperature"):
+            SamplingParams(temperature=bad)
+    with pytest.raises(RequestError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=1e-10)

@@ -241,8 +241,12 @@ def test_metrics_and_stats(server):
                  "edge_engine_kv_pages_free", "edge_engine_kv_pages_cached",
                  "edge_engine_kv_pages_live", "edge_engine_kv_inline_slots_used",
                  "edge_engine_kv_prefix_hit_rate", 'edge_kernel_backend{op="',
-                 'edge_service_requests_total{endpoint="/v1/completions",status="429"}'):
+                 'edge_service_requests_total{endpoint="/v1/completions",status="429"}',
+                 "edge_service_outside_engine", "edge_service_connections_open",
+                 "edge_service_connections_evicted_total", "edge_service_accept_errors_total"):
         assert name in text, name
+    svc = stats["service"]  # a real server: the split adds up whatever is running
+    assert svc["in_flight"] == svc["running"] + svc["queued"] + svc["outside_engine"], svc
     assert stats["service"]["tokens_out"] > 0 and stats["latency"]["ttft_seconds"]["count"] > 0
     assert stats["guard"] is None  # disabled in this budget; tests/test_service_lifecycle.py runs it
 

@@ -146,3 +146,138 @@ def test_a_stalled_body_holds_no_request_slot_and_gets_408(tmp_path, caplog):
             assert c.post("/v1/completions", content=BODY).status_code == 200
     assert state.in_flight == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+class _LeavesAfterLastToken:
+    """Stand-in AsyncEngine: one token event, then (once the test's client has read it and
+    closed its connection) the final event; the handler's closing writes meet a closed peer."""
+
+    failure = None
+
+    def __init__(self, client_closed):
+        self.client_closed = client_closed  # threading.Event set by the test
+
+    async def stream(self, prompt_ids, params, request_id):
+        from edge_runtime.engine.api import Completion, GenerationResult, TokenEvent
+
+        yield TokenEvent(request_id, 0, [5, 6], "ab")
+        assert self.client_closed.wait(30)  # blocks the server loop: it sees the close later
+        result = GenerationResult(request_id, len(prompt_ids), 0,
+                                  [Completion("ab", [5, 6], "stop")])
+        yield TokenEvent(request_id, 0, [], "", result=result)
+
+    async def cancel(self, request_id):
+        raise AssertionError(f"a served request was cancelled: {request_id}")
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_a_client_gone_after_the_last_token_is_a_served_request(tmp_path, caplog, usage):
+    """The closing writes raised once the client had left: an ERROR with a traceback, counted 500."""
+    import threading
+
+    from service_helpers import app_on_unix_socket, client, post_bytes, raw_connect, stub_state
+
+    closed = threading.Event()
+    state = stub_state()
+    state.aengine = _LeavesAfterLastToken(closed)
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True,
+                       "stream_options": {"include_usage": usage}}).encode()
+    caplog.set_level(logging.INFO)
+    with app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
+        conn = raw_connect(sock, timeout=30)
+        conn.sendall(post_bytes("/v1/completions", body))
+        seen = b""
+        while b'"text":"ab"' not in seen:
+            part = conn.recv(65536)
+            assert part, seen
+            seen += part
+        conn.close()
+        closed.set()
+        with client(sock) as c:
+            assert c.get("/health").status_code == 200
+            stats = c.get("/v1/stats").json()["service"]
+    requests = {(r["endpoint"], r["status"]): r["count"] for r in stats["requests"]}
+    assert requests[("/v1/completions", 200)] == 1, requests
+    assert stats["cancelled"] == 0 and stats["in_flight"] == 0 and stats["tokens_out"] == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert any("after the last token" in r.getMessage() and r.levelno == logging.INFO
+               for r in caplog.records)
+
+
+def test_in_flight_is_running_plus_queued_plus_outside_engine(tmp_path, monkeypatch):
+    """/metrics showed requests in flight that were neither running nor queued (a request being
+    tokenized, or answered after the engine, is in neither), and counted sequences, not requests.
+    Now: one request running (n=2: two sequences, one request), two queued behind it
+    (max_num_seqs 2), one held while it is tokenized."""
+    import threading
+    import time
+
+    from service_helpers import app_on_unix_socket, client, tiny_engine_state
+
+    from edge_runtime.service import generate
+
+    tokenizing = threading.Event()
+    release = threading.Event()
+    encode = generate._encode
+
+    def slow_encode(state, req):
+        if req.prompt == (9, 9, 9):
+            tokenizing.set()
+            assert release.wait(60)
+        return encode(state, req)
+
+    monkeypatch.setattr(generate, "_encode", slow_encode)
+    with tiny_engine_state(max_num_seqs=2) as state, \
+            app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock, client(sock) as c:
+        def post(body):
+            with client(sock) as own:
+                own.post("/v1/completions", json=dict(body, max_tokens=600, ignore_eos=True,
+                                                      temperature=0.0))
+
+        def start(body):
+            thread = threading.Thread(target=post, args=(body,), daemon=True)
+            thread.start()
+            return thread
+
+        def wait_stats(done):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                stats = c.get("/v1/stats").json()
+                if done(stats):
+                    break
+            return stats
+
+        threads = [start({"prompt": [1, 2, 3], "n": 2})]
+        wait_stats(lambda s: s["engine"]["running"] == 2)  # both sequences: no free slot left
+        threads += [start({"prompt": [4, 5, 6]}), start({"prompt": [7, 8]}),
+                    start({"prompt": [9, 9, 9]})]
+        assert tokenizing.wait(60)
+        svc = wait_stats(lambda s: s["service"]["in_flight"] == 4)["service"]
+        assert (svc["in_flight"], svc["running"], svc["queued"], svc["outside_engine"]) \
+            == (4, 1, 2, 1), svc
+        text = c.get("/metrics").text
+        assert "edge_service_outside_engine 1" in text and "edge_service_running 1" in text
+        release.set()
+        for t in threads:
+            t.join(120)
+        svc = c.get("/v1/stats").json()["service"]
+        assert (svc["in_flight"], svc["running"], svc["queued"], svc["outside_engine"]) \
+            == (0, 0, 0, 0), svc
+
+
+def test_a_tiny_temperature_is_greedy_end_to_end(tmp_path):
+    """temperature 1e-300 was accepted and became 0 in the sampler's float32 tensor: NaN logits,
+    the same token every step. Now it is greedy: the tokens of temperature 0, whatever the seed."""
+    from service_helpers import app_on_unix_socket, client, tiny_engine_state
+
+    body = {"prompt": [11, 12, 13, 14], "max_tokens": 8, "ignore_eos": True}
+    with tiny_engine_state() as state, \
+            app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock, client(sock) as c:
+        def tokens(**extra):
+            r = c.post("/v1/completions", json=dict(body, **extra))
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        greedy = tokens(temperature=0)
+        assert tokens(temperature=1e-300, seed=1) == tokens(temperature=5e-324, seed=2) == greedy
+        assert len(set(state.tokenizer.encode(greedy, add_special_tokens=False))) > 1

@@ -64,11 +64,16 @@ def test_null_counts_as_absent_for_every_optional_field(parse, base):
     (b"[1, 2]", "invalid_json"),
     (b'{"prompt": "\xff\xfe"}', "invalid_utf8"),
     (b"[" * 100000, "invalid_json"),
+    (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": [' + b"1" * 4301 + b"]}]}", "invalid_json"),
+    (b'{"x": -' + b"7" * 10000 + b"}", "invalid_json"),
 ])
 def test_bad_bodies(raw, code):
     with pytest.raises(ApiError) as e:
         parse_body(raw)
     assert e.value.status == 400 and e.value.code == code
+    if b"9" * 4301 in raw or b"1" * 4301 in raw or b"7" * 4301 in raw:  # was a 500 (ValueError)
+        assert "digits" in e.value.message
 
 
 @pytest.mark.parametrize("raw,param", [

@@ -210,3 +210,16 @@ def test_install_refuses_overrides_inside_the_guard_band(tmp_path):
     assert "MemoryHigh 10.50 GiB is 85.2% of MemoryMax 12.32 GiB, inside the memory guard's " \
            "high band [82.0%, 93.0%)" in proc.stderr
     assert not out.exists()
+
+
+def test_limit_nofile_holds_the_default_connection_cap():
+    """The service's descriptors (service.max_connections + the rest of the process) must fit the
+    unit's soft LimitNOFILE, and the hard one must leave room to raise the cap."""
+    from edge_runtime.service.connections import RESERVED_DESCRIPTORS
+    from edge_runtime.service.limits import ServiceLimits
+
+    text = (ROOT / "systemd/edge-runtime.service").read_text()
+    values = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("LimitNOFILE=")]
+    assert len(values) == 1, values
+    soft, hard = (int(v) for v in values[0].split(":"))
+    assert ServiceLimits().max_connections + RESERVED_DESCRIPTORS <= soft <= hard

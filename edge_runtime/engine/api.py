@@ -18,12 +18,20 @@ SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 # The sampler packs the batch's top_k values into an int64 tensor: a k of 2**63 or more would stop
 # the engine loop (OverflowError). No vocabulary comes near 2**31, so any k above it means "all".
 TOP_K_MAX = (1 << 31) - 1
+# The sampler computes in float32 (engine/sampler.py). A temperature that float32 cannot hold as a
+# normal number (1e-300 became 0, and the logits NaN) is greedy: the limit of sampling as the
+# temperature goes to 0, which is what such a value asks for. One above float32's largest number
+# would become inf, so it is refused. A repetition penalty below REPETITION_PENALTY_MIN could
+# divide a logit past float32's range (+inf, then NaN probabilities).
+FLOAT32_MAX = 3.4028234663852886e38
+GREEDY_BELOW_TEMPERATURE = 1.1754943508222875e-38  # float32's smallest normal number
+REPETITION_PENALTY_MIN = 1e-9
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 128
-    temperature: float = 0.0  # 0 means greedy
+    temperature: float = 0.0  # 0 means greedy; so does anything below GREEDY_BELOW_TEMPERATURE
     top_k: int = 0  # 0 means off
     top_p: float = 1.0
     repetition_penalty: float = 1.0
@@ -37,17 +45,19 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not 0 <= self.temperature < math.inf:  # NaN fails every comparison
-            raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= FLOAT32_MAX:  # NaN fails every comparison
+            raise RequestError(f"temperature must be a number in [0, {FLOAT32_MAX:.7g}] (a finite "
+                               f"float32), got {self.temperature}")
+        if self.temperature < GREEDY_BELOW_TEMPERATURE:  # frozen: set once, here
+            object.__setattr__(self, "temperature", 0.0)
         if not _is_int(self.top_k) or not 0 <= self.top_k <= TOP_K_MAX:
             raise RequestError(f"top_k must be an integer in [0, {TOP_K_MAX}] (0: off), "
                                f"got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 < self.repetition_penalty < math.inf:
-            raise RequestError(
-                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"
-            )
+        if not REPETITION_PENALTY_MIN <= self.repetition_penalty < math.inf:
+            raise RequestError(f"repetition_penalty must be a finite number >= "
+                               f"{REPETITION_PENALTY_MIN:g}, got {self.repetition_penalty}")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise RequestError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
         if not _is_int(self.n) or not 1 <= self.n <= 16:

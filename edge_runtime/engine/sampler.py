@@ -9,6 +9,8 @@ Invariants:
   per row from that row's own `torch.Generator`, then inverse-CDF sampling (vectorised), so a seeded
   request gives the same tokens whatever else is in the batch.
 - A row never ends up with every token masked: top-k and top-p always keep the most likely token.
+- No NaN for any SamplingParams it accepts (engine/api.py bounds them for float32): the
+  temperature divides logits shifted by their maximum, so a tiny one cannot overflow.
 """
 
 from __future__ import annotations
@@ -95,7 +97,9 @@ def sample(logits: torch.Tensor, rows: list[SamplerRow]) -> list[int]:
     greedy = torch.tensor([r.params.temperature == 0 for r in rows])
     out = logits.argmax(dim=-1)
     temps = torch.tensor([r.params.temperature if r.params.temperature > 0 else 1.0 for r in rows])
-    scaled = logits / temps.unsqueeze(-1)
+    # shifted by the row's max first: logit / a tiny temperature would overflow float32 to +inf
+    # (and the probabilities to NaN); (logit - max) / t only falls towards -inf, probability 0
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temps.unsqueeze(-1)
     scaled = top_k_mask(scaled, torch.tensor([r.params.top_k for r in rows], dtype=torch.long))
     scaled = top_p_mask(scaled, torch.tensor([r.params.top_p for r in rows], dtype=torch.float32))
     probs = scaled.softmax(dim=-1)  # [B, V]

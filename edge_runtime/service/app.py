@@ -11,8 +11,10 @@ Invariants:
   The one exception: a request aiohttp's HTTP parser refuses before any handler runs (request
   line or header too long, bad Content-Length...) gets aiohttp's text/plain 400 and the connection
   is closed; aiohttp has no hook for that answer. It is logged as one INFO line (`ProtocolLog`).
-- `in_flight` counts accepted generation requests (running + waiting in the engine), counted once
-  the body is read and valid; more than `limits.max_in_flight` is answered 429 with Retry-After.
+- `in_flight` counts accepted generation requests (`state.book`, service/accounting.py), counted
+  once the body is read and valid; more than `limits.max_in_flight` is answered 429 with
+  Retry-After. /metrics and /v1/stats split it as running + queued + outside_engine, in requests,
+  with the engine's side read on its loop thread between steps (`collect_stats`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from edge_runtime.service.accounting import InFlight, RequestBook, engine_requests, split
 from edge_runtime.service.limits import ServiceLimits
 from edge_runtime.service.metrics import ServiceMetrics, render_prometheus
 from edge_runtime.service.schema import ApiError
@@ -41,7 +44,7 @@ class ServiceState:
         self.status = "loading"
         self.reason = "loading model"
         self.created = int(time.time())
-        self.in_flight = 0
+        self.book = RequestBook()  # accepted requests by phase
         self.stopping = False
         self.engine = None  # edge_runtime.engine.engine.Engine
         self.aengine = None  # edge_runtime.engine.async_engine.AsyncEngine
@@ -50,6 +53,11 @@ class ServiceState:
         self.vocab_size = 0
         self.backends: dict | None = None
         self.active: dict[str, object] = {}  # request id -> handler task, for shutdown
+        self.connections = None  # connections.ConnectionLimiter, once listening
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.book)
 
     def set_ready(self, loaded, engine, aengine, backends: dict | None) -> None:
         self.engine, self.aengine, self.tokenizer = engine, aengine, loaded.tokenizer
@@ -83,14 +91,35 @@ class ServiceState:
         return (f"the engine loop stopped ({type(exc).__name__}: {exc}); the service must be "
                 "restarted (systemd does so once the watchdog times out)")
 
-    def stats(self) -> dict:
+    def stats(self, in_flight: InFlight | None = None) -> dict:
+        """Everything /metrics and /v1/stats show; without `in_flight` (see `collect_stats`) no
+        request counts as held by the engine."""
         engine_stats = self.engine.stats() if self.engine is not None else {}
         guard = self.guard.snapshot() if self.guard else None
         status = self.health()[1]["status"]
-        state = {"status": status, "model": self.model_name, "in_flight": self.in_flight,
-                 "running": engine_stats.get("running", 0),  # sequences in the engine batch
-                 "queued": engine_stats.get("waiting", 0)}  # sequences waiting for admission
+        in_flight = in_flight or split(self.book.snapshot(), set(), set())
+        state = {"status": status, "model": self.model_name, **in_flight.as_dict()}
+        if self.connections is not None:
+            state["connections_open"] = self.connections.num_open
         return self.metrics.snapshot(engine_stats, guard, self.backends, state)
+
+    async def collect_stats(self) -> dict:
+        """`stats()` with in-flight requests split by what the engine holds: the book and the
+        engine are read together on the engine's loop thread, between steps."""
+        in_flight = None
+        if self.aengine is not None and hasattr(self.aengine, "call"):
+            def read(engine):
+                return split(self.book.snapshot(), *engine_requests(engine))
+
+            call = asyncio.ensure_future(self.aengine.call(read))
+            while not call.done() and self.engine_failure() is None:
+                await asyncio.wait([call], timeout=1.0)  # a dead loop never answers
+            if call.done():
+                in_flight = call.result()
+            else:
+                call.cancel()
+        # engine.stats() takes the engine lock, held during a step: keep the event loop free
+        return await asyncio.to_thread(self.stats, in_flight)
 
 
 def json_error(exc: ApiError) -> web.Response:
@@ -118,6 +147,8 @@ async def error_middleware(request: web.Request, handler):
     state: ServiceState = request.app[STATE_KEY]
     endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource \
         else "unknown"
+    if state.connections is not None:  # handling a request: not the idle one to close
+        state.connections.busy(request.protocol)
     try:
         response = await handler(request)
     except ApiError as exc:
@@ -128,6 +159,9 @@ async def error_middleware(request: web.Request, handler):
         log.exception("handler failed: %s %s", request.method, request.path)
         response = json_error(ApiError(500, "internal server error (see the service log)",
                                        "internal_error", type_="server_error"))
+    finally:
+        if state.connections is not None:
+            state.connections.idle(request.protocol)
     state.metrics.record_request(endpoint, response.status)
     return response
 
@@ -167,12 +201,11 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    # engine.stats() takes the engine lock, held during a step: keep the event loop free
-    return web.json_response(await asyncio.to_thread(request.app[STATE_KEY].stats))
+    return web.json_response(await request.app[STATE_KEY].collect_stats())
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = render_prometheus(await asyncio.to_thread(request.app[STATE_KEY].stats))
+    text = render_prometheus(await request.app[STATE_KEY].collect_stats())
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Format": "prometheus-0.0.4"})
 
@@ -186,6 +219,7 @@ def build_app(state: ServiceState) -> web.Application:
     app = web.Application(middlewares=[error_middleware],
                           client_max_size=state.limits.max_body_bytes + 1,
                           handler_args={"auto_decompress": False,
+                                        "keepalive_timeout": state.limits.idle_timeout_s,
                                         "logger": ProtocolLog(logging.getLogger("aiohttp.server"))})
     app[STATE_KEY] = state
     app.router.add_get("/health", health)

@@ -3,8 +3,9 @@
 Invariants:
 - A request counts in `state.in_flight` only once its body has been read (body.py: within
   `service.body_timeout_s`, else 408) and validated: a client that stalls mid-body holds no slot.
-  It is incremented exactly once per accepted request and decremented in `finally`, whatever
-  happens (disconnect, engine error).
+  It enters `state.book` exactly once per accepted request and leaves it in `finally`, whatever
+  happens (disconnect, engine error); its phase there (preparing, in_engine, answering) follows
+  the engine stream (service/accounting.py).
 - A request whose client disconnects (aiohttp cancels the handler: handler_cancellation=True) or
   whose stream write fails is cancelled in the engine, which releases its pages; a request is
   cancelled at most once and only if it did not finish.
@@ -49,14 +50,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state: ServiceState = request.app[STATE_KEY]
     _admit(state)  # answer at once while loading, stopping or full, without reading the body
+    if state.connections is not None:  # while its body arrives it holds no slot: evictable
+        state.connections.idle(request.protocol)
     raw = await read_body(request, state.limits.max_body_bytes, state.limits.body_timeout_s)
+    if state.connections is not None:
+        state.connections.busy(request.protocol)
     parse = parse_chat if kind == "chat" else parse_completion
     req = parse(parse_body(raw), state.limits.max_tokens)
     if req.model is not None and req.model != state.model_name:
         raise ApiError(404, f"model '{req.model}' is not served here; GET /v1/models lists "
                        f"'{state.model_name}'", "model_not_found", "model")
     _admit(state)  # again: the state may have changed while the body arrived
-    state.in_flight += 1
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    state.book.enter(rid)
     try:
         try:
             prompt_ids = await asyncio.to_thread(_encode, state, req)
@@ -65,7 +71,6 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
                            "messages" if req.kind == "chat" else "prompt") from None
         _check_length(state, prompt_ids, req)
         _check_pool(state, len(prompt_ids), req)
-        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         state.active[rid] = asyncio.current_task()
         try:
             if req.stream:
@@ -74,7 +79,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         finally:
             state.active.pop(rid, None)
     finally:
-        state.in_flight -= 1
+        state.book.leave(rid)
 
 
 def _admit(state: ServiceState) -> None:
@@ -178,6 +183,7 @@ def _engine_error(exc: EdgeError) -> ApiError:
 async def _run(state: ServiceState, req: ApiRequest, rid: str, prompt_ids: list[int], on_event):
     """Drive the engine for one request; cancel it there unless it finished. Returns the result."""
     result = None
+    state.book.move(rid, "in_engine")
     try:
         async with aclosing(state.aengine.stream(prompt_ids, req.params, request_id=rid)) as events:
             async for ev in events:
@@ -193,6 +199,7 @@ async def _run(state: ServiceState, req: ApiRequest, rid: str, prompt_ids: list[
             raise _engine_error(exc.__cause__) from None
         raise
     finally:
+        state.book.move(rid, "answering")
         if result is None:
             state.metrics.cancelled += 1
             await state.aengine.cancel(rid)
@@ -239,9 +246,7 @@ async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
     except ApiError as exc:
         if not resp.prepared:
             raise
-        await resp.write(R.sse(exc.body()))
-        await resp.write(R.sse("[DONE]"))
-        return resp
+        return await _end_stream(request, resp, rid, [exc.body(), "[DONE]"], "an error")
     except ConnectionResetError:  # the client went away; _run already cancelled the request
         log.info("client disconnected from stream %s", rid)
         return resp
@@ -249,13 +254,29 @@ async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
     if failed is not None and not resp.prepared:  # nothing sent yet: a plain 503
         raise failed
     await start()
-    for i, c in enumerate(result.completions):
-        empty = None if req.kind == "chat" else ""
-        await resp.write(R.sse(R.chunk(req.kind, rid, model, created, i, empty, c.finish_reason)))
+    events = [R.chunk(req.kind, rid, model, created, i, None if req.kind == "chat" else "",
+                      c.finish_reason) for i, c in enumerate(result.completions)]
     if failed is not None:
-        await resp.write(R.sse(failed.body()))
+        events.append(failed.body())
     if req.include_usage:
-        await resp.write(R.sse(R.usage_chunk(req.kind, rid, model, created, result)))
-    await resp.write(R.sse("[DONE]"))
-    await resp.write_eof()
+        events.append(R.usage_chunk(req.kind, rid, model, created, result))
+    return await _end_stream(request, resp, rid, events + ["[DONE]"], "the last token")
+
+
+async def _end_stream(request, resp, rid: str, events: list, after: str) -> web.StreamResponse:
+    """Write the stream's closing events. The engine is done with the request: a client that
+    leaves now (the writes fail, or aiohttp cancels this handler as the connection drops) got
+    every token there was; one INFO line, and the request counts with the stream's status."""
+    try:
+        for event in events:
+            await resp.write(R.sse(event))
+        await resp.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            raise  # not the client leaving (e.g. the shutdown deadline cancelled it)
+        task = asyncio.current_task()
+        if task.cancelling():
+            task.uncancel()  # the cancellation only said the connection dropped
+        log.info("client disconnected from stream %s after %s", rid, after)
     return resp

@@ -26,11 +26,14 @@ class ServiceLimits:
     retry_after_s: int = 1
     shutdown_deadline_s: float = 10.0
     body_timeout_s: float = 10.0  # a request body must arrive within this, else 408
+    max_connections: int = 256  # open at once; past it the idle-longest is closed (connections.py)
+    idle_timeout_s: float = 30.0  # a connection with no request for this long is closed
 
     def __post_init__(self) -> None:
-        if not 0 < self.body_timeout_s < float("inf"):
-            raise ConfigError(f"service.body_timeout_s must be a finite number > 0, "
-                              f"got {self.body_timeout_s}")
+        for name in ("body_timeout_s", "idle_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"service.{name} must be a finite number > 0, "
+                                  f"got {getattr(self, name)}")
         for name in ("max_body_bytes", "max_tokens", "max_concurrent_sequences", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
@@ -38,6 +41,11 @@ class ServiceLimits:
                                    "service.max_concurrent_sequences")
         if self.max_prompt_tokens < 0 or self.max_queue < 0 or self.shutdown_deadline_s < 0:
             raise ConfigError("service.max_prompt_tokens, max_queue, shutdown_deadline_s must be >= 0")
+        if self.max_connections <= self.max_in_flight:
+            raise ConfigError(
+                f"service.max_connections ({self.max_connections}) must be more than "
+                f"max_concurrent_sequences + max_queue ({self.max_in_flight}), so that /health "
+                "and /metrics can still connect while every request slot is taken")
 
     @classmethod
     def from_dict(cls, section: dict | None) -> "ServiceLimits":

@@ -67,6 +67,9 @@ class ServiceMetrics:
         self.cached_tokens = 0
         self.cancelled = 0
         self.rejected_busy = 0
+        self.connections_evicted = 0  # closed idle to make room under service.max_connections
+        self.connections_refused = 0  # closed at once: every open connection was busy
+        self.accept_errors = 0  # accept() failed (out of descriptors or memory)
         self.ttft = Histogram(TTFT_BOUNDS)
         self.per_token = Histogram(TOKEN_BOUNDS)
 
@@ -92,6 +95,9 @@ class ServiceMetrics:
                 "service": {**state, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
                             "cached_prompt_tokens": self.cached_tokens,
                             "cancelled": self.cancelled, "rejected_busy": self.rejected_busy,
+                            "connections_evicted": self.connections_evicted,
+                            "connections_refused": self.connections_refused,
+                            "accept_errors": self.accept_errors,
                             "requests": [{"endpoint": e, "status": s, "count": n}
                                          for (e, s), n in sorted(self.requests.items())]},
                 "latency": {"ttft_seconds": self.ttft.snapshot(),
@@ -107,10 +113,12 @@ def render_prometheus(stats: dict) -> str:
     svc = stats["service"]
     _gauge(out, "edge_service_ready", "1 when the model is loaded and warm",
            1 if svc.get("status") == "ready" else 0)
-    for key in ("in_flight", "running", "queued", "tokens_in", "tokens_out",
-                "cached_prompt_tokens", "cancelled", "rejected_busy"):
+    gauges = ("in_flight", "running", "queued", "outside_engine", "connections_open")
+    for key in gauges + ("tokens_in", "tokens_out", "cached_prompt_tokens", "cancelled",
+                         "rejected_busy", "connections_evicted", "connections_refused",
+                         "accept_errors"):
         if key in svc:
-            kind = "gauge" if key in ("in_flight", "running", "queued") else "counter"
+            kind = "gauge" if key in gauges else "counter"
             suffix = "" if kind == "gauge" else "_total"
             _metric(out, f"edge_service_{key}{suffix}", kind, key.replace("_", " "), [("", svc[key])])
     _metric(out, "edge_service_requests_total", "counter", "HTTP requests by endpoint and status",

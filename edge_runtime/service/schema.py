@@ -2,7 +2,8 @@
 
 Invariants:
 - `parse_body` + `parse_completion`/`parse_chat` raise only `ApiError` for any input bytes, so a
-  bad request can never crash a handler (property-tested in tests/test_service_schema.py).
+  bad request can never crash a handler (property-tested in tests/test_service_schema.py), including
+  an integer literal past Python's digit limit (`json.loads` raises a plain ValueError for it).
 - A returned ApiRequest holds a valid `SamplingParams` with max_tokens <= ServiceLimits.max_tokens.
 - Every string of an accepted body is valid Unicode: JSON may escape a lone UTF-16 surrogate
   ("\\ud800"), which Python keeps in the str and the tokenizer cannot take; such a body is a 400
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 
 from edge_runtime.engine.api import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
@@ -66,6 +68,10 @@ def parse_body(raw: bytes) -> dict:
         body = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except ValueError:  # int('9' * 5000): Python's limit on integer literals, in any field
+        raise ApiError(400, f"request body holds an integer literal of more than "
+                       f"{sys.get_int_max_str_digits()} digits; no field takes one that large",
+                       "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
     if _SURROGATE_ESCAPE.search(text):  # valid pairs match too; only lone ones are refused

@@ -35,6 +35,7 @@ from aiohttp import web
 
 from edge_runtime.errors import ConfigError
 from edge_runtime.service.app import ServiceState, build_app
+from edge_runtime.service.connections import check_descriptor_limit, start_listening
 from edge_runtime.service.sd_notify import SystemdNotifier
 
 log = logging.getLogger(__name__)
@@ -137,10 +138,10 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
+        check_descriptor_limit(self.state.limits.max_connections)
         runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = web.SockSite(runner, self.sock, backlog=1024)
-        await site.start()
+        site = await start_listening(runner, self.sock, self.state)
         _say(f"listening on {self.sock.getsockname() or 'fd 3'} (loading model...)")
         try:
             if not await self._load():

@@ -1,0 +1,164 @@
+"""Seeded, bounded fuzz of the HTTP service (tests/fuzz_client.py): every field of the chat and
+completions schemas, raw bytes, malformed HTTP, and disconnects at every point of a stream.
+Fails on any 5xx, any non-JSON error other than aiohttp's documented text/plain 400, an ERROR
+logged, a request left in flight, or a server that stops answering (the client's timeout).
+
+The HTTP layer is what is under test, so most requests run on a stand-in engine that streams a
+few tokens per choice; a smaller part runs on the real engine (the tiny random model)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+
+from fuzz_client import RequestFuzzer, check, exchange, http_request
+from service_helpers import app_on_unix_socket, client, tiny_engine_state
+
+FUZZ_LIMITS = {"max_tokens": 16, "body_timeout_s": 0.5}
+
+
+class StreamingStandIn:
+    """Stand-in AsyncEngine: min(max_tokens, 3) tokens for each of the n choices ("x", then a
+    two-byte character), yielding to the event loop between steps so a client can leave anywhere."""
+
+    failure = None
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+
+    async def stream(self, prompt_ids, params, request_id):
+        from edge_runtime.engine.api import Completion, GenerationResult, TokenEvent
+
+        steps = min(params.max_tokens, 3)
+        self.live.add(request_id)
+        try:
+            for step in range(steps):
+                for i in range(params.n):
+                    yield TokenEvent(request_id, i, [7], "é" if step % 2 else "x")
+                await asyncio.sleep(0)
+            texts = ["xéx"[:steps]] * params.n
+            result = GenerationResult(request_id, len(prompt_ids), 0,
+                                      [Completion(t, [7] * steps, "length") for t in texts])
+            yield TokenEvent(request_id, 0, [], "", result=result)
+        finally:
+            self.live.discard(request_id)
+
+    async def cancel(self, request_id):
+        return None
+
+    async def call(self, fn):
+        running = [SimpleNamespace(request=SimpleNamespace(request_id=r)) for r in self.live]
+        return fn(SimpleNamespace(scheduler=SimpleNamespace(running=running),
+                                  requests=dict.fromkeys(self.live)))
+
+
+def _stand_in_state():
+    from engine_helpers import tiny
+
+    from edge_runtime.service.app import ServiceState
+    from edge_runtime.service.limits import ServiceLimits
+
+    loaded = tiny()  # its tokenizer (SmolLM2's) and sizes; the model itself is not run
+    cfg = SimpleNamespace(page_tokens=16, enable_inline=False, num_inline_slots=0, inline_tokens=0)
+    engine = SimpleNamespace(config=cfg, num_pages=4096, stats=lambda: {"steps": 0})
+    state = ServiceState(ServiceLimits(**FUZZ_LIMITS), "m")
+    state.set_ready(loaded, engine, StreamingStandIn(), None)
+    return state
+
+
+def _fuzz(sock: str, seed: int, count: int) -> int:
+    """`count` fuzzed requests; every tenth asking for a stream is left after a random event or
+    at a random byte of the request. Returns how many were sent."""
+    fuzzer = RequestFuzzer(seed)
+    rng = fuzzer.rng
+    for i in range(count):
+        kind, request, stream = fuzzer.request()
+        malformed = not request.startswith(b"POST /v1/") or b"Content-Length: -5" in request \
+            or b"Transfer-Encoding" in request
+        leave = None
+        if stream and rng.random() < 0.3:
+            leave = -rng.randint(1, 8)
+        elif rng.random() < 0.05:
+            leave = rng.randint(0, len(request))
+        check(exchange(sock, request, leave), malformed)
+        if i % 50 == 49:
+            _assert_answering(sock)
+    return count
+
+
+def _every_disconnect_point(sock: str, body: bytes, path: str) -> int:
+    """The same stream, left after each of its events in turn and at points of its request."""
+    request = http_request(path, body, "")
+    full = exchange(sock, request)
+    check(full, False)
+    assert full.status == 200 and full.events[-1] == "[DONE]", full
+    sent = 1
+    for k in range(1, len(full.events) + 1):
+        check(exchange(sock, request, -k), False)
+        sent += 1
+    head = request.index(b"\r\n\r\n")
+    for cut in (0, 1, head // 2, head, head + 4, head + 4 + len(body) // 2, len(request) - 1):
+        check(exchange(sock, request, cut), False)
+        sent += 1
+    return sent
+
+
+def _assert_answering(sock: str) -> None:
+    with client(sock, timeout=30) as c:
+        assert c.get("/health").status_code == 200
+
+
+def _assert_clean(state, caplog) -> None:
+    deadline = time.monotonic() + 30
+    while state.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state.in_flight == 0, state.book.snapshot()
+    statuses = {status for (_, status) in state.metrics.requests}
+    assert all(s < 500 for s in statuses), statuses
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, [r.getMessage() for r in errors[:5]]
+
+
+STREAMS = [(b'{"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 3, '
+            b'"stream": true, "stream_options": {"include_usage": true}}', "/v1/chat/completions"),
+           (b'{"prompt": [1, 2], "max_tokens": 2, "stream": true}', "/v1/completions")]
+
+
+def test_fuzz_http_layer_on_a_stand_in_engine(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    state = _stand_in_state()
+    with app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
+        sent = _fuzz(sock, seed=1234, count=1000)
+        for body, path in STREAMS:
+            sent += _every_disconnect_point(sock, body, path)
+        with ThreadPoolExecutor(4) as pool:  # and four clients at once (seeded each)
+            sent += sum(pool.map(lambda seed: _fuzz(sock, seed, 60), range(4)))
+        _assert_answering(sock)
+        _assert_clean(state, caplog)
+    assert sent >= 1000
+    served = sum(n for (_, status), n in state.metrics.requests.items() if status == 200)
+    refused = sum(n for (_, status), n in state.metrics.requests.items() if 400 <= status < 500)
+    assert served > 150 and refused > 300, state.metrics.requests  # both sides were reached
+
+
+def test_fuzz_on_the_real_engine(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    with tiny_engine_state(limits=FUZZ_LIMITS) as state, \
+            app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
+        sent = _fuzz(sock, seed=99, count=150)
+        for body, path in STREAMS:
+            sent += _every_disconnect_point(sock, body, path)
+        _assert_answering(sock)
+        _assert_clean(state, caplog)
+        engine = state.engine
+        deadline = time.monotonic() + 30
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kv = engine.stats()["kv"]
+        assert kv["pages_live"] == 0 and kv.get("inline_slots_used", 0) == 0, kv
+    assert sent >= 150
