@@ -17,10 +17,10 @@ from edge_runtime.service.server import Loaded
 log = logging.getLogger(__name__)
 
 
-def engine_config(config_path: str | None, limits: ServiceLimits, loaded, device: str):
+def engine_config(config_path: str | None, limits: ServiceLimits, loaded, placement):
     from edge_runtime.engine.config import EngineConfig
 
-    overrides = dict(max_num_seqs=limits.max_concurrent_sequences, device=device)
+    overrides = dict(max_num_seqs=limits.max_concurrent_sequences, **placement.engine_settings())
     plan = _memory_plan(config_path, loaded)
     if plan is not None:
         return EngineConfig.from_plan(plan, **overrides)
@@ -54,15 +54,31 @@ def check_budget(model_name: str, config_path: str | None) -> None:
     make_plan(budget, config, None, model_name=folder.name)
 
 
+def placement_for(config_path: str | None, device: str = "auto", backend: str | None = None):
+    """Device, back end and weight dtype for the service (engine/placement.py): `--device auto`
+    takes the budget's `device:`, else CUDA where torch sees one, else the CPU."""
+    from edge_runtime.engine.placement import resolve
+
+    budget = None
+    if config_path:
+        from edge_runtime.budget import load_budget
+
+        budget = load_budget(config_path)
+    return resolve(device, backend, budget)
+
+
 def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
-             guard_config: GuardConfig, device: str = "cpu") -> Loaded:
+             guard_config: GuardConfig, device: str = "auto", backend: str | None = None) -> Loaded:
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.engine.placement import load_for
 
     check_budget(model_name, config_path)
-    loaded = load_model(model_name, device=device)
-    engine = Engine(loaded, engine_config(config_path, limits, loaded, device))
+    placement = placement_for(config_path, device, backend)
+    log.info("model %s on the %s back end, device %s, %s weights", model_name, placement.backend,
+             placement.device, placement.weight_dtype)
+    loaded = load_for(model_name, placement)
+    engine = Engine(loaded, engine_config(config_path, limits, loaded, placement))
     aengine = AsyncEngine(engine)
     guard = None
     if guard_config.enabled:
@@ -71,12 +87,4 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
         from edge_runtime.guard.telemetry import open_source
 
         guard = MemoryGuard(guard_config, open_source(), EngineGuardHooks(engine))
-    return Loaded(loaded, engine, aengine, _backends(device), guard)
-
-
-def _backends(device: str) -> dict | None:
-    try:
-        from edge_runtime.kernels.dispatch import describe_backends
-    except ImportError:
-        return None
-    return describe_backends(device)
+    return Loaded(loaded, engine, aengine, engine.backend.describe(), guard)
