@@ -50,11 +50,12 @@ def wait_ready(proc: subprocess.Popen, sock: str, timeout: float = 120.0) -> Non
 
 
 def start_server(sock: str, config: Path, model: str, extra_env: dict | None = None,
-                 pass_fds=(), argv_prefix=None, socket_arg: bool = True) -> subprocess.Popen:
+                 pass_fds=(), argv_prefix=None, socket_arg: bool = True,
+                 extra_args=()) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     if "NOTIFY_SOCKET" not in (extra_env or {}):
         env.pop("NOTIFY_SOCKET", None)
-    argv = list(argv_prefix or EXE) + ["serve", "--config", str(config), "--model", model]
+    argv = list(argv_prefix or EXE) + ["serve", "--config", str(config), "--model", model, *extra_args]
     if socket_arg:
         argv += ["--socket", sock]
     log = open(sock + ".log", "w")  # a file, not a pipe: a full pipe would block the server
