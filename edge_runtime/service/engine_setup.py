@@ -17,25 +17,41 @@ from edge_runtime.service.server import Loaded
 log = logging.getLogger(__name__)
 
 
-def engine_config(config_path: str | None, limits: ServiceLimits, loaded, placement):
+def engine_config(config_path: str | None, limits: ServiceLimits, loaded, placement,
+                  runtime_bytes: int = 0):
+    """runtime_bytes: the CUDA context and workspace measured at start-up (engine/cuda_memory.py)."""
     from edge_runtime.engine.config import EngineConfig
 
     overrides = dict(max_num_seqs=limits.max_concurrent_sequences, **placement.engine_settings())
-    plan = _memory_plan(config_path, loaded)
+    plan = _memory_plan(config_path, loaded, runtime_bytes)
     if plan is not None:
         return EngineConfig.from_plan(plan, **overrides)
     return EngineConfig(**overrides)
 
 
-def _memory_plan(config: str | None, loaded):
+def _memory_plan(config: str | None, loaded, runtime_bytes: int = 0):
     """The budget's memory plan for this model (page count, inline arena), or None."""
     if not config:
         return None
     from edge_runtime.budget import load_budget
     from edge_runtime.plan import make_plan
 
-    return make_plan(load_budget(config), loaded.config, loaded.weight_bytes,
-                     model_name=loaded.path.name)
+    plan = make_plan(load_budget(config), loaded.config, loaded.weight_bytes,
+                     model_name=loaded.path.name, runtime_bytes=runtime_bytes)
+    _check_free_memory(plan, str(loaded.model.device))
+    return plan
+
+
+def _check_free_memory(plan, device: str) -> None:
+    """On CUDA: say so when the pool about to be allocated exceeds what is free now (MemAvailable
+    on unified memory); the allocation may still succeed as the kernel reclaims caches."""
+    from edge_runtime.engine.cuda_memory import free_bytes
+
+    free = free_bytes(device)
+    if free is not None and plan.pool_bytes > free:
+        log.warning("the budget's KV pool (%.0f MiB) exceeds the memory free now (%.0f MiB); lower "
+                    "device_memory or kv.max_pool_bytes if the allocation fails",
+                    plan.pool_bytes / 2**20, free / 2**20)
 
 
 def check_budget(model_name: str, config_path: str | None) -> None:
@@ -77,8 +93,13 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
     placement = placement_for(config_path, device, backend)
     log.info("model %s on the %s back end, device %s, %s weights", model_name, placement.backend,
              placement.device, placement.weight_dtype)
+    from edge_runtime.engine.cuda_memory import runtime_overhead
+
+    runtime_bytes = runtime_overhead(placement.device)  # before the weights: context + workspace
+    if runtime_bytes:
+        log.info("CUDA context and workspace: %.0f MiB (counted in the budget)", runtime_bytes / 2**20)
     loaded = load_for(model_name, placement)
-    engine = Engine(loaded, engine_config(config_path, limits, loaded, placement))
+    engine = Engine(loaded, engine_config(config_path, limits, loaded, placement, runtime_bytes))
     aengine = AsyncEngine(engine)
     guard = None
     if guard_config.enabled:
