@@ -16,7 +16,7 @@ from edge_runtime.kernels import dispatch
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
 
-SYSTEM = random_ids(100, 500, seed=1)  # one full 64-token page + a partial shared page of 36
+SYSTEM = random_ids(40, 500, seed=1)  # shared as a partial 64-token page
 
 
 def _greedy(max_tokens, **kw):
@@ -26,11 +26,11 @@ def _greedy(max_tokens, **kw):
 def _run(engine) -> list:
     """Every scenario on one engine; returns the completions' token ids in order."""
     out = []
-    first = engine.generate([SYSTEM + random_ids(5, 500, seed=2)], _greedy(6))  # caches the prefix
+    first = engine.generate([SYSTEM + random_ids(5, 500, seed=2)], _greedy(4))  # caches the prefix
     tails = [SYSTEM + random_ids(n, 500, seed=3 + n) for n in (4, 9)] + [random_ids(7, 500, seed=9)]
-    shared = engine.generate(tails, _greedy(6))  # prefix hits; the short cold prompt goes inline
-    forked = engine.generate([SYSTEM + random_ids(3, 500, seed=20)], _greedy(5, n=2))
-    beams = engine.generate([random_ids(12, 500, seed=21)], _greedy(5, beam_width=2))
+    shared = engine.generate(tails, _greedy(4))  # prefix hits; the short cold prompt goes inline
+    forked = engine.generate([SYSTEM + random_ids(3, 500, seed=20)], _greedy(4, n=2))
+    beams = engine.generate([random_ids(12, 500, seed=21)], _greedy(4, beam_width=2))
     for res in first + shared + forked + beams:
         out.append([c.token_ids for c in res.completions])
     out.append(shared[0].cached_prompt_tokens)
@@ -45,7 +45,7 @@ def test_cuda_back_end_matches_the_cpu_back_end_greedy():
     got = _run(cuda)
     launched = dispatch.TRITON_LAUNCHES - before
     assert got == _run(cpu)
-    assert got[-1] == 100  # the whole system prompt, partial page included, came from the cache
+    assert got[-1] == 40  # the whole system prompt, a partial page, came from the cache
     assert cuda.kv.counters.inline_to_pages > 0  # the short prompt ran in an inline slot
     for kernel in ("write_kv", "paged_decode", "paged_attention", "merge_attention"):
         assert launched[kernel] > 0, (kernel, dict(launched))
@@ -53,11 +53,11 @@ def test_cuda_back_end_matches_the_cpu_back_end_greedy():
 
 
 def test_cuda_back_end_preempts_and_matches():
-    prompts = [random_ids(58, 500, seed=40 + i) for i in range(3)]  # one page each, then a second
+    prompts = [random_ids(61, 500, seed=40 + i) for i in range(2)]  # one page each, then a second
     results = {}
     for backend in ("cpu", "cuda"):
-        eng = engine_on(backend, num_pages=4, enable_inline=False, max_num_seqs=3)
-        results[backend] = [r.token_ids for r in eng.generate(prompts, _greedy(10))]
+        eng = engine_on(backend, num_pages=2, enable_inline=False, max_num_seqs=2)
+        results[backend] = [r.token_ids for r in eng.generate(prompts, _greedy(5))]
         assert eng.stats()["preemptions"] > 0, backend
         eng.kv.check_leaks()
     assert results["cuda"] == results["cpu"]
