@@ -125,7 +125,10 @@ def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | 
         from edge_runtime.quant.awq_model import awq_group_size, quantize_linears_from_checkpoint
     except ImportError as exc:
         raise ModelLoadError("AWQ support not installed (edge_runtime.quant.awq_model is missing)") from exc
-    quantize_linears_from_checkpoint(model, state, quant_config, backend=backend)
+    if backend is None:  # AWQLinear's default choice (quant/awq_model.py)
+        quantize_linears_from_checkpoint(model, state, quant_config)
+    else:
+        quantize_linears_from_checkpoint(model, state, quant_config, backend=backend)
     return f"awq-g{awq_group_size(quant_config)}"
 
 
