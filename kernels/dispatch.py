@@ -5,13 +5,9 @@ on a CPU under TRITON_INTERPRET=1 (engine/backend.py), so CI runs the GPU's kern
 Every Triton launch made through here is counted in `TRITON_LAUNCHES` (op -> calls), which is how
 tests show that the Triton kernels really ran.
 
-`describe_backends()` reports what a call on this machine would use, for `edge-runtime plan` and
-/metrics: op -> "triton" | "torch-reference" | "torch-int4pack-cpu", plus the engine's own CPU paths
-("linear": fp32 weights blocked for kernels/csrc/linear_f32.c, or oneDNN packed where that is not
-built, kernels/cpu_linear.py; "decode_attention": the C kernel of
-kernels/csrc/flat_kv.c or its torch fallback, kernels/flat_kv_cpu.py; "decode_step": the one-call C
-layer stack of kernels/cpu_decoder.py or the torch layer loop). The choice per call follows
-the tensors' device, so CPU tensors on a CUDA machine still take the reference.
+`describe_backends(device)` reports what a call here with tensors on `device` would use, op ->
+"triton" | "torch-reference" | "torch-int4pack-cpu". What the engine runs as a whole (the CPU back
+end's C paths included) is named by its back end, engine/backend.py `describe()`.
 
 W4A16 on CPU: `AWQLinear` (quant/awq_linear.py) repacks its weights once for torch's CPU int4 op
 and calls that directly; `awq_gemm` here (the dequantizing reference) is only its fallback, so
@@ -23,7 +19,6 @@ from collections import Counter
 
 import torch
 
-from edge_runtime import env
 from edge_runtime.kernels import awq_gemm as _awq
 from edge_runtime.kernels import awq_prepared as _awp
 from edge_runtime.kernels import kv_write as _kv
@@ -153,24 +148,7 @@ def describe_backends(device=None) -> dict:
              for op in OPS}
     if not on_cuda and cpu_int4pack_available():
         names["awq_gemm"] = "torch-int4pack-cpu"
-    names.update(_engine_paths(on_cuda))
     return names
-
-
-def _engine_paths(on_cuda: bool) -> dict:
-    """What the engine runs beyond the ops above: fp32 linears, CPU decode attention and step."""
-    if on_cuda:
-        return {"linear": "torch", "decode_attention": "triton paged_decode",
-                "decode_step": "torch-layers"}
-    from edge_runtime.kernels import cpu_linear, cpu_native
-
-    linear = cpu_linear.backend()
-    native = cpu_native.library() is not None
-    fused = native and linear == "c-blocked" and env.cpu_fused_decoder()
-    return {"linear": {"c-blocked": "c-blocked-f32", "onednn": "onednn-packed"}.get(linear or "", "torch"),
-            "decode_attention": "c-flat-int8" if native else "torch-flat",
-            # all-decode steps of an fp32 model with int8 KV: the whole layer stack in one C call
-            "decode_step": "c-fused-layers" if fused else "torch-layers"}
 
 
 def cpu_int4pack_available() -> bool:
