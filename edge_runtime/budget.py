@@ -28,9 +28,10 @@ from edge_runtime.errors import ConfigError
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "configs"
 KV_DTYPES = ("int8", "fp16", "fp32")
 WEIGHT_DTYPES = ("fp16", "bf16", "fp32")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
           "gib": 2**30}
-TOP_KEYS = {"name", "description", "device_memory", "reserve", "activation_reserve",
+TOP_KEYS = {"name", "description", "device", "device_memory", "reserve", "activation_reserve",
             "weight_dtype", "kv", "inline", "max_concurrent_sequences", "stream_context_tokens",
             "guard", "service"}
 SECTION_KEYS = {"reserve": {"os", "other"},
@@ -84,7 +85,8 @@ class Budget:
     os_reserve: int  # left to the OS and system services
     other_reserve: int  # left to other processes (ASR, TTS)
     activation_reserve: int  # activations, logits, sampler and allocator slack
-    weight_dtype: str = "fp16"
+    weight_dtype: str = "fp16"  # the CUDA back end's; the CPU back end runs fp32
+    device: str = "auto"  # auto | cpu | cuda | cuda:N: what `--device auto` picks (engine/placement.py)
     kv_dtype: str = "int8"
     page_tokens: int = 512
     max_pool_bytes: int | None = None  # optional cap on the page pool
@@ -111,6 +113,8 @@ class Budget:
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ConfigError(f"{where}: weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, "
                               f"got {self.weight_dtype!r}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ConfigError(f"{where}: device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         check_page_tokens(self.page_tokens, f"{where}: kv.page_tokens")
         if self.inline_slots < 0 or self.inline_tokens < 0:
             raise ConfigError(f"{where}: inline.slots and inline.tokens must not be negative")
@@ -218,7 +222,8 @@ def budget_from_dict(data: Any, source: str) -> Budget:
         other_reserve=parse_bytes(reserve.get("other", 0), f"{source}: reserve.other"),
         activation_reserve=parse_bytes(data.get("activation_reserve", 0),
                                        f"{source}: activation_reserve"),
-        weight_dtype=str(data.get("weight_dtype", "fp16")), kv_dtype=str(kv.get("dtype", "int8")),
+        weight_dtype=str(data.get("weight_dtype", "fp16")), device=str(data.get("device", "auto")),
+        kv_dtype=str(kv.get("dtype", "int8")),
         page_tokens=kv.get("page_tokens", 512),
         max_pool_bytes=None if pool_cap is None else parse_bytes(pool_cap, f"{source}: kv.max_pool_bytes"),
         recent_window=_int(kv.get("recent_window", DEFAULT_WINDOW_TOKENS), f"{source}: kv.recent_window"),

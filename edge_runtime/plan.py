@@ -102,6 +102,7 @@ class MemoryPlan:
     stream_context_tokens: int
     streams_that_fit: int  # streams of stream_context_tokens, nothing shared
     max_concurrent_sequences: int
+    runtime_bytes: int = 0  # CUDA context + allocator workspace, measured at start (engine/cuda_memory.py)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -109,9 +110,11 @@ class MemoryPlan:
 
 def make_plan(budget: Budget, model_config, weight_bytes: int | None,
               kv_dtype: str | None = None, page_tokens: int | None = None,
-              model_name: str = "") -> MemoryPlan:
+              model_name: str = "", runtime_bytes: int = 0) -> MemoryPlan:
     """`weight_bytes` None: not known yet (before the model loads); counted as 0, so a budget
-    refused then is refused after loading too. `kv_dtype`/`page_tokens` None: the budget's."""
+    refused then is refused after loading too. `kv_dtype`/`page_tokens` None: the budget's.
+    `runtime_bytes`: what the process holds besides weights and KV (the CUDA context and
+    allocator workspace, measured at start-up); deducted like the reserves."""
     kv_dtype = kv_dtype or budget.kv_dtype
     page_tokens = budget.page_tokens if page_tokens is None else page_tokens
     check_page_size(budget, page_tokens, kv_dtype, "the page size")
@@ -121,7 +124,7 @@ def make_plan(budget: Budget, model_config, weight_bytes: int | None,
     window = budget.recent_window if kv_dtype == "int8" else 0
     windows = WINDOWS_PER_SEQUENCE * budget.max_concurrent_sequences * window_bytes(
         model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, window)
-    parts = _deductions(budget, weight_bytes, arena, windows)
+    parts = _deductions(budget, weight_bytes, arena, windows, runtime_bytes)
     room = budget.device_memory - sum(n for _, n, _ in parts)
     if budget.max_pool_bytes is not None:
         room = min(room, budget.max_pool_bytes)
@@ -135,7 +138,7 @@ def make_plan(budget: Budget, model_config, weight_bytes: int | None,
         weight_bytes or 0, per_token, per_page, budget.inline_slots, budget.inline_tokens, arena,
         window, windows, kv_dtype == "int8" and budget.centred_keys, num_pages * per_page,
         num_pages, num_pages * page_tokens, budget.stream_context_tokens,
-        num_pages // pages_per_stream, budget.max_concurrent_sequences)
+        num_pages // pages_per_stream, budget.max_concurrent_sequences, runtime_bytes)
 
 
 def check_page_size(budget: Budget, page_tokens, kv_dtype: str, where: str) -> None:
@@ -154,11 +157,15 @@ def check_page_size(budget: Budget, page_tokens, kv_dtype: str, where: str) -> N
             "or lower kv.recent_window")
 
 
-def _deductions(budget: Budget, weight_bytes: int | None, arena: int, windows: int) -> list:
+def _deductions(budget: Budget, weight_bytes: int | None, arena: int, windows: int,
+                runtime_bytes: int = 0) -> list:
     """(label, bytes, what to change) for everything the pool comes after."""
     parts = [("reserve.os", budget.os_reserve, "lower reserve.os"),
              ("reserve.other", budget.other_reserve, "lower reserve.other"),
              ("activation_reserve", budget.activation_reserve, "lower activation_reserve")]
+    if runtime_bytes:
+        parts.append(("CUDA context + workspace (measured)", runtime_bytes,
+                      "lower reserve.other or activation_reserve, which the measured part may cover"))
     if weight_bytes is not None:
         parts.append(("weights", weight_bytes, "quantize the weights or use a smaller model"))
     return parts + [

@@ -6,23 +6,24 @@ ops and Python around them were half of a batch-1 step (docs/perf.md, "CPU decod
 `FusedDecoder.for_model(model)` exists when every layer of a CausalLM was packed with the c-blocked
 backend (model/linear_packing.py) and the C library is built; `EDGE_RUNTIME_CPU_FUSED=0` turns it
 off (A/B runs, tests). `CausalLM.forward` uses it for a step whose KV context offers
-`native_decode_args()` (engine/paged_kv.py: CPU flat path, int8 KV, every new token a decode
+`native_decode_args()` (engine/flat_kv.py: the CPU back end, int8 KV, every new token a decode
 token); any other step runs the layers in torch as before. The reference is that layer loop:
 tests compare logits and the KV written (tests/test_kernel_cpu_decoder.py).
 """
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from edge_runtime import env
+
 if TYPE_CHECKING:
     from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
 
-ENV_SWITCH = "EDGE_RUNTIME_CPU_FUSED"
+ENV_SWITCH = env.CPU_FUSED
 
 
 class LayerWeights(ctypes.Structure):
@@ -105,7 +106,7 @@ class FusedDecoder:
         from edge_runtime.kernels import cpu_native
         from edge_runtime.kernels.cpu_linear import PackedLinear
 
-        if os.environ.get(ENV_SWITCH, "1") == "0":
+        if not env.cpu_fused_decoder():
             return None
         lib = cpu_native.library()
         if lib is None:

@@ -23,14 +23,14 @@ Invariants:
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from edge_runtime import env
+
 # Rows oneDNN's reordered layout is tuned for: decode batches of 1-16 are within 10% of their best.
 BATCH_HINT = 16
-ENV_SWITCH = "EDGE_RUNTIME_CPU_LINEAR"  # auto (default) | c-blocked | onednn | dense (A/B runs)
+ENV_SWITCH = env.CPU_LINEAR  # auto (default) | c-blocked | onednn | dense (A/B runs)
 BLOCK_N = 16  # output rows per block of kernels/csrc/linear_f32.c
 # c-blocked: from this many rows on (prefill chunks), a batched matmul over the blocked weights
 # instead of the C kernel. On the twelfth session's Intel Xeon VM, weights cold, 576 x 3,072
@@ -50,7 +50,7 @@ def _onednn_available() -> bool:
 
 def backend() -> str | None:
     """"c-blocked", "onednn", or None (F.linear), from EDGE_RUNTIME_CPU_LINEAR and what exists."""
-    choice = os.environ.get(ENV_SWITCH, "auto") or "auto"
+    choice = env.cpu_linear()
     if choice == "dense":
         return None
     if choice in ("auto", "c-blocked"):

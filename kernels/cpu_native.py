@@ -26,17 +26,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edge_runtime import env
 from edge_runtime.paths import cache_dir
 
 SOURCES = [Path(__file__).with_name("csrc") / name
            for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "decoder_ops.h",
                         "decoder.c", "argmax.c")]
-ENV_SWITCH = "EDGE_RUNTIME_CPU_NATIVE"
+ENV_SWITCH = env.CPU_NATIVE
 # build for another target than this machine, e.g. `haswell` or `x86-64-v3` to measure here what
 # an AVX2-only machine gets (docs/kernels.md, "AVX2 builds"); default: native
-ENV_MARCH = "EDGE_RUNTIME_CPU_MARCH"
+ENV_MARCH = env.CPU_MARCH
 # "1": build decoder.c with per-phase timers (`bench step --decoder-phases`; own cache entry)
-ENV_PHASE_TIMES = "EDGE_RUNTIME_CPU_PHASE_TIMES"
+ENV_PHASE_TIMES = env.CPU_PHASE_TIMES
 # reassociation lets the reductions vectorize; not -ffast-math, whose crtfastmath would set
 # flush-to-zero for the whole process (torch included)
 # -fopenmp: linear_f32.c splits output blocks over threads (libgomp comes with gcc)
@@ -79,9 +80,9 @@ def _first_errors(stderr: str) -> str:
 def build_flags() -> list[str]:
     """CFLAGS with -march from EDGE_RUNTIME_CPU_MARCH when it is set, and the decode step's
     per-phase timers when EDGE_RUNTIME_CPU_PHASE_TIMES=1."""
-    march = os.environ.get(ENV_MARCH, "native")
+    march = env.cpu_march() or "native"
     flags = [f"-march={march}" if f == "-march=native" else f for f in CFLAGS]
-    if os.environ.get(ENV_PHASE_TIMES) == "1":
+    if env.cpu_phase_times():
         flags.append("-DEDGE_RUNTIME_PHASE_TIMES")
     return flags
 
@@ -147,9 +148,9 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (torch fallback) with the reason printed once."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    if not env.cpu_native_enabled():
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    compiler = shutil.which(env.c_compiler()) or shutil.which("gcc")
     if compiler is None:
         _say("no C compiler (install gcc); CPU decode attention and fp32 linears use the slower "
              "torch paths")
@@ -157,7 +158,7 @@ def library() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, RuntimeError) as exc:
-        march = os.environ.get(ENV_MARCH)
+        march = env.cpu_march()
         cause = f" with {ENV_MARCH}={march} (unset it, or name a target the compiler knows)" if march else ""
         _say(f"building kernels/csrc failed{cause} ({exc}); CPU decode attention and fp32 linears "
              "use the torch paths")

@@ -1,18 +1,21 @@
-"""Backend choice per op: Triton on CUDA tensors, the torch reference elsewhere.
+"""Kernel choice per op: Triton on CUDA tensors, the torch reference elsewhere.
 
-`describe_backends()` reports what a call on this machine would use, for `edge-runtime plan` and
-/metrics: op -> "triton" | "torch-reference" | "torch-int4pack-cpu", plus the engine's own CPU paths
-("linear": fp32 weights blocked for kernels/csrc/linear_f32.c, or oneDNN packed where that is not
-built, kernels/cpu_linear.py; "decode_attention": the C kernel of
-kernels/csrc/flat_kv.c or its torch fallback, kernels/flat_kv_cpu.py; "decode_step": the one-call C
-layer stack of kernels/cpu_decoder.py or the torch layer loop). The choice per call follows
-the tensors' device, so CPU tensors on a CUDA machine still take the reference.
+Inside `prefer_triton()` CPU tensors take the Triton kernels too: the CUDA back end runs that way
+on a CPU under TRITON_INTERPRET=1 (engine/backend.py), so CI runs the GPU's kernels without a GPU.
+Every Triton launch made through here is counted in `TRITON_LAUNCHES` (op -> calls), which is how
+tests show that the Triton kernels really ran.
+
+`describe_backends(device)` reports what a call here with tensors on `device` would use, op ->
+"triton" | "torch-reference" | "torch-int4pack-cpu". What the engine runs as a whole (the CPU back
+end's C paths included) is named by its back end, engine/backend.py `describe()`.
 
 W4A16 on CPU: `AWQLinear` (quant/awq_linear.py) repacks its weights once for torch's CPU int4 op
 and calls that directly; `awq_gemm` here (the dequantizing reference) is only its fallback, so
 `describe_backends` names "torch-int4pack-cpu" for awq_gemm on CPU when torch has that op.
 """
-import os
+import contextlib
+import contextvars
+from collections import Counter
 
 import torch
 
@@ -25,30 +28,58 @@ from edge_runtime.kernels import paged_decode as _pd
 OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm", "awq_gemm_prepared", "paged_decode")
 
 
+TRITON_LAUNCHES: Counter = Counter()
+_TRITON_ON_CPU = contextvars.ContextVar("triton_on_cpu", default=False)
+
+
 def triton_available() -> bool:
     """True when triton imports and a CUDA device is visible."""
     return _kv.triton is not None and torch.cuda.is_available()
 
 
+def triton_importable() -> bool:
+    return _kv.triton is not None
+
+
+@contextlib.contextmanager
+def prefer_triton():
+    """Calls inside take the Triton kernels on CPU tensors too (under TRITON_INTERPRET=1)."""
+    token = _TRITON_ON_CPU.set(True)
+    try:
+        yield
+    finally:
+        _TRITON_ON_CPU.reset(token)
+
+
 def _use_triton(t: torch.Tensor, op: str) -> bool:
-    return t.is_cuda and _kv.triton is not None and hasattr(_IMPLS[op], "triton")
+    return ((t.is_cuda or _TRITON_ON_CPU.get()) and _kv.triton is not None
+            and hasattr(_IMPLS[op], "triton"))
+
+
+def _counted(op: str, fn):
+    def launch(*args, **kwargs):
+        TRITON_LAUNCHES[op] += 1
+        return fn(*args, **kwargs)
+    return launch
 
 
 class _Impl:
-    def __init__(self, ref, triton_fn=None):
+    def __init__(self, op: str, ref, triton_fn=None):
         self.ref = ref
         if triton_fn is not None:
-            self.triton = triton_fn
+            self.triton = _counted(op, triton_fn)
 
 
 _IMPLS = {
-    "write_kv": _Impl(_kv.write_kv_ref, getattr(_kv, "write_kv_triton", None)),
-    "paged_attention": _Impl(_pa.paged_attention_ref, getattr(_pa, "paged_attention_triton", None)),
-    "merge_attention": _Impl(_pa.merge_attention_ref, getattr(_pa, "merge_attention_triton", None)),
-    "awq_gemm": _Impl(_awq.awq_gemm_ref, getattr(_awq, "awq_gemm_triton", None)),
-    "awq_gemm_prepared": _Impl(_awp.awq_gemm_prepared_ref,
+    "write_kv": _Impl("write_kv", _kv.write_kv_ref, getattr(_kv, "write_kv_triton", None)),
+    "paged_attention": _Impl("paged_attention", _pa.paged_attention_ref,
+                             getattr(_pa, "paged_attention_triton", None)),
+    "merge_attention": _Impl("merge_attention", _pa.merge_attention_ref,
+                             getattr(_pa, "merge_attention_triton", None)),
+    "awq_gemm": _Impl("awq_gemm", _awq.awq_gemm_ref, getattr(_awq, "awq_gemm_triton", None)),
+    "awq_gemm_prepared": _Impl("awq_gemm_prepared", _awp.awq_gemm_prepared_ref,
                                _awp.awq_gemm_prepared_triton if _awp.triton is not None else None),
-    "paged_decode": _Impl(None, _pd.paged_decode if _pd.triton is not None else None),
+    "paged_decode": _Impl("paged_decode", None, _pd.paged_decode if _pd.triton is not None else None),
 }
 
 
@@ -69,8 +100,8 @@ def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx,
     k_mean: the int8 store's mean key [Hkv, D] float32 (centred keys) or None."""
     if (_use_triton(q, "paged_decode") and q.shape[0] <= block_table.shape[0]
             and _pd.supported(q, k_cache, block_table)):
-        return _pd.paged_decode(q, k_cache, v_cache, k_scale, v_scale, [(block_table, seq_idx, kv_lens)],
-                                sm_scale, k_mean=k_mean)
+        return _IMPLS["paged_decode"].triton(q, k_cache, v_cache, k_scale, v_scale,
+                                             [(block_table, seq_idx, kv_lens)], sm_scale, k_mean=k_mean)
     return _pick("paged_attention", q)(q, k_cache, v_cache, k_scale, v_scale, block_table,
                                        seq_idx, kv_lens, sm_scale, k_mean=k_mean)
 
@@ -98,7 +129,8 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, k_me
     -> (out, lse) as merge_attention of per-segment paged_attention. Triton decode v2 (one launch +
     one merge) on CUDA where paged_decode.supported; elsewhere per-segment attention + merge."""
     if _use_triton(q, "paged_decode") and all(_pd.supported(q, k_cache, seg[0]) for seg in segments):
-        return _pd.paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, k_mean=k_mean)
+        return _IMPLS["paged_decode"].triton(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale,
+                                             k_mean=k_mean)
     parts = [paged_attention(q, k_cache, v_cache, k_scale, v_scale, *seg, sm_scale, k_mean=k_mean)
              for seg in segments]
     if len(parts) == 1:
@@ -116,24 +148,7 @@ def describe_backends(device=None) -> dict:
              for op in OPS}
     if not on_cuda and cpu_int4pack_available():
         names["awq_gemm"] = "torch-int4pack-cpu"
-    names.update(_engine_paths(on_cuda))
     return names
-
-
-def _engine_paths(on_cuda: bool) -> dict:
-    """What the engine runs beyond the ops above: fp32 linears, CPU decode attention and step."""
-    if on_cuda:
-        return {"linear": "torch", "decode_attention": "triton paged_decode",
-                "decode_step": "torch-layers"}
-    from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
-
-    linear = cpu_linear.backend()
-    native = cpu_native.library() is not None
-    fused = native and linear == "c-blocked" and os.environ.get(cpu_decoder.ENV_SWITCH, "1") != "0"
-    return {"linear": {"c-blocked": "c-blocked-f32", "onednn": "onednn-packed"}.get(linear or "", "torch"),
-            "decode_attention": "c-flat-int8" if native else "torch-flat",
-            # all-decode steps of an fp32 model with int8 KV: the whole layer stack in one C call
-            "decode_step": "c-fused-layers" if fused else "torch-layers"}
 
 
 def cpu_int4pack_available() -> bool:

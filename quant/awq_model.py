@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edge_runtime import env
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.quant.awq_linear import BACKENDS, AWQLinear
 from edge_runtime.quant.half_embed import HalfEmbedding, HalfLinear, set_module
@@ -171,12 +172,12 @@ def quantize_linears_from_checkpoint(model: nn.Module, state: dict, quant_config
                                      ) -> list[str]:
     """Swap nn.Linear -> AWQLinear for every `<path>.qweight` in `state` (consumed); returns paths.
 
-    backend: see AWQLinear; default from $EDGE_AWQ_BACKEND, else "auto" (`reference` gives exact
+    backend: see AWQLinear; default from $EDGE_RUNTIME_AWQ_BACKEND (edge_runtime/env.py), else "auto" (`reference` gives exact
     fp32 activations on CPU, for quality checks; `cpu-int4pack` is the fast CPU path).
     """
-    backend = backend or os.environ.get("EDGE_AWQ_BACKEND", "auto")
+    backend = backend or env.awq_backend(BACKENDS)
     if backend not in BACKENDS:
-        raise ModelLoadError(f"EDGE_AWQ_BACKEND={backend!r} is not one of {', '.join(BACKENDS)}")
+        raise ModelLoadError(f"AWQ backend {backend!r} is not one of {', '.join(BACKENDS)}")
     group_size = _check_config(quant_config)
     paths = sorted(k[: -len(".qweight")] for k in state if k.endswith(".qweight"))
     if not paths:

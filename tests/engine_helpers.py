@@ -12,6 +12,7 @@ import torch
 from model_helpers import random_ids, save_random_model, smollm2, smollm2_hf, tiny_hf_config
 
 from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.backend import prepare_model, select_backend
 from edge_runtime.engine.config import EngineConfig
 from edge_runtime.engine.engine import Engine
 from edge_runtime.model.loader import load_model
@@ -73,8 +74,11 @@ def hf_beam(hf_model, prompt: list[int], k: int, max_new: int, eos) -> list[int]
 
 
 def engine_for(loaded, **cfg) -> Engine:
+    """An Engine over `loaded`, prepared for the config's back end first (the CPU one by default)."""
     cfg.setdefault("check_invariants_every_step", True)
-    return Engine(loaded, EngineConfig(**cfg))
+    config = EngineConfig(**cfg)
+    prepare_model(loaded.model, select_backend(config.backend, config.device))
+    return Engine(loaded, config)
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:

@@ -51,7 +51,7 @@ def wait_ready(proc: subprocess.Popen, sock: str, timeout: float = 120.0) -> Non
 
 def start_server(sock: str, config: Path | None, model: str, extra_env: dict | None = None,
                  pass_fds=(), argv_prefix=None, socket_arg: bool = True,
-                 max_open_files: int | None = None) -> subprocess.Popen:
+                 max_open_files: int | None = None, extra_args=()) -> subprocess.Popen:
     """`edge-runtime serve` (without --config when `config` is None: default limits and pool),
     with RLIMIT_NOFILE set to `max_open_files` (soft and hard) when given."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
@@ -60,6 +60,7 @@ def start_server(sock: str, config: Path | None, model: str, extra_env: dict | N
     argv = list(argv_prefix or EXE) + ["serve", "--model", model]
     if config is not None:
         argv += ["--config", str(config)]
+    argv += list(extra_args)
     if socket_arg:
         argv += ["--socket", sock]
     log = open(sock + ".log", "w")  # a file, not a pipe: a full pipe would block the server

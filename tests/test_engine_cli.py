@@ -72,9 +72,10 @@ def test_huge_max_tokens_sizes_the_pool_by_the_context(capsys):
     from engine_helpers import tiny
 
     from edge_runtime.engine.cli_backend import engine_config
+    from edge_runtime.engine.placement import resolve
 
     args = SimpleNamespace(n=1, beams=1, no_prefix_cache=False, no_inline=False, kv_dtype=None,
-                           page_tokens=16, config=None)
+                           page_tokens=16, config=None, placement=resolve("cpu"))
     loaded = tiny()
     cfg = engine_config(args, loaded, [([1, 2, 3], 10**9)])  # used to ask for 5.7 TB on SmolLM2
     context = loaded.config.max_position_embeddings

@@ -1,4 +1,4 @@
-"""PagedKVContext vs dense causal attention on random data: shared prefix (partial last page),
+"""Both back ends' KV contexts (FlatKVContext: CPU, PagedKVContext: CUDA) vs dense causal attention on random data: shared prefix (partial last page),
 private tail pages, inline tail, full tail pages followed by inline slots, prefill with cached
 prefix + decode mixed in one step, GQA."""
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.flat_kv import FlatKVContext
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from paged_kv_helpers import D, H, HKV, LAYERS, P, SLOT, dense as _dense, int8_read_back
 from paged_kv_helpers import fill_history
@@ -35,6 +36,9 @@ DECODE_ONLY = [
 ]
 
 
+CONTEXTS = {"flat-cpu": FlatKVContext, "per-segment": PagedKVContext}
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
 @pytest.mark.parametrize("flat", [True, False], ids=["flat-cpu", "per-segment"])
 @pytest.mark.parametrize("specs", [MIXED, DECODE_ONLY], ids=["mixed", "decode-only"])
@@ -45,7 +49,7 @@ def test_paged_context_matches_dense(kv_dtype, flat, specs):
     steps = [SeqStep(pages, plen, kind, ids, plen + cached, new, *full)
              for pages, plen, kind, ids, cached, new, *full in specs]
     hist = fill_history(st, steps)  # (layer, seq) -> dense k, v of all tokens so far
-    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=flat)
+    ctx = (FlatKVContext if flat else PagedKVContext)(st, steps, sm_scale=D**-0.5)
     total = sum(s.num_new for s in steps)
     for layer in range(LAYERS):
         q, k, v = torch.randn(total, H, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
@@ -63,12 +67,11 @@ def test_paged_context_matches_dense(kv_dtype, flat, specs):
 def test_unreserved_tail_is_refused():
     st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, num_inline_slots=2,
                    inline_tokens=SLOT, kv_dtype="fp32")
-    for flat in (True, False):
+    for context in CONTEXTS.values():
         with pytest.raises(AssertionError):
-            PagedKVContext(st, [SeqStep((), 0, "pages", (1,), 0, P + 1)], sm_scale=1.0, flat=flat)
+            context(st, [SeqStep((), 0, "pages", (1,), 0, P + 1)], sm_scale=1.0)
         with pytest.raises(AssertionError):  # an inline tail: one full page, then one slot
-            PagedKVContext(st, [SeqStep((), 0, "inline", (0,), 0, P + SLOT + 1, (2,))],
-                           sm_scale=1.0, flat=flat)
+            context(st, [SeqStep((), 0, "inline", (0,), 0, P + SLOT + 1, (2,))], sm_scale=1.0)
 
 
 @pytest.mark.parametrize("specs", [MIXED, DECODE_ONLY], ids=["mixed", "decode-only"])
@@ -79,8 +82,8 @@ def test_flat_and_per_segment_slot_mappings_agree(specs):
                    inline_tokens=SLOT, kv_dtype="int8")
     steps = [SeqStep(pages, plen, kind, ids, plen + cached, new, *full)
              for pages, plen, kind, ids, cached, new, *full in specs]
-    flat = PagedKVContext(st, steps, sm_scale=1.0, flat=True).slot_mapping
-    per_segment = PagedKVContext(st, steps, sm_scale=1.0, flat=False).slot_mapping
+    flat = FlatKVContext(st, steps, sm_scale=1.0).slot_mapping
+    per_segment = PagedKVContext(st, steps, sm_scale=1.0).slot_mapping
     assert flat.keys() == per_segment.keys()
     for store in flat:
         assert flat[store].tolist() == per_segment[store].tolist(), store
@@ -88,6 +91,6 @@ def test_flat_and_per_segment_slot_mappings_agree(specs):
 
 def test_new_token_inside_the_prefix_is_refused():
     st = KVStorage(LAYERS, HKV, D, num_pages=4, page_tokens=P, kv_dtype="int8")
-    for flat in (True, False):
+    for context in CONTEXTS.values():
         with pytest.raises(AssertionError):
-            PagedKVContext(st, [SeqStep((1,), 5, "pages", (2,), 3, 1)], sm_scale=1.0, flat=flat)
+            context(st, [SeqStep((1,), 5, "pages", (2,), 3, 1)], sm_scale=1.0)

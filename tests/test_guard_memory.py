@@ -37,13 +37,16 @@ sys.stdin.readline()
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
+    from edge_runtime.engine.backend import prepare_model, select_backend
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
     from edge_runtime.model.loader import load_model
 
     folder = make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+    loaded = load_model(str(folder))
+    prepare_model(loaded.model, select_backend("cpu", "cpu"))
     # 1500 pages of this tiny model's int8 KV (~72 KiB each): ~105 MiB resident after the start-up touch
-    return Engine(load_model(str(folder)), EngineConfig(num_pages=1500, max_num_seqs=4))
+    return Engine(loaded, EngineConfig(num_pages=1500, max_num_seqs=4))
 
 
 def _rss() -> int:

@@ -12,7 +12,9 @@ from native_helpers import portable_library
 
 from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.engine.backend import CpuBackend
+from edge_runtime.engine.flat_kv import FlatKVContext
+from edge_runtime.engine.paged_kv import SeqStep
 from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native, hadamard
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
 from edge_runtime.model.linear_packing import pack_linears
@@ -74,7 +76,7 @@ def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0,
     st = _storage(cfg, kv_dtype, seed, means)
     steps = [SeqStep(pages, plen, kind, ids, plen + cached, 1, *full)
              for pages, plen, kind, ids, cached, *full in specs]
-    ctx = PagedKVContext(st, steps, sm_scale=cfg.head_dim ** -0.5)
+    ctx = FlatKVContext(st, steps, sm_scale=cfg.head_dim ** -0.5)
     ids = torch.tensor([5 + 7 * i for i in range(len(steps))])
     positions = torch.tensor([s.start for s in steps])
     keep, before = model.fused_decoder, torch.get_num_threads()
@@ -82,7 +84,7 @@ def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0,
         torch.set_num_threads(threads)
         if not fused:
             model.fused_decoder = None
-        logits = model(ids, positions, ctx, None)
+        logits = CpuBackend(torch.device("cpu")).forward(model, ids, positions, ctx, None)
     finally:
         model.fused_decoder = keep
         torch.set_num_threads(before)
@@ -234,9 +236,10 @@ def test_not_used_for_prefill_rows_or_float_kv(loaded, monkeypatch):
     cfg = loaded.config
     st = _storage(cfg, "int8", 0)
     mixed = [SeqStep((3, 5), 13, "pages", (9,), 13, 4), SeqStep((7,), 8, "pages", (4, 6), 17, 1)]
-    ctx = PagedKVContext(st, mixed, sm_scale=cfg.head_dim ** -0.5)
+    ctx = FlatKVContext(st, mixed, sm_scale=cfg.head_dim ** -0.5)
     assert ctx.native_decode_args(cfg.num_heads, cfg.head_dim) is None  # a prefill row
-    loaded.model(torch.arange(5, 10), torch.tensor([13, 14, 15, 16, 17]), ctx, None)
+    CpuBackend(torch.device("cpu")).forward(loaded.model, torch.arange(5, 10),
+                                            torch.tensor([13, 14, 15, 16, 17]), ctx, None)
     _step(loaded, DECODE, "fp32", fused=True)  # float KV: the torch path
     assert not calls
     _step(loaded, DECODE, "int8", fused=True)

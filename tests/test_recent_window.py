@@ -17,6 +17,7 @@ import torch
 from edge_runtime.cache.kv_manager import KVManager
 from edge_runtime.cache.recent_windows import RecentWindows, exact_from
 from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.flat_kv import FlatKVContext
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from edge_runtime.kernels import cpu_native, hadamard
 from engine_helpers import engine_for, greedy, tiny, tiny_prompts
@@ -135,7 +136,8 @@ def _run_specs(path: str, monkeypatch):
         for pos in range(max(step.window_start, step.start - W), step.start):
             _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1],
                    [i * W + (pos - step.window_start) % W])
-    ctx = PagedKVContext(st, steps, sm_scale=D**-0.5, flat=not path.startswith("per-segment"))
+    context = PagedKVContext if path.startswith("per-segment") else FlatKVContext
+    ctx = context(st, steps, sm_scale=D**-0.5)
     total = sum(s.num_new for s in steps)
     for layer in range(LAYERS):
         q, k, v = torch.randn(total, H, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
@@ -214,14 +216,14 @@ def test_forked_children_continue_with_the_parents_window():
 def test_per_segment_engine_reads_windows_like_the_flat_path(monkeypatch):
     """The engine with every step on the per-segment path (as on a GPU, through the torch
     reference kernels here) decodes the same greedy tokens as the CPU flat path, with windows."""
-    from edge_runtime.engine import engine as engine_module
+    from edge_runtime.engine.backend import CpuBackend
 
     prompts = tiny_prompts([30, 47, 12], seed=7)
     flat = _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts)
     wide_prompts = tiny_prompts([40, 25, 61], seed=3)  # int8 without a window differs from fp16 KV
     fp16 = _tokens(engine_for(tiny(), kv_dtype="fp16"), wide_prompts)
-    monkeypatch.setattr(engine_module, "PagedKVContext",
-                        lambda storage, steps, sm_scale: PagedKVContext(storage, steps, sm_scale, flat=False))
+    monkeypatch.setattr(CpuBackend, "context",
+                        lambda self, storage, steps, sm_scale: PagedKVContext(storage, steps, sm_scale))
     assert _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=4), prompts) == flat
     assert _tokens(engine_for(tiny(), kv_dtype="int8", recent_window=128), wide_prompts) == fp16
 

@@ -41,8 +41,8 @@ def test_render_engine_guard_and_backends():
     engine = {"steps": 7, "running": 2, "kv_dtype": "int8", "kv": {"pages_free": 5,
                                                                   "prefix_hit_rate": 0.25}}
     state = {"status": "ready", "in_flight": 3, "running": 2, "queued": 1}
-    text = render_prometheus(m.snapshot(engine, guard.snapshot(), {"paged_attention": "triton"},
-                                        state))
+    backend = {"backend": "cuda", "device": "cuda", "kernels": {"paged_attention": "triton"}}
+    text = render_prometheus(m.snapshot(engine, guard.snapshot(), backend, state))
     s = _series(text)
     assert s['edge_service_requests_total{endpoint="/v1/completions",status="429"}'] == 1
     assert s["edge_service_tokens_in_total"] == 30 and s["edge_service_tokens_out_total"] == 11
@@ -55,6 +55,7 @@ def test_render_engine_guard_and_backends():
     assert s['edge_guard_transitions_total{from="ok",to="high"}'] == 1
     assert s['edge_guard_transitions_total{from="high",to="critical"}'] == 1
     assert s['edge_kernel_backend{op="paged_attention",backend="triton"}'] == 1
+    assert s['edge_backend_info{backend="cuda",device="cuda"}'] == 1
     assert s["edge_service_queued"] == 1 and s["edge_service_ready"] == 1
 
 

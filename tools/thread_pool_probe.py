@@ -22,7 +22,7 @@ from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.config import EngineConfig
 from edge_runtime.engine.engine import Engine
 from edge_runtime.kernels.openmp_pool import release_thread_pool
-from edge_runtime.model.loader import load_model
+from edge_runtime.engine.placement import load_for, resolve
 
 MODES = ("main thread", "second thread, builder's pool alive", "second thread, pool released")
 
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=8, help="tokens generated per request")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    engine = Engine(load_model(args.model, progress=None), EngineConfig())
+    engine = Engine(load_for(args.model, resolve("cpu"), progress=lambda msg: None), EngineConfig())
     rng = random.Random(0)
     prefix = [rng.randrange(100, 40000) for _ in range(args.prefix)]  # ids any tokenizer here has
     measure(engine, [prefix], 1)  # cache the prefix (and warm up)

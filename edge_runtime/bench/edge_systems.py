@@ -34,13 +34,21 @@ def _progress(msg: str) -> None:
     print(f"edge-runtime: {msg}", file=sys.stderr, flush=True)
 
 
-def load(model: str, weights: str = "fp32"):
-    import torch
+def load(model: str, weights: str | None = None, device: str = "auto", backend: str | None = None):
+    """The model loaded and prepared for its back end (engine/placement.py); weights: the weight
+    dtype (None: the back end's)."""
+    from edge_runtime.engine.placement import load_for, resolve
 
-    from edge_runtime.model.loader import load_model
+    return load_for(model, resolve(device, backend, weight_dtype=weights), progress=_progress)
 
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[weights]
-    return load_model(model, dtype=dtype, progress=_progress)
+
+def describe_backend(device: str = "auto", backend: str | None = None) -> dict:
+    """The back end and every kernel it runs, for the bench JSON (engine/backend.py)."""
+    from edge_runtime.engine.backend import select_backend
+    from edge_runtime.engine.placement import resolve
+
+    placement = resolve(device, backend)
+    return {**placement.describe(), **select_backend(placement.backend, placement.device).describe()}
 
 
 def load_hf_backend(model: str, model_path: str | None = None):
@@ -71,7 +79,8 @@ def build_engine(loaded, system: str, kv_dtype: str | None = None, num_pages: in
     if recent_window is not None:
         extra["recent_window"] = recent_window
     cfg = EngineConfig(kv_dtype=kv_dtype or dtype, enable_prefix_cache=share, enable_inline=inline,
-                       num_pages=num_pages, max_num_seqs=max(8, max_batch), **extra)
+                       num_pages=num_pages, max_num_seqs=max(8, max_batch),
+                       device=str(loaded.model.device), backend=loaded.model.prepared_for, **extra)
     check_pool(max_batch, max_tokens, num_pages, cfg.page_tokens)
     return Engine(loaded, cfg)
 
@@ -148,7 +157,7 @@ class EdgeBackend:
 
     @classmethod
     def create(cls, model: str, system: str, opts: dict) -> "EdgeBackend":
-        loaded = load(model, opts.get("weights", "fp32"))
+        loaded = load(model, opts.get("weights"), opts.get("device", "auto"), opts.get("backend"))
         engine = build_engine(loaded, system, num_pages=opts.get("num_pages") or 32,
                               page_tokens=opts.get("page_tokens"),
                               recent_window=opts.get("recent_window"))

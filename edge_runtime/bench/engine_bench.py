@@ -23,6 +23,7 @@ import time
 from edge_runtime.bench.checks import check_bandwidth_mib, check_context, check_min, parse_int_list
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.stats import Summary
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
 
 
@@ -231,7 +232,7 @@ def run(args) -> int:
     probe = BandwidthProbe(size_mib=args.bandwidth_mib)
     bw = probe.measure()
     _progress(f"read {bw.read_gbps:.1f} GB/s, copy {bw.copy_gbps:.1f} GB/s; loading {args.model}...")
-    loaded = load(args.model, args.weights)
+    loaded = load(args.model, args.weights, args.device, args.backend)
     engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype,
                           max_batch=max(batches), max_tokens=max(prompts) + args.gen_tokens,
                           recent_window=args.recent_window)
@@ -256,6 +257,7 @@ def run(args) -> int:
                                "weight_bytes": loaded.weight_bytes, "kv_dtype": args.kv_dtype,
                                "recent_window": engine.kv.windows.window_tokens,
                                "quantization": loaded.quantization, "bandwidth": bw.to_dict(),
+                               "backend": engine.backend.describe(),
                                "rows": rows, "decode_ratios": ratios})
     return 0
 
@@ -263,8 +265,9 @@ def run(args) -> int:
 def register_subcommand(subparsers) -> None:
     p = subparsers.add_parser("engine", help="prefill/decode tokens/s per batch size vs the roofline")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "bf16"],
-                   help="dtype of the (unquantized) weights")
+    p.add_argument("--weights", default=None, choices=["fp32", "fp16", "bf16"],
+                   help="dtype of the (unquantized) weights (default: the back end's)")
+    add_placement_arguments(p)
     p.add_argument("--batch", default="1,2,5", help="comma-separated batch sizes")
     p.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths")
     p.add_argument("--gen-tokens", type=int, default=128)

@@ -64,7 +64,7 @@ def _best_ms(chain, rows: int, repeat: int) -> float:
 
 def run(args) -> int:
     from edge_runtime.bench.bandwidth import measure_bandwidth
-    from edge_runtime.bench.edge_systems import load
+    from edge_runtime.model.loader import load_model
 
     rows_list = parse_int_list(args.rows, "--rows")
     check_min(args, repeat=1)
@@ -72,7 +72,7 @@ def run(args) -> int:
     set_threads(args.threads)
     bw = measure_bandwidth(size_mib=args.bandwidth_mib)
     print(f"[bench linear] read {bw.read_gbps:.1f} GB/s; loading {args.model}...", file=sys.stderr)
-    loaded = load(args.model)
+    loaded = load_model(args.model, progress=None)  # dense: this bench packs its own copies
     weight_bytes = sum(m.weight.numel() * 4 for m in _dense_chain(loaded.model))
     results = []
     kinds = packed_kinds()

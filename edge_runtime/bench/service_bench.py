@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments
+
 SYSTEM = "You are the voice assistant of a car. Answer in one short sentence."
 QUESTIONS = ["Turn on the lights.", "What is the weather like?", "Play some jazz.",
              "Navigate home.", "Call my sister.", "Open the window.", "Set a timer.",
@@ -61,7 +63,8 @@ class _InProcess:
         from edge_runtime.service.limits import load_sections
 
         limits, _ = load_sections(args.config)
-        self.loaded = load_all(args.model, args.config, limits, GuardConfig(enabled=False))
+        self.loaded = load_all(args.model, args.config, limits, GuardConfig(enabled=False),
+                               args.device, args.backend)
         self.params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
 
     async def one(self, s: int, t: int) -> tuple[int, float]:
@@ -92,7 +95,8 @@ class _Service:
         tmp = tempfile.mkdtemp(prefix="edge-bench-service-")
         self.sock = os.path.join(tmp, "api.sock")
         cmd = [sys.executable, "-m", "edge_runtime", "serve", "--socket", self.sock,
-               "--model", args.model] + (["--config", args.config] if args.config else [])
+               "--model", args.model, "--device", args.device] + (["--config", args.config] if args.config else [])
+        cmd += ["--backend", args.backend] if args.backend else []
         self.log = open(os.path.join(tmp, "serve.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.body = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
@@ -225,4 +229,5 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--json", help="write every round and the machine description here")
+    add_placement_arguments(p)
     p.set_defaults(func=run)

@@ -25,6 +25,7 @@ from edge_runtime.bench.checks import check_context, check_min, parse_int_list
 from edge_runtime.bench.engine_bench import random_prompts, set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.step_phases import StepPhases
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
 
 
@@ -146,7 +147,7 @@ def run(args) -> int:
                          "entry; without a C compiler there is no C decode step to time)")
     set_threads(args.threads)
     print(f"[bench step] loading {args.model}...", file=sys.stderr, flush=True)
-    loaded = load(args.model)
+    loaded = load(args.model, None, args.device, args.backend)
     engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype, max_batch=max(batches),
                           max_tokens=args.prompt_tokens + args.steps + 8,
                           recent_window=args.recent_window)
@@ -173,7 +174,8 @@ def run(args) -> int:
         pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(args.profile)
         print(buf.getvalue())
     if args.json:
-        write_json(args.json, {"bench": "step", "model": args.model, "rows": rows})
+        write_json(args.json, {"bench": "step", "model": args.model, "rows": rows,
+                               "backend": engine.backend.describe()})
     return 0
 
 
@@ -194,4 +196,5 @@ def register_subcommand(subparsers) -> None:
                    help="split the C decoder layers into phases, per thread (needs "
                         "EDGE_RUNTIME_CPU_PHASE_TIMES=1)")
     p.add_argument("--json")
+    add_placement_arguments(p)
     p.set_defaults(func=run)

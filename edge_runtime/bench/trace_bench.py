@@ -17,6 +17,7 @@ from edge_runtime.bench.checks import check_min
 from edge_runtime.bench.replay import ARRIVALS, HISTORIES
 from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, fmt_pct, markdown_table, write_json
 from edge_runtime.bench.stats import ratio
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
 
 SYSTEMS = ("edge", "edge-noshare", "edge-fp16kv", "hf")
@@ -240,8 +241,12 @@ def run(args) -> int:
             "history": args.history, "prewarm": args.prewarm,
             "target_model": args.target_model, "page_tokens": args.page_tokens,
             "num_pages": args.num_pages, "threads": args.threads,
-            "recent_window": args.recent_window}
+            "recent_window": args.recent_window, "device": args.device, "backend": args.backend}
     meta = _meta(args, trace)
+    if any(s != "hf" for s in systems) and not args.target:
+        from edge_runtime.bench.edge_systems import describe_backend
+
+        meta["edge_backend"] = describe_backend(args.device, args.backend)
     save = (lambda res: write_json(args.json, _payload(meta, res))) if args.json else None
     results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate, save=save)
     return _report(args, meta, results)
@@ -328,4 +333,5 @@ def register_subcommand(subparsers) -> None:
                                        "together (no replay)")
     p.add_argument("--json", help="write rows, comparisons and per-request records here")
     p.add_argument("--plot", help="write a PNG of TTFT distributions and KV bytes over time")
+    add_placement_arguments(p)
     p.set_defaults(func=run)

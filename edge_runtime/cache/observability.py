@@ -12,16 +12,17 @@ table; KVManager logs it at WARNING once each time free pages fall under `dump_b
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, fields
+
+from edge_runtime import env
 
 LOG = logging.getLogger("edge_runtime.kv")
 
 
 def debug_enabled_by_env() -> bool:
-    return os.environ.get("EDGE_RUNTIME_KV_DEBUG", "") not in ("", "0", "false", "no")
+    return env.kv_debug()
 
 
 @dataclass

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError, RequestError
 
 CHAT_PROMPTS = [
@@ -65,6 +66,7 @@ def register(subparsers) -> None:
                    help="torch CPU threads (0: torch's default; 1 is fastest on a busy 2-core box)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--out", help="also write the JSON report to this file")
+    add_placement_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -210,7 +212,7 @@ def run(args) -> int:
     import torch
 
     from edge_runtime.budget import check_page_tokens
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.engine.placement import load_for, resolve
     from edge_runtime.paths import check_output_file
 
     dtypes = _dtypes(args.kv_dtype)
@@ -224,7 +226,8 @@ def run(args) -> int:
     if args.out:
         check_output_file(args.out, "--out")  # before the evaluation, not after it
     text = _read_texts(args.text)
-    loaded = load_model(args.model)
+    placement = resolve(args.device, args.backend)
+    loaded = load_for(args.model, placement)
     _check_model_fits(loaded, args)
     ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     _check_vocabulary(ids, loaded.config.vocab_size)
@@ -233,14 +236,16 @@ def run(args) -> int:
         raise InputError("the text has fewer than 2 tokens; nothing to evaluate")
     pool_window = max(len(w) for w in windows)  # the pool holds the longest window, not --window
     recent = args.recent_window
-    settings = {} if recent is None else {"recent_window": recent}
+    settings = dict(placement.engine_settings())
+    if recent is not None:
+        settings["recent_window"] = recent
     if not args.centred_keys:
         settings["centred_keys"] = False
     report = {"model": args.model, "text": args.text, "tokens": len(ids), "window": args.window,
               "windows": len(windows), "page_tokens": args.page_tokens,
               "chunk": args.chunk or args.window,
               "recent_window": DEFAULT_WINDOW_TOKENS if recent is None else recent,
-              "centred_keys": args.centred_keys,
+              "centred_keys": args.centred_keys, **placement.describe(),
               "torch_threads": torch.get_num_threads(), "results": []}
     for d in dtypes:
         report["results"].append(perplexity(loaded, windows, d, args.page_tokens, pool_window,

@@ -16,8 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments  # no torch import
+
 DEFAULT_MODEL = "smollm2-135m-instruct"  # == edge_runtime.model.loader.DEFAULT_MODEL (no torch import here)
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 PROMPT_KEYS = ("prompt", "chat", "max_tokens")  # of a --prompts-file line; the rest are flags
 
 
@@ -37,7 +39,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help="activation/weight dtype")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="activation/weight dtype (default: the back end's, engine/placement.py)")
+    add_placement_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     # engine backend (edge_runtime/engine/cli_backend.py)
     p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], default=None,
@@ -107,14 +111,27 @@ def read_requests(args) -> list[dict]:
     return requests
 
 
+def placement_of(args):
+    """The device, back end and weight dtype of this run (engine/placement.py)."""
+    from edge_runtime.engine.placement import resolve
+
+    budget = None
+    if getattr(args, "config", None):
+        from edge_runtime.budget import load_budget
+
+        budget = load_budget(args.config)
+    return resolve(args.device, args.backend, budget, DTYPES.get(args.dtype))
+
+
 def build_backend(args):
-    import torch
+    from edge_runtime.engine.placement import load_for
 
-    from edge_runtime.model.loader import load_model
-
-    _log(f"loading model {args.model} ...")
+    placement = placement_of(args)
+    _log(f"loading model {args.model} for the {placement.backend} back end on {placement.device} "
+         f"({placement.weight_dtype}) ...")
     start = time.perf_counter()
-    loaded = load_model(args.model, dtype=getattr(torch, args.dtype))
+    loaded = load_for(args.model, placement)
+    args.placement = placement
     _log(f"model ready in {time.perf_counter() - start:.1f} s "
          f"({loaded.weight_bytes / 2**20:.0f} MiB of weights)")
     from edge_runtime.engine.cli_backend import EngineBackend

@@ -30,6 +30,12 @@ def register(subparsers) -> None:
     p.add_argument("--memory-high", help="check this unit MemoryHigh= (e.g. 12G) against the guard")
     p.add_argument("--memory-max", help="check this unit MemoryMax= (e.g. 13G) against the guard")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--device", default="auto",
+                   help="the device the plan is for: auto (the budget's device:, else cuda when "
+                        "torch sees one, else cpu), cpu, cuda or cuda:N; planning needs no GPU")
+    p.add_argument("--backend", choices=("cpu", "cuda"), default=None,
+                   help="the back end (default: the device's); it decides the weight dtype: the "
+                        "budget's weight_dtype on CUDA, fp32 on the CPU back end")
     p.set_defaults(func=run)
 
 
@@ -97,13 +103,14 @@ def format_unit_limits(u: dict) -> str:
     return "\n".join(f"{k:<48}  {v}" for k, v in rows)
 
 
-def format_plan(plan) -> str:
+def format_plan(plan, placement) -> str:
     mib = 2**20
     rows = [
         ("budget / model", f"{plan.budget_name} / {plan.model_name}"),
+        ("device / back end", f"{placement.device} / {placement.backend}"),
         ("device memory", f"{plan.device_memory / mib:,.0f} MiB"),
         ("reserved (os + other + activations)", f"{plan.reserved / mib:,.0f} MiB"),
-        ("weights", f"{plan.weight_bytes / mib:,.1f} MiB"),
+        (f"weights ({placement.weight_dtype})", f"{plan.weight_bytes / mib:,.1f} MiB ({plan.weight_bytes:,} bytes)"),
         (f"KV bytes per token ({plan.kv_dtype})", f"{plan.kv_bytes_per_token:,}"),
         (f"bytes per page ({plan.page_tokens} tokens)", f"{plan.bytes_per_page:,}"),
         (f"inline arena ({plan.inline_slots} x {plan.inline_tokens} tokens)",
@@ -129,23 +136,31 @@ def run(args) -> int:
     if args.page_tokens is not None:  # 0 too: it is not "absent"
         check_page_size(budget, args.page_tokens, args.kv_dtype or budget.kv_dtype,
                         "--page-tokens")
+    from edge_runtime.engine.placement import resolve
+
+    placement = resolve(args.device, args.backend, budget, need_device=False)
     print(f"reading model {args.model} ...", file=sys.stderr)
-    config, weight_bytes, name = model_for_plan(args.model, budget.weight_dtype)
+    config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype)
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
     unit = unit_limits_for(budget, plan, args.memory_high, args.memory_max)
-    backends = kernel_backends()
+    backend = describe_backend(placement)
     if args.json:
-        print(json.dumps({**plan.as_dict(), "unit_limits": unit, "kernel_backends": backends},
-                         indent=2))
+        print(json.dumps({**plan.as_dict(), **placement.describe(), "unit_limits": unit,
+                          "kernel_backends": backend}, indent=2))
     else:
-        print(format_plan(plan))
+        print(format_plan(plan, placement))
         print(format_unit_limits(unit))
-        print("kernels on this machine: " + ", ".join(f"{op}={b}" for op, b in backends.items()))
+        print(f"kernels of the {backend['backend']} back end: "
+              + ", ".join(f"{op}={b}" for op, b in backend["kernels"].items()))
     return 0
 
 
-def kernel_backends() -> dict:
-    """op -> backend the dispatcher picks here (Triton on CUDA, torch references on CPU)."""
-    from edge_runtime.kernels.dispatch import describe_backends
+def describe_backend(placement) -> dict:
+    """The back end the plan is for and every kernel it runs (engine/backend.py); built without
+    checking that its device exists here."""
+    import torch
 
-    return describe_backends()
+    from edge_runtime.engine.backend import CpuBackend, CudaBackend
+
+    cls = CpuBackend if placement.backend == "cpu" else CudaBackend
+    return cls(torch.device(placement.device)).describe()

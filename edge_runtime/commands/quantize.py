@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-clip", action="store_true", help="skip the clipping-range search")
     p.add_argument("--rtn", action="store_true",
                    help="round-to-nearest only (no AWQ scaling, no clipping): the baseline")
+    p.add_argument("--device", default="auto",
+                   help="where calibration runs (fp32, plain torch layers, no engine back end): "
+                        "auto (cuda when torch sees a CUDA device, else cpu), cpu, cuda or cuda:N")
     p.set_defaults(func=run)
 
 
@@ -109,11 +112,13 @@ def _quantize(args, out: Path, texts: list[str] | None) -> int:
     from tqdm import tqdm
 
     from edge_runtime.errors import ConfigError
+    from edge_runtime.engine.placement import pick_device
     from edge_runtime.model.loader import load_model
     from edge_runtime.quant import awq_algo, awq_blocks, awq_model, calibration
 
     start = time.perf_counter()
-    lm = load_model(args.model)
+    device = pick_device(args.device)
+    lm = load_model(args.model, device=device)
     if lm.quantization != "none":
         raise ConfigError(f"{args.model} is already quantized ({lm.quantization}); give a float model")
     _check_context(args, lm.config)
@@ -128,9 +133,12 @@ def _quantize(args, out: Path, texts: list[str] | None) -> int:
                                     scale=not args.rtn)
     bar = tqdm(total=lm.config.num_layers, desc="AWQ layers", unit="layer", file=sys.stderr)
     with torch.no_grad():
-        tensors = awq_algo.awq_quantize(lm.model, arch, calib_ids, settings,
+        tensors = awq_algo.awq_quantize(lm.model, arch, calib_ids.to(device), settings,
                                         on_layer=lambda done, total: bar.update(1))
     bar.close()
+    if device != "cpu":  # the checkpoint is written from CPU tensors
+        lm.model.cpu()
+        tensors = {k: tuple(None if t is None else t.cpu() for t in v) for k, v in tensors.items()}
     weights = awq_model.save_awq_checkpoint(out, lm.model, tensors, lm.path, args.group_size,
                                             lm.config.tie_word_embeddings)
     elapsed = time.perf_counter() - start

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -20,7 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, help="model name or path "
                                                  "(default: smollm2-135m-instruct)")
     p.add_argument("--socket", help="Unix socket path (default: the budget's service.socket)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_placement_arguments(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
 
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     state = ServiceState(limits, _served_name(model))
 
     def loader():
-        return load_all(model, args.config, limits, guard_config, args.device)
+        return load_all(model, args.config, limits, guard_config, args.device, args.backend)
 
     server = Server(state, sock, loader, SystemdNotifier(), owns_path=owns)
     return asyncio.run(server.run())

@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.voice.usage import check_pipes_unshared as _check_pipes_unshared
 
 
@@ -61,8 +62,7 @@ def register(subparsers) -> None:
     p.add_argument("--server", metavar="SOCKET",
                    help="use a running `edge-runtime serve` on this Unix socket instead of loading "
                         "the model here (--model then only picks the tokenizer)")
-    p.add_argument("--device", default="cpu",
-                   help="cpu, cuda or cuda:N (checked before the model loads)")
+    add_placement_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no per-utterance progress lines")
     p.set_defaults(func=run)
 
@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
                    "--system-prompt": config.system_prompt})
     need_asr = any(s.spec.kind != "text" for s in sources)
     runtime = load_runtime(config, args.model or DEFAULT_MODEL, len(sources), args.config,
-                           args.device, need_asr, progress=_stderr, server=args.server)
+                           args.device, need_asr, progress=_stderr, server=args.server,
+                           backend=args.backend)
     out, events_failed = _Stdout(), []
     reports, engine_stats, interrupted = _serve(args, runtime, config, sources, out,
                                                 events_failed)

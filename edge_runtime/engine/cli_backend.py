@@ -21,7 +21,7 @@ def engine_config(args, loaded, requests: list[tuple[list[int], int]]) -> Engine
     """requests: (prompt ids, max_tokens) of every prompt, to size the pool when no budget."""
     width = max(args.n, args.beams)
     overrides = dict(enable_prefix_cache=not args.no_prefix_cache,
-                     enable_inline=not args.no_inline)
+                     enable_inline=not args.no_inline, **args.placement.engine_settings())
     if args.kv_dtype:
         overrides["kv_dtype"] = args.kv_dtype
     if args.page_tokens:

@@ -34,6 +34,7 @@ class EngineConfig:
     max_num_seqs: int = 8  # sequences running at once (n > 1 and beams count each sequence)
     max_batch_tokens: int = 1024  # tokens per step (decode first, then prefill chunks)
     device: str = "cpu"
+    backend: str | None = None  # "cpu" | "cuda" (engine/backend.py); None: the device's
     check_invariants_every_step: bool = False  # tests: KVManager.check_invariants after each step
 
     def __post_init__(self) -> None:
@@ -47,6 +48,8 @@ class EngineConfig:
                               f"off), got {self.recent_window!r}")
         if not isinstance(self.centred_keys, bool):
             raise ConfigError(f"centred_keys must be true or false, got {self.centred_keys!r}")
+        if self.backend not in (None, "cpu", "cuda"):
+            raise ConfigError(f"backend must be cpu or cuda, got {self.backend!r}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ConfigError(f"num_pages must be a positive integer, got {self.num_pages!r}")
         if self.enable_inline and (self.num_inline_slots < 1 or self.inline_tokens < 1):

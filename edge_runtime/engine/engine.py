@@ -1,7 +1,11 @@
 """The Engine: requests in, one batched forward per `step()`, token events out (docs/interfaces.md).
 
 One step = scheduler decision -> CopyOps on the tensors -> one forward over the flattened varlen
-batch through a PagedKVContext -> commit written tokens to the KVManager -> sample -> stop checks.
+batch through the back end's KV context (engine/backend.py: CPU flat rows or CUDA paged segments)
+-> commit written tokens to the KVManager -> sample -> stop checks.
+
+The back end is chosen once here from `EngineConfig.backend` and `.device`; the model must have
+been prepared for it beforehand (`backend.prepare_model`, model preparation, not engine building).
 
 Invariants:
 - `add_request`, `cancel`, `step` and the memory-guard hooks take one lock, so they can be called
@@ -22,18 +26,17 @@ import torch
 from edge_runtime.cache.kv_manager import KVManager
 from edge_runtime.engine import beam, recent_window
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
+from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.engine.paged_kv import SeqStep
 from edge_runtime.engine.sampler import SamplerRow, make_generator, sample
 from edge_runtime.engine.scheduler import Scheduler
 from edge_runtime.engine.pool_resize import PoolChunks
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
-from edge_runtime.kernels.dispatch import describe_backends
-from edge_runtime.model.linear_packing import pack_linears
 
 
 class Engine:
@@ -41,7 +44,8 @@ class Engine:
         self.config = config or EngineConfig()
         self.loaded = loaded_model
         self.model = loaded_model.model
-        pack_linears(self.model)  # fp32 on CPU: oneDNN packed weights (model/linear_packing.py)
+        self.backend = select_backend(self.config.backend, self.config.device)
+        check_prepared(self.model, self.backend)
         self.tokenizer = loaded_model.tokenizer
         mc = self.model_config = loaded_model.config
         cfg = self.config
@@ -161,7 +165,7 @@ class Engine:
                         running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
                         kv_dtype=self.config.kv_dtype, page_tokens=self.config.page_tokens,
                         num_pages=self.num_pages, kv_bytes=self.storage.nbytes(),
-                        backends=describe_backends(self.storage.device), kv=self.kv.stats())
+                        backends=self.backend.describe(), kv=self.kv.stats())
 
     # --- memory-guard hooks (docs/interfaces.md) --------------------------------------------
     def admission_gate(self) -> bool:
@@ -230,11 +234,11 @@ class Engine:
     def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
         device = self.storage.device
         positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in steps])
-        ctx = PagedKVContext(self.storage, steps, self.sm_scale).to(device)
+        ctx = self.backend.context(self.storage, steps, self.sm_scale)
         with torch.inference_mode():
-            logits = self.model(torch.tensor(ids, dtype=torch.long, device=device),
-                                positions.to(device), ctx,
-                                torch.tensor(last_rows, dtype=torch.long, device=device))
+            logits = self.backend.forward(self.model, torch.tensor(ids, dtype=torch.long, device=device),
+                                          positions.to(device), ctx,
+                                          torch.tensor(last_rows, dtype=torch.long, device=device))
         return logits.float().cpu()  # [B, vocab]
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,

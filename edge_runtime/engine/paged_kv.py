@@ -1,4 +1,5 @@
-"""A KVContext over the paged storage for one engine step (edge_runtime/model/kv_interface.py).
+"""The CUDA back end's KVContext (edge_runtime/model/kv_interface.py): per-segment attention over
+the paged storage for one engine step.
 
 A sequence's KV is two segments (design.md): the shared prefix `[0, p)` in pool pages (read-only,
 the last may be partial) and the private tail `[p, L)` starting at slot 0 of its first tail page;
@@ -16,10 +17,9 @@ recent-key windows (engine/recent_window.py) two more calls: "window" (a decode 
 positions, from its fp16 window) and "fresh" (a prefill token's own chunk, from the step's K/V),
 and the int8 calls' kv_lens stop where those begin.
 
-On a CPU (`flat`, the default there) the calls are not built: engine/flat_kv_index.py turns the same
-segments into slot mappings and row numbers of the whole store once per step, and kernels/flat_kv_cpu.py writes K/V
-and attends each decode token over prefix + tail in one softmax (C for int8 stores) and each prefill
-row through one causal SDPA call.
+The kernels are kernels/dispatch.py's: Triton on CUDA tensors, and on CPU tensors inside
+`dispatch.prefer_triton()` (the CUDA back end under TRITON_INTERPRET=1, engine/backend.py); the
+torch references otherwise. The CPU back end's context is engine/flat_kv.py.
 
 Invariants:
 - Every new token's position is >= its sequence's prefix length (new tokens are never in the
@@ -34,13 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from edge_runtime.engine.flat_kv_index import FlatKVIndex
+from edge_runtime.engine.kv_context import StepKVContext
 from edge_runtime.engine.kv_storage import KVStorage, StoreView
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
-from edge_runtime.kernels import cpu_native, hadamard
-from edge_runtime.kernels.flat_kv_cpu import (NATIVE_MAX_HEAD_DIM, NativeDecodeAttention,
-                                              gather_decode_attention, gather_prefill_attention,
-                                              write_kv_flat)
 
 
 @dataclass(frozen=True)
@@ -86,29 +82,16 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
     return table
 
 
-class PagedKVContext:
-    """Per-step view of the paged storage; pass to CausalLM.forward as `kv`."""
+class PagedKVContext(StepKVContext):
+    """Per-step view of the paged storage (the CUDA back end); pass to CausalLM.forward as `kv`."""
 
-    def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float,
-                 flat: bool | None = None):
-        """flat: use the CPU flat-row paths (default: when the storage is on the CPU)."""
-        self.storage = storage
-        self.sm_scale = sm_scale
-        self.num_tokens = sum(s.num_new for s in seqs)
+    def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float):
+        super().__init__(storage, seqs, sm_scale)
         self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
-        self.window_slots: torch.Tensor | None = None  # per-segment path: window writes, -1 none
-        self.fresh: tuple | None = None  # per-segment path: (src tokens, dst rows, blocks, width)
-        # CPU: flat-row writes, one-softmax decode attention and per-row causal prefill attention
-        # (kernels/flat_kv_cpu.py), indexed by engine/flat_kv_index.py; no per-segment calls
-        if flat is None:
-            flat = storage.device.type == "cpu"
-        self.flat = FlatKVIndex(storage, seqs) if flat else None
-        if flat:
-            self.slot_mapping = self.flat.slot_mapping
-        else:
-            self._build(seqs)
-        self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
+        self.window_slots: torch.Tensor | None = None  # window writes, -1 none
+        self.fresh: tuple | None = None  # (src tokens, dst rows, blocks, width)
+        self._build(seqs)
 
     def _build(self, seqs: list[SeqStep]) -> None:
         """slot_mapping per store and the per-segment attention calls."""
@@ -219,17 +202,7 @@ class PagedKVContext:
         out.index_copy_(0, dst, x[src])
         return out.view(blocks, width, *x.shape[1:])
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H, D] in q's dtype."""
-        assert q.shape[0] == self.num_tokens, (q.shape, self.num_tokens)
-        if self.storage.rotated:  # the int8 store holds Hadamard-rotated heads (kernels/hadamard.py)
-            q, k, v = hadamard.rotate(q), hadamard.rotate(k), hadamard.rotate(v)
-            return hadamard.rotate(self._attend(layer, q, k, v))
-        return self._attend(layer, q, k, v)
-
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.flat is not None:
-            return self._attend_flat(layer, q, k, v)
         for store, slots in self.slot_mapping.items():
             view = self.storage.view(store, layer)
             write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots, view.k_mean)
@@ -248,84 +221,3 @@ class PagedKVContext:
             outs.append(out)
             lses.append(lse)
         return merge_attention(outs, lses).to(q.dtype)
-
-    def _attend_flat(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        flat = self.flat
-        for name, (tokens, rows) in flat.write.items():
-            st = self.storage.store(name)
-            sel = tokens if tokens.numel() != self.num_tokens else slice(None)
-            write_kv_flat(k[sel], v[sel], st.k, st.v, st.k_scale, st.v_scale,
-                          rows + flat.layer_offset(name, layer), self.storage.key_mean(name, layer))
-        out = None
-        if flat.prefill:
-            out = torch.empty(q.shape, dtype=torch.float32)
-            for first, n, parts, bias, fresh in flat.prefill:
-                args = [self._store_args(name, rows, layer) for name, rows in parts]
-                new_kv = (k[first:first + n], v[first:first + n]) if fresh else None
-                out[first:first + n] = gather_prefill_attention(q[first:first + n], args, bias,
-                                                                self.sm_scale, new_kv,
-                                                                self.storage.key_mean("pages", layer))
-        if flat.decode_tokens.numel():
-            q_dec = q if flat.all_decode else q[flat.decode_tokens]
-            out_dec = self._decode(layer, q_dec)
-            if out is None:
-                return out_dec.to(q.dtype)
-            out[flat.decode_tokens] = out_dec
-        return out.to(q.dtype)
-
-    def _native_attention(self, num_heads: int, head_dim: int):
-        """The C decode attention for this step's decode tokens, made once; False where it does
-        not apply (float stores, head_dim too large, no C library)."""
-        if self._native is None:
-            flat = self.flat
-            fits = self.storage.kv_dtype == "int8" and head_dim <= NATIVE_MAX_HEAD_DIM
-            lib = cpu_native.library() if fits else None
-            self._native = False
-            if lib is not None:
-                parts = []
-                for (name, rows), lens in zip(flat.gather, flat.gather_lens):
-                    st = self.storage.store(name)
-                    parts.append((st.k, st.v, st.k_scale, st.v_scale, rows, lens,
-                                  flat.layer_offset(name, 1)))
-                self._native = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale,
-                                                     self.storage.k_means)
-        return self._native
-
-    def native_decode_args(self, num_heads: int, head_dim: int):
-        """Arguments for the one-call C decode step (kernels/cpu_decoder.py), or None where it
-        does not apply: not the CPU flat path, a prefill row in the step, or no C attention."""
-        from edge_runtime.kernels.cpu_decoder import KVWrite, NativeDecodeArgs
-
-        flat = self.flat
-        if flat is None or not flat.all_decode or self.num_tokens == 0:
-            return None
-        attention = self._native_attention(num_heads, head_dim)
-        if not attention:
-            return None
-        writes, keep = (KVWrite * len(flat.write))(), []
-        for slot, (name, (tokens, rows)) in zip(writes, flat.write.items()):
-            st = self.storage.store(name)
-            tokens, rows = tokens.contiguous(), rows.contiguous()
-            keep += [tokens, rows]
-            slot.k, slot.v = st.k.data_ptr(), st.v.data_ptr()
-            if st.k_scale is not None:  # no scales: the fp16 window (decoder.c writes it as fp16)
-                slot.ks, slot.vs = st.k_scale.data_ptr(), st.v_scale.data_ptr()
-            slot.tokens, slot.rows, slot.n = tokens.data_ptr(), rows.data_ptr(), tokens.numel()
-            slot.layer_stride = flat.layer_offset(name, 1)
-            if st.k_scale is not None and self.storage.k_means is not None:
-                slot.kmean = self.storage.k_means.data_ptr()  # all layers: decoder.c advances it
-        return NativeDecodeArgs(attention, writes, keep, rotated=self.storage.rotated)
-
-    def _decode(self, layer: int, q_dec: torch.Tensor) -> torch.Tensor:
-        """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
-        flat = self.flat
-        native = self._native_attention(q_dec.shape[1], q_dec.shape[-1])
-        if native:  # float32 in and out (a bf16/fp16 model's q is cast; the caller casts back)
-            return native(q_dec.float(), layer)
-        parts = [self._store_args(name, rows, layer) for name, rows in flat.gather]
-        return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale,
-                                       self.storage.key_mean("pages", layer))
-
-    def _store_args(self, name: str, rows: torch.Tensor, layer: int):
-        st = self.storage.store(name)
-        return st.k, st.v, st.k_scale, st.v_scale, rows + self.flat.layer_offset(name, layer)

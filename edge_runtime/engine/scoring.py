@@ -1,7 +1,7 @@
 """Scoring a token sequence through the engine's own paged KV path (perplexity).
 
 `score_tokens` admits a temporary sequence in the engine's KVManager, prefills it in chunks of
-`max_batch_tokens` through a PagedKVContext (K/V quantized and stored exactly as for generation,
+`max_batch_tokens` through the back end's KV context (K/V quantized and stored exactly as for generation,
 every chunk attending to the chunks before it from the pages), asks the forward for logits at every
 position, and returns the negative log-likelihood of each next token. The sequence is released at
 the end, so the pool is as before (its committed pages stay cached, as for any request).
@@ -54,12 +54,10 @@ def score_logits(engine, token_ids: list[int]):
 
 
 def _all_logits(engine, ids: list[int], step: SeqStep) -> torch.Tensor:
-    from edge_runtime.engine.paged_kv import PagedKVContext
-
     device = engine.storage.device
-    ctx = PagedKVContext(engine.storage, [step], engine.sm_scale).to(device)
+    ctx = engine.backend.context(engine.storage, [step], engine.sm_scale)
     positions = torch.arange(step.start, step.start + step.num_new, device=device)
     with torch.inference_mode():
-        logits = engine.model(torch.tensor(ids, dtype=torch.long, device=device), positions, ctx,
-                              None)
+        logits = engine.backend.forward(engine.model, torch.tensor(ids, dtype=torch.long, device=device),
+                                        positions, ctx, None)
     return logits.float().cpu()

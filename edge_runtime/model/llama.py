@@ -186,6 +186,7 @@ class CausalLM(nn.Module):
         self.model = DecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.fused_decoder = None  # set by model/linear_packing.py (kernels/cpu_decoder.py)
+        self.prepared_for = None  # the back end the weights were prepared for (engine/backend.py)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -208,18 +209,17 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         kv: KVContext,
         logits_indices: torch.Tensor | None = None,
+        fused_args=None,
     ) -> torch.Tensor:
-        """input_ids, positions: long [T]; logits_indices: long [B] or None -> float32 [B|T, vocab]."""
+        """input_ids, positions: long [T]; logits_indices: long [B] or None -> float32 [B|T, vocab].
+        fused_args: the CPU back end's arguments for `fused_decoder` (kv.native_decode_args), to
+        run the layer stack in one C call; None runs the layers one by one."""
         assert input_ids.dim() == 1 and input_ids.shape == positions.shape, (
             input_ids.shape, positions.shape)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.model.rotary_emb(positions, x.dtype)
-        fused = self.fused_decoder  # the C layer stack for all-decode CPU steps (cpu_decoder.py)
-        args = None
-        if fused is not None and hasattr(kv, "native_decode_args"):
-            args = kv.native_decode_args(self.config.num_heads, self.config.head_dim)
-        if args is not None:
-            x = fused(x, cos, sin, args, kv.sm_scale)
+        if fused_args is not None:  # the C layer stack for all-decode CPU steps (cpu_decoder.py)
+            x = self.fused_decoder(x, cos, sin, fused_args, kv.sm_scale)
         else:
             for layer in self.model.layers:
                 x = layer(x, cos, sin, kv)

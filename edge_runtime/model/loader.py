@@ -120,12 +120,15 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _apply_awq(model: CausalLM, state: dict, quant_config: dict) -> str:
+def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | None = None) -> str:
     try:
         from edge_runtime.quant.awq_model import awq_group_size, quantize_linears_from_checkpoint
     except ImportError as exc:
         raise ModelLoadError("AWQ support not installed (edge_runtime.quant.awq_model is missing)") from exc
-    quantize_linears_from_checkpoint(model, state, quant_config)
+    if backend is None:  # AWQLinear's default choice (quant/awq_model.py)
+        quantize_linears_from_checkpoint(model, state, quant_config)
+    else:
+        quantize_linears_from_checkpoint(model, state, quant_config, backend=backend)
     return f"awq-g{awq_group_size(quant_config)}"
 
 
@@ -176,8 +179,10 @@ def _check_shapes_and_dtypes(model_state: dict[str, torch.Tensor], state: dict[s
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_config: dict | None,
-                device: str | torch.device = "cpu") -> tuple[CausalLM, str]:
-    """A CausalLM whose parameters are exactly the tensors of `state` (consumed)."""
+                device: str | torch.device = "cpu", awq_backend: str | None = None
+                ) -> tuple[CausalLM, str]:
+    """A CausalLM whose parameters are exactly the tensors of `state` (consumed). awq_backend:
+    AWQLinear's backend (None: the default, quant/awq_model.py)."""
     with torch.device("meta"), _no_weight_init():
         model = CausalLM(config)
     quantization = "none"
@@ -190,7 +195,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
         method = quant_config.get("quant_method")
         if method != "awq":
             raise ModelLoadError(f"quantization method {method!r} is not supported (only awq)")
-        quantization = _apply_awq(model, state, quant_config)
+        quantization = _apply_awq(model, state, quant_config, awq_backend)
     elif any(k.endswith(".qweight") for k in state):
         raise ModelLoadError(
             "the checkpoint holds AWQ tensors (*.qweight) but config.json has no quantization_config;"
@@ -261,7 +266,8 @@ def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
 
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               progress: Callable[[str], None] | None = _stderr) -> LoadedModel:
+               progress: Callable[[str], None] | None = _stderr,
+               awq_backend: str | None = None) -> LoadedModel:
     from edge_runtime.model.safetensors_io import load_state_dict
 
     check_device(device)
@@ -270,6 +276,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     config = _model_config(folder, cfg_dict)
     tokenizer = load_tokenizer(folder)
     state = load_state_dict(folder, dtype, device)
-    model, quantization = build_model(config, state, cfg_dict.get("quantization_config"), device)
+    model, quantization = build_model(config, state, cfg_dict.get("quantization_config"), device,
+                                      awq_backend)
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
                        weight_bytes=weight_bytes_of(model), quantization=quantization)

@@ -17,25 +17,41 @@ from edge_runtime.service.server import Loaded
 log = logging.getLogger(__name__)
 
 
-def engine_config(config_path: str | None, limits: ServiceLimits, loaded, device: str):
+def engine_config(config_path: str | None, limits: ServiceLimits, loaded, placement,
+                  runtime_bytes: int = 0):
+    """runtime_bytes: the CUDA context and workspace measured at start-up (engine/cuda_memory.py)."""
     from edge_runtime.engine.config import EngineConfig
 
-    overrides = dict(max_num_seqs=limits.max_concurrent_sequences, device=device)
-    plan = _memory_plan(config_path, loaded)
+    overrides = dict(max_num_seqs=limits.max_concurrent_sequences, **placement.engine_settings())
+    plan = _memory_plan(config_path, loaded, runtime_bytes)
     if plan is not None:
         return EngineConfig.from_plan(plan, **overrides)
     return EngineConfig(**overrides)
 
 
-def _memory_plan(config: str | None, loaded):
+def _memory_plan(config: str | None, loaded, runtime_bytes: int = 0):
     """The budget's memory plan for this model (page count, inline arena), or None."""
     if not config:
         return None
     from edge_runtime.budget import load_budget
     from edge_runtime.plan import make_plan
 
-    return make_plan(load_budget(config), loaded.config, loaded.weight_bytes,
-                     model_name=loaded.path.name)
+    plan = make_plan(load_budget(config), loaded.config, loaded.weight_bytes,
+                     model_name=loaded.path.name, runtime_bytes=runtime_bytes)
+    _check_free_memory(plan, str(loaded.model.device))
+    return plan
+
+
+def _check_free_memory(plan, device: str) -> None:
+    """On CUDA: say so when the pool about to be allocated exceeds what is free now (MemAvailable
+    on unified memory); the allocation may still succeed as the kernel reclaims caches."""
+    from edge_runtime.engine.cuda_memory import free_bytes
+
+    free = free_bytes(device)
+    if free is not None and plan.pool_bytes > free:
+        log.warning("the budget's KV pool (%.0f MiB) exceeds the memory free now (%.0f MiB); lower "
+                    "device_memory or kv.max_pool_bytes if the allocation fails",
+                    plan.pool_bytes / 2**20, free / 2**20)
 
 
 def check_budget(model_name: str, config_path: str | None) -> None:
@@ -54,15 +70,36 @@ def check_budget(model_name: str, config_path: str | None) -> None:
     make_plan(budget, config, None, model_name=folder.name)
 
 
+def placement_for(config_path: str | None, device: str = "auto", backend: str | None = None):
+    """Device, back end and weight dtype for the service (engine/placement.py): `--device auto`
+    takes the budget's `device:`, else CUDA where torch sees one, else the CPU."""
+    from edge_runtime.engine.placement import resolve
+
+    budget = None
+    if config_path:
+        from edge_runtime.budget import load_budget
+
+        budget = load_budget(config_path)
+    return resolve(device, backend, budget)
+
+
 def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
-             guard_config: GuardConfig, device: str = "cpu") -> Loaded:
+             guard_config: GuardConfig, device: str = "auto", backend: str | None = None) -> Loaded:
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.engine.placement import load_for
 
     check_budget(model_name, config_path)
-    loaded = load_model(model_name, device=device)
-    engine = Engine(loaded, engine_config(config_path, limits, loaded, device))
+    placement = placement_for(config_path, device, backend)
+    log.info("model %s on the %s back end, device %s, %s weights", model_name, placement.backend,
+             placement.device, placement.weight_dtype)
+    from edge_runtime.engine.cuda_memory import runtime_overhead
+
+    runtime_bytes = runtime_overhead(placement.device)  # before the weights: context + workspace
+    if runtime_bytes:
+        log.info("CUDA context and workspace: %.0f MiB (counted in the budget)", runtime_bytes / 2**20)
+    loaded = load_for(model_name, placement)
+    engine = Engine(loaded, engine_config(config_path, limits, loaded, placement, runtime_bytes))
     aengine = AsyncEngine(engine)
     guard = None
     if guard_config.enabled:
@@ -71,12 +108,4 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
         from edge_runtime.guard.telemetry import open_source
 
         guard = MemoryGuard(guard_config, open_source(), EngineGuardHooks(engine))
-    return Loaded(loaded, engine, aengine, _backends(device), guard)
-
-
-def _backends(device: str) -> dict | None:
-    try:
-        from edge_runtime.kernels.dispatch import describe_backends
-    except ImportError:
-        return None
-    return describe_backends(device)
+    return Loaded(loaded, engine, aengine, engine.backend.describe(), guard)

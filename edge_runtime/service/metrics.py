@@ -130,9 +130,13 @@ def render_prometheus(stats: dict) -> str:
         kind = "counter" if key in ENGINE_COUNTERS else "gauge"
         _metric(out, f"edge_engine_{key}", kind, f"engine stats: {key}", [("", value)])
     _render_guard(out, stats.get("guard"))
-    backends = stats.get("kernel_backends") or {}
-    _metric(out, "edge_kernel_backend", "gauge", "kernel backend in use (label), always 1",
-            [(f'{{op="{_label(op)}",backend="{_label(b)}"}}', 1) for op, b in sorted(backends.items())])
+    backend = stats.get("kernel_backends") or {}  # engine/backend.py describe()
+    if backend:
+        _metric(out, "edge_backend_info", "gauge", "the engine's back end and device (labels), always 1",
+                [(f'{{backend="{_label(backend["backend"])}",device="{_label(backend["device"])}"}}', 1)])
+    kernels = backend.get("kernels", {})
+    _metric(out, "edge_kernel_backend", "gauge", "kernel in use per op (label), always 1",
+            [(f'{{op="{_label(op)}",backend="{_label(b)}"}}', 1) for op, b in sorted(kernels.items())])
     return "\n".join(out) + "\n"
 
 

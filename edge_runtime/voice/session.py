@@ -42,11 +42,12 @@ class Runtime:
         self.aengine.shutdown()
 
 
-def engine_config(num_streams: int, budget, loaded, device: str):
-    """`budget`: a loaded Budget (configs/orin/*.yaml) or None for the engine's defaults."""
+def engine_config(num_streams: int, budget, loaded, placement):
+    """`budget`: a loaded Budget (configs/orin/*.yaml) or None for the engine's defaults;
+    `placement`: device and back end (engine/placement.py)."""
     from edge_runtime.engine.config import EngineConfig
 
-    overrides = dict(max_num_seqs=max(8, num_streams), device=device)
+    overrides = dict(max_num_seqs=max(8, num_streams), **placement.engine_settings())
     if budget is not None:
         from edge_runtime.plan import make_plan
 
@@ -56,12 +57,12 @@ def engine_config(num_streams: int, budget, loaded, device: str):
 
 
 def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str | None,
-                  device: str, progress: Callable[[str], None]):
+                  device: str, progress: Callable[[str], None], backend: str | None = None):
     import torch
 
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.engine.placement import load_for, resolve
 
     if budget:  # a bad budget name fails before the model load, not after
         from edge_runtime.budget import load_budget
@@ -71,9 +72,10 @@ def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str
     torch.set_num_threads(threads)
     progress(f"CPU split: engine {threads} torch thread(s); ASR {config.asr_workers} worker(s) x "
              f"{config.asr_threads} thread(s)")
-    progress(f"loading model {model} ...")
-    loaded = load_model(model, device=device)
-    aengine = AsyncEngine(Engine(loaded, engine_config(num_streams, budget, loaded, device)))
+    placement = resolve(device, backend, budget or None)
+    progress(f"loading model {model} on the {placement.backend} back end ({placement.device}) ...")
+    loaded = load_for(model, placement)
+    aengine = AsyncEngine(Engine(loaded, engine_config(num_streams, budget, loaded, placement)))
     return loaded.tokenizer, tuple(loaded.config.eos_token_ids), aengine
 
 
@@ -88,8 +90,9 @@ def _remote_engine(model: str, server: str, progress: Callable[[str], None], ret
 
 
 def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
-                 device: str = "cpu", need_asr: bool = True,
-                 progress: Callable[[str], None] = _stderr, server: str | None = None) -> Runtime:
+                 device: str = "auto", need_asr: bool = True,
+                 progress: Callable[[str], None] = _stderr, server: str | None = None,
+                 backend: str | None = None) -> Runtime:
     """`server`: the Unix socket of a running `edge-runtime serve` (then no model is loaded here:
     only its tokenizer, to build the prompts)."""
     times = {}
@@ -97,7 +100,8 @@ def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str 
     if server:
         tokenizer, eos, aengine = _remote_engine(model, server, progress, config.server_retry_s)
     else:
-        tokenizer, eos, aengine = _local_engine(config, model, num_streams, budget, device, progress)
+        tokenizer, eos, aengine = _local_engine(config, model, num_streams, budget, device, progress,
+                                                backend)
     times["model_s"] = time.perf_counter() - t0
     recognizer = None
     if need_asr:

@@ -26,12 +26,12 @@ def check_stagger(stagger_s: float | None) -> None:
 
 
 def check_device(device: str, server: str | None) -> None:
-    """`cpu`, `cuda` or `cuda:N`; a GPU device must exist here (checked before the model load,
-    which would otherwise fail inside the weights loader with a misleading message)."""
-    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    """`auto`, `cpu`, `cuda` or `cuda:N`; a GPU device must exist here (checked before the model
+    load, which would otherwise fail inside the weights loader with a misleading message)."""
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", device)
     if match is None:
-        raise ConfigError(f"--device {device!r}: unknown device; use cpu, cuda or cuda:N")
-    if device == "cpu" or server:  # with --server the model runs in the service
+        raise ConfigError(f"--device {device!r}: unknown device; use auto, cpu, cuda or cuda:N")
+    if device in ("auto", "cpu") or server:  # with --server the model runs in the service
         return
     import torch
 

@@ -1,0 +1,148 @@
+"""The engine's two back ends, chosen once when an Engine is built (design.md, "Back ends").
+
+- CPU back end: flat KV rows (engine/flat_kv.py) with the C kernels of kernels/csrc, fp32 linears
+  packed for kernels/cpu_linear.py and, for all-decode int8 steps, the one-call C layer stack
+  (kernels/cpu_decoder.py).
+- CUDA back end: the paged store read per segment (engine/paged_kv.py) by the Triton kernels of
+  kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), AWQ
+  layers through the W4A16 Triton kernel. On a CPU device (`--device cpu --backend cuda`) it runs
+  the same code on CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for
+  tests; CI shows with it that the two back ends agree.
+
+A back end offers what the engine needs and nothing on the hot path asks which one it is:
+`context(storage, steps, sm_scale)` (the step's KVContext), `forward(...)` (the model call),
+`prepare_model(model)` (weight surgery for this back end, once, before the Engine is built) and
+`describe()` (the back end and every kernel it runs, for plan, /metrics and the bench JSON).
+
+Invariant: a model is prepared for one back end only (`CausalLM.prepared_for`); an Engine refuses
+a model prepared for the other, or not prepared at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from edge_runtime import env
+from edge_runtime.errors import ConfigError
+
+BACKENDS = ("cpu", "cuda")
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def prepare_model(self, model) -> None:
+        from edge_runtime.model.linear_packing import pack_linears
+
+        pack_linears(model)  # fp32 on CPU: blocked/oneDNN packed weights (model/linear_packing.py)
+
+    def context(self, storage, steps, sm_scale: float):
+        from edge_runtime.engine.flat_kv import FlatKVContext
+
+        return FlatKVContext(storage, steps, sm_scale)
+
+    def forward(self, model, ids, positions, ctx, last_rows) -> torch.Tensor:
+        fused_args = None
+        if model.fused_decoder is not None:
+            fused_args = ctx.native_decode_args(model.config.num_heads, model.config.head_dim)
+        return model(ids, positions, ctx, last_rows, fused_args=fused_args)
+
+    def describe(self) -> dict:
+        from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
+        from edge_runtime.kernels.dispatch import cpu_int4pack_available
+
+        linear = cpu_linear.backend()
+        native = cpu_native.library() is not None
+        fused = native and linear == "c-blocked" and env.cpu_fused_decoder()
+        kernels = {
+            "linear": {"c-blocked": "c-blocked-f32", "onednn": "onednn-packed"}.get(linear or "", "torch"),
+            "write_kv": "torch-flat-rows",
+            "decode_attention": "c-flat-int8" if native else "torch-flat",
+            "prefill_attention": "torch-sdpa-rows",
+            # all-decode steps of an fp32 model with int8 KV: the whole layer stack in one C call
+            "decode_step": "c-fused-layers" if fused else "torch-layers",
+            "awq_gemm": "torch-int4pack-cpu" if cpu_int4pack_available() else "torch-reference",
+        }
+        return {"backend": self.name, "device": str(self.device), "kernels": kernels}
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.interpreted = device.type == "cpu"  # the Triton interpreter on CPU tensors
+
+    def prepare_model(self, model) -> None:
+        """Nothing to convert: the loader already placed the weights in the back end's dtype
+        (placement.load_for) and AWQ layers in the W4A16 kernel's layout."""
+
+    def context(self, storage, steps, sm_scale: float):
+        from edge_runtime.engine.paged_kv import PagedKVContext
+
+        return PagedKVContext(storage, steps, sm_scale).to(self.device)
+
+    def forward(self, model, ids, positions, ctx, last_rows) -> torch.Tensor:
+        from edge_runtime.kernels.dispatch import prefer_triton
+
+        with prefer_triton() if self.interpreted else contextlib.nullcontext():
+            return model(ids, positions, ctx, last_rows)
+
+    def describe(self) -> dict:
+        kernels = {
+            "linear": "torch-matmul",
+            "write_kv": "triton write_kv",
+            "decode_attention": "triton paged_decode",
+            "prefill_attention": "triton paged_attention",
+            "merge_attention": "triton merge_attention",
+            "decode_step": "torch-layers",
+            "awq_gemm": "triton awq_gemm_prepared",
+        }
+        mode = "triton-interpreter" if self.interpreted else "compiled"
+        return {"backend": self.name, "device": str(self.device), "triton": mode, "kernels": kernels}
+
+
+def select_backend(name: str | None, device: str | torch.device):
+    """The back end `name` ("cpu" | "cuda"; None: the device's) on `device`; ConfigError with
+    what to change when that pairing cannot run here."""
+    device = torch.device(device)
+    name = name or device.type
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown back end {name!r}; use one of {', '.join(BACKENDS)}")
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ConfigError(f"the CPU back end runs on --device cpu, not {device}; use "
+                              f"--backend cuda on a CUDA device")
+        return CpuBackend(device)
+    from edge_runtime.kernels.dispatch import triton_importable
+
+    if not triton_importable():
+        raise ConfigError("the CUDA back end needs triton: pip install 'edge-runtime[gpu]'")
+    if device.type == "cpu" and not env.triton_interpret():
+        raise ConfigError("--backend cuda on --device cpu runs the Triton kernels in the "
+                          "interpreter: set TRITON_INTERPRET=1 in the environment")
+    return CudaBackend(device)
+
+
+def prepare_model(model, backend) -> None:
+    """Convert `model` (a CausalLM) for `backend` once; refuses a model prepared for another."""
+    done = model.prepared_for
+    if done == backend.name:
+        return
+    if done is not None:
+        raise ConfigError(f"this model was prepared for the {done} back end; load it again for "
+                          f"the {backend.name} back end")
+    backend.prepare_model(model)
+    model.prepared_for = backend.name
+
+
+def check_prepared(model, backend) -> None:
+    if model.prepared_for != backend.name:
+        raise ConfigError(f"the model is prepared for the {model.prepared_for} back end, not the "
+                          f"{backend.name} one: call edge_runtime.engine.backend.prepare_model "
+                          f"before building the Engine")

@@ -1,0 +1,78 @@
+"""The CUDA back end (paged store, Triton kernels; here on CPU tensors through the Triton
+interpreter) against the CPU back end (flat store, C kernels) on a tiny random Llama with 64-token
+pages: the same greedy tokens on an fp32 model through prefix sharing (a partial shared page),
+inline slots, recent-key windows, centred keys, n = 2, beam search and a preemption, with the
+Triton kernels counted; an AWQ model's logits within a stated tolerance (docs/engine.md)."""
+
+import pytest
+import torch
+
+from backend_helpers import engine_on, tiny_awq_folder
+from model_helpers import random_ids
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.scoring import score_logits
+from edge_runtime.kernels import dispatch
+
+pytestmark = pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
+
+SYSTEM = random_ids(40, 500, seed=1)  # shared as a partial 64-token page
+
+
+def _greedy(max_tokens, **kw):
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+def _run(engine) -> list:
+    """Every scenario on one engine; returns the completions' token ids in order."""
+    out = []
+    first = engine.generate([SYSTEM + random_ids(5, 500, seed=2)], _greedy(4))  # caches the prefix
+    tails = [SYSTEM + random_ids(n, 500, seed=3 + n) for n in (4, 9)] + [random_ids(7, 500, seed=9)]
+    shared = engine.generate(tails, _greedy(4))  # prefix hits; the short cold prompt goes inline
+    forked = engine.generate([SYSTEM + random_ids(3, 500, seed=20)], _greedy(4, n=2))
+    beams = engine.generate([random_ids(12, 500, seed=21)], _greedy(4, beam_width=2))
+    for res in first + shared + forked + beams:
+        out.append([c.token_ids for c in res.completions])
+    out.append(shared[0].cached_prompt_tokens)
+    return out
+
+
+def test_cuda_back_end_matches_the_cpu_back_end_greedy():
+    cpu = engine_on("cpu")
+    cuda = engine_on("cuda")
+    assert cpu.config.recent_window > 0 and cpu.storage.k_means is not None  # windows, centred keys
+    before = dispatch.TRITON_LAUNCHES.copy()
+    got = _run(cuda)
+    launched = dispatch.TRITON_LAUNCHES - before
+    assert got == _run(cpu)
+    assert got[-1] == 40  # the whole system prompt, a partial page, came from the cache
+    assert cuda.kv.counters.inline_to_pages > 0  # the short prompt ran in an inline slot
+    for kernel in ("write_kv", "paged_decode", "paged_attention", "merge_attention"):
+        assert launched[kernel] > 0, (kernel, dict(launched))
+    assert cuda.stats()["backends"]["backend"] == "cuda"
+
+
+def test_cuda_back_end_preempts_and_matches():
+    prompts = [random_ids(61, 500, seed=40 + i) for i in range(2)]  # one page each, then a second
+    results = {}
+    for backend in ("cpu", "cuda"):
+        eng = engine_on(backend, num_pages=2, enable_inline=False, max_num_seqs=2)
+        results[backend] = [r.token_ids for r in eng.generate(prompts, _greedy(5))]
+        assert eng.stats()["preemptions"] > 0, backend
+        eng.kv.check_leaks()
+    assert results["cuda"] == results["cpu"]
+
+
+AWQ_LOGIT_TOLERANCE = 0.05  # of the logits' max |value|; measured differences in docs/engine.md
+
+
+def test_awq_logits_agree_within_tolerance():
+    ids = random_ids(80, 500, seed=50)
+    logits = {}
+    for backend in ("cpu", "cuda"):
+        eng = engine_on(backend, tiny_awq_folder(), enable_prefix_cache=False, enable_inline=False,
+                        max_batch_tokens=32)
+        logits[backend] = torch.cat([chunk for _, chunk in score_logits(eng, ids)])
+    assert [eng.model.model.layers[0].mlp.down_proj.backend] == ["awq-gemm"]
+    diff = (logits["cuda"] - logits["cpu"]).abs().max() / logits["cpu"].abs().max()
+    assert diff < AWQ_LOGIT_TOLERANCE, float(diff)
