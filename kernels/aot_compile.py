@@ -36,7 +36,7 @@ def compile_variant(launch, arch: int) -> dict:
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in launch.divisible}
     src = ASTSource(fn=fn, signature=dict(launch.signature), constexprs=dict(launch.constexprs),
                     attrs=attrs)
-    row = {"kernel": name, "arch": arch, "constexprs": dict(launch.constexprs),
+    row = {"kernel": name, "qualified": launch.kernel, "arch": arch, "constexprs": dict(launch.constexprs),
            "num_warps": launch.num_warps, "num_stages": launch.num_stages}
     try:
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
