@@ -100,117 +100,154 @@ static int same_kv(const kv_store *a, const kv_store *b, int64_t rows, int64_t d
 static const int32_t HISTORY[PARTS][R] = {{13, 0, 20, 5}, {0, 9, 4, 0}, {0, 0, 3, 2}};
 static const int WRITE_TO[R] = {0, 1, 2, 0}; /* the part each row's new token is written into */
 
-static void decoder_case(const model_shape *m) {
-    rng g = {(uint64_t)(m->hidden * 7 + m->dim + m->centred)};
-    const int64_t Hd = m->hidden, H = m->heads, Hkv = m->kv_heads, D = m->dim, I = m->inter;
-    const int64_t QKV = (H + 2 * Hkv) * D, L = m->layers, stride = SLOTS * Hkv, rows = L * stride;
-    layer_weights *lw = xcalloc(L, sizeof *lw);
-    void *owned[16 * 8];
-    int n_owned = 0;
-#define OWN(p) (owned[n_owned++] = (void *)(p))
-    for (int64_t l = 0; l < L; l++) {
-        lw[l].input_norm = OWN(randn(&g, Hd, 0.2f, 1.0f));
-        lw[l].post_norm = OWN(randn(&g, Hd, 0.2f, 1.0f));
-        lw[l].qkv_w = OWN(blocked_weights(&g, QKV, Hd, 0.15f));
-        lw[l].o_w = OWN(blocked_weights(&g, Hd, H * D, 0.15f));
-        lw[l].gate_up_w = OWN(blocked_weights(&g, 2 * I, Hd, 0.15f));
-        lw[l].down_w = OWN(blocked_weights(&g, Hd, I, 0.15f));
-        if (m->bias) {
-            lw[l].qkv_b = OWN(randn(&g, QKV, 0.1f, 0.0f));
-            lw[l].gate_up_b = OWN(randn(&g, 2 * I, 0.1f, 0.0f));
-        }
-    }
-    float *means = OWN(randn(&g, L * Hkv * D, m->centred ? 3.0f : 0.0f, 0.0f));
-    decoder_dims dm = {L, Hd, H, Hkv, D, I, 1e-5f, m->rotate};
-    kv_store start[PARTS], st[PARTS], after_one[PARTS]; /* history; the run's; 1 thread's */
-    for (int p = 0; p < PARTS; p++) {
-        make_kv(&g, &start[p], rows, D, p == 2, m->centred);
-        make_kv(&g, &st[p], rows, D, p == 2, 0);
-        make_kv(&g, &after_one[p], rows, D, p == 2, 0);
-    }
-    /* indexes [R, Hkv, width]: history slots 0.., the new token at slot 30 + r */
-    int64_t *index[PARTS], widths[PARTS], tokens[PARTS][R], wrows[PARTS][R * 8], counts[PARTS] = {0};
+typedef struct { /* one model's decode step: weights, the stores before it, the rows' keys */
+    const model_shape *m;
+    decoder_dims dm;
+    layer_weights *lw;
+    float *means, *x0, *cs, *sn;
+    kv_store start[PARTS];
+    int64_t rows, stride, widths[PARTS], counts[PARTS];
+    int64_t *index[PARTS], tokens[PARTS][R], wrows[PARTS][R * 8];
     int32_t lens[PARTS][R];
-    for (int p = 0; p < PARTS; p++) {
-        widths[p] = 1;
-        for (int r = 0; r < R; r++) {
-            lens[p][r] = HISTORY[p][r] + (WRITE_TO[r] == p);
-            widths[p] = lens[p][r] > widths[p] ? lens[p][r] : widths[p];
+    void *owned[128];
+    int n_owned;
+} step_fixture;
+
+static void *own(step_fixture *f, void *p) { return f->owned[f->n_owned++] = p; }
+
+static void make_weights(step_fixture *f, rng *g) {
+    const model_shape *m = f->m;
+    const int64_t Hd = m->hidden, I = m->inter, QKV = (m->heads + 2 * m->kv_heads) * m->dim;
+    f->lw = own(f, xcalloc(m->layers, sizeof *f->lw));
+    for (int64_t l = 0; l < m->layers; l++) {
+        layer_weights *w = &f->lw[l];
+        w->input_norm = own(f, randn(g, Hd, 0.2f, 1.0f));
+        w->post_norm = own(f, randn(g, Hd, 0.2f, 1.0f));
+        w->qkv_w = own(f, blocked_weights(g, QKV, Hd, 0.15f));
+        w->o_w = own(f, blocked_weights(g, Hd, m->heads * m->dim, 0.15f));
+        w->gate_up_w = own(f, blocked_weights(g, 2 * I, Hd, 0.15f));
+        w->down_w = own(f, blocked_weights(g, Hd, I, 0.15f));
+        if (m->bias) {
+            w->qkv_b = own(f, randn(g, QKV, 0.1f, 0.0f));
+            w->gate_up_b = own(f, randn(g, 2 * I, 0.1f, 0.0f));
         }
-        index[p] = OWN(xcalloc(R * Hkv * widths[p], 8));
+    }
+    f->means = own(f, randn(g, m->layers * m->kv_heads * m->dim, m->centred ? 3.0f : 0.0f, 0.0f));
+    f->x0 = own(f, randn(g, R * Hd, 1.0f, 0.0f));
+    f->cs = own(f, xcalloc(R * m->dim, 4));
+    f->sn = own(f, xcalloc(R * m->dim, 4));
+    for (int64_t i = 0; i < R * m->dim; i++) { /* rope is linear in them: any values test it */
+        const float c = uniform(g) * 2.0f - 1.0f;
+        f->cs[i] = c, f->sn[i] = (i % 2 ? 1.0f : -1.0f) * (1.0f - c * c) * 0.9f;
+    }
+}
+
+/* indexes [R, Hkv, width]: history slots below 30, the new token of row r at slot 30 + r */
+static void make_rows(step_fixture *f) {
+    const int64_t Hkv = f->m->kv_heads;
+    for (int p = 0; p < PARTS; p++) {
+        f->widths[p] = 1;
+        f->counts[p] = 0;
         for (int r = 0; r < R; r++) {
-            for (int j = 0; j < lens[p][r]; j++) {
+            f->lens[p][r] = HISTORY[p][r] + (WRITE_TO[r] == p);
+            f->widths[p] = f->lens[p][r] > f->widths[p] ? f->lens[p][r] : f->widths[p];
+        }
+        int64_t *index = f->index[p] = own(f, xcalloc(R * Hkv * f->widths[p], 8));
+        for (int r = 0; r < R; r++) {
+            for (int j = 0; j < f->lens[p][r]; j++) {
                 const int64_t slot = j < HISTORY[p][r] ? (r * 7 + j * 3) % 30 : 30 + r;
-                for (int64_t h = 0; h < Hkv; h++) index[p][(r * Hkv + h) * widths[p] + j] = slot * Hkv + h;
+                for (int64_t h = 0; h < Hkv; h++) index[(r * Hkv + h) * f->widths[p] + j] = slot * Hkv + h;
             }
             if (WRITE_TO[r] != p) continue;
-            tokens[p][counts[p]] = r;
-            for (int64_t h = 0; h < Hkv; h++) wrows[p][counts[p] * Hkv + h] = (30 + r) * Hkv + h;
-            counts[p]++;
+            f->tokens[p][f->counts[p]] = r;
+            for (int64_t h = 0; h < Hkv; h++) f->wrows[p][f->counts[p] * Hkv + h] = (30 + r) * Hkv + h;
+            f->counts[p]++;
         }
     }
-    float *x0 = OWN(randn(&g, R * Hd, 1.0f, 0.0f)), *cs = OWN(xcalloc(R * D, 4)), *sn = OWN(xcalloc(R * D, 4));
-    for (int64_t i = 0; i < R * D; i++) { /* a point on the unit circle per pair */
-        const float c = uniform(&g) * 2.0f - 1.0f;
-        cs[i] = c, sn[i] = (i % 2 ? 1.0f : -1.0f) * (1.0f - c * c) * 0.9f;
-    }
-    float *x = OWN(xcalloc(R * Hd, 4)), *first = OWN(xcalloc(R * Hd, 4));
+}
+
+/* one decode_layers call from the fixture's starting stores into `st`, x */
+static void run_step(step_fixture *f, kv_store *st, float *x, int threads) {
+    const model_shape *m = f->m;
+    const int64_t Hd = m->hidden, H = m->heads, Hkv = m->kv_heads, D = m->dim, I = m->inter;
     int64_t most = 0;
-    for (int r = 0; r < R; r++)
-        most = lens[0][r] + lens[1][r] + lens[2][r] > most ? lens[0][r] + lens[1][r] + lens[2][r] : most;
-    const int64_t scratch_stride = H / Hkv * most, strides[PARTS] = {stride, stride, stride};
-    float *scratch = OWN(xcalloc(3 * scratch_stride, 4));
-    float *work = OWN(xcalloc(R * (Hd + QKV + H * D + 3 * I) + 3 * R * Hd, 4));
-    char name[64];
-    for (int threads = 1; threads <= 3; threads++) {
-        memcpy(x, x0, sizeof(float) * R * Hd);
-        kv_write writes[PARTS];
-        flat_part parts[PARTS];
-        for (int p = 0; p < PARTS; p++) {
-            copy_kv(&st[p], &start[p], rows, D, p == 2);
-            writes[p] = (kv_write){st[p].k, st[p].v, st[p].ks, st[p].vs, tokens[p], wrows[p],
-                                   counts[p], stride, p < 2 && m->centred ? means : NULL};
-            parts[p] = (flat_part){.k = st[p].k, .v = st[p].v, .ks = st[p].ks, .vs = st[p].vs,
-                                   .index = index[p], .lens = lens[p], .width = widths[p],
-                                   .kmean = p < 2 && m->centred ? means : NULL};
-        }
-        const int rc = decode_layers(&dm, lw, x, R, cs, sn, writes, PARTS, parts, strides, PARTS,
-                                     1.0f / (D == 16 ? 4.0f : 8.0f), work, scratch, scratch_stride,
-                                     threads);
-        if (rc) fail("decoder %s: returned %d", m->name, rc);
-        if (threads == 1) {
-            memcpy(first, x, sizeof(float) * R * Hd);
-            for (int p = 0; p < PARTS; p++) copy_kv(&after_one[p], &st[p], rows, D, p == 2);
-            /* the Python test: within 2e-4 of the largest logit of the torch layer loop */
-            snprintf(name, sizeof name, "decoder/%s/hidden", m->name);
-            record(name, F32_CLOSE, 2e-4f, 0.0f, x, R * Hd * 4);
-            for (int p = 0; p < PARTS; p++) { /* the K/V it wrote: int8 up to a rounding flip */
-                snprintf(name, sizeof name, "decoder/%s/part%d/k", m->name, p);
-                record(name, p == 2 ? F16_CLOSE : I8_WITHIN_ONE, 2e-3f, 1e-4f, st[p].k, rows * D * (p == 2 ? 2 : 1));
-                snprintf(name, sizeof name, "decoder/%s/part%d/v", m->name, p);
-                record(name, p == 2 ? F16_CLOSE : I8_WITHIN_ONE, 2e-3f, 1e-4f, st[p].v, rows * D * (p == 2 ? 2 : 1));
-                if (p == 2) continue;
-                snprintf(name, sizeof name, "decoder/%s/part%d/ks", m->name, p);
-                record(name, F16_CLOSE, 2e-3f, 0, st[p].ks, rows * 2);
-                snprintf(name, sizeof name, "decoder/%s/part%d/vs", m->name, p);
-                record(name, F16_CLOSE, 2e-3f, 0, st[p].vs, rows * 2);
-            }
-        } else {
-            if (memcmp(first, x, sizeof(float) * R * Hd))
-                fail("decoder %s: %d threads' hidden states differ from 1 thread's", m->name, threads);
-            for (int p = 0; p < PARTS; p++)
-                if (!same_kv(&after_one[p], &st[p], rows, D, p == 2))
-                    fail("decoder %s: %d threads wrote other K/V than 1 thread", m->name, threads);
-        }
+    for (int r = 0; r < R; r++) {
+        const int64_t n = f->lens[0][r] + f->lens[1][r] + f->lens[2][r];
+        most = n > most ? n : most;
     }
+    const int64_t scratch_stride = H / Hkv * most, strides[PARTS] = {f->stride, f->stride, f->stride};
+    float *scratch = xcalloc(3 * scratch_stride, 4);
+    float *work = xcalloc(R * (Hd + (H + 2 * Hkv) * D + H * D + 3 * I) + 3 * R * Hd, 4);
+    kv_write writes[PARTS];
+    flat_part parts[PARTS];
+    memcpy(x, f->x0, sizeof(float) * R * Hd);
     for (int p = 0; p < PARTS; p++) {
-        free(start[p].k), free(start[p].v), free(start[p].ks), free(start[p].vs);
-        free(st[p].k), free(st[p].v), free(st[p].ks), free(st[p].vs);
-        free(after_one[p].k), free(after_one[p].v), free(after_one[p].ks), free(after_one[p].vs);
+        copy_kv(&st[p], &f->start[p], f->rows, D, p == 2);
+        const float *mean = p < 2 && m->centred ? f->means : NULL;
+        writes[p] = (kv_write){st[p].k, st[p].v, st[p].ks, st[p].vs, f->tokens[p], f->wrows[p],
+                               f->counts[p], f->stride, mean};
+        parts[p] = (flat_part){.k = st[p].k, .v = st[p].v, .ks = st[p].ks, .vs = st[p].vs,
+                               .index = f->index[p], .lens = f->lens[p], .width = f->widths[p],
+                               .kmean = mean};
     }
-    while (n_owned) free(owned[--n_owned]);
-    free(lw);
-#undef OWN
+    const int rc = decode_layers(&f->dm, f->lw, x, R, f->cs, f->sn, writes, PARTS, parts, strides,
+                                 PARTS, 1.0f / (D == 16 ? 4.0f : 8.0f), work, scratch,
+                                 scratch_stride, threads);
+    if (rc) fail("decoder %s: returned %d", m->name, rc);
+    free(scratch), free(work);
+}
+
+/* the hidden states and the K/V the step wrote (int8 up to a rounding flip, as the Python test) */
+static void record_step(const step_fixture *f, const kv_store *st, const float *x) {
+    const char *n = f->m->name;
+    const int64_t rd = f->rows * f->m->dim;
+    char name[64];
+    snprintf(name, sizeof name, "decoder/%s/hidden", n); /* within 2e-4 of the largest value */
+    record(name, F32_CLOSE, 2e-4f, 0.0f, x, R * f->m->hidden * 4);
+    for (int p = 0; p < PARTS; p++) {
+        const enum record_kind kind = p == 2 ? F16_CLOSE : I8_WITHIN_ONE;
+        snprintf(name, sizeof name, "decoder/%s/part%d/k", n, p);
+        record(name, kind, 2e-3f, 1e-4f, st[p].k, rd * (p == 2 ? 2 : 1));
+        snprintf(name, sizeof name, "decoder/%s/part%d/v", n, p);
+        record(name, kind, 2e-3f, 1e-4f, st[p].v, rd * (p == 2 ? 2 : 1));
+        if (p == 2) continue;
+        snprintf(name, sizeof name, "decoder/%s/part%d/ks", n, p);
+        record(name, F16_CLOSE, 2e-3f, 0, st[p].ks, f->rows * 2);
+        snprintf(name, sizeof name, "decoder/%s/part%d/vs", n, p);
+        record(name, F16_CLOSE, 2e-3f, 0, st[p].vs, f->rows * 2);
+    }
+}
+
+static void free_kv(kv_store *s) { free(s->k), free(s->v), free(s->ks), free(s->vs); }
+
+/* 1 thread's step recorded; 2 and 3 threads must give the same bits (hidden states and K/V) */
+static void decoder_case(const model_shape *m) {
+    rng g = {(uint64_t)(m->hidden * 7 + m->dim + m->centred)};
+    step_fixture f = {.m = m, .stride = SLOTS * m->kv_heads};
+    f.rows = m->layers * f.stride;
+    f.dm = (decoder_dims){m->layers, m->hidden, m->heads, m->kv_heads, m->dim, m->inter, 1e-5f, m->rotate};
+    make_weights(&f, &g);
+    make_rows(&f);
+    kv_store st[PARTS], first_kv[PARTS];
+    for (int p = 0; p < PARTS; p++) {
+        make_kv(&g, &f.start[p], f.rows, m->dim, p == 2, m->centred);
+        make_kv(&g, &st[p], f.rows, m->dim, p == 2, 0);
+        make_kv(&g, &first_kv[p], f.rows, m->dim, p == 2, 0);
+    }
+    float *x = xcalloc(R * m->hidden, 4), *first = xcalloc(R * m->hidden, 4);
+    run_step(&f, first_kv, first, 1);
+    record_step(&f, first_kv, first);
+    for (int threads = 2; threads <= 3; threads++) {
+        run_step(&f, st, x, threads);
+        if (memcmp(first, x, sizeof(float) * R * m->hidden))
+            fail("decoder %s: %d threads' hidden states differ from 1 thread's", m->name, threads);
+        for (int p = 0; p < PARTS; p++)
+            if (!same_kv(&first_kv[p], &st[p], f.rows, m->dim, p == 2))
+                fail("decoder %s: %d threads wrote other K/V than 1 thread", m->name, threads);
+    }
+    for (int p = 0; p < PARTS; p++) free_kv(&f.start[p]), free_kv(&st[p]), free_kv(&first_kv[p]);
+    while (f.n_owned) free(f.owned[--f.n_owned]);
+    free(x), free(first);
 }
 
 void cases_decoder(void) {
