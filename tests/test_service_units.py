@@ -35,7 +35,8 @@ def _unit_messages(stderr: str) -> list[str]:
 def test_rendered_units_verify_clean(tmp_path):
     _render(tmp_path, "--memory-high", "3G", "--memory-max", "3500M")
     service = (tmp_path / "edge-runtime.service").read_text()
-    assert _exec_argv(service)[:3] == [f"{VENV}/bin/edge-runtime", "serve", "--config"]
+    assert _exec_argv(service)[:5] == [f"{VENV}/bin/edge-runtime", "serve", "--device", "auto",
+                                       "--config"]
     assert "MemoryHigh=3G" in service and "MemoryMax=3500M" in service
     assert "Type=notify" in service and "WatchdogSec=" in service
     settings = [line.split("=", 1)[0] for line in service.splitlines() if not line.startswith("#")]
@@ -55,6 +56,12 @@ def test_verify_catches_a_broken_unit(tmp_path, old, new):
         p.write_text(p.read_text().replace(old, new, 1))
     proc = _verify(tmp_path)
     assert proc.returncode != 0 or _unit_messages(proc.stderr)
+
+
+def test_the_template_serves_on_the_device_torch_finds():
+    """The unit as shipped (and as rendered) picks the GPU where CUDA exists, else the CPU."""
+    argv = _exec_argv((ROOT / "systemd/edge-runtime.service").read_text())
+    assert argv[1:4] == ["serve", "--device", "auto"], argv
 
 
 def test_socket_unit_hands_over_a_0660_listening_socket():
@@ -135,13 +142,14 @@ def test_execstart_keeps_odd_paths_whole_and_resolves_budget_names(tmp_path):
     _render(tmp_path / "a", "--config", str(config), "--model", model,
             "--memory-high", "3G", "--memory-max", "4G")
     argv = _exec_argv((tmp_path / "a/edge-runtime.service").read_text())
-    assert argv == [f"{VENV}/bin/edge-runtime", "serve", "--config", str(config), "--model", model]
+    assert argv == [f"{VENV}/bin/edge-runtime", "serve", "--device", "auto", "--config", str(config),
+                    "--model", model]
     proc = _verify(tmp_path / "a")
     assert proc.returncode == 0 and not _unit_messages(proc.stderr), proc.stderr
     # a budget name, as `serve --config` takes it, becomes that budget's file, not ./cpu-dev
     _render(tmp_path / "b", "--config", "cpu-dev", "--memory-high", "3G", "--memory-max", "4G")
     argv = _exec_argv((tmp_path / "b/edge-runtime.service").read_text())
-    assert argv[3] == str(ROOT / "configs/orin/cpu-dev.yaml")
+    assert argv[5] == str(ROOT / "configs/orin/cpu-dev.yaml")
 
 
 def _fake_install_root(tmp_path: Path) -> tuple[dict, Path]:

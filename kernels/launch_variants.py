@@ -1,0 +1,206 @@
+"""Every Triton kernel variant the engine can launch on a Jetson, as one list: ENGINE_LAUNCHES.
+
+A variant is what Triton compiles a kernel for: its constexprs, its arguments' types, num_warps and
+num_stages. Each entry of ENGINE_LAUNCHES calls a real launch wrapper (kernels/kv_write.py,
+paged_decode.py, paged_attention.py, awq_prepared.py) on small CPU tensors with the parameters the
+engine passes on the GPU, while `record_launches` catches each `kernel[grid](...)` instead of
+running it. So the variants are the wrappers' own choices, never a copy of them: a wrapper that
+changes a constexpr changes what is recorded. What a wrapper derives from the GPU (its SM count:
+sequence splits, SPLIT_K) is derived with the wrappers' own planning functions for Orin's SM counts
+(ORIN_SMS); the split-merge kernel's BLOCK_S takes every power of two a split count can round to.
+
+Adding a model shape, a KV format or a weight format to the engine means adding it here (MODELS,
+the dtype tuples, the entries): kernels/aot_compile.py compiles every recorded variant for sm_87
+(Orin) and sm_90 without a GPU and checks its shared memory (tests/test_triton_aot.py).
+
+Recording needs TRITON_INTERPRET unset (real JIT kernels); nothing here needs a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+
+MODELS = {  # geometry of the models the Orin budgets serve (config.json)
+    "smollm2-135m": dict(heads=9, kv_heads=3, head_dim=64, hidden=576, intermediate=1536, group=64),
+    "llama-2-7b": dict(heads=32, kv_heads=32, head_dim=128, hidden=4096, intermediate=11008, group=128),
+}
+ACT_DTYPES = ("fp16", "fp32")  # the model's dtype on CUDA: the budget's weight_dtype
+KV_FORMATS = (("int8", False), ("int8", True), ("fp16", False))  # KV dtype, centred keys
+PAGE_TOKENS = 512
+ORIN_SMS = (8, 16)  # Orin Nano / NX (1024 CUDA cores), AGX Orin (2048)
+DECODE_ROWS = (1, 5, 16)  # W4A16 rows: one stream, the 5-stream batch, the gemv class's edge
+PREFILL_ROWS = (64, 512)  # a short prefill chunk (tiled kernel), a long one (dequantize + matmul)
+MERGE_SPLITS = (2, 3, 5, 9, 17, 33, 65)  # BLOCK_S = next power of two: 2 .. 128
+
+ENGINE_LAUNCHES = [
+    *[("write_kv", dict(model=m, act=a, kv=kv, centred=c))
+      for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS],
+    *[("paged_decode", dict(model=m, act=a, kv=kv, centred=c, segments=s))
+      for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS for s in (1, 2)],
+    *[("paged_attention_prefill", dict(model=m, act=a, kv=kv, centred=c))
+      for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS],
+    *[("merge_splits", dict(model=m, splits=s)) for m in MODELS for s in MERGE_SPLITS],
+    *[("awq_gemm_prepared", dict(model=m, rows=r, sms=sms))
+      for m in MODELS for r in (*DECODE_ROWS, *PREFILL_ROWS) for sms in ORIN_SMS],
+]
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str  # module.function of the @triton.jit kernel
+    signature: tuple  # ((argument, Triton type or "constexpr"), ...) in the kernel's order
+    constexprs: tuple  # ((argument, value), ...): declared constexprs and ints Triton specialises
+    divisible: tuple  # arguments given tt.divisibility=16, as the JIT does
+    num_warps: int
+    num_stages: int
+
+
+_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int8: "*i8",
+          torch.uint8: "*u8", torch.int32: "*i32", torch.int64: "*i64"}
+
+
+def _argument(value) -> tuple[str, bool]:
+    """-> (Triton type, divisible by 16) of a runtime argument, as the JIT sees it."""
+    if isinstance(value, torch.Tensor):  # meta tensors: as a GPU allocation, 16-byte aligned
+        return _TYPES[value.dtype], value.device.type == "meta" or value.data_ptr() % 16 == 0
+    if isinstance(value, bool):
+        return "i1", False
+    if isinstance(value, int):
+        return ("i32" if -2**31 <= value < 2**31 else "i64"), value % 16 == 0
+    if isinstance(value, float):
+        return "fp32", False
+    raise TypeError(f"no Triton type for {type(value).__name__}")
+
+
+def launch_of(fn, args: tuple, kwargs: dict) -> Launch:
+    """The variant a `fn[grid](*args, **kwargs)` call compiles."""
+    names = [p.name for p in fn.params]
+    bound = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
+    signature, constexprs, divisible = [], {}, []
+    for p in fn.params:
+        value = bound[p.name]
+        if p.is_constexpr or value is None or (type(value) is int and value == 1):
+            signature.append((p.name, "constexpr"))
+            constexprs[p.name] = value
+            continue
+        kind, div = _argument(value)
+        signature.append((p.name, kind))
+        if div:
+            divisible.append(p.name)
+    return Launch(f"{fn.fn.__module__}.{fn.fn.__name__}", tuple(signature),
+                  tuple(sorted(constexprs.items())), tuple(divisible),
+                  kwargs.get("num_warps", 4), kwargs.get("num_stages", 3))
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Within: every JIT kernel launch is recorded (not run) into the yielded list."""
+    from triton.runtime.jit import JITFunction
+
+    launches: list[Launch] = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append(launch_of(self, args, kwargs))
+
+    with mock.patch.object(JITFunction, "run", record):
+        yield launches
+
+
+@contextlib.contextmanager
+def orin_device(sms: int):
+    """torch.cuda.get_device_properties answering like an Orin with `sms` SMs (plans only)."""
+    props = type("OrinProperties", (), {"multi_processor_count": sms})()
+    with mock.patch.object(torch.cuda, "get_device_properties", lambda *a, **k: props):
+        yield type("OrinDevice", (), {"type": "cuda"})()
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"fp16": torch.float16, "fp32": torch.float32, "int8": torch.int8}[name]
+
+
+def _pool(m: dict, kv: str, pages: int = 4):
+    shape = (pages, PAGE_TOKENS, m["kv_heads"], m["head_dim"])
+    k, v = torch.zeros(shape, dtype=_dtype(kv)), torch.zeros(shape, dtype=_dtype(kv))
+    scales = [torch.ones(shape[:3], dtype=torch.float16) for _ in range(2)] if kv == "int8" else [None, None]
+    return k, v, *scales
+
+
+def _write_kv(model, act, kv, centred):
+    from edge_runtime.kernels.kv_write import write_kv_triton
+
+    m = MODELS[model]
+    k = torch.zeros(3, m["kv_heads"], m["head_dim"], dtype=_dtype(act))
+    mean = torch.zeros(m["kv_heads"], m["head_dim"]) if centred else None
+    write_kv_triton(k, k.clone(), *_pool(m, kv), torch.tensor([0, 1, 2]), mean)
+
+
+def _attention_args(model, act, kv, centred, tokens, pages=3):
+    m = MODELS[model]
+    q = torch.zeros(tokens, m["heads"], m["head_dim"], dtype=_dtype(act))
+    table = torch.zeros(2, pages, dtype=torch.int32)
+    seq = torch.zeros(tokens, dtype=torch.int32)
+    lens = torch.full((tokens,), 700, dtype=torch.int32)  # each token sees 700 keys
+    mean = torch.zeros(m["kv_heads"], m["head_dim"]) if centred else None
+    return q, _pool(m, kv), (table, seq, lens), mean
+
+
+def _paged_decode(model, act, kv, centred, segments):
+    from edge_runtime.kernels.paged_decode import paged_decode
+
+    q, pool, seg, mean = _attention_args(model, act, kv, centred, tokens=2)
+    paged_decode(q, *pool, [seg] * segments, 0.125, k_mean=mean)
+
+
+def _paged_attention_prefill(model, act, kv, centred):
+    from edge_runtime.kernels.paged_attention import paged_attention_triton
+
+    q, pool, seg, mean = _attention_args(model, act, kv, centred, tokens=40)  # > table rows
+    paged_attention_triton(q, *pool, *seg, 0.125, k_mean=mean)
+
+
+def _merge_splits(model, splits):
+    from edge_runtime.kernels.paged_attention import paged_attention_triton
+
+    # 64 pages: room for every split count (the merge's BLOCK_S is a power of two <= 128)
+    q, pool, seg, _ = _attention_args(model, "fp16", "int8", False, tokens=2, pages=64)
+    paged_attention_triton(q, *pool, *seg, 0.125, num_splits=splits)
+
+
+def _linear_shapes(m: dict) -> set[tuple[int, int]]:
+    """(N, K) of the decoder's linears: q, k and v, o, gate and up, down."""
+    hd, kv = m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"]
+    return {(hd, m["hidden"]), (kv, m["hidden"]), (m["hidden"], hd),
+            (m["intermediate"], m["hidden"]), (m["hidden"], m["intermediate"])}
+
+
+def _awq_gemm_prepared(model, rows, sms):
+    from edge_runtime.kernels import awq_prepared as awp
+
+    m = MODELS[model]
+    g = m["group"]
+    meta = dict(device="meta")  # no memory, no compute: the prefill path's fp16 matmul is free
+    for n, k in sorted(_linear_shapes(m)):
+        packed = awp.PreparedAWQ(torch.empty(k // 8, n, dtype=torch.int32, **meta),
+                                 torch.empty(k // g, n, dtype=torch.uint8, **meta),
+                                 torch.empty(k // g, n, dtype=torch.float16, **meta),
+                                 torch.empty(n // 8 + 1, dtype=torch.int32, **meta), g)
+        with orin_device(sms) as device:
+            split = awp._plan(rows, n, k, g, device, None).get("split_k", 1)
+        awp.awq_gemm_prepared_triton(torch.empty(rows, k, dtype=torch.float16, **meta), packed,
+                                     tune={"split_k": split})
+
+
+RUNNERS = {"write_kv": _write_kv, "paged_decode": _paged_decode,
+           "paged_attention_prefill": _paged_attention_prefill, "merge_splits": _merge_splits,
+           "awq_gemm_prepared": _awq_gemm_prepared}
+
+
+def engine_variants() -> list[Launch]:
+    """The distinct variants ENGINE_LAUNCHES records, in first-seen order."""
+    with record_launches() as launches:
+        for op, params in ENGINE_LAUNCHES:
+            RUNNERS[op](**params)
+    return list(dict.fromkeys(launches))
