@@ -31,6 +31,7 @@ class GrammarSpec:
 
     kind: str  # one of GRAMMAR_KINDS
     text: str = ""  # json_schema: the schema; structural_tag: the tag; as JSON text
+    strict: bool = True  # json_schema: objects allow no properties beyond those listed
     what: str = field(default="the grammar", compare=False)  # how an error names it
 
     def __post_init__(self) -> None:

@@ -80,7 +80,8 @@ class GrammarCompiler:
                 # a schema: strict (no properties beyond those it lists), as OpenAI's strict mode
                 text = '{"type": "object"}' if spec.kind == "json_object" else spec.text
                 return c.compile_json_schema(text, any_whitespace=False, separators=(", ", ": "),
-                                             strict_mode=spec.kind == "json_schema")
+                                             strict_mode=spec.kind == "json_schema"
+                                             and spec.strict)
             if spec.kind == "structural_tag":
                 return c.compile_structural_tag(spec.text)
         except (RuntimeError, ValueError, TypeError) as exc:
