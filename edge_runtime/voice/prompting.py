@@ -26,6 +26,8 @@ import yaml
 
 from edge_runtime.errors import ConfigError, InputError, RequestError
 from edge_runtime.model.chat import control_tokens
+from edge_runtime.model.tool_format import tools_system_text
+from edge_runtime.voice.actions import load_actions
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class SystemPrompt:
     name: str
     text: str
     vocabulary: str  # device and action names: a recognition hint for Whisper (voice/asr.py)
+    actions: tuple = ()  # voice/actions.py Action: each command is decoded as a call of one
 
 
 def load_system_prompt(path: Path) -> SystemPrompt:
@@ -58,7 +61,11 @@ def load_system_prompt(path: Path) -> SystemPrompt:
                          + (f": {actions}" if actions else ""))
     if data.get("answer_format"):
         lines.append(str(data["answer_format"]).strip())
-    return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices))
+    actions = tuple(load_actions(data["actions"], str(path))) if "actions" in data else ()
+    if actions:  # the tools block: part of the shared system prompt, so cached once
+        lines.append(tools_system_text([a.function for a in actions]))
+    return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices),
+                        actions)
 
 
 def _vocabulary(devices: list[dict]) -> str:
