@@ -85,12 +85,32 @@ def _action(entry, where: str) -> Action:
     params = entry.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(params, dict):
         raise ConfigError(f"{where}: 'parameters' must be a JSON schema (a mapping)")
+    odd = _non_string_key(params)
+    if odd is not None:  # YAML 1.1 reads a bare on/off/yes/no key as a boolean
+        raise ConfigError(f"{where}: 'parameters' has the key {odd!r}, which is not a string; "
+                          f"quote it (\"on\": ...)")
     timeout = entry.get("timeout_s", DEFAULT_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 600:
         raise ConfigError(f"{where}: 'timeout_s' must be a number of seconds in (0, 600]")
     handler, target = _handler(entry.get("handler", "events"), where)
     fn = ToolFunction(name, str(entry.get("description", "")), json.dumps(params))
     return Action(fn, handler, target, float(timeout), str(entry.get("say", "")))
+
+
+def _non_string_key(value):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return key
+            found = _non_string_key(item)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for item in value:
+            found = _non_string_key(item)
+            if found is not None:
+                return found
+    return None
 
 
 def _handler(spec, where: str) -> tuple[str, tuple[str, ...]]:
