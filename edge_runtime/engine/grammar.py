@@ -129,10 +129,12 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     faster on this CPU than xgrammar's own CPU apply (tools/grammar_mask_bench.py)."""
     # logits: [B, V] float; bitmask: int32 [len(rows), W], W * 32 >= V
     vocab = logits.shape[-1]
-    shifts = _SHIFTS.to(bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().view(bitmask.shape[0], -1)[:, :vocab]
+    bits = (bitmask.unsqueeze(-1) >> _SHIFTS.to(bitmask.device)) & 1  # [R, W, 32]
+    banned = (bits == 0).view(bitmask.shape[0], -1)[:, :vocab].to(logits.device)
+    if rows == list(range(logits.shape[0])):  # every row: in place, no gather
+        return logits.masked_fill_(banned, float("-inf"))
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+    logits[index] = logits[index].masked_fill(banned, float("-inf"))
     return logits
 
 
