@@ -120,3 +120,20 @@ def test_logprobs_and_response_format_map_to_the_engine():
     assert extras.logprobs == 4 and extras.grammar.kind == "json_schema" and extras.grammar.strict
     assert parse_extras({"logprobs": True}).logprobs == 0
     assert parse_extras({}).logprobs is None and parse_extras({}).grammar is None
+
+
+def test_completions_take_a_grammar_as_response_format_and_give_it_back():
+    from edge_runtime.engine.api import GrammarSpec
+    from edge_runtime.engine.grammar import schema_text
+    from edge_runtime.model.tool_format import call_grammar
+    from edge_runtime.service.schema import parse_completion
+    from edge_runtime.service.tools_api import as_response_format
+
+    for spec in (call_grammar([LIGHT], "required", parallel=False), GrammarSpec("json_object"),
+                 GrammarSpec("json_schema", schema_text(LIGHT.parameters), strict=False)):
+        req = parse_completion({"prompt": [1, 2], "response_format": as_response_format(spec)},
+                               1000)
+        assert req.params.grammar == spec
+    with pytest.raises(ApiError) as e:
+        parse_completion({"prompt": "x", "response_format": {"type": "structural_tag"}}, 1000)
+    assert e.value.param == "response_format.structural_tag"

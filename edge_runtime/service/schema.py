@@ -110,8 +110,14 @@ def parse_completion(body: dict, max_tokens_cap: int) -> ApiRequest:
             raise _unsupported(key)
     if body.get("best_of") not in (None, _n(body)):
         raise _unsupported("best_of")
-    return ApiRequest("completion", _model(body), _params(body, max_tokens_cap), *_stream(body),
-                      prompt=prompt, max_tokens_param=_max_tokens_key(body))
+    from edge_runtime.service import tools_api  # it imports ApiError from here
+
+    extras = tools_api.completion_extras(body)
+    params = _params(body, max_tokens_cap)
+    if extras.grammar is not None:
+        params = replace(params, grammar=extras.grammar)
+    return ApiRequest("completion", _model(body), params, *_stream(body),
+                      prompt=prompt, max_tokens_param=_max_tokens_key(body), extras=extras)
 
 
 def parse_chat(body: dict, max_tokens_cap: int) -> ApiRequest:

@@ -64,6 +64,34 @@ def parse_extras(body: dict) -> ChatExtras:
     return ChatExtras(tools, grammar, tuple(checks), _logprobs(body))
 
 
+def completion_extras(body: dict) -> ChatExtras:
+    """/v1/completions: `response_format` only, which also takes the extension
+    {"type": "structural_tag", "structural_tag": {...}} (xgrammar's format; the voice loop's
+    --server mode sends its actions' grammar this way)."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "structural_tag":
+        tag = fmt.get("structural_tag")
+        if not isinstance(tag, dict):
+            raise _bad("response_format.structural_tag", "must be an xgrammar structural tag "
+                       "object")
+        spec = GrammarSpec("structural_tag", _schema_json("response_format.structural_tag", tag),
+                           what="'response_format.structural_tag'")
+        return ChatExtras(grammar=spec, grammar_checks=(("response_format.structural_tag",
+                                                         spec),))
+    grammar, checks = _response_format(fmt)
+    return ChatExtras(grammar=grammar, grammar_checks=checks)
+
+
+def as_response_format(spec: GrammarSpec) -> dict:
+    """The `response_format` that gives `spec` back through completion_extras."""
+    if spec.kind == "json_object":
+        return {"type": "json_object"}
+    if spec.kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {
+            "name": "schema", "schema": json.loads(spec.text), "strict": spec.strict}}
+    return {"type": "structural_tag", "structural_tag": json.loads(spec.text)}
+
+
 def _tools(body: dict) -> ToolRequest | None:
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools in (None, []):
