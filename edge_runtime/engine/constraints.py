@@ -33,11 +33,9 @@ class Constraints:
                 self._compiler = GrammarCompiler(*self._args)
             return self._compiler
 
-    def prepare(self, request) -> None:
-        """Compile the request's grammar (cached); raises RequestError for one that cannot be."""
-        spec = request.params.grammar
-        if spec is not None:
-            request.compiled_grammar = self.compiler.compile(spec)
+    def compile(self, params):
+        """The compiled grammar of `params` (cached), or None; RequestError if it cannot be."""
+        return None if params.grammar is None else self.compiler.compile(params.grammar)
 
     def matcher_for(self, request):
         if request.compiled_grammar is None:

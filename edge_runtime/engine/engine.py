@@ -82,12 +82,13 @@ class Engine:
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         self._validate(prompt_ids, params)
+        grammar = self.constraints.compile(params)  # may raise; outside the lock (a compile is ms)
         with self._lock:
             rid = request_id or f"req-{next(self._arrival)}"
             if rid in self.requests:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
             req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
-            self.constraints.prepare(req)  # may raise (a grammar that cannot compile)
+            req.compiled_grammar = grammar
             first = self._new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
             self.requests[rid] = req
             if req.is_beam:

@@ -103,7 +103,11 @@ class VoiceLoop:
     async def _prewarm(self) -> None:
         """Prefill the shared system prompt once before any stream starts. The appliance knows it
         at start-up, so no stream's first command waits for another stream's prefill of it (or
-        computes its own copy); every first turn then starts from the cached system prompt."""
+        computes its own copy); every first turn then starts from the cached system prompt. The
+        actions' grammar is compiled here too, off the engine's loop thread."""
+        engine = getattr(self.aengine, "engine", None)  # None with --server (the service compiles)
+        if self.params.grammar is not None and engine is not None:  # the actions' grammar: once,
+            await asyncio.to_thread(engine.constraints.compiler.compile, self.params.grammar)
         text = self.tokenizer.apply_chat_template([{"role": "system", "content": self.system_prompt}],
                                                   tokenize=False, add_generation_prompt=False)
         try:
