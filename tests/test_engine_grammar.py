@@ -64,6 +64,7 @@ def test_constrained_greedy_output_parses_and_validates():
         res = eng.generate([prompt], constrained())[0]
         assert res.finish_reason == "stop", res.text
         jsonschema.validate(json.loads(res.text), SCHEMA)
+        assert list(json.loads(res.text)) == list(SCHEMA["properties"])  # the schema's order
     assert eng.stats()["grammar_compiles"] == 1  # one compile, cached for the next requests
     eng.kv.check_leaks()
 

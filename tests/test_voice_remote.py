@@ -66,6 +66,7 @@ def test_actions_through_the_service_are_valid_calls(server):
 
     import jsonschema
 
+    from edge_runtime.model.tool_format import parse_calls
     from edge_runtime.voice.config import CONFIG_DIR
     from edge_runtime.voice.prompting import load_system_prompt
     from edge_runtime.voice.session import load_runtime, run_streams
@@ -83,4 +84,6 @@ def test_actions_through_the_service_are_valid_calls(server):
     for ev in report.events:  # the grammar went over the socket as response_format
         assert ev["action"]["ok"], ev
         jsonschema.validate(ev["action"]["arguments"], schemas[ev["action"]["name"]])
-        assert json.loads(ev["call_text"].split("\n")[1])["name"] == ev["action"]["name"]
+        (call,) = parse_calls(ev["call_text"])[1]
+        assert call.name == ev["action"]["name"]
+        assert json.loads(call.arguments) == ev["action"]["arguments"]

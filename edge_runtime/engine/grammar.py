@@ -167,5 +167,6 @@ class GrammarMasks:
 
 
 def schema_text(schema) -> str:
-    """Canonical JSON text of a schema object (the cache key: equal schemas share a compile)."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    """Compact JSON text of a schema object (the cache key: equal schemas share a compile). Keys
+    keep their order: a schema's property order is the order the answer must follow."""
+    return json.dumps(schema, separators=(",", ":"))

@@ -92,9 +92,8 @@ def call_grammar(functions: list[ToolFunction], choice: str, parallel: bool,
                "stop_after_first": not parallel}
     else:
         fmt = _call_tag(next(f for f in functions if f.name == choice))
-    # the canonical text of engine/grammar.py's schema_text: equal grammars, one cache entry
-    text = json.dumps({"type": "structural_tag", "format": fmt}, sort_keys=True,
-                      separators=(",", ":"))
+    # as engine/grammar.py's schema_text (compact, key order kept: it is the answer's order)
+    text = json.dumps({"type": "structural_tag", "format": fmt}, separators=(",", ":"))
     return GrammarSpec("structural_tag", text, what=what)
 
 

@@ -97,6 +97,30 @@ def _action(entry, where: str) -> Action:
     return Action(fn, handler, target, float(timeout), str(entry.get("say", "")))
 
 
+def actions_prompt_text(actions: list[Action]) -> str:
+    """The actions as system-prompt lines, one per action with its arguments' choices, and the
+    call format. Plainer than the service's JSON signatures (model/tool_format.py), which the
+    135M model follows worse: tools/voice_action_probe.py, docs/voice.md "Actions"."""
+    lines = ["Functions:"]
+    for action in actions:
+        props = action.function.parameters.get("properties", {})
+        args = "; ".join(f"{name}: {_choices(spec)}" for name, spec in props.items())
+        lines.append(f"- {action.function.name}({args}): {action.function.description}")
+    lines.append("Answer with one call:\n<tool_call>\n"
+                 '{"name": <function>, "arguments": {...}}\n</tool_call>')
+    return "\n".join(lines)
+
+
+def _choices(spec) -> str:
+    if not isinstance(spec, dict):
+        return "any"
+    if "enum" in spec:
+        return " | ".join(str(v) for v in spec["enum"])
+    if spec.get("type") in ("integer", "number") and ("minimum" in spec or "maximum" in spec):
+        return f"{spec['type']} {spec.get('minimum', '')}-{spec.get('maximum', '')}"
+    return str(spec.get("type", "any"))
+
+
 def _non_string_key(value):
     if isinstance(value, dict):
         for key, item in value.items():

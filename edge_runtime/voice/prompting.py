@@ -26,8 +26,7 @@ import yaml
 
 from edge_runtime.errors import ConfigError, InputError, RequestError
 from edge_runtime.model.chat import control_tokens
-from edge_runtime.model.tool_format import tools_system_text
-from edge_runtime.voice.actions import load_actions
+from edge_runtime.voice.actions import actions_prompt_text, load_actions
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,8 @@ def load_system_prompt(path: Path) -> SystemPrompt:
     if data.get("answer_format"):
         lines.append(str(data["answer_format"]).strip())
     actions = tuple(load_actions(data["actions"], str(path))) if "actions" in data else ()
-    if actions:  # the tools block: part of the shared system prompt, so cached once
-        lines.append(tools_system_text([a.function for a in actions]))
+    if actions:  # part of the shared system prompt, so cached once
+        lines.append(actions_prompt_text(list(actions)))
     return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices),
                         actions)
 
