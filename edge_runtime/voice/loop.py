@@ -129,8 +129,10 @@ class VoiceLoop:
                   else UtteranceCutter(self.settings.vad, make_detector(self.settings.vad)))
         front = FrontEnd(source, cutter, commands, loop, self.settings.realtime,
                          index * self.settings.stagger_s, self.settings.half_duplex)
-        conv = Conversation(self.tokenizer, self.system_prompt, self.settings.history_tokens,
-                            self.eos_token_ids)
+        # actions: every command stands alone; with earlier calls in the prompt the small model
+        # repeats the previous call (docs/voice.md, "Actions"); the system prompt is still shared
+        history = self.settings.history_tokens if self.actions is None else 0
+        conv = Conversation(self.tokenizer, self.system_prompt, history, self.eos_token_ids)
         front.start()
         try:
             await asyncio.gather(self._recognize(index, commands, recognized, report),
