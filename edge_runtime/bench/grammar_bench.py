@@ -6,7 +6,8 @@ the answers differ; the shared system prompt is cached alike for both variants),
 answer cannot end within G tokens (an array with more items than G), so both decode exactly G
 tokens. Runs are interleaved (plain B=1, constrained B=1, plain B=5, ...) and repeated; the table
 shows the median decode tok/s = B*(G-1) / (last token - every request's first token), and the
-ratio constrained/plain of those medians. Also:
+ratio constrained/plain of those medians; the same per process-CPU second (every thread of the
+process, the mask thread included: on a machine shared with other jobs the steadier number). Also:
 - mask us/token: time the engine's mask thread spent filling next-token masks, per mask;
 - apply us/step: `apply_bitmask` on [B, vocab] logits (the part on the sampling path);
 - compile ms: the schema's first compile, and a second request's (the per-schema cache).
@@ -40,22 +41,24 @@ def _prompts(tokenizer, batch: int, run: int) -> list[list[int]]:
         for i in range(batch)]
 
 
-def decode_rate(engine, prompts: list[list[int]], params) -> float:
-    """Run the batch to completion; decode tokens/s after every request's first token."""
+def decode_rate(engine, prompts: list[list[int]], params) -> tuple[float, float]:
+    """Run the batch to completion; decode tokens per wall second and per process-CPU second
+    (all threads, the mask thread included) after every request's first token."""
     rids = [engine.add_request(p, params) for p in prompts]
     produced = dict.fromkeys(rids, 0)
-    t_first = None
+    t_first = cpu_first = None
     while engine.has_unfinished():
         events = engine.step()
         for ev in events:
             if ev.request_id in produced:
                 produced[ev.request_id] += len(ev.token_ids)
         if t_first is None and all(produced.values()):
-            t_first = time.perf_counter()
-    t_end = time.perf_counter()
+            t_first, cpu_first = time.perf_counter(), time.process_time()
+    t_end, cpu_end = time.perf_counter(), time.process_time()
     bad = {r: n for r, n in produced.items() if n != params.max_tokens}
     assert not bad, f"requests ended early (wanted {params.max_tokens} tokens): {bad}"
-    return len(prompts) * (params.max_tokens - 1) / (t_end - t_first)
+    tokens = len(prompts) * (params.max_tokens - 1)
+    return tokens / (t_end - t_first), tokens / (cpu_end - cpu_first)
 
 
 def apply_us(batch: int, vocab: int, repeat: int = 50) -> float:
@@ -91,6 +94,7 @@ def measure(engine, loaded, batches: list[int], gen_tokens: int, repeat: int, pr
     variants = {"plain": SamplingParams(max_tokens=gen_tokens, ignore_eos=True),
                 "json_schema": SamplingParams(max_tokens=gen_tokens, grammar=spec)}
     rates = {(b, v): [] for b in batches for v in variants}
+    cpu_rates = {(b, v): [] for b in batches for v in variants}
     masks = {b: [0.0, 0] for b in batches}
     for b in batches:  # warm-up
         for params in variants.values():
@@ -101,16 +105,22 @@ def measure(engine, loaded, batches: list[int], gen_tokens: int, repeat: int, pr
             for name, params in variants.items():
                 m = engine.constraints.masks
                 s0, n0 = m.fill_s, m.masks_filled
-                rates[(b, name)].append(decode_rate(engine, _prompts(loaded.tokenizer, b, run),
-                                                    params))
+                wall, cpu = decode_rate(engine, _prompts(loaded.tokenizer, b, run), params)
+                rates[(b, name)].append(wall)
+                cpu_rates[(b, name)].append(cpu)
                 if name != "plain":
                     masks[b][0] += m.fill_s - s0
                     masks[b][1] += m.masks_filled - n0
     rows = []
     for b in batches:
         plain, con = (statistics.median(rates[(b, v)]) for v in variants)
+        plain_cpu, con_cpu = (statistics.median(cpu_rates[(b, v)]) for v in variants)
         rows.append({"batch": b, "gen_tokens": gen_tokens, "repeat": repeat,
                      "plain_tok_s": plain, "json_schema_tok_s": con, "ratio": con / plain,
+                     "plain_tok_cpu_s": plain_cpu, "json_schema_tok_cpu_s": con_cpu,
+                     "cpu_ratio": con_cpu / plain_cpu,
+                     "plain_cpu_samples": cpu_rates[(b, "plain")],
+                     "json_schema_cpu_samples": cpu_rates[(b, "json_schema")],
                      "mask_us_per_token": masks[b][0] / max(1, masks[b][1]) * 1e6,
                      "apply_us_per_step": apply_us(b, loaded.config.vocab_size),
                      "compile_ms": first_ms, "compile_cached_ms": again_ms,
@@ -124,6 +134,9 @@ COLUMNS = [
     Column("plain_tok_s", "decode tok/s plain", "{:.1f}"),
     Column("json_schema_tok_s", "decode tok/s json_schema", "{:.1f}"),
     Column("ratio", "constrained/plain", "{:.3f}"),
+    Column("plain_tok_cpu_s", "plain tok/CPU-s", "{:.1f}"),
+    Column("json_schema_tok_cpu_s", "json_schema tok/CPU-s", "{:.1f}"),
+    Column("cpu_ratio", "constrained/plain (CPU)", "{:.3f}"),
     Column("mask_us_per_token", "mask us/token", "{:.0f}"),
     Column("apply_us_per_step", "apply us/step", "{:.0f}"),
     Column("compile_ms", "compile ms", "{:.1f}"),
