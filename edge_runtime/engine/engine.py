@@ -247,10 +247,13 @@ class Engine:
             rows = [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs]
             same = plain_rows == list(range(logits.shape[0]))
             raw = logits if same else logits[torch.tensor(plain_rows)]
-            masked = raw if masks is None else raw.clone()  # raw stays for the log-probs
-            self.constraints.apply_masks(masked, plain_rows, masks)
+            tops = [s.request.params.logprobs for s in plain_seqs]
+            keep_raw = masks is not None and any(t is not None for t in tops)
+            masked = raw.clone() if keep_raw else raw  # log-probs are the unmasked model's
+            with torch.inference_mode():  # in place on the forward's (inference) tensor
+                self.constraints.apply_masks(masked, plain_rows, masks)
             tokens = sample(masked, rows)
-            lps = token_logprobs(raw, tokens, [s.request.params.logprobs for s in plain_seqs])
+            lps = token_logprobs(raw, tokens, tops)
             for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
                 self._append_token(seq, tok, events, lp)
         for rid, group in beam_groups.items():
