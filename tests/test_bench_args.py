@@ -17,6 +17,7 @@ MINIMAL = {
     "attention": ["--rows", "1", "--keys", "16", "--layers", "1", "--repeat", "1",
                   "--flush-mib", "0"],
     "engine": ["--model", NO_MODEL, "--bandwidth-mib", "1"],
+    "grammar": ["--model", NO_MODEL],
     "linear": ["--model", NO_MODEL, "--bandwidth-mib", "1"],
     "logits": ["--model", NO_MODEL],
     "service": ["--model", NO_MODEL],
@@ -106,6 +107,9 @@ BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
     ("trace", ["--from-json", "/"], "--from-json"),
     ("trace", ["--target", "http://127.0.0.1:notaport"], "--target"),
     ("trace", ["--target", "http://[::1"], "--target"),
+    ("grammar", ["--batch", "1,,5"], "--batch"),
+    ("grammar", ["--gen-tokens", "1"], "--gen-tokens"),
+    ("grammar", ["--repeat", "0"], "--repeat"),
 ]
 
 

@@ -252,7 +252,9 @@ def test_in_flight_is_running_plus_queued_plus_outside_engine(tmp_path, monkeypa
         threads += [start({"prompt": [4, 5, 6]}), start({"prompt": [7, 8]}),
                     start({"prompt": [9, 9, 9]})]
         assert tokenizing.wait(60)
-        svc = wait_stats(lambda s: s["service"]["in_flight"] == 4)["service"]
+        # the two queued requests reach the engine's queue a moment after they count in flight
+        svc = wait_stats(lambda s: s["service"]["in_flight"] == 4
+                         and s["service"]["outside_engine"] == 1)["service"]
         assert (svc["in_flight"], svc["running"], svc["queued"], svc["outside_engine"]) \
             == (4, 1, 2, 1), svc
         text = c.get("/metrics").text

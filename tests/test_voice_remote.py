@@ -59,3 +59,31 @@ def test_unreachable_service_is_a_fault_of_the_turn(tmp_path):
     assert "cannot reach the service" in event["skipped"] and "no.sock" in event["skipped"]
     (fault,) = report.faults  # an unanswered command is a fault: the run's exit status says so
     assert not fault["fatal"] and "not answered" in fault["problem"] and "no.sock" in fault["problem"]
+
+
+def test_actions_through_the_service_are_valid_calls(server):
+    import json
+
+    import jsonschema
+
+    from edge_runtime.model.tool_format import parse_calls
+    from edge_runtime.voice.config import CONFIG_DIR
+    from edge_runtime.voice.prompting import load_system_prompt
+    from edge_runtime.voice.session import load_runtime, run_streams
+
+    sock, tmp = server
+    typed = tmp / "actions.txt"
+    typed.write_text("close the garage door\nturn off the bedroom lights\n")
+    home = CONFIG_DIR / "home-actions.yaml"
+    config = dataclasses.replace(load_voice_config(), system_prompt=home)
+    runtime = load_runtime(config, "smollm2-135m-instruct", 1, need_asr=False,
+                           progress=lambda m: None, server=sock)
+    (report,) = run_streams(runtime, config, [Source(InputSpec("text", typed))])
+    schemas = {a.function.name: a.function.parameters for a in load_system_prompt(home).actions}
+    assert report.faults == [] and len(report.events) == 2
+    for ev in report.events:  # the grammar went over the socket as response_format
+        assert ev["action"]["ok"], ev
+        jsonschema.validate(ev["action"]["arguments"], schemas[ev["action"]["name"]])
+        (call,) = parse_calls(ev["call_text"])[1]
+        assert call.name == ev["action"]["name"]
+        assert json.loads(call.arguments) == ev["action"]["arguments"]

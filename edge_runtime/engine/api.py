@@ -28,6 +28,24 @@ GREEDY_BELOW_TEMPERATURE = 1.1754943508222875e-38  # float32's smallest normal n
 REPETITION_PENALTY_MIN = 1e-9
 
 
+# OpenAI's top_logprobs limit
+MAX_TOP_LOGPROBS = 20
+GRAMMAR_KINDS = ("json_schema", "json_object", "structural_tag")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on the generated text (engine/grammar.py compiles it; cached per spec)."""
+
+    kind: str  # one of GRAMMAR_KINDS
+    text: str = ""  # json_schema: the schema; structural_tag: the tag; as JSON text
+    strict: bool = True  # json_schema: objects allow no properties beyond those listed
+    what: str = field(default="the grammar", compare=False)  # how an error names it
+
+    def __post_init__(self) -> None:
+        assert self.kind in GRAMMAR_KINDS, self.kind
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 128
@@ -41,6 +59,8 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1  # parallel samples, forked from the prompt's pages
     beam_width: int = 1  # beam search when > 1 (greedy, length-normalised like transformers)
+    grammar: GrammarSpec | None = None  # constrained decoding: every completion matches it
+    logprobs: int | None = None  # None: off; k >= 0: each token's log-prob and the k most likely
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -66,6 +86,15 @@ class SamplingParams:
             raise RequestError(f"beam_width must be between 1 and 4, got {self.beam_width}")
         if self.beam_width > 1 and self.n > 1:
             raise RequestError("use either n > 1 (sampling) or beam_width > 1, not both")
+        if self.grammar is not None and self.beam_width > 1:
+            raise RequestError("beam search (beam_width > 1) cannot be combined with a grammar "
+                               "(response_format or tools); use n > 1 or drop one")
+        if self.logprobs is not None and (not _is_int(self.logprobs)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise RequestError(f"logprobs (the number of top alternatives) must be an integer "
+                               f"in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        if self.logprobs is not None and self.beam_width > 1:
+            raise RequestError("logprobs are not reported for beam search (beam_width > 1)")
 
 
 def _is_int(value) -> bool:
@@ -81,6 +110,16 @@ class RequestTimings:
     total_s: float = 0.0  # added -> finished
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The model's log-probability of a generated token (before the grammar mask, temperature,
+    top-k/top-p), and the `top` most likely tokens at that position, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class Completion:
     """One generated continuation (a request with n > 1 or beams has several)."""
@@ -88,6 +127,7 @@ class Completion:
     text: str
     token_ids: list[int]
     finish_reason: str  # one of FINISH_REASONS
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
 
 @dataclass
@@ -125,3 +165,4 @@ class TokenEvent:
     token_ids: list[int]
     text: str  # detokenized delta (may be empty while a multi-byte character is incomplete)
     result: GenerationResult | None = None  # set on the last event of the request
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked

@@ -28,6 +28,7 @@ from edge_runtime.engine import beam, recent_window
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
+from edge_runtime.engine.constraints import Constraints, token_logprobs
 from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import SeqStep
@@ -66,6 +67,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
         self.pool_chunks = PoolChunks(self.num_pages)
+        self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
         self.sm_scale = mc.head_dim ** -0.5
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
@@ -85,11 +87,13 @@ class Engine:
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         self._validate(prompt_ids, params)
+        grammar = self.constraints.compile(params)  # may raise; outside the lock (a compile is ms)
         with self._lock:
             rid = request_id or f"req-{next(self._arrival)}"
             if rid in self.requests:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
             req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
+            req.compiled_grammar = grammar
             first = self._new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
             self.requests[rid] = req
             if req.is_beam:
@@ -165,7 +169,8 @@ class Engine:
                         running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
                         kv_dtype=self.config.kv_dtype, page_tokens=self.config.page_tokens,
                         num_pages=self.num_pages, kv_bytes=self.storage.nbytes(),
-                        backends=self.backend.describe(), kv=self.kv.stats())
+                        backends=self.backend.describe(), kv=self.kv.stats(),
+                        **self.constraints.stats())
 
     # --- memory-guard hooks (docs/interfaces.md) --------------------------------------------
     def admission_gate(self) -> bool:
@@ -223,13 +228,14 @@ class Engine:
                 sampled.append(seq)
             counter = "decode_tokens" if n == 1 and seq.num_generated > 0 else "prefill_tokens"
             self.counters[counter] += n
+        masks = self.constraints.start_masks(sampled)  # filled while the forward runs
         logits = self._forward(ids, steps, last_rows)
         for seq, n in scheduled:
             start = seq.num_computed
             if seq.seq_id not in committed:
                 self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
             seq.num_computed += n
-        self._sample_and_emit(sampled, logits, events)
+        self._sample_and_emit(sampled, logits, events, masks)
 
     def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
         device = self.storage.device
@@ -242,7 +248,7 @@ class Engine:
         return logits.float().cpu()  # [B, vocab]
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
-                         events: list[TokenEvent]) -> None:
+                         events: list[TokenEvent], masks=None) -> None:
         plain_rows, plain_seqs = [], []  # plain_rows: the logits row of each plain sequence
         beam_groups: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
         for i, seq in enumerate(seqs):
@@ -257,9 +263,16 @@ class Engine:
         if plain_seqs:
             rows = [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs]
             same = plain_rows == list(range(logits.shape[0]))
-            tokens = sample(logits if same else logits[torch.tensor(plain_rows)], rows)
-            for seq, tok in sorted(zip(plain_seqs, tokens), key=lambda x: x[0].index):
-                self._append_token(seq, tok, events)
+            raw = logits if same else logits[torch.tensor(plain_rows)]
+            tops = [s.request.params.logprobs for s in plain_seqs]
+            keep_raw = masks is not None and any(t is not None for t in tops)
+            masked = raw.clone() if keep_raw else raw  # log-probs are the unmasked model's
+            with torch.inference_mode():  # in place on the forward's (inference) tensor
+                self.constraints.apply_masks(masked, plain_rows, masks)
+            tokens = sample(masked, rows)
+            lps = token_logprobs(raw, tokens, tops)
+            for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
+                self._append_token(seq, tok, events, lp)
         for rid, group in beam_groups.items():
             beam.step(self, group[0][0].request, group, events)
 
@@ -276,16 +289,24 @@ class Engine:
             children.append(child)
         return children
 
-    def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent]) -> None:
+    def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent],
+                      logprob=None) -> None:
         req = seq.request
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
         seq.token_ids.append(int(token))
+        grammar_ended = self.constraints.accept(seq, int(token))
+        if logprob is not None:
+            seq.logprobs.append(logprob)
         delta, reason = seq.stop.append(int(token))
         if reason is None and len(seq.token_ids) >= self.model_config.max_position_embeddings:
             delta += seq.stop.finish_cancelled()
             seq.stop.finish_reason = reason = "length"
-        events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta))
+        if reason is None and grammar_ended:  # e.g. under ignore_eos: nothing more may follow
+            delta += seq.stop.finish_cancelled()
+            seq.stop.finish_reason = reason = "stop"
+        events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta,
+                                 logprobs=None if logprob is None else [logprob]))
         if reason is not None:
             self._drop_seq(seq, cached=True)
             if all(s.status is SeqStatus.FINISHED for s in req.seqs):
@@ -307,6 +328,7 @@ class Engine:
         seq = Sequence(f"{req.request_id}/{index}", req, index, token_ids, next(self._arrival),
                        make_generator(seed),
                        StopChecker(self.tokenizer, p, tuple(self.model_config.eos_token_ids)))
+        seq.matcher = self.constraints.matcher_for(req)
         req.seqs.append(seq)
         return seq
 
@@ -339,7 +361,8 @@ class Engine:
             return
         req.finished_at = time.perf_counter()
         comps = completions or [
-            Completion(s.stop.text, s.token_ids[s.num_prompt:], s.stop.finish_reason)
+            Completion(s.stop.text, s.token_ids[s.num_prompt:], s.stop.finish_reason,
+                       list(s.logprobs) if req.params.logprobs is not None else None)
             for s in sorted(req.seqs, key=lambda s: s.index) if s.index < max(1, req.params.n)
         ]
         req.result = GenerationResult(req.request_id, len(req.prompt_ids),

@@ -42,6 +42,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     num_computed: int = 0
     beam_score: float = 0.0  # sum of log-probs of the generated tokens (beam search)
+    matcher: object | None = None  # engine/grammar.py Matcher: constrained requests only
+    logprobs: list = field(default_factory=list)  # TokenLogprob per generated token, if asked
 
     @property
     def num_prompt(self) -> int:
@@ -79,6 +81,7 @@ class Request:
     beam_state: object | None = None  # engine/beam.py BeamGroup, for beam requests
     error: str | None = None  # why the request failed (finish_reason "error")
     restarted_cold: bool = False  # out of pages alone once: restarted on an emptied cache
+    compiled_grammar: object | None = None  # params.grammar compiled (engine/constraints.py)
 
     @property
     def is_beam(self) -> bool:

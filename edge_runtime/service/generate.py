@@ -34,6 +34,7 @@ from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestEr
 from edge_runtime.service import responses as R
 from edge_runtime.service.app import STATE_KEY, ServiceState
 from edge_runtime.service.body import read_body
+from edge_runtime.service.choice_stream import ChoiceStream
 from edge_runtime.service.schema import ApiError, ApiRequest, parse_body, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     if req.model is not None and req.model != state.model_name:
         raise ApiError(404, f"model '{req.model}' is not served here; GET /v1/models lists "
                        f"'{state.model_name}'", "model_not_found", "model")
+    await asyncio.to_thread(_check_grammars, state, req)  # compiles (cached): off the event loop
     _admit(state)  # again: the state may have changed while the body arrived
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     state.book.enter(rid)
@@ -118,6 +120,15 @@ def _encode(state: ServiceState, req: ApiRequest) -> list[int]:
     return list(encode_prompt(state.tokenizer, req.prompt, chat=False))
 
 
+def _check_grammars(state: ServiceState, req: ApiRequest) -> None:
+    """400 naming the field whose schema (or tool list) the grammar library cannot compile."""
+    for param, spec in (req.extras.grammar_checks if req.extras is not None else ()):
+        try:
+            state.engine.constraints.compiler.compile(spec)
+        except RequestError as exc:
+            raise ApiError(400, str(exc), "invalid_value", param) from None
+
+
 def _check_length(state: ServiceState, prompt_ids: list[int], req: ApiRequest) -> None:
     n, limit = len(prompt_ids), state.limits.prompt_limit(state.context_len)
     max_tokens, key = req.params.max_tokens, req.max_tokens_param
@@ -158,6 +169,10 @@ def _pages_needed(num_prompt: int, max_tokens: int, n: int, cfg) -> int:
     pages, tail = divmod(own, page)
     with_slot = 0 < tail <= inline
     return shared + n * pages + (n - min(n, slots) if with_slot else n if tail else 0)
+
+
+def _parses_calls(req: ApiRequest) -> bool:
+    return req.extras is not None and req.extras.parses_calls
 
 
 def _failed(state: ServiceState, result, req: ApiRequest) -> ApiError | None:
@@ -217,8 +232,11 @@ async def _complete(state, req, rid, prompt_ids) -> web.Response:
     failed = _failed(state, result, req)
     if failed is not None:
         raise failed
-    body = (R.chat_body if req.kind == "chat" else R.completion_body)(
-        rid, state.model_name, result, R.now())
+    if req.kind == "chat":
+        body = R.chat_body(rid, state.model_name, result, R.now(), _parses_calls(req),
+                           state.tokenizer)
+    else:
+        body = R.completion_body(rid, state.model_name, result, R.now())
     return web.json_response(body)
 
 
@@ -235,11 +253,14 @@ async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
             for i in range(req.params.n):
                 await resp.write(R.sse(R.chunk("chat", rid, model, created, i, "", role=True)))
 
+    choices = [ChoiceStream(req.kind, rid, model, created, i, _parses_calls(req),
+                            state.tokenizer) for i in range(req.params.n)]
+
     async def send(ev):
         if ev.text or (ev.result is not None and ev.result.error is None):
             await start()
-        if ev.text:
-            await resp.write(R.sse(R.chunk(req.kind, rid, model, created, ev.index, ev.text)))
+        for c in choices[ev.index].on_event(ev):
+            await resp.write(R.sse(c))
 
     try:
         result = await _run(state, req, rid, prompt_ids, send)
@@ -254,8 +275,8 @@ async def _stream(request, state, req, rid, prompt_ids) -> web.StreamResponse:
     if failed is not None and not resp.prepared:  # nothing sent yet: a plain 503
         raise failed
     await start()
-    events = [R.chunk(req.kind, rid, model, created, i, None if req.kind == "chat" else "",
-                      c.finish_reason) for i, c in enumerate(result.completions)]
+    events = [out for i, c in enumerate(result.completions)
+              for out in choices[i].finish(c.finish_reason)]
     if failed is not None:
         events.append(failed.body())
     if req.include_usage:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 from edge_runtime.engine.api import GenerationResult
+from edge_runtime.model import tool_format
 
 
 def usage(result: GenerationResult) -> dict:
@@ -37,26 +39,64 @@ def completion_body(rid: str, model: str, result: GenerationResult, created: int
     }
 
 
-def chat_body(rid: str, model: str, result: GenerationResult, created: int) -> dict:
+def chat_body(rid: str, model: str, result: GenerationResult, created: int,
+              parse_calls: bool = False, tokenizer=None) -> dict:
+    """parse_calls: the request offered tools, so <tool_call> blocks become `tool_calls`;
+    tokenizer: to name the tokens of the completions' log-probs (when the request asked)."""
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
-                     "logprobs": None, "finish_reason": c.finish_reason}
+        "choices": [_chat_choice(i, c, parse_calls, tokenizer)
                     for i, c in enumerate(result.completions)],
         "usage": usage(result),
     }
 
 
+def _chat_choice(i: int, c, parse_calls: bool, tokenizer) -> dict:
+    message: dict = {"role": "assistant", "content": c.text}
+    finish = c.finish_reason
+    if parse_calls:
+        content, calls = tool_format.parse_calls(c.text)
+        if calls:
+            message = {"role": "assistant", "content": content or None,
+                       "tool_calls": [tool_call(k, call) for k, call in enumerate(calls)]}
+            finish = "tool_calls" if finish == "stop" else finish
+    lps = None if c.logprobs is None else {"content": logprobs_content(tokenizer, c.logprobs)}
+    return {"index": i, "message": message, "logprobs": lps, "finish_reason": finish}
+
+
+def tool_call(index: int, call, with_index: bool = False) -> dict:
+    """One entry of `tool_calls` (a streamed delta carries its `index` too)."""
+    out = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+           "function": {"name": call.name, "arguments": call.arguments}}
+    return dict(out, index=index) if with_index else out
+
+
+def logprobs_content(tokenizer, logprobs) -> list[dict]:
+    """OpenAI's logprobs.content: token text, log-prob, UTF-8 bytes, and the top alternatives."""
+    def entry(token_id: int, logprob: float) -> dict:
+        text = tokenizer.decode([token_id])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return [dict(entry(lp.token_id, lp.logprob), top_logprobs=[entry(t, v) for t, v in lp.top])
+            for lp in logprobs]
+
+
 def chunk(kind: str, rid: str, model: str, created: int, index: int, text: str | None = None,
-          finish_reason: str | None = None, role: bool = False) -> dict:
-    """One streaming chunk for choice `index`."""
+          finish_reason: str | None = None, role: bool = False, tool_calls: list | None = None,
+          logprobs: list | None = None) -> dict:
+    """One streaming chunk for choice `index` (tool_calls: deltas from `tool_call(with_index)`;
+    logprobs: `logprobs_content` of the tokens this chunk carries)."""
     if kind == "chat":
         delta: dict = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
+        choice = {"index": index, "delta": delta,
+                  "logprobs": None if logprobs is None else {"content": logprobs},
+                  "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
         choice = {"index": index, "text": text or "", "logprobs": None,

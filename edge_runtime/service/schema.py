@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edge_runtime.engine.api import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from edge_runtime.errors import RequestError
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant")  # and "tool": service/tools_api.py
 DEFAULT_MAX_TOKENS = 256
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # \uD800..\uDFFF
 
@@ -56,6 +56,7 @@ class ApiRequest:
     prompt: str | tuple[int, ...] | None = None  # completion: text or token ids
     messages: tuple[dict, ...] | None = None  # chat: [{"role", "content": str}]
     max_tokens_param: str = "max_tokens"  # the key max_tokens came from, for error messages
+    extras: object | None = None  # chat: tools_api.ChatExtras (tools, grammar, logprobs)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -115,22 +116,38 @@ def parse_completion(body: dict, max_tokens_cap: int) -> ApiRequest:
             raise _unsupported(key)
     if body.get("best_of") not in (None, _n(body)):
         raise _unsupported("best_of")
-    return ApiRequest("completion", _model(body), _params(body, max_tokens_cap), *_stream(body),
-                      prompt=prompt, max_tokens_param=_max_tokens_key(body))
+    from edge_runtime.service import tools_api  # it imports ApiError from here
+
+    extras = tools_api.completion_extras(body)
+    params = _params(body, max_tokens_cap)
+    if extras.grammar is not None:
+        params = replace(params, grammar=extras.grammar)
+    return ApiRequest("completion", _model(body), params, *_stream(body),
+                      prompt=prompt, max_tokens_param=_max_tokens_key(body), extras=extras)
 
 
 def parse_chat(body: dict, max_tokens_cap: int) -> ApiRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of {role, content} objects")
-    parsed = tuple(_message(i, m) for i, m in enumerate(messages))
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
-        raise _unsupported("logprobs")
-    for key in ("tools", "functions", "response_format"):
-        if body.get(key) not in (None, [], {"type": "text"}):
-            raise _unsupported(key)
-    return ApiRequest("chat", _model(body), _params(body, max_tokens_cap), *_stream(body),
-                      messages=parsed, max_tokens_param=_max_tokens_key(body))
+    from edge_runtime.service import tools_api  # it imports ApiError from here
+
+    parsed = tuple(_tool_or_plain_message(i, m) for i, m in enumerate(messages))
+    extras = tools_api.parse_extras(body)
+    params = _params(body, max_tokens_cap)
+    try:
+        params = replace(params, grammar=extras.grammar, logprobs=extras.logprobs)
+    except RequestError as exc:
+        raise ApiError(400, str(exc), "invalid_value") from None
+    return ApiRequest("chat", _model(body), params, *_stream(body),
+                      messages=tools_api.with_tools_prompt(parsed, extras.tools),
+                      max_tokens_param=_max_tokens_key(body), extras=extras)
+
+
+def _tool_or_plain_message(i: int, m) -> dict:
+    from edge_runtime.service import tools_api
+
+    return (tools_api.tool_message(i, m) if isinstance(m, dict) else None) or _message(i, m)
 
 
 def _message(i: int, m) -> dict:

@@ -32,12 +32,24 @@ from typing import Callable
 
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.errors import EdgeError
+from edge_runtime.model.tool_format import call_grammar, parse_calls
+from edge_runtime.voice.actions import Dispatcher
 from edge_runtime.voice.asr import ASRPool, ASRResult
 from edge_runtime.voice.audio_input import Source
 from edge_runtime.voice.frontend import Command, Fault, FrontEnd
 from edge_runtime.voice.prompting import Conversation, encode_text
 from edge_runtime.voice.tts import speak_to_device, speak_to_wav
 from edge_runtime.voice.vad import UtteranceCutter, VADConfig, make_detector
+
+
+ACTION_MIN_TOKENS = 96  # a call with its arguments is ~40 tokens; a cut call does nothing
+
+
+def action_params(actions: Dispatcher, max_tokens: int) -> SamplingParams:
+    """Greedy, exactly one call of one of the actions (model/tool_format.py's grammar)."""
+    grammar = call_grammar(actions.functions, "required", parallel=False, what="the actions")
+    return SamplingParams(max_tokens=max(max_tokens, ACTION_MIN_TOKENS), temperature=0.0,
+                          grammar=grammar)
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,8 @@ class VoiceLoop:
     def __init__(self, aengine, tokenizer, asr_pool: ASRPool | None, system_prompt: str,
                  settings: LoopSettings, eos_token_ids: tuple[int, ...] = (),
                  on_event: Callable[[dict], None] | None = None,
-                 on_text: Callable[[int, str], None] | None = None):
+                 on_text: Callable[[int, str], None] | None = None,
+                 actions: Dispatcher | None = None):
         self.aengine = aengine
         self.tokenizer = tokenizer
         self.asr_pool = asr_pool
@@ -74,7 +87,9 @@ class VoiceLoop:
         self.eos_token_ids = eos_token_ids
         self.on_event = on_event or (lambda ev: None)
         self.on_text = on_text  # streamed answer text: (stream, delta)
-        self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
+        self.actions = actions  # None: answers are free text
+        self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0) \
+            if actions is None else action_params(actions, settings.max_tokens)
         self._device_lock = asyncio.Lock()  # one audio device: answers play one after another
         self.reports: list[StreamReport] = []  # filled as the streams go (kept if interrupted)
 
@@ -88,7 +103,11 @@ class VoiceLoop:
     async def _prewarm(self) -> None:
         """Prefill the shared system prompt once before any stream starts. The appliance knows it
         at start-up, so no stream's first command waits for another stream's prefill of it (or
-        computes its own copy); every first turn then starts from the cached system prompt."""
+        computes its own copy); every first turn then starts from the cached system prompt. The
+        actions' grammar is compiled here too, off the engine's loop thread."""
+        engine = getattr(self.aengine, "engine", None)  # None with --server (the service compiles)
+        if self.params.grammar is not None and engine is not None:  # the actions' grammar: once,
+            await asyncio.to_thread(engine.constraints.compiler.compile, self.params.grammar)
         text = self.tokenizer.apply_chat_template([{"role": "system", "content": self.system_prompt}],
                                                   tokenize=False, add_generation_prompt=False)
         try:
@@ -110,8 +129,10 @@ class VoiceLoop:
                   else UtteranceCutter(self.settings.vad, make_detector(self.settings.vad)))
         front = FrontEnd(source, cutter, commands, loop, self.settings.realtime,
                          index * self.settings.stagger_s, self.settings.half_duplex)
-        conv = Conversation(self.tokenizer, self.system_prompt, self.settings.history_tokens,
-                            self.eos_token_ids)
+        # actions: every command stands alone; with earlier calls in the prompt the small model
+        # repeats the previous call (docs/voice.md, "Actions"); the system prompt is still shared
+        history = self.settings.history_tokens if self.actions is None else 0
+        conv = Conversation(self.tokenizer, self.system_prompt, history, self.eos_token_ids)
         front.start()
         try:
             await asyncio.gather(self._recognize(index, commands, recognized, report),
@@ -217,9 +238,25 @@ class VoiceLoop:
             prefill_s=max(0.0, result.timings.first_token_s - result.timings.queue_s),
             first_token_s=first - t0, answer_s=done - first, total_s=done - t0,
         )
-        if result.text.strip():
-            await self._speak(index, turn, result.text.strip(), event)
+        spoken = result.text.strip()
+        if self.actions is not None:
+            spoken = await self._act(result, event)
+        if spoken:
+            await self._speak(index, turn, spoken, event)
             event["total_s"] = time.perf_counter() - t0
+
+    async def _act(self, result, event: dict) -> str:
+        """Dispatch the answer's call; the event records it and the spoken answer reports it."""
+        event["call_text"] = result.text
+        _, calls = parse_calls(result.text)
+        if not calls:  # only when max_tokens cut the call short
+            event["action"] = {"ok": False, "error": f"no complete call ({result.finish_reason})"}
+            event["answer"] = "Sorry, I did not get that. Please say it again."
+            return event["answer"]
+        outcome = await self.actions.dispatch(calls[0])
+        event["action"] = outcome.to_event()
+        event["answer"] = outcome.spoken
+        return outcome.spoken
 
     async def _speak(self, index: int, turn: int, text: str, event: dict) -> None:
         """--tts: a WAV per answer; --tts-play: the audio device, one answer at a time."""

@@ -26,6 +26,7 @@ import yaml
 
 from edge_runtime.errors import ConfigError, InputError, RequestError
 from edge_runtime.model.chat import control_tokens
+from edge_runtime.voice.actions import actions_prompt_text, load_actions
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class SystemPrompt:
     name: str
     text: str
     vocabulary: str  # device and action names: a recognition hint for Whisper (voice/asr.py)
+    actions: tuple = ()  # voice/actions.py Action: each command is decoded as a call of one
 
 
 def load_system_prompt(path: Path) -> SystemPrompt:
@@ -58,7 +60,11 @@ def load_system_prompt(path: Path) -> SystemPrompt:
                          + (f": {actions}" if actions else ""))
     if data.get("answer_format"):
         lines.append(str(data["answer_format"]).strip())
-    return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices))
+    actions = tuple(load_actions(data["actions"], str(path))) if "actions" in data else ()
+    if actions:  # part of the shared system prompt, so cached once
+        lines.append(actions_prompt_text(list(actions)))
+    return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices),
+                        actions)
 
 
 def _vocabulary(devices: list[dict]) -> str:

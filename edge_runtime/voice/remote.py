@@ -69,6 +69,10 @@ class RemoteEngine:
                 "stream_options": {"include_usage": True}}
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.grammar is not None:  # the voice loop's actions
+            from edge_runtime.service.tools_api import as_response_format
+
+            body["response_format"] = as_response_format(params.grammar)
         if self.model:
             body["model"] = self.model
         return body

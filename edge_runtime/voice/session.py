@@ -20,6 +20,7 @@ from edge_runtime.voice.asr import ASRPool, make_recognizer
 from edge_runtime.voice.audio_input import Source
 from edge_runtime.voice.config import VoiceConfig
 from edge_runtime.voice.loop import LoopSettings, StreamReport, VoiceLoop
+from edge_runtime.voice.actions import Dispatcher
 from edge_runtime.voice.prompting import load_system_prompt
 
 
@@ -184,7 +185,8 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
             on_event(event)
 
     loop = VoiceLoop(runtime.aengine, runtime.tokenizer, pool, system.text, settings,
-                     runtime.eos_token_ids, on_event=emit, on_text=on_text)
+                     runtime.eos_token_ids, on_event=emit, on_text=on_text,
+                     actions=Dispatcher(list(system.actions)) if system.actions else None)
     try:
         return asyncio.run(loop.run(sources))
     except KeyboardInterrupt as exc:
