@@ -13,11 +13,15 @@ For every store ("pages": the pool, "inline": the arena):
   and a causal `[n, L]` mask, one entry of `prefill`.
 Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
 
-A sequence that holds a recent-key window (engine/recent_window.py) has its new tokens' K/V also
-written there ("window" in `write`, the last W of them), and reads its most recent positions from
-it: a decode token reads [max(window_start, L - W), L) from the window and only the positions
-before from int8; a prefill row reads its own new tokens exact (`fresh`: the caller passes the
-step's K/V) and every position before them from int8, so its int8 parts stop at its start.
+A sequence that holds a recent-key window (engine/recent_window.py) reads by the position-only
+rule of cache/recent_windows.py: a query at position i reads the keys of its aligned block
+[i - i % W, i] exact and every older one from int8. A decode token reads its block from the
+window (its own K/V written there first). A prefill row reads int8 [0, B) (B: the block start of
+its last token; the mask keeps each query to the int8 keys before its own block) and its exact
+keys [b, end) (b: the block start of its first token): the positions [b, start) it computed in
+earlier steps from the window (`carry`, read before this step's window writes) and its own new
+tokens' K/V as the window stores them (fp16). Its last block's new tokens are written to the
+window ("window" in `write`) for the steps after.
 
 Built with numpy: a decode step runs this for every row, and numpy's small-array operations cost
 ~1 us where torch's cost 3-10 us (a batch-5 step spent ~1.3 ms here with torch ops; docs/perf.md).
@@ -33,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from edge_runtime.cache.recent_windows import exact_from
+from edge_runtime.cache.recent_windows import exact_from, window_offset
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -72,8 +76,9 @@ class FlatKVIndex:
         if getattr(storage, "window", None) is not None:
             self._block["window"] = storage.window.block_tokens
         self.num_tokens = sum(s.num_new for s in seqs)
-        # (first token, n, parts, bias, fresh: the new tokens' own K/V are read exact)
-        self.prefill: list[tuple[int, int, list, torch.Tensor, bool]] = []
+        # (first token, n, parts, bias, carry): carry is None, or the window rows [Hkv, c] of
+        # the exact positions before the row's new tokens (read with the new tokens, fp16)
+        self.prefill: list[tuple[int, int, list, torch.Tensor, torch.Tensor | None]] = []
         decode_keys: dict[str, list[np.ndarray]] = {"pages": [], "inline": [], "window": []}
         new_bases: dict[str, list[tuple[int, np.ndarray]]] = {"pages": [], "inline": []}
         window_writes: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, layer-0 base rows)
@@ -81,15 +86,15 @@ class FlatKVIndex:
         for s in seqs:
             keys = self._key_bases(s)
             self._new_tokens(s, keys, offset, new_bases)
-            keys["window"], fresh = _EMPTY, False
+            keys["window"], carry = _EMPTY, None
             if getattr(s, "window", None) is not None:
-                keys, fresh = self._window_keys(s, keys, offset, window_writes)
+                keys, carry = self._window_keys(s, keys, offset, window_writes)
             if s.num_new == 1:
                 tokens.append(offset)
                 for store, x in keys.items():
                     decode_keys[store].append(x)
             else:
-                self._add_prefill(s, keys, offset, fresh)
+                self._add_prefill(s, keys, offset, carry)
             offset += s.num_new
         self._build_writes(new_bases)
         if window_writes:
@@ -128,22 +133,29 @@ class FlatKVIndex:
         return {"pages": np.concatenate((prefix, full)),
                 "inline": self._bases("inline", s.tail_ids, length - in_pages)}
 
-    def _window_keys(self, s, keys, offset: int, window_writes) -> tuple[dict, bool]:
-        """A windowed sequence: its window writes, its int8 keys cut where exact ones begin, and
-        the window's rows of the positions it reads there (position order)."""
+    def _window_keys(self, s, keys, offset: int, window_writes) -> tuple[dict, np.ndarray | None]:
+        """A windowed sequence (the read rule of cache/recent_windows.py): its window writes (the
+        new tokens of its last block), its int8 keys cut where its last token's block begins, and
+        the window rows it reads exact: a decode token's whole block; a prefill row's `carry`,
+        the positions of its first block before its new tokens (returned, None for a decode)."""
         W = self._block.get("window")
         assert W, "a sequence holds a recent-key window but the storage has none"
         end = s.start + s.num_new
-        assert s.window_start <= s.start, (s.window_start, s.start)
-        bases = self._bases("window", (s.window,), W)  # offsets 0..W-1
-        lo = exact_from(s.window_start, W, end)
-        written = np.arange(max(s.start, lo), end)
-        window_writes.append((offset + written - s.start, bases[(written - s.window_start) % W]))
-        if s.num_new > 1:  # a prefill row reads its new tokens fresh and the positions before
-            lo = end = s.start  # them from int8 (as the per-segment path does)
-        cut = _first_positions(keys, lo)
-        cut["window"] = bases[(np.arange(lo, end) - s.window_start) % W]
-        return cut, s.num_new > 1
+        assert s.window_start <= exact_from(s.start, W), \
+            f"block of position {s.start} (window {W}) starts before the sequence's first computed " \
+            f"position {s.window_start}: its prefix-cache hit was not cut back to the window"
+        base = self._bases("window", (s.window,), W)[0]  # offset o is row base + o * Hkv
+        rows = lambda positions: base + window_offset(positions, W) * self.num_kv_heads
+        last_block = exact_from(end - 1, W)
+        written = np.arange(max(s.start, last_block), end)
+        window_writes.append((offset + written - s.start, rows(written)))
+        cut = _first_positions(keys, last_block)
+        if s.num_new == 1:
+            cut["window"] = rows(np.arange(last_block, end))
+            return cut, None
+        cut["window"] = _EMPTY
+        carried = rows(np.arange(exact_from(s.start, W), s.start))
+        return cut, torch.from_numpy(carried[None, :] + self._heads[:, None])  # [Hkv, c]
 
     @staticmethod
     def _new_tokens(s, keys, offset: int, out) -> None:
@@ -170,15 +182,26 @@ class FlatKVIndex:
             self.slot_mapping[store] = torch.from_numpy(mapping)
             self.write[store] = (torch.from_numpy(tokens), torch.from_numpy(bases[:, None] + self._heads))
 
-    def _add_prefill(self, s, keys, offset: int, fresh: bool) -> None:
-        """A multi-token row: its key rows per store [Hkv, L_s] and the causal mask [n, L]
-        (with `fresh`, the parts end where the new tokens begin)."""
+    def _add_prefill(self, s, keys, offset: int, carry) -> None:
+        """A multi-token row: its key rows per store [Hkv, L_s] and its mask [n, L]: causal over
+        the stores' positions; with a window (`carry` not None) the stores hold int8 [0, B) and
+        the exact keys [b, end) follow them (carry, then the new tokens), each query seeing the
+        int8 keys before its block and the exact ones of its block up to itself."""
         parts = [(store, torch.from_numpy(x[None, :] + self._heads[:, None]))  # [Hkv, L_s]
                  for store, x in keys.items() if x.size]
-        length = s.start + s.num_new
-        visible = torch.arange(length)[None, :] <= torch.arange(s.start, length)[:, None]  # [n, L]
+        end = s.start + s.num_new
+        query = torch.arange(s.start, end)[:, None]  # [n, 1]
+        if carry is None:
+            visible = torch.arange(end)[None, :] <= query  # [n, L]
+        else:
+            W = self._block["window"]
+            int8_len = sum(x.size for x in keys.values())
+            block = exact_from(query, W)
+            exact = torch.arange(end - s.num_new - carry.shape[1], end)[None, :]
+            visible = torch.cat([torch.arange(int8_len)[None, :] < block,
+                                 (exact >= block) & (exact <= query)], dim=1)
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
-        self.prefill.append((offset, s.num_new, parts, bias, fresh))
+        self.prefill.append((offset, s.num_new, parts, bias, carry))
 
     def _build_gather(self, decode_keys) -> None:
         self.gather: list[tuple[str, torch.Tensor]] = []
