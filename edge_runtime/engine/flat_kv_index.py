@@ -9,8 +9,10 @@ For every store ("pages": the pool, "inline": the arena):
   numbers `[R, Hkv, L_s]` of every K/V position it attends to in that store (prefix pages and
   tail pages both live in the pool, an inline tail's slots in the arena), padded to the longest
   row, with the valid length of each row (`gather_lens`; `mask_bias` for the torch path);
-- prefill rows (several new tokens of one sequence): per row its key rows `[Hkv, L_s]` per store
-  and a causal `[n, L]` mask, one entry of `prefill`.
+- prefill rows (several new tokens of one sequence): with `prefill_rows` (the C attention) each
+  of its tokens is a row of that gather too, reading exactly what a decode token at its position
+  reads, its exact keys from a per-step fp16 "fresh" store (`num_fresh`, `fresh_carry`); else per row its key
+  rows `[Hkv, L_s]` per store and a `[n, L]` mask, one entry of `prefill` (torch SDPA).
 Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
 
 A sequence that holds a recent-key window (engine/recent_window.py) reads by the position-only
@@ -64,8 +66,20 @@ def _first_positions(keys: dict, n: int) -> dict:
     return {"pages": pages, "inline": inline[:n - pages.size]}
 
 
+def _rows_of(bases: np.ndarray, first: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per query r the entries bases[first[r] : first[r] + lens[r]] -> ([n, width], lens)."""
+    width = int(lens.max(initial=0))
+    if width == 0 or bases.size == 0:
+        return np.zeros((lens.size, 0), dtype=np.int64), np.zeros(lens.size, dtype=np.int64)
+    cols = np.minimum(first[:, None] + np.arange(width), bases.size - 1)
+    return bases[cols], lens
+
+
 class FlatKVIndex:
-    def __init__(self, storage, seqs):
+    def __init__(self, storage, seqs, prefill_rows: bool = False):
+        """prefill_rows: attend every prefill token as a row of the decode gather (the C decode
+        attention, which reads keys the same way whatever step a query is in); else each prefill
+        row through one causal SDPA call (`prefill`)."""
         pool = storage.pool
         self.num_layers = pool.k.shape[1]
         self.num_kv_heads = pool.k.shape[3]
@@ -79,7 +93,14 @@ class FlatKVIndex:
         # (first token, n, parts, bias, carry): carry is None, or the window rows [Hkv, c] of
         # the exact positions before the row's new tokens (read with the new tokens, fp16)
         self.prefill: list[tuple[int, int, list, torch.Tensor, torch.Tensor | None]] = []
-        decode_keys: dict[str, list[np.ndarray]] = {"pages": [], "inline": [], "window": []}
+        # per store: ([rows, width] layer-0 bases, valid lengths [rows]) chunks, in token order
+        decode_keys: dict[str, list] = {"pages": [], "inline": [], "window": [], "fresh": []}
+        # gathered prefill rows' exact keys: a per-step fp16 "fresh" store of num_fresh positions
+        # (all layers), its entries [f, f + c) copied from window slots before the step
+        # (`fresh_carry`: window slots, fresh entries), the new tokens' written there ("fresh" in
+        # `write`) like any store's
+        self.num_fresh = 0
+        carry_src, carry_dst, fresh_writes = [], [], []
         new_bases: dict[str, list[tuple[int, np.ndarray]]] = {"pages": [], "inline": []}
         window_writes: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, layer-0 base rows)
         tokens, offset = [], 0
@@ -91,18 +112,32 @@ class FlatKVIndex:
                 keys, carry = self._window_keys(s, keys, offset, window_writes)
             if s.num_new == 1:
                 tokens.append(offset)
+                keys["fresh"] = _EMPTY
                 for store, x in keys.items():
-                    decode_keys[store].append(x)
+                    decode_keys[store].append((x[None, :], np.array([x.size])))
+            elif prefill_rows:
+                tokens.extend(range(offset, offset + s.num_new))
+                self._add_prefill_rows(s, keys, offset, decode_keys, carry_src, carry_dst,
+                                       fresh_writes)
             else:
                 self._add_prefill(s, keys, offset, carry)
             offset += s.num_new
         self._build_writes(new_bases)
+        self._block["fresh"] = self.num_fresh
+        self.fresh_carry = (torch.from_numpy(np.concatenate(carry_src or [_EMPTY])),
+                            torch.from_numpy(np.concatenate(carry_dst or [_EMPTY])))
+        if fresh_writes:
+            self.write["fresh"] = (
+                torch.from_numpy(np.concatenate([t for t, _ in fresh_writes])),
+                torch.from_numpy(np.concatenate([f for _, f in fresh_writes])[:, None]
+                                 * self.num_kv_heads + self._heads))
         if window_writes:
             self.write["window"] = (
                 torch.from_numpy(np.concatenate([t for t, _ in window_writes])),
                 torch.from_numpy(np.concatenate([b for _, b in window_writes])[:, None] + self._heads))
-        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
-        self.all_decode = len(tokens) == offset
+        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)  # the gathered rows' tokens
+        self.all_gathered = len(tokens) == offset
+        self.all_decode = all(s.num_new == 1 for s in seqs)
         self._build_gather(decode_keys)
 
     def layer_offset(self, store: str, layer: int) -> int:
@@ -203,17 +238,46 @@ class FlatKVIndex:
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
         self.prefill.append((offset, s.num_new, parts, bias, carry))
 
+    def _add_prefill_rows(self, s, keys, offset: int, out, carry_src, carry_dst,
+                          fresh_writes) -> None:
+        """A prefill row's queries as gather rows: query p reads its int8 keys [0, B) (B: its
+        block start; [0, p] without a window) and, windowed, its block [B, p] exact from the
+        fresh store (the carried positions [b, start), then the new tokens)."""
+        end = s.start + s.num_new
+        query = np.arange(s.start, end)
+        zero = np.zeros(s.num_new, dtype=np.int64)
+        exact = _rows_of(_EMPTY, zero, zero)
+        n_int8 = query + 1
+        if getattr(s, "window", None) is not None:
+            W = self._block["window"]
+            n_int8, b, f = exact_from(query, W), exact_from(s.start, W), self.num_fresh
+            exact = _rows_of((f + np.arange(end - b)) * self.num_kv_heads, n_int8 - b,
+                             query - n_int8 + 1)
+            carried = np.arange(b, s.start)
+            carry_src.append(s.window * W + window_offset(carried, W))
+            carry_dst.append(f + carried - b)
+            fresh_writes.append((offset + np.arange(s.num_new), f + query - b))
+            self.num_fresh += end - b
+        in_pages = np.minimum(n_int8, keys["pages"].size)
+        out["pages"].append(_rows_of(keys["pages"], zero, in_pages))
+        out["inline"].append(_rows_of(keys["inline"], zero, n_int8 - in_pages))
+        out["window"].append(_rows_of(_EMPTY, zero, zero))
+        out["fresh"].append(exact)
+
     def _build_gather(self, decode_keys) -> None:
         self.gather: list[tuple[str, torch.Tensor]] = []
         self.gather_lens: list[torch.Tensor] = []  # int32 [R] valid entries per row, per store
-        for store, lists in decode_keys.items():
-            width = max((x.size for x in lists), default=0)
+        for store, chunks in decode_keys.items():
+            width = max((x.shape[1] for x, _ in chunks), default=0)
             if width == 0:
                 continue
-            bases = np.zeros((len(lists), width), dtype=np.int64)  # padding reads row 0, masked
-            lens = np.fromiter((x.size for x in lists), dtype=np.int32, count=len(lists))
-            for i, x in enumerate(lists):
-                bases[i, : x.size] = x
+            num_rows = sum(x.shape[0] for x, _ in chunks)
+            bases = np.zeros((num_rows, width), dtype=np.int64)  # padding reads row 0, masked
+            lens = np.concatenate([n for _, n in chunks]).astype(np.int32)
+            at = 0
+            for x, _ in chunks:
+                bases[at:at + x.shape[0], : x.shape[1]] = x
+                at += x.shape[0]
             rows = bases[:, None, :] + self._heads[None, :, None]  # [R, Hkv, W]
             self.gather.append((store, torch.from_numpy(rows)))
             self.gather_lens.append(torch.from_numpy(lens))
