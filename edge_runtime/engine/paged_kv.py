@@ -333,8 +333,8 @@ class PagedKVContext:
         return out[0], out[1]
 
     def _native_fits(self) -> bool:
-        """The C decode attention applies: int8 stores, head_dim it takes, a C library."""
-        return (self.storage.kv_dtype == "int8"
+        """The C decode attention applies: int8 or fp16 stores, head_dim it takes, a C library."""
+        return (self.storage.kv_dtype in ("int8", "fp16")
                 and self.storage.pool.k.shape[4] <= NATIVE_MAX_HEAD_DIM
                 and cpu_native.library() is not None)
 
