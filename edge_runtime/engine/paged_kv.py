@@ -19,8 +19,13 @@ and the int8 calls' kv_lens stop where the block begins.
 
 On a CPU (`flat`, the default there) the calls are not built: engine/flat_kv_index.py turns the same
 segments into slot mappings and row numbers of the whole store once per step, and kernels/flat_kv_cpu.py writes K/V
-and attends each decode token over prefix + tail in one softmax (C for int8 stores) and each prefill
-row through one causal SDPA call.
+and attends every token over prefix + tail in one softmax: in C for int8 and fp16 stores, a
+prefill chunk's tokens as rows like decode tokens (so a position reads bit for bit the same in
+either); for fp32 stores (or without a C compiler) decode tokens through torch ops and each
+prefill row through one causal SDPA call.
+
+The per-segment path reads the same values by the same rule but merges its calls by log-sum-exp,
+so its float sums depend on where a sequence's keys are split (prefix, tail, window, chunk).
 
 Invariants:
 - Every new token's position is >= its sequence's prefix length (new tokens are never in the

@@ -1,9 +1,11 @@
 /* CPU kernels over the flat int8 KV rows (kernels/flat_kv_cpu.py has the addressing and the torch
  * references these are tested against; kernels/cpu_native.py compiles and loads this file).
  *
- * decode_attention_int8: one query token per row r, heads grouped over Hkv kv heads; the row's keys
- * are the concatenation of its index lists over one or two stores ("parts": pool, arena), in
- * position order. Per (row, kv head): scores for the G query heads in one pass over the keys,
+ * decode_attention_int8: one query token per row r (a decode token or a token of a prefill chunk),
+ * heads grouped over Hkv kv heads; the row's keys are the concatenation of its index lists over
+ * the stores ("parts": pool, arena, window, a step's fresh exact keys), in position order. A key's
+ * score and its place in the sums do not depend on how the row's keys are split over the parts,
+ * so a query reads bit for bit the same whatever its sequence's storage layout. Per (row, kv head): scores for the G query heads in one pass over the keys,
  * softmax, then one pass over the values. fp32 math; int8 K/V with fp16 per-(token, head) scales.
  * A part without scales (ks == NULL) holds fp16 K/V: a sequence's recent-key window
  * (engine/recent_window.py), whose positions the int8 parts then leave out.
