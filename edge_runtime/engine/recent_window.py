@@ -28,8 +28,9 @@ forks at their peak); a sequence that finds none (or whose parent had none) read
 which breaks the rule for that sequence.
 
 Quality: a query reads 1 to W keys exact (W/2 on average, against W with the sliding window).
-Measured through the engine (docs/engine.md, "The recent-key window"): with W = 16 the mean KL vs
-fp32 KV is ... .
+Measured through the engine (docs/engine.md, "The recent-key window"; first 1,024 tokens of
+GPL-3): with W = 16 the mean KL vs fp32 KV is 1.11e-4 and perplexity +0.071% (sliding window:
+3.17e-5; no window: 3.5e-4), W = 32 gives 8.6e-5.
 
 Cost: W x layers x 2 x kv heads x head_dim x 2 bytes per window (W = 16: 360 KiB for
 SmolLM2-135M, the int8 bytes of 31 tokens, 6% of one 512-token page), counted in the KV bytes
