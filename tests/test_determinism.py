@@ -152,3 +152,41 @@ def test_per_segment_triton_kernels_read_like_a_cold_run(monkeypatch):
     assert cached.cached_prompt_tokens == 8  # 10 shared, cut back to two windows of 4
     chunked = engine_for(tiny(), **base, max_batch_tokens=3, max_num_seqs=2).generate(prompts, params)
     assert [r.token_ids for r in chunked] == [cold, cached.token_ids]
+
+
+@pytest.mark.slow
+def test_smollm2_logits_are_bit_identical_cold_cached_and_chunked(monkeypatch):
+    """SmolLM2-135M (head_dim 64: the C attention's vectorized task), int8 KV: a chat turn after a
+    shared system prompt, cold, with the system prompt from the cache, and prefilled in chunks of
+    40 while another request decodes; every position's logits the same bit for bit."""
+    from engine_helpers import smollm2
+
+    if cpu_native.library() is None:
+        pytest.skip("the bit-exact path needs the C library")
+    from edge_runtime.model.chat import encode_prompt
+
+    tok = smollm2().tokenizer
+    system_text = "You are a terse home assistant. Answer in one short sentence. " * 3
+    turn = encode_prompt(tok, "Turn the kitchen lights off.", chat=True, system=system_text)
+    other = encode_prompt(tok, "Hi", chat=True, system=system_text)
+    assert turn[:40] == other[:40]
+    params = greedy(12, ignore_eos=True)
+    rec = LogitsByContext(monkeypatch)
+    base = dict(kv_dtype="int8", page_tokens=64, num_pages=24)
+    rec.name = "cold"
+    cold = engine_for(smollm2(), **base).generate([turn], params)[0].token_ids
+    eng = engine_for(smollm2(), **base)
+    rec.name = "first"
+    eng.generate([other], params)
+    rec.name = "cached"
+    cached = eng.generate([turn], params)[0]
+    assert cached.cached_prompt_tokens > 0 and cached.cached_prompt_tokens % 16 == 0
+    rec.name = "chunked"
+    chunked = engine_for(smollm2(), **base, max_batch_tokens=40, max_num_seqs=2).generate(
+        [encode_prompt(tok, "Tell me a story about a lighthouse.", chat=True), turn],
+        params)[1].token_ids
+    assert cached.token_ids == cold and chunked == cold
+    for name in ("cached", "chunked"):
+        differ = [len(c) for c, x in rec.runs[name].items()
+                  if c in rec.runs["cold"] and not torch.equal(x, rec.runs["cold"][c])]
+        assert not differ and len(rec.runs[name]) >= 12, (name, differ)
