@@ -6,8 +6,12 @@ ops and Python around them were half of a batch-1 step (docs/perf.md, "CPU decod
 `FusedDecoder.for_model(model)` exists when every layer of a CausalLM was packed with the c-blocked
 backend (model/linear_packing.py) and the C library is built; `EDGE_RUNTIME_CPU_FUSED=0` turns it
 off (A/B runs, tests). `CausalLM.forward` uses it for a step whose KV context offers
-`native_decode_args()` (engine/flat_kv.py: the CPU back end, int8 KV, every new token a decode
-token); any other step runs the layers in torch as before. The reference is that layer loop:
+`native_decode_args()` (engine/flat_kv.py: the CPU back end, int8 or fp16 KV, every new token a
+row of the C attention: decode tokens and prefill chunks alike); any other step runs the layers in
+torch as before. Running every step here is what makes a position's logits independent of the
+step it is computed in (docs/engine.md, "What a position reads"): every row goes through the same
+C linears (never BLAS, whose sums depend on the number of rows), norms, rope and attention. The
+reference is that layer loop:
 tests compare logits and the KV written (tests/test_kernel_cpu_decoder.py).
 """
 from __future__ import annotations

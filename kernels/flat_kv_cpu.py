@@ -202,8 +202,9 @@ class NativeDecodeAttention:
         assert bool((total > 0).all()), "every decode row attends to one key at least"
         # one region per (row, kv head) task: its G heads' scores over the row's keys
         self.scratch_stride = num_heads // self.num_kv_heads * int(total.max())
-        self.scratch = torch.empty(self.num_rows * self.num_kv_heads * self.scratch_stride,
-                                   dtype=torch.float32)
+        # a region per thread (C: min(nthreads, R * Hkv) of them); threads are capped to it
+        self.num_regions = min(self.num_rows * self.num_kv_heads, max(1, torch.get_num_threads()))
+        self.scratch = torch.empty(self.num_regions * self.scratch_stride, dtype=torch.float32)
 
     def set_layer(self, layer: int) -> None:
         """Point the parts at `layer`'s rows and mean keys (layer 0: what decoder.c, which
@@ -226,6 +227,7 @@ class NativeDecodeAttention:
         rc = self.lib.decode_attention_int8(q.data_ptr(), self.parts, len(self.parts), r, h,
                                             self.num_kv_heads, d, q.stride(0), self.sm_scale,
                                             out.data_ptr(), self.scratch.data_ptr(),
-                                            self.scratch_stride, torch.get_num_threads())
+                                            self.scratch_stride,
+                                            min(torch.get_num_threads(), self.num_regions))
         assert rc == 0, f"decode_attention_int8 returned {rc}"
         return out

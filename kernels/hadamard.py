@@ -12,8 +12,8 @@ halves.
 `rotate(x)` multiplies the last dimension (a power of two) by the matrix: one matmul, where a
 butterfly transform in torch would be ~20 small ops per tensor and layer (kernels/csrc/decoder.c
 uses the butterflies). Both agree to rounding; the C step's test bounds the int8 K/V differences.
-Applied by engine/paged_kv.py (and the C decode step) exactly when the KV storage says `rotated`
-(int8 stores, power-of-two head_dim); float stores are not rotated.
+Applied by engine/kv_context.py (both back ends' contexts) and the C decode step exactly when the
+KV storage says `rotated` (int8 stores, power-of-two head_dim); float stores are not rotated.
 """
 from __future__ import annotations
 

@@ -31,6 +31,18 @@ def test_score_matches_transformers_fp32_chunked():
     assert 0 < rel < 0.01, rel  # quantization changes the numbers, a little
 
 
+def test_one_prefill_scores_int8_like_decode_steps():
+    """The default scoring (a window in one prefill) reads the int8 store as generation does: the
+    same NLL as scoring every position as a decode step (chunk 1), and not fp32 KV's."""
+    ids = tiny_prompts([70], seed=1001)[0]
+    cfg = dict(page_tokens=16, num_pages=16, enable_prefix_cache=False, max_num_seqs=1)
+    one = score_tokens(engine_for(tiny(), kv_dtype="int8", max_batch_tokens=70, **cfg), ids)
+    steps = score_tokens(engine_for(tiny(), kv_dtype="int8", max_batch_tokens=1, **cfg), ids)
+    fp32 = score_tokens(engine_for(tiny(), kv_dtype="fp32", max_batch_tokens=70, **cfg), ids)
+    torch.testing.assert_close(one, steps, atol=1e-6, rtol=0)  # the LM head's rows: BLAS vs C
+    assert float((one - fp32).abs().max()) > 1e-4  # it reads int8: not fp32 KV's numbers
+
+
 def test_eval_ppl_command(tmp_path, capsys):
     text = tmp_path / "a.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 12)

@@ -229,20 +229,29 @@ def test_biased_gqa_model(tmp_path):
     torch.testing.assert_close(got, want, atol=2e-4 * float(want.abs().max()), rtol=0)
 
 
-def test_not_used_for_prefill_rows_or_float_kv(loaded, monkeypatch):
+def test_used_for_prefill_rows_not_for_float_kv(loaded, monkeypatch):
+    """A step with a prefill row runs in the one C call too (its tokens are gathered rows of the
+    C attention, so a position computes the same in a prefill and in a decode step), with the
+    logits of the layer loop; float KV runs the loop."""
     calls = []
     real = FusedDecoder.__call__
     monkeypatch.setattr(FusedDecoder, "__call__", lambda *a, **k: calls.append(1) or real(*a, **k))
-    cfg = loaded.config
-    st = _storage(cfg, "int8", 0)
+    cfg, model = loaded.config, loaded.model
     mixed = [SeqStep((3, 5), 13, "pages", (9,), 13, 4), SeqStep((7,), 8, "pages", (4, 6), 17, 1)]
-    ctx = FlatKVContext(st, mixed, sm_scale=cfg.head_dim ** -0.5)
-    assert ctx.native_decode_args(cfg.num_heads, cfg.head_dim) is None  # a prefill row
-    CpuBackend(torch.device("cpu")).forward(loaded.model, torch.arange(5, 10),
-                                            torch.tensor([13, 14, 15, 16, 17]), ctx, None)
+    ids, positions = torch.arange(5, 10), torch.tensor([13, 14, 15, 16, 17])
+    backend = CpuBackend(torch.device("cpu"))
+    got = backend.forward(model, ids, positions, FlatKVContext(_storage(cfg, "int8", 0), mixed,
+                                                               sm_scale=cfg.head_dim ** -0.5), None)
+    assert calls == [1]
+    keep, model.fused_decoder = model.fused_decoder, None
+    try:
+        want = backend.forward(model, ids, positions,
+                               FlatKVContext(_storage(cfg, "int8", 0), mixed,
+                                             sm_scale=cfg.head_dim ** -0.5), None)
+    finally:
+        model.fused_decoder = keep
+    torch.testing.assert_close(got, want, atol=2e-4 * float(want.abs().max()), rtol=0)
     _step(loaded, DECODE, "fp32", fused=True)  # float KV: the torch path
-    assert not calls
-    _step(loaded, DECODE, "int8", fused=True)
     assert calls == [1]
 
 

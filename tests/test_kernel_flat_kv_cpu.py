@@ -272,3 +272,38 @@ def test_native_fp16_write_is_bit_exact(head_dim):
         order[rows] = torch.arange(rows.numel())  # store row rows[j] holds input j
         assert torch.equal(k_store, x.reshape(-1, head_dim).to(torch.float16).view(torch.int16)[order])
         assert torch.equal(v_store, neg.reshape(-1, head_dim).to(torch.float16).view(torch.int16)[order])
+
+
+@pytest.mark.parametrize("head_dim,heads,hkv", [(16, 6, 2), (64, 6, 2), (128, 8, 2)])
+@pytest.mark.parametrize("centred", [False, True], ids=["plain", "centred"])
+def test_native_decode_attention_does_not_depend_on_how_keys_are_split(head_dim, heads, hkv,
+                                                                      centred):
+    """One row's 21 keys (an int8 store, then 3 fp16 rows) split over two int8 parts in every
+    way: the output is the same bit for bit (a cached prefix and a tail, or one tail, read the
+    same); the scores of a part's last n % 8 keys use the arithmetic of the others."""
+    from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
+
+    lib = _native_or_skip()
+    gen = torch.Generator().manual_seed(5)
+    layers, page, n = 1, 8, 21
+    means = _means(layers, hkv, head_dim) if centred else None
+    shape = (4, layers, page, hkv, head_dim)
+    (kq, ks), (vq, vs) = _quantize_keys(_keys(shape, gen, means), means), quantize_int8(torch.randn(shape, generator=gen))
+    k16 = torch.randn(1, layers, page, hkv, head_dim, generator=gen).half()
+    v16 = torch.randn(1, layers, page, hkv, head_dim, generator=gen).half()
+    rows = (torch.randperm(4 * page, generator=gen)[:n][:, None] * hkv + torch.arange(hkv))  # [n, Hkv]
+    exact = (torch.arange(3)[:, None] * hkv + torch.arange(hkv)).t()[None].contiguous()  # [1, Hkv, 3]
+    q = torch.randn(1, heads, head_dim, generator=gen)
+
+    def index(r):  # [n_r, Hkv] -> [1, Hkv, max(n_r, 1)]
+        r = r if r.shape[0] else torch.zeros(1, hkv, dtype=torch.long)
+        return r.t()[None].contiguous()
+
+    outs = []
+    for cut in range(n + 1):
+        parts = [(kq, vq, ks, vs, index(rows[:cut]), torch.tensor([cut], dtype=torch.int32), 0),
+                 (kq, vq, ks, vs, index(rows[cut:]), torch.tensor([n - cut], dtype=torch.int32), 0),
+                 (k16, v16, None, None, exact, torch.tensor([3], dtype=torch.int32), 0)]
+        outs.append(NativeDecodeAttention(lib, parts, heads, head_dim ** -0.5, means)(q, 0))
+    assert all(torch.equal(o, outs[0]) for o in outs), \
+        [cut for cut, o in enumerate(outs) if not torch.equal(o, outs[0])]

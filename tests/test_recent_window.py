@@ -1,11 +1,12 @@
 """The recent-key window (engine/recent_window.py): bookkeeping, attention reads, engine runs.
 
 - KVManager hands out windows at admit/fork and takes them back at finish/release/preempt; a fork's
-  window is a copy of its parent's; with every window in use a sequence runs without one.
-- PagedKVContext (CPU flat path with C or torch attention, and the per-segment path) reads a
-  windowed decode token's newest positions from its fp16 window and the older ones from int8, and
-  a prefill chunk's own tokens exact, the positions before them int8: checked against dense
-  attention over exactly those values.
+  window is a copy of its parent's; with every window in use a sequence runs without one; a
+  prefix-cache hit is cut back to a multiple of the window.
+- FlatKVContext (the CPU back end, C or torch attention) and PagedKVContext (the per-segment
+  path) read by the position-only rule: a query at position i reads its block [i - i % W, i]
+  exact (fp16) and the older keys from int8, in a decode step and in a prefill chunk alike:
+  checked against dense attention over exactly those values, query by query.
 - An engine whose window covers every position reads no int8 K/V at all: its greedy tokens equal
   an fp16-KV engine's; with a short window the C decode step and the torch layer loop agree, and
   n > 1 children (forked windows) continue exactly like a single sequence.
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.cache.recent_windows import RecentWindows, exact_from
+from edge_runtime.cache.recent_windows import RecentWindows, aligned_cached, exact_from, window_offset
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.flat_kv import FlatKVContext
 from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
@@ -38,8 +39,9 @@ def test_windows_follow_the_sequences():
     a = kv.admit("a", list(range(10)), 4)
     assert a.window is not None and a.window_start == 0
     _write_tokens(kv, "a", list(range(10)))
-    b = kv.admit("b", list(range(12)), 4)  # its first 9 tokens come from a's page
-    assert b.window is not None and b.window != a.window and b.window_start == b.num_cached_tokens > 0
+    b = kv.admit("b", list(range(12)), 4)  # 9 tokens cached in a's page, 8 used (2 windows)
+    assert b.window is not None and b.window != a.window
+    assert b.window_start == b.num_cached_tokens == 8
     c = kv.admit("c", [5, 6, 7], 4)  # every window in use: it runs without one
     assert c.window is None
     assert kv.stats()["windows_used"] == 2
@@ -58,16 +60,33 @@ def test_windows_follow_the_sequences():
     assert kv.windows.num_used == 0
 
 
-def test_fork_of_a_windowless_parent_starts_an_empty_window():
+def test_fork_of_a_windowless_parent_holds_no_window():
     kv = KVManager(8, 16, num_windows=1, window_tokens=4)
     kv.admit("x", [1, 2, 3], 4)  # holds the only window
     kv.admit("p", [4, 5, 6], 4)
     _write_tokens(kv, "p", [4, 5, 6])
     kv.finish("x")
-    child = kv.fork("p", "q")
-    assert child.window is not None and child.window_start == 3  # nothing exact to inherit
+    child = kv.fork("p", "q")  # a window of its own would miss the parent's block
+    assert child.window is None and kv.windows.num_used == 0
     assert kv.window_copy("p", "q") is None
     kv.check_invariants()
+
+
+def test_cache_hits_are_cut_back_to_the_window():
+    """Cut to a multiple of W whether the hit ends in an aligned page, a tail chain or mid-page;
+    without windows the whole hit is used."""
+    for windows, window_tokens, expect in ((2, 4, [0, 4, 16, 20]), (0, 0, [3, 6, 17, 22])):
+        kv = KVManager(12, 8, num_windows=windows, window_tokens=window_tokens)
+        first = list(range(100, 123))  # 23 tokens: pages of 8, 8 and a partial 7
+        kv.admit("a", first, 2)
+        _write_tokens(kv, "a", first)
+        kv.finish("a")
+        got = [kv.admit(f"b{n}", first[:n] + [7, 7], 2).num_cached_tokens
+               for n in (3, 6, 17, 22)]
+        assert got == expect
+        for n in (3, 6, 17, 22):
+            kv.release(f"b{n}")
+        kv.check_leaks()
 
 
 def test_window_invariants_catch_a_stolen_window():
@@ -79,9 +98,10 @@ def test_window_invariants_catch_a_stolen_window():
 
 
 def test_exact_range():
-    assert exact_from(0, 8, 5) == 0  # fewer positions than the window
-    assert exact_from(0, 8, 20) == 12
-    assert exact_from(15, 8, 20) == 15  # positions before 15 came from the prefix cache
+    assert [exact_from(i, 4) for i in range(9)] == [0, 0, 0, 0, 4, 4, 4, 4, 8]
+    assert exact_from(5, 0) == 6  # no window: nothing exact
+    assert [window_offset(i, 4) for i in (0, 3, 4, 9)] == [0, 3, 0, 1]
+    assert aligned_cached(11, 4) == 8 and aligned_cached(11, 0) == 11
     rw = RecentWindows(3, 0)  # zero-token windows: none at all
     assert rw.num_windows == 0 and rw.allocate("s") is None
 
@@ -93,14 +113,14 @@ def _fp16(x):
 
 
 # (prefix pages, prefix_len, tail kind, tail ids, cached tail tokens, new tokens, full pages,
-#  window start - prefix_len)
+#  window start - prefix_len); W = 5
 SPECS = [
-    ((3, 5), 13, "pages", (9, 2, 11), 4, 12, (), 0),  # prefill past the window's length
+    ((3, 5), 13, "pages", (9, 2, 11), 4, 12, (), 2),  # prefill over 3 blocks, 2 carried
     ((), 0, "inline", (1,), 0, 3, (), 0),  # a cold prompt shorter than the window
-    ((3, 5), 13, "inline", (0,), 10, 1, (), 0),  # decode: window full and wrapped
-    ((7,), 8, "pages", (4, 6), 9, 1, (), 7),  # decode: window started late (cache hit)
-    ((3, 5), 13, "pages", (12,), 2, 2, (), 0),  # a prefill chunk after window rows (reads int8)
-    ((7,), 8, "inline", (3, 4), 28, 1, (10,), 25),  # decode: full page + slots, 4 exact
+    ((3, 5), 13, "inline", (0,), 10, 1, (), 2),  # decode: window full and wrapped
+    ((7,), 8, "pages", (4, 6), 9, 1, (), 7),  # decode at a block's third position
+    ((3, 5), 13, "pages", (12,), 2, 2, (), 2),  # a prefill chunk starting a block
+    ((7,), 8, "inline", (3, 4), 28, 1, (10,), 27),  # decode: full page + slots, 2 exact
     ((), 0, "pages", (13, 14), 3, 1, (), 0),  # decode with every position in the window
 ]
 
@@ -132,10 +152,9 @@ def _run_specs(path: str, monkeypatch):
              for i, (pages, plen, kind, ids, cached, new, full, ws) in enumerate(SPECS)]
     hist = fill_history(st, steps)
     for (layer, i), (hk, hv) in hist.items():
-        step = steps[i]  # the window holds the positions written before this step still in it
-        for pos in range(max(step.window_start, step.start - W), step.start):
-            _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1],
-                   [i * W + (pos - step.window_start) % W])
+        step = steps[i]  # the window holds the positions of the step's first block before it
+        for pos in range(exact_from(step.start, W), step.start):
+            _write(st, "window", layer, hk[pos:pos + 1], hv[pos:pos + 1], [i * W + pos % W])
     context = PagedKVContext if path.startswith("per-segment") else FlatKVContext
     ctx = context(st, steps, sm_scale=D**-0.5)
     total = sum(s.num_new for s in steps)
@@ -146,18 +165,15 @@ def _run_specs(path: str, monkeypatch):
         for i, s in enumerate(steps):
             hk, hv = hist[(layer, i)]
             kk, vv = torch.cat([hk, k[at:at + s.num_new]]), torch.cat([hv, v[at:at + s.num_new]])
-            end = s.start + s.num_new
-            lo = exact_from(s.window_start, W, end)
-            if s.num_new > 1:  # prefill: earlier positions int8, its own tokens exact
-                rk = torch.cat([int8_read_back(kk[:s.start]), kk[s.start:]])
-                rv = torch.cat([int8_read_back(vv[:s.start]), vv[s.start:]])
-            else:
-                rk, rv = torch.cat([int8_read_back(kk[:lo]), _fp16(kk[lo:])]), torch.cat([int8_read_back(vv[:lo]), _fp16(vv[lo:])])
-            ref = _dense(q[at:at + s.num_new], rk, rv, s.start)
-            torch.testing.assert_close(out[at:at + s.num_new], ref, **tol)
-            # and the window now holds this step's newest tokens, fp16
-            for pos in range(max(s.start, end - W), end):
-                row = st.window.k[i, layer, (pos - s.window_start) % W].float()
+            for r, pos in enumerate(range(s.start, s.start + s.num_new)):
+                lo = exact_from(pos, W)  # int8 before the query's block, fp16 from its start
+                rk = torch.cat([int8_read_back(kk[:lo]), _fp16(kk[lo:pos + 1])])
+                rv = torch.cat([int8_read_back(vv[:lo]), _fp16(vv[lo:pos + 1])])
+                ref = _dense(q[at + r:at + r + 1], rk, rv, pos)
+                torch.testing.assert_close(out[at + r:at + r + 1], ref, **tol)
+            end = s.start + s.num_new  # and the window now holds the last block's new tokens
+            for pos in range(max(s.start, exact_from(end - 1, W)), end):
+                row = st.window.k[i, layer, pos % W].float()
                 torch.testing.assert_close(row, hadamard.rotate(kk[pos]).half().float())
             at += s.num_new
 

@@ -74,6 +74,9 @@ def check_manager(mgr) -> None:
     mgr.windows.check_invariants(dict(held))
     for seq in mgr.seqs.values():
         assert seq.window_start <= seq.num_tokens, (seq.seq_id, seq.window_start, seq.num_tokens)
+        if seq.window is not None:  # the read rule's blocks start at or after it
+            assert seq.window_start % mgr.windows.window_tokens == 0, \
+                (seq.seq_id, seq.window_start, mgr.windows.window_tokens)
 
 
 def manager_stats(mgr) -> dict:

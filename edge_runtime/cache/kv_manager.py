@@ -31,7 +31,7 @@ from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
 from edge_runtime.cache.observability import EventLog, KVCounters, dump_state
 from edge_runtime.cache.page_pool import CACHED, PagePool
 from edge_runtime.cache.prefix_cache import Match, PrefixCache
-from edge_runtime.cache.recent_windows import RecentWindows
+from edge_runtime.cache.recent_windows import RecentWindows, aligned_cached
 from edge_runtime.errors import OutOfPages, RequestError
 
 
@@ -66,7 +66,7 @@ class KVManager(TailStorage):
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise RequestError("the prompt is empty; send at least one token")
-        m = self.prefix.match(prompt[:-1]) if self.enable_prefix_cache else Match()
+        m = self.cached_prefix(prompt)
         seq = SeqKV(seq_id, len(prompt), max_new_tokens, m.num_cached, list(m.prefix_pages),
                     m.prefix_len, PAGES, list(m.tail_pages), [], prompt[:m.num_cached])
         uncached = len(prompt) - m.num_cached
@@ -103,6 +103,16 @@ class KVManager(TailStorage):
         self.counters.cached_prompt_tokens += m.num_cached
         self.log("admit", seq_id, prompt=len(prompt), cached=m.num_cached, tail=seq.tail_kind)
         return seq
+
+    def cached_prefix(self, prompt_ids) -> Match:
+        """The prefix-cache hit a prompt gets: the longest cached prefix of all but its last
+        token, cut back to a multiple of the recent-key window when windows are on (the read
+        rule, cache/recent_windows.py: a block's exact K/V are computed by the one sequence)."""
+        if not self.enable_prefix_cache:
+            return Match()
+        m = self.prefix.match(list(prompt_ids[:-1]))
+        window = self.windows.window_tokens if self.windows.num_windows else 0
+        return m.truncated(aligned_cached(m.num_cached, window), self.page_tokens)
 
     # -- growth -------------------------------------------------------------------------------
     def reserve(self, seq_id, num_new_tokens: int) -> list[CopyOp]:
@@ -150,10 +160,10 @@ class KVManager(TailStorage):
             self.pool.incref(pid, child_id)
         for slot in slots:
             self.arena.incref(slot)
-        child.window = self.windows.allocate(child_id)
-        # the child's window is a copy of the parent's (window_copy); with nothing to copy it
-        # starts empty at the next position
-        child.window_start = par.window_start if par.window is not None else par.num_tokens
+        # the child's window is a copy of the parent's (window_copy), and so is what it computed;
+        # a windowless parent's child holds none either (its window would miss the parent's block)
+        child.window = self.windows.allocate(child_id) if par.window is not None else None
+        child.window_start = par.window_start
         self.seqs[child_id] = child
         self._update_capacity(child)
         self.log("fork", child_id, parent=parent_id)

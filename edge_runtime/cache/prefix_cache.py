@@ -42,6 +42,17 @@ class Match:
     def score(self) -> tuple:
         return (self.num_cached, self.take_over, -len(self.tail_pages))
 
+    def truncated(self, n: int, page_tokens: int) -> "Match":
+        """The same match using only its first n tokens (n <= num_cached): the pages past them
+        are dropped, and a page then used partially is read-only (never taken over)."""
+        assert 0 <= n <= self.num_cached, (n, self.num_cached)
+        if n == self.num_cached:
+            return self
+        if n <= self.prefix_len:
+            return Match(self.prefix_pages[:-(-n // page_tokens)], n, [], n)
+        tail = self.tail_pages[:-(-(n - self.prefix_len) // page_tokens)]
+        return Match(list(self.prefix_pages), self.prefix_len, tail, n)
+
 
 def common_len(page_tokens: list[int], tokens: list[int], pos: int) -> int:
     """Length of the common prefix of page_tokens and tokens[pos:]."""

@@ -1,14 +1,18 @@
 """Recent-key windows: which running sequence holds which window (bookkeeping only, no torch).
 
-A window holds the K/V of a sequence's most recent `window_tokens` positions exact (fp16), next to
-their int8 copies in pages and slots, and attention reads those positions from the window
-(engine/recent_window.py says why and how). Only positions the sequence computed itself are exact:
-the window starts at `window_start`, the first position it computed (after its prefix-cache hit),
-and position p sits at offset (p - window_start) % W. So after n positions the exact ones are
-[max(window_start, n - W), n), and they always fill offsets [0, min(W, n - window_start)).
+The read rule (engine/recent_window.py says why): with windows of W positions, a query at position
+i reads key j (j <= i) exact iff j >= `exact_from(i, W)` = i - i % W, the start of i's aligned
+block of W positions; every older key is read dequantized from int8. It depends on (i, j) alone,
+so prefill and decode, a cold prompt and one whose prefix came from the cache, read the same.
+
+A window holds the K/V of its sequence's current block exact (fp16), position p at offset p % W,
+next to their int8 copies in pages and slots. A sequence computes every position of its current
+block itself, because a prefix-cache hit is cut back to a multiple of W (`aligned_cached`): the
+positions of a block are never split between a cached prefix and the sequence's own work.
 
 Invariants (`check_invariants`, with the manager's): a window is free or owned by exactly one live
-sequence; used + free == total.
+sequence; used + free == total; a windowed sequence's `window_start` (the first position it
+computed) is a multiple of W.
 """
 
 from __future__ import annotations
@@ -23,13 +27,24 @@ def window_bytes(num_layers: int, num_kv_heads: int, head_dim: int, window_token
     return window_tokens * num_layers * 2 * num_kv_heads * head_dim * 2
 
 
-def exact_from(window_start: int, window_tokens: int, end: int) -> int:
-    """First position read from the window when positions [0, end) are written."""
-    return max(window_start, end - window_tokens)
+def exact_from(position: int, window_tokens: int) -> int:
+    """First key position a query at `position` reads exact (the start of its aligned block of
+    `window_tokens`); position + 1, nothing exact, without windows. Works on ints and on numpy or
+    torch integer arrays alike."""
+    if window_tokens <= 0:
+        return position + 1
+    return position - position % window_tokens
 
 
-def window_offset(position: int, window_start: int, window_tokens: int) -> int:
-    return (position - window_start) % window_tokens
+def window_offset(position: int, window_tokens: int) -> int:
+    """Where a position's exact K/V sit in its sequence's window."""
+    return position % window_tokens
+
+
+def aligned_cached(num_cached: int, window_tokens: int) -> int:
+    """The prefix-cache tokens a sequence may use: `num_cached` cut back to a multiple of the
+    window, so the block its first computed position is in starts at that position."""
+    return num_cached - num_cached % window_tokens if window_tokens > 0 else num_cached
 
 
 class RecentWindows:

@@ -5,7 +5,9 @@ The text files are concatenated in the order given and tokenized once (no specia
 the token stream is cut into non-overlapping windows of `--window` tokens (the last, shorter one
 included when it has at least 2 tokens). Each window is scored from an empty context: a temporary
 sequence is prefilled through the paged pool (K/V written int8 / fp16 / fp32, read back by the
-paged attention) with logits at every position (engine/scoring.py). Perplexity is
+paged attention) with logits at every position (engine/scoring.py). Each position reads what it
+would read in generation (int8 keys before its recent-key block, docs/engine.md "What a position
+reads"), so one prefill per window measures int8 KV as `--chunk 1` does, faster. Perplexity is
 exp(sum of NLL / number of predicted tokens). With several KV dtypes, the first is compared with
 the last (e.g. `--kv-dtype int8,fp32`: int8 relative to fp32). `--agreement N` also generates
 greedily for N built-in chat prompts with each KV dtype and reports how many tokens match.
@@ -47,9 +49,9 @@ def register(subparsers) -> None:
     p.add_argument("--window", type=int, default=1024, help="tokens per window (default 1024)")
     p.add_argument("--page-tokens", type=int, default=512, help="KV page size")
     p.add_argument("--chunk", type=int, default=0,
-                   help="tokens computed per engine step (default: the whole window in one prefill; "
-                        "1: every position as a decode step, which is what generation reads: with "
-                        "a recent-key window, a prefill reads its own tokens exact)")
+                   help="tokens computed per engine step (default: the whole window in one prefill, "
+                        "which reads the KV store as generation does: what a position reads depends "
+                        "on the positions only, docs/engine.md; 1: every position as a decode step)")
     p.add_argument("--recent-window", type=int, default=None, metavar="W",
                    help="int8 KV: positions read exact per sequence (engine default "
                         f"{DEFAULT_WINDOW_TOKENS}; 0: off)")

@@ -1,8 +1,8 @@
 """The engine's two back ends, chosen once when an Engine is built (design.md, "Back ends").
 
 - CPU back end: flat KV rows (engine/flat_kv.py) with the C kernels of kernels/csrc, fp32 linears
-  packed for kernels/cpu_linear.py and, for all-decode int8 steps, the one-call C layer stack
-  (kernels/cpu_decoder.py).
+  packed for kernels/cpu_linear.py and, for every step with int8 or fp16 KV (prefill chunks
+  included), the one-call C layer stack (kernels/cpu_decoder.py).
 - CUDA back end: the paged store read per segment (engine/paged_kv.py) by the Triton kernels of
   kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), AWQ
   layers through the W4A16 Triton kernel. On a CPU device (`--device cpu --backend cuda`) it runs
@@ -64,7 +64,7 @@ class CpuBackend:
             "write_kv": "torch-flat-rows",
             "decode_attention": "c-flat-int8" if native else "torch-flat",
             "prefill_attention": "torch-sdpa-rows",
-            # all-decode steps of an fp32 model with int8 KV: the whole layer stack in one C call
+            # steps of an fp32 model with int8 or fp16 KV: the whole layer stack in one C call
             "decode_step": "c-fused-layers" if fused else "torch-layers",
             "awq_gemm": "torch-int4pack-cpu" if cpu_int4pack_available() else "torch-reference",
         }

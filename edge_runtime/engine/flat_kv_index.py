@@ -9,15 +9,21 @@ For every store ("pages": the pool, "inline": the arena):
   numbers `[R, Hkv, L_s]` of every K/V position it attends to in that store (prefix pages and
   tail pages both live in the pool, an inline tail's slots in the arena), padded to the longest
   row, with the valid length of each row (`gather_lens`; `mask_bias` for the torch path);
-- prefill rows (several new tokens of one sequence): per row its key rows `[Hkv, L_s]` per store
-  and a causal `[n, L]` mask, one entry of `prefill`.
+- prefill rows (several new tokens of one sequence): with `prefill_rows` (the C attention) each
+  of its tokens is a row of that gather too, reading exactly what a decode token at its position
+  reads, its exact keys from a per-step fp16 "fresh" store (`num_fresh`, `fresh_carry`); else per row its key
+  rows `[Hkv, L_s]` per store and a `[n, L]` mask, one entry of `prefill` (torch SDPA).
 Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
 
-A sequence that holds a recent-key window (engine/recent_window.py) has its new tokens' K/V also
-written there ("window" in `write`, the last W of them), and reads its most recent positions from
-it: a decode token reads [max(window_start, L - W), L) from the window and only the positions
-before from int8; a prefill row reads its own new tokens exact (`fresh`: the caller passes the
-step's K/V) and every position before them from int8, so its int8 parts stop at its start.
+A sequence that holds a recent-key window (engine/recent_window.py) reads by the position-only
+rule of cache/recent_windows.py: a query at position i reads the keys of its aligned block
+[i - i % W, i] exact and every older one from int8. A decode token reads its block from the
+window (its own K/V written there first). A prefill row reads int8 [0, B) (B: the block start of
+its last token; the mask keeps each query to the int8 keys before its own block) and its exact
+keys [b, end) (b: the block start of its first token): the positions [b, start) it computed in
+earlier steps from the window (`carry`, read before this step's window writes) and its own new
+tokens' K/V as the window stores them (fp16). Its last block's new tokens are written to the
+window ("window" in `write`) for the steps after.
 
 Built with numpy: a decode step runs this for every row, and numpy's small-array operations cost
 ~1 us where torch's cost 3-10 us (a batch-5 step spent ~1.3 ms here with torch ops; docs/perf.md).
@@ -33,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from edge_runtime.cache.recent_windows import exact_from
+from edge_runtime.cache.recent_windows import exact_from, window_offset
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -60,8 +66,20 @@ def _first_positions(keys: dict, n: int) -> dict:
     return {"pages": pages, "inline": inline[:n - pages.size]}
 
 
+def _rows_of(bases: np.ndarray, first: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per query r the entries bases[first[r] : first[r] + lens[r]] -> ([n, width], lens)."""
+    width = int(lens.max(initial=0))
+    if width == 0 or bases.size == 0:
+        return np.zeros((lens.size, 0), dtype=np.int64), np.zeros(lens.size, dtype=np.int64)
+    cols = np.minimum(first[:, None] + np.arange(width), bases.size - 1)
+    return bases[cols], lens
+
+
 class FlatKVIndex:
-    def __init__(self, storage, seqs):
+    def __init__(self, storage, seqs, prefill_rows: bool = False):
+        """prefill_rows: attend every prefill token as a row of the decode gather (the C decode
+        attention, which reads keys the same way whatever step a query is in); else each prefill
+        row through one causal SDPA call (`prefill`)."""
         pool = storage.pool
         self.num_layers = pool.k.shape[1]
         self.num_kv_heads = pool.k.shape[3]
@@ -72,32 +90,54 @@ class FlatKVIndex:
         if getattr(storage, "window", None) is not None:
             self._block["window"] = storage.window.block_tokens
         self.num_tokens = sum(s.num_new for s in seqs)
-        # (first token, n, parts, bias, fresh: the new tokens' own K/V are read exact)
-        self.prefill: list[tuple[int, int, list, torch.Tensor, bool]] = []
-        decode_keys: dict[str, list[np.ndarray]] = {"pages": [], "inline": [], "window": []}
+        # (first token, n, parts, bias, carry): carry is None, or the window rows [Hkv, c] of
+        # the exact positions before the row's new tokens (read with the new tokens, fp16)
+        self.prefill: list[tuple[int, int, list, torch.Tensor, torch.Tensor | None]] = []
+        # per store: ([rows, width] layer-0 bases, valid lengths [rows]) chunks, in token order
+        decode_keys: dict[str, list] = {"pages": [], "inline": [], "window": [], "fresh": []}
+        # gathered prefill rows' exact keys: a per-step fp16 "fresh" store of num_fresh positions
+        # (all layers), its entries [f, f + c) copied from window slots before the step
+        # (`fresh_carry`: window slots, fresh entries), the new tokens' written there ("fresh" in
+        # `write`) like any store's
+        self.num_fresh = 0
+        carry_src, carry_dst, fresh_writes = [], [], []
         new_bases: dict[str, list[tuple[int, np.ndarray]]] = {"pages": [], "inline": []}
         window_writes: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, layer-0 base rows)
         tokens, offset = [], 0
         for s in seqs:
             keys = self._key_bases(s)
             self._new_tokens(s, keys, offset, new_bases)
-            keys["window"], fresh = _EMPTY, False
+            keys["window"], carry = _EMPTY, None
             if getattr(s, "window", None) is not None:
-                keys, fresh = self._window_keys(s, keys, offset, window_writes)
+                keys, carry = self._window_keys(s, keys, offset, window_writes)
             if s.num_new == 1:
                 tokens.append(offset)
+                keys["fresh"] = _EMPTY
                 for store, x in keys.items():
-                    decode_keys[store].append(x)
+                    decode_keys[store].append((x[None, :], np.array([x.size])))
+            elif prefill_rows:
+                tokens.extend(range(offset, offset + s.num_new))
+                self._add_prefill_rows(s, keys, offset, decode_keys, carry_src, carry_dst,
+                                       fresh_writes)
             else:
-                self._add_prefill(s, keys, offset, fresh)
+                self._add_prefill(s, keys, offset, carry)
             offset += s.num_new
         self._build_writes(new_bases)
+        self._block["fresh"] = self.num_fresh
+        self.fresh_carry = (torch.from_numpy(np.concatenate(carry_src or [_EMPTY])),
+                            torch.from_numpy(np.concatenate(carry_dst or [_EMPTY])))
+        if fresh_writes:
+            self.write["fresh"] = (
+                torch.from_numpy(np.concatenate([t for t, _ in fresh_writes])),
+                torch.from_numpy(np.concatenate([f for _, f in fresh_writes])[:, None]
+                                 * self.num_kv_heads + self._heads))
         if window_writes:
             self.write["window"] = (
                 torch.from_numpy(np.concatenate([t for t, _ in window_writes])),
                 torch.from_numpy(np.concatenate([b for _, b in window_writes])[:, None] + self._heads))
-        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)
-        self.all_decode = len(tokens) == offset
+        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)  # the gathered rows' tokens
+        self.all_gathered = len(tokens) == offset
+        self.all_decode = all(s.num_new == 1 for s in seqs)
         self._build_gather(decode_keys)
 
     def layer_offset(self, store: str, layer: int) -> int:
@@ -128,22 +168,29 @@ class FlatKVIndex:
         return {"pages": np.concatenate((prefix, full)),
                 "inline": self._bases("inline", s.tail_ids, length - in_pages)}
 
-    def _window_keys(self, s, keys, offset: int, window_writes) -> tuple[dict, bool]:
-        """A windowed sequence: its window writes, its int8 keys cut where exact ones begin, and
-        the window's rows of the positions it reads there (position order)."""
+    def _window_keys(self, s, keys, offset: int, window_writes) -> tuple[dict, np.ndarray | None]:
+        """A windowed sequence (the read rule of cache/recent_windows.py): its window writes (the
+        new tokens of its last block), its int8 keys cut where its last token's block begins, and
+        the window rows it reads exact: a decode token's whole block; a prefill row's `carry`,
+        the positions of its first block before its new tokens (returned, None for a decode)."""
         W = self._block.get("window")
         assert W, "a sequence holds a recent-key window but the storage has none"
         end = s.start + s.num_new
-        assert s.window_start <= s.start, (s.window_start, s.start)
-        bases = self._bases("window", (s.window,), W)  # offsets 0..W-1
-        lo = exact_from(s.window_start, W, end)
-        written = np.arange(max(s.start, lo), end)
-        window_writes.append((offset + written - s.start, bases[(written - s.window_start) % W]))
-        if s.num_new > 1:  # a prefill row reads its new tokens fresh and the positions before
-            lo = end = s.start  # them from int8 (as the per-segment path does)
-        cut = _first_positions(keys, lo)
-        cut["window"] = bases[(np.arange(lo, end) - s.window_start) % W]
-        return cut, s.num_new > 1
+        assert s.window_start <= exact_from(s.start, W), \
+            f"block of position {s.start} (window {W}) starts before the sequence's first computed " \
+            f"position {s.window_start}: its prefix-cache hit was not cut back to the window"
+        base = self._bases("window", (s.window,), W)[0]  # offset o is row base + o * Hkv
+        rows = lambda positions: base + window_offset(positions, W) * self.num_kv_heads
+        last_block = exact_from(end - 1, W)
+        written = np.arange(max(s.start, last_block), end)
+        window_writes.append((offset + written - s.start, rows(written)))
+        cut = _first_positions(keys, last_block)
+        if s.num_new == 1:
+            cut["window"] = rows(np.arange(last_block, end))
+            return cut, None
+        cut["window"] = _EMPTY
+        carried = rows(np.arange(exact_from(s.start, W), s.start))
+        return cut, torch.from_numpy(carried[None, :] + self._heads[:, None])  # [Hkv, c]
 
     @staticmethod
     def _new_tokens(s, keys, offset: int, out) -> None:
@@ -170,27 +217,67 @@ class FlatKVIndex:
             self.slot_mapping[store] = torch.from_numpy(mapping)
             self.write[store] = (torch.from_numpy(tokens), torch.from_numpy(bases[:, None] + self._heads))
 
-    def _add_prefill(self, s, keys, offset: int, fresh: bool) -> None:
-        """A multi-token row: its key rows per store [Hkv, L_s] and the causal mask [n, L]
-        (with `fresh`, the parts end where the new tokens begin)."""
+    def _add_prefill(self, s, keys, offset: int, carry) -> None:
+        """A multi-token row: its key rows per store [Hkv, L_s] and its mask [n, L]: causal over
+        the stores' positions; with a window (`carry` not None) the stores hold int8 [0, B) and
+        the exact keys [b, end) follow them (carry, then the new tokens), each query seeing the
+        int8 keys before its block and the exact ones of its block up to itself."""
         parts = [(store, torch.from_numpy(x[None, :] + self._heads[:, None]))  # [Hkv, L_s]
                  for store, x in keys.items() if x.size]
-        length = s.start + s.num_new
-        visible = torch.arange(length)[None, :] <= torch.arange(s.start, length)[:, None]  # [n, L]
+        end = s.start + s.num_new
+        query = torch.arange(s.start, end)[:, None]  # [n, 1]
+        if carry is None:
+            visible = torch.arange(end)[None, :] <= query  # [n, L]
+        else:
+            W = self._block["window"]
+            int8_len = sum(x.size for x in keys.values())
+            block = exact_from(query, W)
+            exact = torch.arange(end - s.num_new - carry.shape[1], end)[None, :]
+            visible = torch.cat([torch.arange(int8_len)[None, :] < block,
+                                 (exact >= block) & (exact <= query)], dim=1)
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
-        self.prefill.append((offset, s.num_new, parts, bias, fresh))
+        self.prefill.append((offset, s.num_new, parts, bias, carry))
+
+    def _add_prefill_rows(self, s, keys, offset: int, out, carry_src, carry_dst,
+                          fresh_writes) -> None:
+        """A prefill row's queries as gather rows: query p reads its int8 keys [0, B) (B: its
+        block start; [0, p] without a window) and, windowed, its block [B, p] exact from the
+        fresh store (the carried positions [b, start), then the new tokens)."""
+        end = s.start + s.num_new
+        query = np.arange(s.start, end)
+        zero = np.zeros(s.num_new, dtype=np.int64)
+        exact = _rows_of(_EMPTY, zero, zero)
+        n_int8 = query + 1
+        if getattr(s, "window", None) is not None:
+            W = self._block["window"]
+            n_int8, b, f = exact_from(query, W), exact_from(s.start, W), self.num_fresh
+            exact = _rows_of((f + np.arange(end - b)) * self.num_kv_heads, n_int8 - b,
+                             query - n_int8 + 1)
+            carried = np.arange(b, s.start)
+            carry_src.append(s.window * W + window_offset(carried, W))
+            carry_dst.append(f + carried - b)
+            fresh_writes.append((offset + np.arange(s.num_new), f + query - b))
+            self.num_fresh += end - b
+        in_pages = np.minimum(n_int8, keys["pages"].size)
+        out["pages"].append(_rows_of(keys["pages"], zero, in_pages))
+        out["inline"].append(_rows_of(keys["inline"], zero, n_int8 - in_pages))
+        out["window"].append(_rows_of(_EMPTY, zero, zero))
+        out["fresh"].append(exact)
 
     def _build_gather(self, decode_keys) -> None:
         self.gather: list[tuple[str, torch.Tensor]] = []
         self.gather_lens: list[torch.Tensor] = []  # int32 [R] valid entries per row, per store
-        for store, lists in decode_keys.items():
-            width = max((x.size for x in lists), default=0)
+        for store, chunks in decode_keys.items():
+            width = max((x.shape[1] for x, _ in chunks), default=0)
             if width == 0:
                 continue
-            bases = np.zeros((len(lists), width), dtype=np.int64)  # padding reads row 0, masked
-            lens = np.fromiter((x.size for x in lists), dtype=np.int32, count=len(lists))
-            for i, x in enumerate(lists):
-                bases[i, : x.size] = x
+            num_rows = sum(x.shape[0] for x, _ in chunks)
+            bases = np.zeros((num_rows, width), dtype=np.int64)  # padding reads row 0, masked
+            lens = np.concatenate([n for _, n in chunks]).astype(np.int32)
+            at = 0
+            for x, _ in chunks:
+                bases[at:at + x.shape[0], : x.shape[1]] = x
+                at += x.shape[0]
             rows = bases[:, None, :] + self._heads[None, :, None]  # [R, Hkv, W]
             self.gather.append((store, torch.from_numpy(rows)))
             self.gather_lens.append(torch.from_numpy(lens))

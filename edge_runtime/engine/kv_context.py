@@ -34,5 +34,6 @@ class StepKVContext:
 
     def native_decode_args(self, num_heads: int, head_dim: int):
         """Arguments for the one-call C decode step (kernels/cpu_decoder.py); None where it does
-        not apply (every context but the CPU back end's all-decode int8 steps)."""
+        not apply (every context but the CPU back end's steps whose tokens the C attention all
+        gathers: int8 or fp16 KV)."""
         return None

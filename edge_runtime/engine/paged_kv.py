@@ -13,13 +13,18 @@ merges the results by log-sum-exp:
   call "tail_inline": arena, row = its slots,                     kv_len = pos + 1 - b
 
 A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away). With
-recent-key windows (engine/recent_window.py) two more calls: "window" (a decode token's newest
-positions, from its fp16 window) and "fresh" (a prefill token's own chunk, from the step's K/V),
-and the int8 calls' kv_lens stop where those begin.
+recent-key windows (engine/recent_window.py; the read rule: query i reads its block
+[i - i % W, i] exact) two more calls: "window" (a decode token's block, from its fp16 window) and
+"fresh" (a prefill token's block, from the window's carried positions and the step's K/V in fp16),
+and the int8 calls' kv_lens stop where the block begins.
 
 The kernels are kernels/dispatch.py's: Triton on CUDA tensors, and on CPU tensors inside
 `dispatch.prefer_triton()` (the CUDA back end under TRITON_INTERPRET=1, engine/backend.py); the
 torch references otherwise. The CPU back end's context is engine/flat_kv.py.
+
+The per-segment path reads the same values by the same rule as the CPU back end's one softmax
+but merges its calls by log-sum-exp, so its float sums depend on where a sequence's keys are
+split (prefix, tail, window, chunk).
 
 Invariants:
 - Every new token's position is >= its sequence's prefix length (new tokens are never in the
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edge_runtime.cache.recent_windows import exact_from, window_offset
 from edge_runtime.engine.kv_context import StepKVContext
 from edge_runtime.engine.kv_storage import KVStorage, StoreView
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
@@ -90,7 +96,7 @@ class PagedKVContext(StepKVContext):
         self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
         self.window_slots: torch.Tensor | None = None  # window writes, -1 none
-        self.fresh: tuple | None = None  # (src tokens, dst rows, blocks, width)
+        self.fresh: tuple | None = None  # _fresh_store's indices
         self._build(seqs)
 
     def _build(self, seqs: list[SeqStep]) -> None:
@@ -148,11 +154,13 @@ class PagedKVContext(StepKVContext):
 
     def _window_calls(self, seqs: list[SeqStep], seq_of_token: torch.Tensor,
                       positions: torch.Tensor) -> torch.Tensor:
-        """Recent-key windows on the per-segment path (engine/recent_window.py): a windowed
-        decode token reads [max(window_start, L - W), L) through a "window" call, a windowed
-        prefill token its own chunk through a "fresh" call over the step's K/V; every new token
-        in the last W of its sequence is written to the window. Returns the per-token limit of
-        the int8 positions read (all of [0, pos] without a window)."""
+        """Recent-key windows on the per-segment path, by the read rule of
+        cache/recent_windows.py (query i reads its block [i - i % W, i] exact): a windowed
+        decode token reads its block through a "window" call (its own K/V written there first),
+        a windowed prefill token through a "fresh" call over a store of its sequence's exact
+        blocks (the window's carried positions, then the step's own K/V in fp16; `_fresh_store`);
+        every new token in its sequence's last block is written to the window. Returns the
+        per-token limit of the int8 positions read (all of [0, pos] without a window)."""
         limit = positions + 1
         if not any(s.window is not None for s in seqs):
             return limit
@@ -160,27 +168,40 @@ class PagedKVContext(StepKVContext):
         per_seq = lambda f, dtype=torch.int64: torch.tensor([f(s) for s in seqs], dtype=dtype)[seq_of_token]
         has = per_seq(lambda s: s.window is not None, torch.bool)
         decode = per_seq(lambda s: s.num_new == 1, torch.bool)
-        start, ws = per_seq(lambda s: s.start), per_seq(lambda s: s.window_start)
         end, window = per_seq(lambda s: s.start + s.num_new), per_seq(lambda s: s.window or 0)
-        lo = torch.maximum(ws, positions + 1 - W)  # cache/recent_windows.exact_from
-        limit = torch.where(has & decode, lo, torch.where(has, start, limit))
+        block = exact_from(positions, W)
+        limit = torch.where(has, block, limit)
         self.calls.append(_Call("window", _pad_rows([[s.window or 0] for s in seqs]),
                                 seq_of_token.to(torch.int32),
-                                torch.where(has & decode, positions + 1 - lo, 0).to(torch.int32)))
-        writes = has & (positions >= end - W)
-        self.window_slots = torch.where(writes, window * W + (positions - ws) % W, -1)
+                                torch.where(has & decode, positions + 1 - block, 0).to(torch.int32)))
+        writes = has & (positions >= exact_from(end - 1, W))
+        self.window_slots = torch.where(writes, window * W + window_offset(positions, W), -1)
         fresh = [i for i, s in enumerate(seqs) if s.window is not None and s.num_new > 1]
         if fresh:
-            block = torch.zeros(len(seqs), dtype=torch.int64)
-            block[fresh] = torch.arange(len(fresh))
-            width = max(seqs[i].num_new for i in fresh)
-            src = torch.nonzero(has & ~decode).squeeze(1)  # the fresh tokens, in batch order
-            dst = block[seq_of_token[src]] * width + positions[src] - start[src]
-            self.fresh = (src, dst, len(fresh), width)
-            self.calls.append(_Call("fresh", block[:, None].to(torch.int32),
-                                    seq_of_token.to(torch.int32),
-                                    torch.where(has & ~decode, positions - start + 1, 0).to(torch.int32)))
+            self._fresh_call(seqs, fresh, seq_of_token, positions, has & ~decode, W)
         return limit
+
+    def _fresh_call(self, seqs, fresh: list[int], seq_of_token, positions, is_fresh, W: int) -> None:
+        """The "fresh" call: one W-token block per block a windowed prefill row reads exact,
+        [b, end) (b: its first token's block start); a token reads its block up to itself."""
+        first_block = torch.zeros(len(seqs), dtype=torch.int64)  # the row's first fresh block
+        carry_src, carry_dst, num_blocks = [], [], 0
+        for i in fresh:
+            s = seqs[i]
+            b = exact_from(s.start, W)
+            first_block[i] = num_blocks - b // W  # + position // W: the position's block
+            carried = torch.arange(b, s.start)
+            carry_src.append(s.window * W + window_offset(carried, W))
+            carry_dst.append(num_blocks * W + carried - b)
+            num_blocks += (s.start + s.num_new - 1) // W - b // W + 1
+        src = torch.nonzero(is_fresh).squeeze(1)  # the fresh tokens, in batch order
+        row = first_block[seq_of_token] + positions // W  # [T] (meaningful where fresh)
+        dst = row[src] * W + window_offset(positions[src], W)
+        self.fresh = (src, dst, torch.cat(carry_src), torch.cat(carry_dst), num_blocks, W)
+        self.calls.append(_Call("fresh", torch.arange(num_blocks, dtype=torch.int32)[:, None],
+                                torch.where(is_fresh, row, 0).to(torch.int32),
+                                torch.where(is_fresh, window_offset(positions, W) + 1, 0)
+                                .to(torch.int32)))
 
     def to(self, device: torch.device) -> "PagedKVContext":
         for c in self.calls:
@@ -190,19 +211,28 @@ class PagedKVContext(StepKVContext):
         if self.window_slots is not None:
             self.window_slots = self.window_slots.to(device)
         if self.fresh is not None:
-            src, dst, blocks, width = self.fresh
-            self.fresh = (src.to(device), dst.to(device), blocks, width)
+            src, dst, carry_src, carry_dst, blocks, width = self.fresh
+            self.fresh = (src.to(device), dst.to(device), carry_src.to(device),
+                          carry_dst.to(device), blocks, width)
         return self
 
-    def _fresh_store(self, x: torch.Tensor) -> torch.Tensor:
-        """The windowed prefill rows' own K or V [T, Hkv, D] as a paged store [B, width, Hkv, D]
-        (one block per row) for the "fresh" call."""
-        src, dst, blocks, width = self.fresh
-        out = x.new_zeros(blocks * width, *x.shape[1:])
-        out.index_copy_(0, dst, x[src])
+    def _fresh_store(self, x: torch.Tensor, window_cache: torch.Tensor) -> torch.Tensor:
+        """The exact blocks of the windowed prefill rows as a paged store [B, W, Hkv, D] in the
+        window's dtype for the "fresh" call: each row's carried positions copied from its window
+        (window_cache: one layer's [num_windows, W, Hkv, D], before this step writes it), then
+        its new tokens' K or V (x: [T, Hkv, D])."""
+        src, dst, carry_src, carry_dst, blocks, width = self.fresh
+        out = x.new_zeros(blocks * width, *x.shape[1:], dtype=window_cache.dtype)
+        out.index_copy_(0, carry_dst, window_cache.reshape(-1, *x.shape[1:])[carry_src])
+        out.index_copy_(0, dst, x[src].to(window_cache.dtype))
         return out.view(blocks, width, *x.shape[1:])
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        fresh = None
+        if self.fresh is not None:  # before the window writes: it reads carried positions
+            window = self.storage.view("window", layer)
+            fresh = StoreView(self._fresh_store(k, window.k_cache),
+                              self._fresh_store(v, window.v_cache), None, None)
         for store, slots in self.slot_mapping.items():
             view = self.storage.view(store, layer)
             write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots, view.k_mean)
@@ -212,7 +242,7 @@ class PagedKVContext(StepKVContext):
         outs, lses = [], []
         for call in self.calls:
             if call.store == "fresh":
-                view = StoreView(self._fresh_store(k), self._fresh_store(v), None, None)
+                view = fresh
             else:
                 view = self.storage.view(call.store, layer)
             out, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,

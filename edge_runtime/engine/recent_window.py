@@ -1,30 +1,48 @@
-"""The recent-key window: int8 KV with each sequence's newest positions read exact.
+"""The recent-key window: int8 KV with each query's own block of positions read exact.
 
 Why: int8 KV's error does not spread evenly over a query's keys. A decode query puts much of its
-attention on the last few tokens, so their int8 rounding moves its logits most. Measured through
-the engine, every position scored as a decode step against fp32 KV (docs/engine.md, "The
-recent-key window"): mean KL 3.5e-4 without a window, 1.3e-4 with 8 positions, 5.3e-5 with 16
-(the default: 6.6x lower, where the curve bends; tools/kv_quant_probe.py shows the same).
+attention on the last few tokens, so their int8 rounding moves its logits most
+(tools/kv_quant_probe.py: 16 exact recent keys cut the KL vs fp32 KV 6.6x).
 
-How: every running sequence holds one window of `recent_window` (W) positions, fp16, allocated
-once with the pool (KVStorage "window" store; bookkeeping in cache/recent_windows.py). Every new
-token's K/V is written to its int8 page or slot as before and to the window, at offset
-(position - window_start) % W. Attention reads positions [max(window_start, L - W), L) from the
-window and the older ones from int8; a prefill chunk reads its own new tokens' K/V as computed
-(so a prompt's last token, the first answer token's query, sees the prompt's end exact).
-`window_start` is the first position the sequence computed itself: K/V that came from the prefix
-cache were only ever stored as int8, so they are read as int8. A fork copies the parent's window;
-finish, cancel and preemption give it back. Where every window is in use (beam forks at their
-peak), a sequence runs without one and reads int8 only.
+The read rule (cache/recent_windows.py): a query at position i reads key j exact (fp16) iff
+j >= i - i % W, i.e. j lies in i's aligned block of W positions, and dequantized from int8
+otherwise. It is a function of (i, j) alone, so a greedy request's tokens do not depend on how
+it was served: a prefill chunk reads what a decode step at the same position reads, and a prompt
+whose prefix came from the prefix cache reads what a cold one reads. Before, the window slid (the
+last W keys exact) and held only positions the sequence computed itself, while a prefill chunk
+read its own new tokens exact: a cold prompt read its end exact where the same prompt from the
+cache read int8, and a prompt chunked differently read other values.
 
-Cost: W x layers x 2 x kv heads x head_dim x 2 bytes per running sequence (W = 16: 360 KiB for
+How: every running sequence holds one window of W positions, fp16, allocated once with the pool
+(KVStorage "window" store; bookkeeping in cache/recent_windows.py, driven by KVManager). Every new
+token's K/V is written to its int8 page or slot and, when it is in its sequence's last block, to
+the window at offset position % W. A sequence computes every position of the block it is in: a
+prefix-cache hit is cut back to a multiple of W (KVManager.cached_prefix; up to W - 1 cached
+tokens are recomputed), so the window never has to hold a position that came from the cache. A
+decode token reads its block from the window; a prefill chunk reads, per query, its block from
+the window's positions before the chunk and the chunk's own K/V rounded to fp16 (what the window
+holds), and the older keys from int8 (the chunk's own included, written before attention). A
+fork copies the parent's window; finish, cancel and preemption give it back (a preempted
+sequence recomputes from an aligned prefix). Windows are allocated 2 per running sequence (beam
+forks at their peak); a sequence that finds none (or whose parent had none) reads int8 only,
+which breaks the rule for that sequence.
+
+Quality: a query reads 1 to W keys exact (W/2 on average, against W with the sliding window).
+Measured through the engine (docs/engine.md, "The recent-key window"; first 1,024 tokens of
+GPL-3): with W = 16 the mean KL vs fp32 KV is 1.11e-4 and perplexity +0.071% (sliding window:
+3.17e-5; no window: 3.5e-4), W = 32 gives 8.6e-5.
+
+Cost: W x layers x 2 x kv heads x head_dim x 2 bytes per window (W = 16: 360 KiB for
 SmolLM2-135M, the int8 bytes of 31 tokens, 6% of one 512-token page), counted in the KV bytes
-held; the decode kernels read W fp16 rows in place of W int8 rows (no measurable step time).
+held; the decode kernels read up to W fp16 rows in place of int8 rows; a prefix-cache hit
+recomputes up to W - 1 more tokens.
 
-Readers: the CPU flat path (kernels/csrc/flat_kv.c and decoder.c in C, kernels/flat_kv_cpu.py in
-torch) and the per-segment path of the GPU (engine/paged_kv.py: a "window" call over the fp16
-window and a "fresh" call over the step's own K/V next to the int8 calls, through the same
-paged-attention kernel; tested on the CPU with the torch reference kernels, not yet on a GPU).
+Readers: the CPU back end (engine/flat_kv.py, with engine/flat_kv_index.py for the rows;
+kernels/csrc/flat_kv.c and decoder.c in C, kernels/flat_kv_cpu.py in torch) and the CUDA back
+end's per-segment path (engine/paged_kv.py: a "window" call over the fp16 window and a "fresh"
+call over the exact blocks of a prefill chunk next to the int8 calls, through the same
+paged-attention kernel; tested on the CPU with the torch reference kernels and the Triton
+interpreter, not on a GPU).
 """
 
 from __future__ import annotations

@@ -247,7 +247,7 @@ class Scheduler:
                       if r.num_pending > 1), default=0)
         if shared < SHARE_WAIT_TOKENS:
             return False
-        cached = self.kv.prefix.match(prompt[:-1]).num_cached
+        cached = self.kv.cached_prefix(prompt).num_cached
         return shared - cached >= SHARE_WAIT_TOKENS
 
     # --- helpers ----------------------------------------------------------------------------

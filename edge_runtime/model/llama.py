@@ -218,7 +218,7 @@ class CausalLM(nn.Module):
             input_ids.shape, positions.shape)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.model.rotary_emb(positions, x.dtype)
-        if fused_args is not None:  # the C layer stack for all-decode CPU steps (cpu_decoder.py)
+        if fused_args is not None:  # the C layer stack for the CPU back end (cpu_decoder.py)
             x = self.fused_decoder(x, cos, sin, fused_args, kv.sm_scale)
         else:
             for layer in self.model.layers:

@@ -7,7 +7,8 @@
  * cost as much as the weights' reads at batch 1 (docs/perf.md, "CPU decode step"). Here a step
  * is one call: per layer RMSNorm -> fused q/k/v -> rope -> int8 KV write -> decode attention over
  * the flat rows (flat_kv.c; fp16 rows for a recent-key window) -> o_proj + residual -> RMSNorm -> fused gate/up -> silu * up ->
- * down_proj + residual. Every row is one decode token (one query per sequence). With
+ * down_proj + residual. Every row is one query token: a decode token, or a token of a prefill
+ * chunk (whose keys the attention parts list like a decode token's at its position). With
  * `rotate_kv`, q, k and v heads are Hadamard-rotated after rope and the attention output rotated
  * back, as engine/paged_kv.py does around its attention for rotated (int8) stores.
  *

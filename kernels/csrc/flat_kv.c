@@ -1,9 +1,11 @@
 /* CPU kernels over the flat int8 KV rows (kernels/flat_kv_cpu.py has the addressing and the torch
  * references these are tested against; kernels/cpu_native.py compiles and loads this file).
  *
- * decode_attention_int8: one query token per row r, heads grouped over Hkv kv heads; the row's keys
- * are the concatenation of its index lists over one or two stores ("parts": pool, arena), in
- * position order. Per (row, kv head): scores for the G query heads in one pass over the keys,
+ * decode_attention_int8: one query token per row r (a decode token or a token of a prefill chunk),
+ * heads grouped over Hkv kv heads; the row's keys are the concatenation of its index lists over
+ * the stores ("parts": pool, arena, window, a step's fresh exact keys), in position order. A key's
+ * score and its place in the sums do not depend on how the row's keys are split over the parts,
+ * so a query reads bit for bit the same whatever its sequence's storage layout. Per (row, kv head): scores for the G query heads in one pass over the keys,
  * softmax, then one pass over the values. fp32 math; int8 K/V with fp16 per-(token, head) scales.
  * A part without scales (ks == NULL) holds fp16 K/V: a sequence's recent-key window
  * (engine/recent_window.py), whose positions the int8 parts then leave out.
@@ -384,13 +386,31 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
             for (int g = 0; g < G; g++)
                 store_v8(scratch + g * total + pos, sums_of_8(dots[g]) * sv + cv * splat_v8(qm[g]));
         }
-        for (; j < n; j++, pos++) { /* the last n % 8 keys */
-            const int64_t row = idx[j] + off;
-            v8f acc[MAX_FAST_GROUP];
-            key_dots(qr, pt->k + row * D, G, D, acc);
-            const float s = half_to_float(pt->ks[row]);
-            const float sc = fabsf(s) * sm_scale, centred = s < 0.0f ? 1.0f : 0.0f;
-            for (int g = 0; g < G; g++) scratch[g * total + pos] = sum_v8(acc[g]) * sc + centred * qm[g];
+        if (j < n) { /* the last n % 8 keys, as a group of 8 padded with zeros: a key's score
+                      * is the same sums_of_8 arithmetic wherever it falls in its part, so it
+                      * does not depend on how a sequence's keys are split over the stores */
+            const int64_t left = n - j;
+            v8f dots[MAX_FAST_GROUP][8], acc[MAX_FAST_GROUP];
+            float scale[8] = {0}, centred[8] = {0};
+            for (int i = 0; i < 8; i++) {
+                if (i >= left) {
+                    for (int g = 0; g < G; g++) dots[g][i] = (v8f){0};
+                    continue;
+                }
+                const int64_t row = idx[j + i] + off;
+                key_dots(qr, pt->k + row * D, G, D, acc);
+                for (int g = 0; g < G; g++) dots[g][i] = acc[g];
+                const float s = half_to_float(pt->ks[row]);
+                scale[i] = fabsf(s) * sm_scale;
+                centred[i] = s < 0.0f ? 1.0f : 0.0f;
+            }
+            const v8f sv = load_v8(scale), cv = load_v8(centred);
+            for (int g = 0; g < G; g++) {
+                float tail[8];
+                store_v8(tail, sums_of_8(dots[g]) * sv + cv * splat_v8(qm[g]));
+                memcpy(scratch + g * total + pos, tail, sizeof(float) * (size_t)left);
+            }
+            pos += left;
         }
     }
     softmax_rows(scratch, G, total);
