@@ -32,9 +32,11 @@ def loaded(tmp_path_factory):
 def _service(loaded):
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.backend import prepare_model, select_backend
     from edge_runtime.engine.engine import Engine
     from edge_runtime.service.app import ServiceState
 
+    prepare_model(loaded.model, select_backend("cpu", "cpu"))
     engine = Engine(loaded, EngineConfig(num_pages=64, max_num_seqs=4))
     step = engine.step
 
@@ -111,8 +113,10 @@ def test_refuse_waiting_ends_only_requests_never_admitted(loaded):
     """A preempted request waits too, but it was admitted: it is not refused and completes."""
     from edge_runtime.engine.api import SamplingParams
     from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.backend import prepare_model, select_backend
     from edge_runtime.engine.engine import Engine
 
+    prepare_model(loaded.model, select_backend("cpu", "cpu"))
     engine = Engine(loaded, EngineConfig(num_pages=64, max_num_seqs=4))
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     admitted = [engine.add_request([1, 2, i], params) for i in (3, 4)]

@@ -34,6 +34,7 @@ CASES = [
 
 
 def main() -> None:
+    from edge_runtime.engine.backend import prepare_model, select_backend
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
     from edge_runtime.model.loader import DEFAULT_MODEL, load_model
@@ -45,6 +46,7 @@ def main() -> None:
     torch.set_num_threads(1)
     system = load_system_prompt(Path(sys.argv[1]))
     loaded = load_model(DEFAULT_MODEL)
+    prepare_model(loaded.model, select_backend("cpu", "cpu"))
     engine = Engine(loaded, EngineConfig(num_pages=64))
     params = action_params(Dispatcher(list(system.actions)), 48)
     prompts = [encode_text(loaded.tokenizer, render(loaded.tokenizer, [

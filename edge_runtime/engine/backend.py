@@ -143,6 +143,7 @@ def prepare_model(model, backend) -> None:
 
 def check_prepared(model, backend) -> None:
     if model.prepared_for != backend.name:
-        raise ConfigError(f"the model is prepared for the {model.prepared_for} back end, not the "
-                          f"{backend.name} one: call edge_runtime.engine.backend.prepare_model "
-                          f"before building the Engine")
+        done = "not prepared for any back end" if model.prepared_for is None else \
+            f"prepared for the {model.prepared_for} back end"
+        raise ConfigError(f"the model is {done}, not the {backend.name} one: call "
+                          f"edge_runtime.engine.backend.prepare_model before building the Engine")

@@ -59,6 +59,11 @@ class ApiRequest:
     extras: object | None = None  # chat: tools_api.ChatExtras (tools, grammar, logprobs)
 
 
+def _int_digit_limit() -> int:
+    """Python's limit on integer literals (3.11, and 3.10 from 3.10.7 as a security fix)."""
+    return getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+
+
 def parse_body(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
@@ -71,7 +76,7 @@ def parse_body(raw: bytes) -> dict:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     except ValueError:  # int('9' * 5000): Python's limit on integer literals, in any field
         raise ApiError(400, f"request body holds an integer literal of more than "
-                       f"{sys.get_int_max_str_digits()} digits; no field takes one that large",
+                       f"{_int_digit_limit()} digits; no field takes one that large",
                        "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
