@@ -27,10 +27,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 BLOCK_N = 16  # output rows per block, as kernels/csrc/linear_f32.c
 GROUP_SIZES = (16, 32, 64, 128, 256)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 @dataclass
@@ -64,19 +69,23 @@ class GroupedRows:
         return w
 
     def permute_rows(self, order: torch.Tensor) -> "GroupedRows":
-        offsets = None if self.offsets is None else self.offsets[order]
-        return GroupedRows(self.q[order], self.scales[order], offsets, self.bits, self.group_size)
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return _tensor(t.numpy()[order.numpy()])
+
+        offsets = None if self.offsets is None else take(self.offsets)
+        return GroupedRows(take(self.q), take(self.scales), offsets, self.bits, self.group_size)
 
     @staticmethod
     def cat(parts: list["GroupedRows"]) -> "GroupedRows":
         """Rows of `parts` one after another (a fused q/k/v or gate/up weight)."""
         first = parts[0]
         assert all(compatible(first, p) for p in parts), [describe(p) for p in parts]
-        offsets = None
-        if first.offsets is not None:
-            offsets = torch.cat([p.offsets for p in parts])
-        return GroupedRows(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]),
-                           offsets, first.bits, first.group_size)
+        def cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+            return _tensor(np.concatenate([t.numpy() for t in tensors]))
+
+        offsets = None if first.offsets is None else cat([p.offsets for p in parts])
+        return GroupedRows(cat([p.q for p in parts]), cat([p.scales for p in parts]), offsets,
+                           first.bits, first.group_size)
 
 
 def compatible(a: GroupedRows, b: GroupedRows) -> bool:
@@ -117,16 +126,19 @@ class BlockedQuantWeight:
         n, k = rows.shape
         nb = -(-n // BLOCK_N)
 
-        def blocked(t: torch.Tensor) -> torch.Tensor:  # [N, C] -> [NB, C, 16], rows past N zero
-            padded = torch.zeros(nb * BLOCK_N, t.shape[1], dtype=t.dtype)
-            padded[:n] = t
-            return padded.view(nb, BLOCK_N, t.shape[1]).transpose(1, 2).contiguous()
+        # numpy: torch's thread pool made these byte shuffles 5-15x slower on a busy 2-core machine
+        def blocked(t: torch.Tensor) -> np.ndarray:  # [N, C] -> [NB, C, 16], rows past N zero
+            a = t.numpy()
+            if n % BLOCK_N:
+                a = np.concatenate([a, np.zeros((nb * BLOCK_N - n, a.shape[1]), a.dtype)])
+            return a.reshape(nb, BLOCK_N, a.shape[1]).transpose(0, 2, 1)
 
         q = blocked(rows.q)  # [NB, K, 16]
         if rows.bits == 4:
-            q = (q[:, :, :8] | (q[:, :, 8:] << 4)).contiguous()
-        offsets = None if rows.offsets is None else blocked(rows.offsets)
-        return cls(q, blocked(rows.scales), offsets, rows.bits, rows.group_size, n, k)
+            q = q[:, :, :8] | (q[:, :, 8:] << 4)
+        offsets = None if rows.offsets is None else _tensor(blocked(rows.offsets))
+        return cls(_tensor(q), _tensor(blocked(rows.scales)), offsets, rows.bits, rows.group_size,
+                   n, k)
 
     def lanes(self) -> torch.Tensor:
         """The integers as [NB, K, 16] (uint8 values 0..15 or int8)."""

