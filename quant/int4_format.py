@@ -88,6 +88,14 @@ class GroupedRows:
                            first.bits, first.group_size)
 
 
+def blocked_nbytes(bits: int, rows: int, cols: int, group_size: int, param_bytes: int,
+                   offsets: bool) -> int:
+    """Bytes of a BlockedQuantWeight of `rows` x `cols` (what from_rows makes), without making it."""
+    padded = -(-rows // BLOCK_N) * BLOCK_N
+    params = padded * (cols // group_size) * param_bytes * (2 if offsets else 1)
+    return padded * cols * bits // 8 + params
+
+
 def compatible(a: GroupedRows, b: GroupedRows) -> bool:
     """Rows of `a` and `b` can share one blocked weight (same K, bits, group, parameter types)."""
     return (a.q.shape[1] == b.q.shape[1] and a.bits == b.bits and a.group_size == b.group_size

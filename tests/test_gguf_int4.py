@@ -9,9 +9,9 @@ import torch
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
-from edge_runtime.model.gguf_int4 import rope_order
+from edge_runtime.model.gguf_int4 import planned_weight_bytes, rope_order
 from edge_runtime.model.gguf_tensors import GGUFTensors
-from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source, load_model
+from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source, load_model, weight_bytes_of
 from model_helpers import our_logits, random_ids, smollm2, smollm2_gguf
 
 
@@ -71,6 +71,8 @@ def test_builtin_model_from_its_blocks_computes_the_fp32_model():
     assert model.fused_decoder is not None
     file_bytes = sum(i.nbytes for i in GGUFTensors(_builtin()).infos.values())
     assert quant.weight_bytes <= 1.15 * file_bytes, (quant.weight_bytes, file_bytes)
+    rope_tables = weight_bytes_of(model.model.rotary_emb)
+    assert planned_weight_bytes(_builtin()) == quant.weight_bytes - rope_tables  # what plan counts
     for n in (5, 40):  # the C kernel (< 32 rows) and the BLAS tiles
         ids = random_ids(n, quant.config.vocab_size, seed=n)
         got, want = our_logits(model, ids), our_logits(ref.model, ids)

@@ -8,6 +8,7 @@ model loader; only config.json and the safetensors headers are read (no weights 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -44,19 +45,33 @@ def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
     return total
 
 
-def model_for_plan(name: str, weight_dtype: str):
-    """(model config or shape, weight bytes, display name)."""
+def model_for_plan(name: str, weight_dtype: str, weights: str = "auto"):
+    """(model config or shape, weight bytes, display name). A GGUF model counts what serving it
+    holds: its blocks in the runtime's int4/int8 form (model/gguf_int4.py; `weights` "auto" or
+    "gguf"), or with "fp32" every tensor at `weight_dtype`; neither converts the file."""
     from edge_runtime.plan import DTYPE_BYTES, REFERENCE_MODELS, estimate_weight_bytes
 
     if name in REFERENCE_MODELS:
         shape = REFERENCE_MODELS[name]
         return shape, estimate_weight_bytes(shape, weight_dtype), f"{name} (reference shape)"
-    from edge_runtime.model.loader import read_model_config, resolve_model_folder
+    from edge_runtime.model.loader import gguf_source, read_model_config, resolve_model_folder
     from edge_runtime.model.safetensors_io import weight_files
 
     folder = resolve_model_folder(name)
     config = read_model_config(folder)
+    source = gguf_source(name)
+    if source is not None:
+        return config, gguf_weight_bytes(source, weights, DTYPE_BYTES[weight_dtype]), name
     return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name
+
+
+def gguf_weight_bytes(source: Path, weights: str, float_bytes: int) -> int:
+    from edge_runtime.model.gguf_int4 import planned_weight_bytes
+    from edge_runtime.model.gguf_tensors import GGUFTensors
+
+    if weights != "fp32":
+        return planned_weight_bytes(source)
+    return sum(float_bytes * math.prod(i.shape) for i in GGUFTensors(source).infos.values())
 
 
 def format_plan(plan) -> str:

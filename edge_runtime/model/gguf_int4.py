@@ -34,6 +34,11 @@ from edge_runtime.quant.gguf_blocks import UnsupportedType, grouped_rows
 from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, compatible, describe
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
+# GGUF type -> (bits, group size, parameter bytes, offsets) of its runtime form (quant/gguf_blocks.py)
+_RUNTIME_FORM = {"Q4_0": (4, 32, 2, True), "Q4_1": (4, 32, 2, True), "Q4_K": (4, 32, 4, True),
+                 "Q8_0": (8, 32, 2, False)}
+_FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up",
+          "ffn_up": "ffn_gate_up"}
 
 
 def rope_order(rows: int, heads: int) -> torch.Tensor:
@@ -145,6 +150,28 @@ def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -
     else:
         model.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def planned_weight_bytes(gguf_path: Path) -> int:
+    """The bytes `build_gguf_model` will hold for this file, from its tensor table alone (plan and
+    the budgets): blocked integers and parameters per fused linear, floats as float32. A type
+    the loader refuses counts as float32 (it is refused at load, with its name)."""
+    from edge_runtime.quant.int4_format import blocked_nbytes
+
+    groups: dict[str, list] = {}
+    total = 0
+    for info in GGUFTensors(gguf_path).infos.values():
+        if info.type_name not in _RUNTIME_FORM or len(info.shape) != 2:
+            total += 4 * int(np.prod(info.shape))
+            continue
+        parts = info.name.split(".")
+        key = ".".join(_FUSED.get(p, p) for p in parts)
+        groups.setdefault(key, []).append(info)
+    for infos in groups.values():
+        rows = sum(i.shape[0] for i in infos)
+        total += blocked_nbytes(*_RUNTIME_FORM[infos[0].type_name][:1], rows, infos[0].shape[1],
+                                *_RUNTIME_FORM[infos[0].type_name][1:])
+    return total
 
 
 def _stderr_bar(total: int):
