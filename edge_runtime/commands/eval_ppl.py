@@ -135,7 +135,12 @@ def hf_perplexity(loaded, windows: list[list[int]]) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
+    from edge_runtime.model.loader import fp32_folder
+
+    folder = loaded.path
+    if loaded.quantization.startswith("gguf-"):  # served from a GGUF's blocks: its float32 folder
+        folder = fp32_folder(json.loads((folder / "config.json").read_text())["edge_runtime_source"])
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     total, count = 0.0, 0
     for i, w in enumerate(windows):
         print(f"\reval-ppl [transformers fp32] window {i + 1}/{len(windows)}", end="",
