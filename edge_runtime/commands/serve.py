@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from edge_runtime.model.weights_option import add_weights_option
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -21,6 +23,7 @@ def register(subparsers) -> None:
                                                  "(default: smollm2-135m-instruct)")
     p.add_argument("--socket", help="Unix socket path (default: the budget's service.socket)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_weights_option(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
 
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     state = ServiceState(limits, _served_name(model))
 
     def loader():
-        return load_all(model, args.config, limits, guard_config, args.device)
+        return load_all(model, args.config, limits, guard_config, args.device, args.weights)
 
     server = Server(state, sock, loader, SystemdNotifier(), owns_path=owns)
     return asyncio.run(server.run())

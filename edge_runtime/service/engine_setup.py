@@ -55,13 +55,13 @@ def check_budget(model_name: str, config_path: str | None) -> None:
 
 
 def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
-             guard_config: GuardConfig, device: str = "cpu") -> Loaded:
+             guard_config: GuardConfig, device: str = "cpu", weights: str = "auto") -> Loaded:
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
     from edge_runtime.model.loader import load_model
 
     check_budget(model_name, config_path)
-    loaded = load_model(model_name, device=device)
+    loaded = load_model(model_name, device=device, weights=weights)
     engine = Engine(loaded, engine_config(config_path, limits, loaded, device))
     aengine = AsyncEngine(engine)
     guard = None
