@@ -65,6 +65,13 @@ def margins(model, prompt: list[int], output: list[int]) -> list[float]:
     return (top[:, 0] - top[:, 1]).tolist()
 
 
+def print_row(r: dict) -> None:
+    there = "" if r["margin_there"] is None else f"{r['margin_there']:.4f}"
+    print(f"| {r['prompt']!r} | {r['prompt_tokens']} | {r['tokens']} | {r['equal']} | "
+          f"{'' if r['first_difference'] is None else r['first_difference']} | {there} | "
+          f"{r['min_margin']:.4f} |", flush=True)
+
+
 def main() -> int:
     from edge_runtime.bench.edge_systems import build_engine
     from edge_runtime.model.loader import load_model
@@ -80,6 +87,8 @@ def main() -> int:
     engines = {name: build_engine(lm, "edge", max_tokens=2048) for name, lm in
                (("gguf", quant), ("fp32", ref))}
     rows = []
+    print("| prompt | prompt tok | gen tok | equal | first diff | fp32 margin there | min margin |")
+    print("|---|---:|---:|---|---:|---:|---:|", flush=True)
     for label, ids in project_prompts(quant.tokenizer):
         outs = {name: greedy(e, ids, args.max_tokens) for name, e in engines.items()}
         a, b = outs["gguf"], outs["fp32"]
@@ -90,13 +99,7 @@ def main() -> int:
                      "first_difference": first,
                      "margin_there": None if first is None or first >= len(m) else m[first],
                      "min_margin": min(m)})
-    print("| prompt | prompt tok | gen tok | equal | first diff | fp32 margin there | min margin |")
-    print("|---|---:|---:|---|---:|---:|---:|")
-    for r in rows:
-        there = "" if r["margin_there"] is None else f"{r['margin_there']:.4f}"
-        print(f"| {r['prompt']!r} | {r['prompt_tokens']} | {r['tokens']} | {r['equal']} | "
-              f"{'' if r['first_difference'] is None else r['first_difference']} | {there} | "
-              f"{r['min_margin']:.4f} |")
+        print_row(rows[-1])
     equal = sum(r["equal"] for r in rows)
     print(f"{equal}/{len(rows)} greedy outputs equal ({args.max_tokens} tokens max)")
     if args.json:
