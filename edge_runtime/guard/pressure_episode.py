@@ -57,10 +57,10 @@ class Episode:
     def __init__(self, cfg: EpisodeConfig, cgroup: ChildCgroup) -> None:
         from edge_runtime.engine.config import EngineConfig
         from edge_runtime.engine.engine import Engine
-        from edge_runtime.model.loader import load_model
+        from edge_runtime.engine.placement import load_for, resolve
 
         self.cfg, self.cgroup = cfg, cgroup
-        self.engine = Engine(load_model(cfg.model),
+        self.engine = Engine(load_for(cfg.model, resolve("cpu")),  # prepared for the CPU back end
                              EngineConfig(num_pages=cfg.num_pages, max_num_seqs=cfg.clients))
         self.clients = ClosedLoopClients(self.engine, cfg.clients, cfg.max_tokens,
                                          cfg.prompt_tokens, cfg.shared_tokens)
