@@ -3,8 +3,9 @@
 Why: with the linears reading weights at the machine's bandwidth (c-blocked), the per-layer torch
 ops and Python around them were half of a batch-1 step (docs/perf.md, "CPU decode step").
 
-`FusedDecoder.for_model(model)` exists when every layer of a CausalLM was packed with the c-blocked
-backend (model/linear_packing.py) and the C library is built; `EDGE_RUNTIME_CPU_FUSED=0` turns it
+`FusedDecoder.for_model(model)` exists when every layer's linears are c-blocked fp32 (PackedLinear,
+model/linear_packing.py) or blocked quantized (QuantLinear, kernels/cpu_int4.py) and the C library
+is built; `EDGE_RUNTIME_CPU_FUSED=0` turns it
 off (A/B runs, tests). `CausalLM.forward` uses it for a step whose KV context offers
 `native_decode_args()` (engine/flat_kv.py: the CPU back end, int8 or fp16 KV, every new token a
 row of the C attention: decode tokens and prefill chunks alike); any other step runs the layers in
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from edge_runtime import env
+from edge_runtime.kernels.cpu_int4 import BlockedWeight, QuantLinear, blocked_weight_struct
 
 if TYPE_CHECKING:
     from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
@@ -31,9 +33,9 @@ ENV_SWITCH = env.CPU_FUSED
 
 
 class LayerWeights(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "input_norm", "post_norm", "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "gate_up_b",
-        "down_w", "down_b")]
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p)] + [
+        (name, BlockedWeight if name.endswith("_w") else ctypes.c_void_p)
+        for name in ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "gate_up_b", "down_w", "down_b")]
 
 
 class DecoderDims(ctypes.Structure):
@@ -95,14 +97,15 @@ class FusedDecoder:
             a, m = layer.self_attn, layer.mlp
             tensors = dict(input_norm=layer.input_layernorm.weight.detach(),
                            post_norm=layer.post_attention_layernorm.weight.detach(),
-                           qkv_w=a.qkv_proj.packed, qkv_b=a.qkv_proj.bias, o_w=a.o_proj.packed,
-                           o_b=a.o_proj.bias, gate_up_w=m.gate_up_proj.packed,
-                           gate_up_b=m.gate_up_proj.bias, down_w=m.down_proj.packed,
+                           qkv_b=a.qkv_proj.bias, o_b=a.o_proj.bias, gate_up_b=m.gate_up_proj.bias,
                            down_b=m.down_proj.bias)
             for name, t in tensors.items():
                 assert t is None or (t.dtype == torch.float32 and t.is_contiguous()), name
                 setattr(slot, name, _ptr(t))
-            self._keep.append(tensors)
+            for name, mod in (("qkv_w", a.qkv_proj), ("o_w", a.o_proj),
+                              ("gate_up_w", m.gate_up_proj), ("down_w", m.down_proj)):
+                setattr(slot, name, blocked_weight_struct(mod))  # fp32 or quantized blocks
+            self._keep.append((tensors, a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj))
 
     @classmethod
     def for_model(cls, model) -> "FusedDecoder | None":
@@ -119,7 +122,8 @@ class FusedDecoder:
             a, m = layer.self_attn, layer.mlp
             mods = (getattr(a, "qkv_proj", None), getattr(a, "o_proj", None),
                     getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None))
-            if not all(isinstance(x, PackedLinear) and x.kind == "c-blocked" for x in mods):
+            if not all((isinstance(x, PackedLinear) and x.kind == "c-blocked")
+                       or isinstance(x, QuantLinear) for x in mods):
                 return None
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
             if any(w.dtype != torch.float32 for w in norms):

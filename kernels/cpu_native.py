@@ -30,8 +30,8 @@ from edge_runtime import env
 from edge_runtime.paths import cache_dir
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "decoder_ops.h",
-                        "decoder.c", "argmax.c")]
+           for name in ("edge_runtime_cpu.h", "flat_kv.c", "linear_f32.c", "linear_int4.c",
+                        "decoder_ops.h", "decoder.c", "argmax.c")]
 ENV_SWITCH = env.CPU_NATIVE
 # build for another target than this machine, e.g. `haswell` or `x86-64-v3` to measure here what
 # an AVX2-only machine gets (docs/kernels.md, "AVX2 builds"); default: native

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from edge_runtime.model.contiguous_kv import ContiguousKVCache
-from edge_runtime.model.loader import DEFAULT_MODEL, load_model, resolve_model_folder
+from edge_runtime.model.loader import DEFAULT_MODEL, fp32_folder, load_model, resolve_model_folder
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json")
@@ -22,8 +22,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 @functools.lru_cache(maxsize=1)
 def smollm2():
-    """Our LoadedModel of the default model (float32)."""
-    return load_model(DEFAULT_MODEL)
+    """Our LoadedModel of the default model from its float32 conversion (`--weights fp32`, what
+    transformers computes too)."""
+    return load_model(DEFAULT_MODEL, weights="fp32")
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_gguf():
+    """Our LoadedModel of the default model served from its own Q4_1/Q8_0 blocks (the default)."""
+    return load_model(DEFAULT_MODEL, weights="gguf")
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,7 +38,8 @@ def smollm2_hf():
     """transformers' model loaded from the same converted folder (float32, eval)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(smollm2().path), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(fp32_folder(DEFAULT_MODEL)),
+                                                dtype=torch.float32).eval()
 
 
 def copy_tokenizer(folder: Path) -> None:

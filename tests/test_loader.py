@@ -17,7 +17,7 @@ from edge_runtime import cli
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model import gguf_convert
 from edge_runtime.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from edge_runtime.model.loader import DEFAULT_MODEL, load_model, resolve_model_folder
+from edge_runtime.model.loader import DEFAULT_MODEL, fp32_folder, load_model, resolve_model_folder
 
 
 @pytest.fixture(scope="module")
@@ -390,11 +390,15 @@ def test_gguf_conversion_on_a_full_disk_is_one_clear_error(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_default_model_cache_is_reused():
-    first = resolve_model_folder(DEFAULT_MODEL)  # converts on a fresh machine
-    messages = []
-    assert resolve_model_folder(DEFAULT_MODEL, progress=messages.append) == first
-    assert messages == []  # nothing converted the second time
-    assert (first / "model.safetensors").is_file() and (first / "chat_template.jinja").is_file()
+    """Both caches of the built-in GGUF: config + tokenizer (what serving its blocks needs, no
+    weights) and the float32 folder (--weights fp32)."""
+    for resolve, weights in ((resolve_model_folder, False), (fp32_folder, True)):
+        first = resolve(DEFAULT_MODEL)  # converts on a fresh machine
+        messages = []
+        assert resolve(DEFAULT_MODEL, progress=messages.append) == first
+        assert messages == []  # nothing converted the second time
+        assert (first / "model.safetensors").is_file() == weights
+        assert (first / "chat_template.jinja").is_file() and (first / "tokenizer.json").is_file()
 
 
 def run_cli(capsys, *argv):

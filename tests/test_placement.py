@@ -53,3 +53,25 @@ def test_a_model_prepared_for_one_back_end_is_refused_by_the_other():
     prepare_model(cpu_model.model, CpuBackend(torch.device("cpu")))  # again: nothing to do
     with pytest.raises(ConfigError, match="prepared for the cpu back end"):
         Engine(cpu_model, EngineConfig(device="cpu", backend="cuda"))
+
+
+def test_weights_option_per_back_end_and_a_model_packed_for_the_cpu_kernels():
+    from types import SimpleNamespace
+
+    from edge_runtime.engine.backend import CudaBackend
+    from edge_runtime.engine.placement import Placement, model_weights
+
+    cpu, cuda = Placement("cpu", "cpu", "fp32"), Placement("cuda", "cuda", "fp16")
+    assert [model_weights(cpu, w) for w in ("auto", "gguf", "fp32")] == ["auto", "gguf", "fp32"]
+    assert model_weights(cuda, "auto") == model_weights(cuda, "fp32") == "fp32"  # float conversion
+    with pytest.raises(ConfigError, match="CPU back end only"):
+        model_weights(cuda, "gguf")
+    # a GGUF served from its blocks arrives packed: the CPU back end takes it as it is ...
+    packed = SimpleNamespace(prepared_for=None, linears_packed=30, fused_decoder=None)
+    prepare_model(packed, CpuBackend(torch.device("cpu")))
+    assert (packed.prepared_for, packed.linears_packed) == ("cpu", 30)
+    # ... the CUDA back end, which does not run that format, refuses it
+    packed = SimpleNamespace(prepared_for=None, linears_packed=30, fused_decoder=None)
+    with pytest.raises(ConfigError, match="packed for the CPU kernels"):
+        prepare_model(packed, CudaBackend(torch.device("cpu")))
+    assert packed.prepared_for is None

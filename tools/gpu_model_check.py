@@ -23,11 +23,11 @@ import torch  # noqa: E402
 import model_helpers as mh  # noqa: E402
 
 if "--make-assets" in sys.argv:
-    from edge_runtime.model.loader import DEFAULT_MODEL, resolve_model_folder
+    from edge_runtime.model.loader import DEFAULT_MODEL, fp32_folder
 
     dst = Path(sys.argv[sys.argv.index("--make-assets") + 1])
     dst.mkdir(parents=True, exist_ok=True)
-    src_dir = resolve_model_folder(DEFAULT_MODEL)
+    src_dir = fp32_folder(DEFAULT_MODEL)
     for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(src_dir / n, dst / n)
     shutil.copy(src_dir / "config.json", dst / "smol_config.json")

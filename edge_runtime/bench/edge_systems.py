@@ -4,6 +4,7 @@
 - `edge-noshare`: the same engine with the prefix cache and the inline path off (every request
   prefills its whole prompt into private pages).
 - `edge-fp16kv`: int8 -> fp16 KV, everything else as `edge`.
+- `edge-fp32w`: `edge` on float32 weights (a GGUF's float32 conversion) instead of its own blocks.
 And the `hf` baseline (bench/hf_backend.py) on the same converted fp32 weights.
 
 KV bytes held, sampled after every engine step (the step is wrapped, so each sample sees a
@@ -27,7 +28,11 @@ SYSTEM_FLAGS = {  # system -> (kv_dtype, prefix cache, inline path)
     "edge": ("int8", True, True),
     "edge-noshare": ("int8", False, False),
     "edge-fp16kv": ("fp16", True, True),
+    "edge-fp32w": ("int8", True, True),
 }
+# system -> its weights (bench/edge_systems.load); the others take the run's (default "auto": a
+# GGUF's own blocks). edge-fp32w is `edge` on the float32 weights, the reference.
+SYSTEM_WEIGHTS = {"edge-fp32w": "fp32"}
 
 
 def _progress(msg: str) -> None:
@@ -35,11 +40,16 @@ def _progress(msg: str) -> None:
 
 
 def load(model: str, weights: str | None = None, device: str = "auto", backend: str | None = None):
-    """The model loaded and prepared for its back end (engine/placement.py); weights: the weight
-    dtype (None: the back end's)."""
+    """The model loaded and prepared for its back end (engine/placement.py). weights: "auto" or
+    "gguf" (a GGUF's own blocks on the CPU back end, model/gguf_int4.py; auto is the float
+    conversion in the back end's dtype on the CUDA back end), "fp32" | "fp16" | "bf16" (float
+    weights in that dtype; a GGUF converted first), None: float weights in the back end's dtype."""
     from edge_runtime.engine.placement import load_for, resolve
 
-    return load_for(model, resolve(device, backend, weight_dtype=weights), progress=_progress)
+    if weights in ("auto", "gguf"):
+        return load_for(model, resolve(device, backend), progress=_progress, weights=weights)
+    return load_for(model, resolve(device, backend, weight_dtype=weights), progress=_progress,
+                    weights="fp32")
 
 
 def describe_backend(device: str = "auto", backend: str | None = None) -> dict:
@@ -53,9 +63,9 @@ def describe_backend(device: str = "auto", backend: str | None = None) -> dict:
 
 def load_hf_backend(model: str, model_path: str | None = None):
     from edge_runtime.bench.hf_backend import HFBackend
-    from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
+    from edge_runtime.model.loader import fp32_folder, load_tokenizer
 
-    folder = resolve_model_folder(model_path or model, _progress)
+    folder = fp32_folder(model_path or model, _progress)  # transformers reads float weights
     return HFBackend(folder, load_tokenizer(folder))
 
 
@@ -157,7 +167,8 @@ class EdgeBackend:
 
     @classmethod
     def create(cls, model: str, system: str, opts: dict) -> "EdgeBackend":
-        loaded = load(model, opts.get("weights"), opts.get("device", "auto"), opts.get("backend"))
+        loaded = load(model, SYSTEM_WEIGHTS.get(system, opts.get("weights", "auto")),
+                      opts.get("device", "auto"), opts.get("backend"))
         engine = build_engine(loaded, system, num_pages=opts.get("num_pages") or 32,
                               page_tokens=opts.get("page_tokens"),
                               recent_window=opts.get("recent_window"))

@@ -218,7 +218,9 @@ def _progress(msg: str) -> None:
 def run(args) -> int:
     from edge_runtime.bench.bandwidth import BandwidthProbe
     from edge_runtime.bench.edge_systems import build_engine, check_pool, load
+    from edge_runtime.bench.weights_compare import bench_interleaved, parse_weights
 
+    forms = parse_weights(args.weights)
     batches = parse_int_list(args.batch, "--batch")
     prompts = parse_int_list(args.prompt_tokens, "--prompt-tokens")
     check_min(args, gen_tokens=2, repeat=1, recent_window=0)
@@ -232,15 +234,25 @@ def run(args) -> int:
     probe = BandwidthProbe(size_mib=args.bandwidth_mib)
     bw = probe.measure()
     _progress(f"read {bw.read_gbps:.1f} GB/s, copy {bw.copy_gbps:.1f} GB/s; loading {args.model}...")
-    loaded = load(args.model, args.weights, args.device, args.backend)
-    engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype,
-                          max_batch=max(batches), max_tokens=max(prompts) + args.gen_tokens,
-                          recent_window=args.recent_window)
+    systems = {}
+    for form in forms:
+        loaded = load(args.model, form, args.device, args.backend)
+        systems[form] = (build_engine(loaded, "edge", kv_dtype=args.kv_dtype,
+                                      max_batch=max(batches), max_tokens=max(prompts) + args.gen_tokens,
+                                      recent_window=args.recent_window), loaded)
+    engine, loaded = systems[forms[0]]
     rng = random.Random(args.seed)
     rows = []
+    measure = lambda: probe.measure(repeats=3)  # noqa: E731
     for p in prompts:
-        rows += bench_prompt(engine, loaded, batches, p, args.gen_tokens, args.repeat, rng,
-                             _progress, measure=lambda: probe.measure(repeats=3))
+        if len(forms) > 1:
+            rows += bench_interleaved(systems, batches, p, args.gen_tokens, args.repeat, rng,
+                                      _progress, measure)
+        else:
+            rows += bench_prompt(engine, loaded, batches, p, args.gen_tokens, args.repeat, rng,
+                                 _progress, measure=measure)
+    if len(forms) > 1:
+        return _report_forms(args, systems, rows, bw)
     readings = [x["read_gbps"] for r in rows for pair in r["bandwidth"] for x in pair]
     print(f"model {args.model} ({loaded.weight_bytes / 1e6:.0f} MB weights, "
           f"quantization {loaded.quantization}), KV {args.kv_dtype}"
@@ -262,11 +274,34 @@ def run(args) -> int:
     return 0
 
 
+def _report_forms(args, systems: dict, rows: list[dict], bw) -> int:
+    """Several weight forms: one table with a weights column, and their ratios."""
+    from edge_runtime.bench.weights_compare import format_weight_ratios, weight_ratios
+
+    for form, (_, loaded) in systems.items():
+        print(f"{form}: {loaded.weight_bytes / 1e6:.1f} MB weights, quantization {loaded.quantization}")
+    table = [{"weights": r["weights"], **t} for r, t in zip(rows, table_rows(rows))]
+    print(markdown_table(table, [Column("weights", "weights")] + COLUMNS))
+    ratios = weight_ratios(rows)
+    print("\n".join(format_weight_ratios(ratios)))
+    if args.json:
+        write_json(args.json, {"bench": "engine", "model": args.model, "kv_dtype": args.kv_dtype,
+                               "weights": {f: {"weight_bytes": lm.weight_bytes,
+                                               "quantization": lm.quantization}
+                                           for f, (_, lm) in systems.items()},
+                               "backend": next(iter(systems.values()))[0].backend.describe(),
+                               "bandwidth": bw.to_dict(), "rows": rows, "weight_ratios": ratios})
+    return 0
+
+
 def register_subcommand(subparsers) -> None:
     p = subparsers.add_parser("engine", help="prefill/decode tokens/s per batch size vs the roofline")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--weights", default=None, choices=["fp32", "fp16", "bf16"],
-                   help="dtype of the (unquantized) weights (default: the back end's)")
+    p.add_argument("--weights", default="auto",
+                   help="comma-separated weight forms, run interleaved and compared: gguf (a GGUF's "
+                        "own 4-bit blocks, CPU back end), fp32 / fp16 / bf16 (float weights), auto "
+                        "(the default: gguf on the CPU back end, the back end's float dtype on "
+                        "the CUDA one)")
     add_placement_arguments(p)
     p.add_argument("--batch", default="1,2,5", help="comma-separated batch sizes")
     p.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths")

@@ -72,7 +72,7 @@ def run(args) -> int:
     set_threads(args.threads)
     bw = measure_bandwidth(size_mib=args.bandwidth_mib)
     print(f"[bench linear] read {bw.read_gbps:.1f} GB/s; loading {args.model}...", file=sys.stderr)
-    loaded = load_model(args.model, progress=None)  # dense: this bench packs its own copies
+    loaded = load_model(args.model, progress=None, weights="fp32")  # dense: this bench packs its own copies
     weight_bytes = sum(m.weight.numel() * 4 for m in _dense_chain(loaded.model))
     results = []
     kinds = packed_kinds()

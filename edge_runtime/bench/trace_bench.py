@@ -20,7 +20,8 @@ from edge_runtime.bench.stats import ratio
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
 
-SYSTEMS = ("edge", "edge-noshare", "edge-fp16kv", "hf")
+SYSTEMS = ("edge", "edge-noshare", "edge-fp16kv", "hf", "edge-fp32w")
+DEFAULT_SYSTEMS = ("edge", "edge-noshare", "edge-fp16kv", "hf")
 
 COLUMNS = [
     Column("system", "system"), Column("requests", "req"),
@@ -47,6 +48,9 @@ TARGETS = [
     ("edge/edge-noshare TTFT p95", "edge", "edge-noshare", "ttft_p95_s", "<=", 1 / 5),
     ("edge/edge-noshare peak KV", "edge", "edge-noshare", "peak_kv_bytes", "<=", 0.80),
     ("edge/edge-fp16kv peak KV", "edge", "edge-fp16kv", "peak_kv_bytes", "<=", 0.55),
+    # served from a GGUF's 4-bit blocks vs its float32 conversion (decode: >= 2.5x tokens/s)
+    ("edge/edge-fp32w TPOT p50", "edge", "edge-fp32w", "tpot_p50_s", "<=", 1 / 2.5),
+    ("edge/edge-fp32w peak RSS", "edge", "edge-fp32w", "peak_rss_bytes", "<=", 1.0),
 ]
 
 
@@ -303,7 +307,7 @@ def register_subcommand(subparsers) -> None:
     p = subparsers.add_parser("trace", help="closed-loop multi-stream trace replay vs baselines")
     p.add_argument("--trace", help="JSONL trace (tools/gen_trace.py); required unless --from-json")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help=f"comma-separated subset of {', '.join(SYSTEMS)}")
     p.add_argument("--streams", type=int, default=None, help="replay only the first N streams")
     p.add_argument("--target", help="unix:PATH or http://HOST:PORT of an OpenAI-compatible server "

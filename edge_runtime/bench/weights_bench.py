@@ -99,7 +99,7 @@ def run(args) -> int:
     check_min(args, prompt_tokens=1, gen_tokens=1, repeat=1, threads=1)
     if args.threads:
         torch.set_num_threads(args.threads)
-    models = {"fp32": load_model(args.model), "awq": load_model(args.awq)}
+    models = {"fp32": load_model(args.model, weights="fp32"), "awq": load_model(args.awq)}
     if models["awq"].quantization == "none":
         raise ConfigError(f"{args.awq} is not an AWQ checkpoint; make one with `edge-runtime quantize`")
     rows = _measure(models, batches, args)

@@ -24,6 +24,7 @@ from pathlib import Path
 from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError, RequestError
+from edge_runtime.model.weights_option import add_weights_option
 
 CHAT_PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.",
@@ -44,6 +45,7 @@ def register(subparsers) -> None:
                               "the engine's paged KV", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model name or path")
     p.add_argument("--text", action="append", required=True, help="text file (repeat to concatenate)")
+    add_weights_option(p)
     p.add_argument("--kv-dtype", default="int8,fp32",
                    help="comma-separated KV dtypes to evaluate (int8, fp16, fp32)")
     p.add_argument("--window", type=int, default=1024, help="tokens per window (default 1024)")
@@ -137,7 +139,12 @@ def hf_perplexity(loaded, windows: list[list[int]]) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
+    from edge_runtime.model.loader import fp32_folder
+
+    folder = loaded.path
+    if loaded.quantization.startswith("gguf-"):  # served from a GGUF's blocks: its float32 folder
+        folder = fp32_folder(json.loads((folder / "config.json").read_text())["edge_runtime_source"])
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     total, count = 0.0, 0
     for i, w in enumerate(windows):
         print(f"\reval-ppl [transformers fp32] window {i + 1}/{len(windows)}", end="",
@@ -229,7 +236,7 @@ def run(args) -> int:
         check_output_file(args.out, "--out")  # before the evaluation, not after it
     text = _read_texts(args.text)
     placement = resolve(args.device, args.backend)
-    loaded = load_for(args.model, placement)
+    loaded = load_for(args.model, placement, weights=args.weights)
     _check_model_fits(loaded, args)
     ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     _check_vocabulary(ids, loaded.config.vocab_size)
@@ -243,7 +250,8 @@ def run(args) -> int:
         settings["recent_window"] = recent
     if not args.centred_keys:
         settings["centred_keys"] = False
-    report = {"model": args.model, "text": args.text, "tokens": len(ids), "window": args.window,
+    report = {"model": args.model, "weights": loaded.quantization, "text": args.text,
+              "tokens": len(ids), "window": args.window,
               "windows": len(windows), "page_tokens": args.page_tokens,
               "chunk": args.chunk or args.window,
               "recent_window": DEFAULT_WINDOW_TOKENS if recent is None else recent,

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments  # no torch import
+from edge_runtime.model.weights_option import add_weights_option
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # == edge_runtime.model.loader.DEFAULT_MODEL (no torch import here)
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -42,6 +43,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="activation/weight dtype (default: the back end's, engine/placement.py)")
     add_placement_arguments(p)
+    add_weights_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     # engine backend (edge_runtime/engine/cli_backend.py)
     p.add_argument("--kv-dtype", choices=["int8", "fp16", "fp32"], default=None,
@@ -128,9 +130,9 @@ def build_backend(args):
 
     placement = placement_of(args)
     _log(f"loading model {args.model} for the {placement.backend} back end on {placement.device} "
-         f"({placement.weight_dtype}) ...")
+         f"({placement.weight_dtype}, --weights {args.weights}) ...")
     start = time.perf_counter()
-    loaded = load_for(args.model, placement)
+    loaded = load_for(args.model, placement, weights=args.weights)
     args.placement = placement
     _log(f"model ready in {time.perf_counter() - start:.1f} s "
          f"({loaded.weight_bytes / 2**20:.0f} MiB of weights)")

@@ -11,8 +11,11 @@ hand-set values instead.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
+
+from edge_runtime.model.weights_option import add_weights_option
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 _DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
@@ -36,6 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=("cpu", "cuda"), default=None,
                    help="the back end (default: the device's); it decides the weight dtype: the "
                         "budget's weight_dtype on CUDA, fp32 on the CPU back end")
+    add_weights_option(p)
     p.set_defaults(func=run)
 
 
@@ -55,18 +59,23 @@ def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
     return total
 
 
-def model_for_plan(name: str, weight_dtype: str):
-    """(model config or shape, weight bytes, display name)."""
+def model_for_plan(name: str, weight_dtype: str, weights: str = "auto"):
+    """(model config or shape, weight bytes, display name). A GGUF model counts what serving it
+    holds: its blocks in the runtime's int4/int8 form (model/gguf_int4.py; `weights` "auto" or
+    "gguf"), or with "fp32" every tensor at `weight_dtype`; neither converts the file."""
     from edge_runtime.plan import DTYPE_BYTES, REFERENCE_MODELS, estimate_weight_bytes
 
     if name in REFERENCE_MODELS:
         shape = REFERENCE_MODELS[name]
         return shape, estimate_weight_bytes(shape, weight_dtype), f"{name} (reference shape)"
-    from edge_runtime.model.loader import read_model_config, resolve_model_folder
+    from edge_runtime.model.loader import gguf_source, read_model_config, resolve_model_folder
     from edge_runtime.model.safetensors_io import weight_files
 
     folder = resolve_model_folder(name)
     config = read_model_config(folder)
+    source = gguf_source(name)
+    if source is not None:
+        return config, gguf_weight_bytes(source, weights, DTYPE_BYTES[weight_dtype]), name
     return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name
 
 
@@ -103,14 +112,24 @@ def format_unit_limits(u: dict) -> str:
     return "\n".join(f"{k:<48}  {v}" for k, v in rows)
 
 
-def format_plan(plan, placement) -> str:
+def gguf_weight_bytes(source: Path, weights: str, float_bytes: int) -> int:
+    from edge_runtime.model.gguf_int4 import planned_weight_bytes
+    from edge_runtime.model.gguf_tensors import GGUFTensors
+
+    if weights != "fp32":
+        return planned_weight_bytes(source)
+    return sum(float_bytes * math.prod(i.shape) for i in GGUFTensors(source).infos.values())
+
+
+def format_plan(plan, placement, weights_form: str | None = None) -> str:
+    """weights_form: what the weight bytes are (default: the placement's weight dtype)."""
     mib = 2**20
     rows = [
         ("budget / model", f"{plan.budget_name} / {plan.model_name}"),
         ("device / back end", f"{placement.device} / {placement.backend}"),
         ("device memory", f"{plan.device_memory / mib:,.0f} MiB"),
         ("reserved (os + other + activations)", f"{plan.reserved / mib:,.0f} MiB"),
-        (f"weights ({placement.weight_dtype})", f"{plan.weight_bytes / mib:,.1f} MiB ({plan.weight_bytes:,} bytes)"),
+        (f"weights ({weights_form or placement.weight_dtype})", f"{plan.weight_bytes / mib:,.1f} MiB ({plan.weight_bytes:,} bytes)"),
         (f"KV bytes per token ({plan.kv_dtype})", f"{plan.kv_bytes_per_token:,}"),
         (f"bytes per page ({plan.page_tokens} tokens)", f"{plan.bytes_per_page:,}"),
         (f"inline arena ({plan.inline_slots} x {plan.inline_tokens} tokens)",
@@ -136,11 +155,12 @@ def run(args) -> int:
     if args.page_tokens is not None:  # 0 too: it is not "absent"
         check_page_size(budget, args.page_tokens, args.kv_dtype or budget.kv_dtype,
                         "--page-tokens")
-    from edge_runtime.engine.placement import resolve
+    from edge_runtime.engine.placement import model_weights, resolve
 
     placement = resolve(args.device, args.backend, budget, need_device=False)
+    weights = model_weights(placement, args.weights)
     print(f"reading model {args.model} ...", file=sys.stderr)
-    config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype)
+    config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype, weights)
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
     unit = unit_limits_for(budget, plan, args.memory_high, args.memory_max)
     backend = describe_backend(placement)
@@ -148,11 +168,22 @@ def run(args) -> int:
         print(json.dumps({**plan.as_dict(), **placement.describe(), "unit_limits": unit,
                           "kernel_backends": backend}, indent=2))
     else:
-        print(format_plan(plan, placement))
+        print(format_plan(plan, placement, weights_form(args.model, weights)))
         print(format_unit_limits(unit))
         print(f"kernels of the {backend['backend']} back end: "
               + ", ".join(f"{op}={b}" for op, b in backend["kernels"].items()))
     return 0
+
+
+def weights_form(name: str, weights: str) -> str | None:
+    """"gguf blocks" when the plan counts a GGUF's own blocks, else None (the weight dtype)."""
+    from edge_runtime.plan import REFERENCE_MODELS
+
+    if weights == "fp32" or name in REFERENCE_MODELS:
+        return None
+    from edge_runtime.model.loader import gguf_source
+
+    return "gguf blocks" if gguf_source(name) is not None else None
 
 
 def describe_backend(placement) -> dict:

@@ -118,7 +118,7 @@ def _quantize(args, out: Path, texts: list[str] | None) -> int:
 
     start = time.perf_counter()
     device = pick_device(args.device)
-    lm = load_model(args.model, device=device)
+    lm = load_model(args.model, device=device, weights="fp32")  # a GGUF: its float conversion
     if lm.quantization != "none":
         raise ConfigError(f"{args.model} is already quantized ({lm.quantization}); give a float model")
     _check_context(args, lm.config)

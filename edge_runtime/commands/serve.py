@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
+from edge_runtime.model.weights_option import add_weights_option
 
 
 def register(subparsers) -> None:
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
                                                  "(default: smollm2-135m-instruct)")
     p.add_argument("--socket", help="Unix socket path (default: the budget's service.socket)")
     add_placement_arguments(p)
+    add_weights_option(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
 
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     state = ServiceState(limits, _served_name(model))
 
     def loader():
-        return load_all(model, args.config, limits, guard_config, args.device, args.backend)
+        return load_all(model, args.config, limits, guard_config, args.device, args.backend,
+                        args.weights)
 
     server = Server(state, sock, loader, SystemdNotifier(), owns_path=owns)
     return asyncio.run(server.run())

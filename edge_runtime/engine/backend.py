@@ -80,7 +80,13 @@ class CudaBackend:
 
     def prepare_model(self, model) -> None:
         """Nothing to convert: the loader already placed the weights in the back end's dtype
-        (placement.load_for) and AWQ layers in the W4A16 kernel's layout."""
+        (placement.load_for) and AWQ layers in the W4A16 kernel's layout. A model packed for
+        the CPU kernels (a GGUF served from its int4 blocks, fp32 c-blocked linears) is refused:
+        this back end does not run that format."""
+        if getattr(model, "linears_packed", 0):
+            raise ConfigError("this model's linears are packed for the CPU kernels (a GGUF served "
+                              "from its int4 blocks, or c-blocked fp32); the CUDA back end loads "
+                              "a GGUF's float conversion: load it with --weights fp32 (or auto)")
 
     def context(self, storage, steps, sm_scale: float):
         from edge_runtime.engine.paged_kv import PagedKVContext

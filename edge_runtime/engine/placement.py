@@ -9,7 +9,9 @@ Every command that runs the model takes `--device auto|cpu|cuda[:N]` and `--back
 - weight dtype: the CUDA back end on a GPU loads the budget's `weight_dtype` (fp16 on the Orin
   budgets; fp16 without a budget); the CPU back end, and the CUDA back end on CPU tensors (the
   Triton interpreter, for tests), load fp32. AWQ layers stay int4 either way.
-`load_for` loads a model for a placement and prepares it for its back end.
+`load_for` loads a model for a placement and prepares it for its back end. `--weights` (a GGUF's
+own int4 blocks or its float conversion) is separate: auto means the blocks on the CPU back end and
+the float conversion in the weight dtype on the CUDA back end (`model_weights`).
 """
 
 from __future__ import annotations
@@ -98,14 +100,28 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def load_for(model: str, placement: Placement, progress=None):
-    """The model loaded for `placement` and prepared for its back end (engine/backend.py)."""
+def model_weights(placement: Placement, weights: str = "auto") -> str:
+    """`--weights` for this placement (model/weights_option.py): auto is a GGUF's own blocks on
+    the CPU back end and its float conversion (in the placement's weight dtype) on the CUDA back
+    end, which does not run the int4 CPU format; gguf on the CUDA back end is refused."""
+    if placement.backend != "cuda":
+        return weights
+    if weights == "gguf":
+        raise ConfigError("--weights gguf runs on the CPU back end only (the CUDA back end loads "
+                          "a GGUF's float conversion); use --weights auto or fp32 with --backend "
+                          "cuda, or --backend cpu")
+    return "fp32"
+
+
+def load_for(model: str, placement: Placement, progress=None, weights: str = "auto"):
+    """The model loaded for `placement` and prepared for its back end (engine/backend.py);
+    weights: `--weights` (model_weights says what it means on each back end)."""
     from edge_runtime.engine.backend import prepare_model, select_backend
     from edge_runtime.model.loader import load_model
 
     kwargs = {} if progress is None else {"progress": progress}
     awq = "awq-gemm" if placement.backend == "cuda" else None  # the W4A16 kernel's layout
     loaded = load_model(model, dtype=placement.torch_dtype, device=placement.device,
-                        awq_backend=awq, **kwargs)
+                        awq_backend=awq, weights=model_weights(placement, weights), **kwargs)
     prepare_model(loaded.model, select_backend(placement.backend, placement.device))
     return loaded

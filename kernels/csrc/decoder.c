@@ -25,10 +25,11 @@
 
 typedef struct {
     const float *input_norm, *post_norm;  /* [hidden] */
-    const float *qkv_w, *qkv_b;           /* blocked [(H + 2 Hkv) D] x hidden; bias or NULL */
-    const float *o_w, *o_b;               /* blocked [hidden] x H D */
-    const float *gate_up_w, *gate_up_b;   /* blocked [2 I] x hidden (gate rows, then up rows) */
-    const float *down_w, *down_b;         /* blocked [hidden] x I */
+    /* blocked weights, fp32 or quantized (edge_runtime_cpu.h, blocked_weight); biases or NULL */
+    blocked_weight qkv_w;     const float *qkv_b;     /* [(H + 2 Hkv) D] x hidden */
+    blocked_weight o_w;       const float *o_b;       /* [hidden] x H D */
+    blocked_weight gate_up_w; const float *gate_up_b; /* [2 I] x hidden (gate rows, then up rows) */
+    blocked_weight down_w;    const float *down_b;    /* [hidden] x I */
 } layer_weights;
 
 typedef struct {
@@ -140,7 +141,7 @@ static void share_of(const step_plan *p, const flat_part *parts, float *norms, i
 /* RMSNorm of the residual into the thread's own copy, then its q/k/v blocks */
 static void qkv_phase(const step_plan *p, const thread_share *s, const layer_weights *w) {
     rms_norm(p->x, w->input_norm, s->h, p->R, p->Hd, p->dm->eps);
-    linear_blocks_f32(w->qkv_w, w->qkv_b, s->h, p->Hd, p->qkv, p->QKV, p->QKV, p->Hd, p->R,
+    linear_blocks(&w->qkv_w, w->qkv_b, s->h, p->Hd, p->qkv, p->QKV, p->QKV, p->Hd, p->R,
                       s->qb0, s->qb1);
 }
 
@@ -179,10 +180,9 @@ static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) 
  * unchanged within the spread (docs/perf.md, "Tenth session"). */
 #define READ_AHEAD_BYTES (1 << 20)
 #define READ_AHEAD_MAX_STEP 4
-/* append output blocks [b0, b1) of a blocked matrix with K inputs (BN x K floats per block) */
-static void add_blocks(read_ahead *a, const float *w, int64_t K, int64_t b0, int64_t b1) {
-    a->begin[a->n] = (const char *)(w + b0 * K * BN);
-    a->end[a->n] = (const char *)(w + b1 * K * BN);
+/* append output blocks [b0, b1) of a blocked matrix with K inputs */
+static void add_blocks(read_ahead *a, const blocked_weight *w, int64_t K, int64_t b0, int64_t b1) {
+    weight_block_bytes(w, K, b0, b1, &a->begin[a->n], &a->end[a->n]);
     a->left += (a->end[a->n] - a->begin[a->n] + 63) / 64;
     a->n++;
 }
@@ -191,10 +191,10 @@ static void read_ahead_plan(const step_plan *p, const thread_share *s, int64_t l
     const layer_weights *w = p->lw + l;
     a->n = a->i = 0;
     a->left = 0;
-    add_blocks(a, w->o_w, p->H * p->D, s->hb0, s->hb1);
-    add_blocks(a, w->gate_up_w, p->Hd, s->g0, s->g1);
-    if (p->paired) add_blocks(a, w->gate_up_w, p->Hd, p->I / BN + s->g0, p->I / BN + s->g1);
-    add_blocks(a, w->down_w, p->I, s->hb0, s->hb1);
+    add_blocks(a, &w->o_w, p->H * p->D, s->hb0, s->hb1);
+    add_blocks(a, &w->gate_up_w, p->Hd, s->g0, s->g1);
+    if (p->paired) add_blocks(a, &w->gate_up_w, p->Hd, p->I / BN + s->g0, p->I / BN + s->g1);
+    add_blocks(a, &w->down_w, p->I, s->hb0, s->hb1);
     a->cur = a->begin[0];
     if (a->left > READ_AHEAD_BYTES / 64) a->left = READ_AHEAD_BYTES / 64;
     const int64_t visits = s->key_visits;
@@ -235,9 +235,9 @@ static void attention_phase(const step_plan *p, thread_share *s, int64_t l) {
 
 /* the thread's o_proj or down_proj blocks (weights w, bias b, input X of width K), added into
  * the residual's columns they cover */
-static void out_proj_phase(const step_plan *p, const thread_share *s, const float *w,
+static void out_proj_phase(const step_plan *p, const thread_share *s, const blocked_weight *w,
                            const float *b, const float *X, int64_t K) {
-    linear_blocks_f32(w, b, X, K, p->y, p->Hd, p->Hd, K, p->R, s->hb0, s->hb1);
+    linear_blocks(w, b, X, K, p->y, p->Hd, p->Hd, K, p->R, s->hb0, s->hb1);
     add_columns(p->x, p->y, p->R, p->Hd, s->hc0, s->hc1);
 }
 
@@ -246,11 +246,11 @@ static void out_proj_phase(const step_plan *p, const thread_share *s, const floa
 static void gate_up_phase(const step_plan *p, const thread_share *s, const layer_weights *w) {
     const int64_t I = p->I;
     rms_norm(p->x, w->post_norm, s->h, p->R, p->Hd, p->dm->eps);
-    linear_blocks_f32(w->gate_up_w, w->gate_up_b, s->h, p->Hd, p->gu, 2 * I, 2 * I, p->Hd, p->R,
-                      s->g0, s->g1);
+    linear_blocks(&w->gate_up_w, w->gate_up_b, s->h, p->Hd, p->gu, 2 * I, 2 * I, p->Hd, p->R,
+                  s->g0, s->g1);
     if (!p->paired) return;
-    linear_blocks_f32(w->gate_up_w, w->gate_up_b, s->h, p->Hd, p->gu, 2 * I, 2 * I, p->Hd, p->R,
-                      I / BN + s->g0, I / BN + s->g1);
+    linear_blocks(&w->gate_up_w, w->gate_up_b, s->h, p->Hd, p->gu, 2 * I, 2 * I, p->Hd, p->R,
+                  I / BN + s->g0, I / BN + s->g1);
     silu_mul(p->gu, p->act, p->R, I, s->g0 * BN, s->g1 * BN);
 }
 
@@ -309,7 +309,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
             END_PHASE(1);
             attention_phase(&p, &s, l);
             END_PHASE(2);
-            out_proj_phase(&p, &s, w->o_w, w->o_b, p.attn, H * D);
+            out_proj_phase(&p, &s, &w->o_w, w->o_b, p.attn, H * D);
             END_PHASE(3);
             gate_up_phase(&p, &s, w);
             if (!p.paired) { /* silu * up once every gate/up column is there */
@@ -317,7 +317,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
                 silu_mul(p.gu, p.act, R, I, s.c0, s.c1);
             }
             END_PHASE(4);
-            out_proj_phase(&p, &s, w->down_w, w->down_b, p.act, I);
+            out_proj_phase(&p, &s, &w->down_w, w->down_b, p.act, I);
             END_PHASE(5);
         }
         (void)t;

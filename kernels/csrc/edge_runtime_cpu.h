@@ -92,6 +92,24 @@ void linear_blocks_f32(const float *Wb, const float *bias, const float *X, int64
 int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64_t ldx, float *Y,
                        int64_t ldy, int64_t N, int64_t K, int64_t R, int nthreads);
 
+/* A blocked linear weight of any kind (linear_int4.c): bits 32: fp32 [NB][K][16] (linear_f32.c);
+ * 4: uint8 [NB][K][8], byte j of (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high);
+ * 8: int8 [NB][K][16]. W = scale * q + offset per group of `group` inputs, scales and offsets
+ * [NB][K / group][16] in fp16 (params_f32 0) or fp32; offsets NULL: zero. */
+typedef struct {
+    const void *data;
+    const void *scales, *offsets;
+    int32_t bits, group, params_f32, reserved;
+} blocked_weight;
+
+/* Output blocks [b0, b1) of any blocked weight for all R rows (one thread's share). */
+void linear_blocks(const blocked_weight *wt, const float *bias, const float *X, int64_t ldx,
+                   float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0, int64_t b1);
+
+/* [*begin, *end): the integer bytes of output blocks [b0, b1) of a weight with K inputs. */
+void weight_block_bytes(const blocked_weight *wt, int64_t K, int64_t b0, int64_t b1,
+                        const char **begin, const char **end);
+
 /* The calling thread's number in its OpenMP team, and the team's size (0 and 1 without OpenMP). */
 #ifdef _OPENMP
 #include <omp.h>

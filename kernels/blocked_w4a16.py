@@ -1,0 +1,87 @@
+"""W4A16 (and W8A16) GEMM on the runtime's blocked quantized format, read directly.
+
+The format is quant/int4_format.py's `BlockedQuantWeight`, the one the CPU kernels read
+(kernels/csrc/linear_int4.c): blocks of 16 output rows; 4-bit data uint8 [NB, K, 8], byte j of
+(b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high); 8-bit data int8 [NB, K, 16];
+scales / offsets [NB, K / G, 16] fp16 or fp32 (offsets None: zero). W[n, k] = s q + o.
+So a GGUF Q4_0 / Q4_1 / Q4_K or AutoAWQ model converted once serves both back ends from the same
+bytes. y = x @ W^T, x [M, K] -> y [M, N] in x's dtype, fp32 accumulation.
+
+`blocked_gemm_ref` is the plain-torch reference (dequantize, matmul in fp32); `blocked_gemm_triton`
+the kernel: a tile of BLOCK_M rows x BLOCK_N outputs (a whole number of 16-row blocks) walks K in
+steps of BLOCK_K, expands each weight tile from its bytes (each byte is read for its two nibbles),
+applies the tile's group parameters (BLOCK_K divides the group size) and multiplies with tl.dot.
+Status: tested under TRITON_INTERPRET=1 against the reference on tiny shapes; not tuned or timed on
+a GPU (the speed work belongs to the GPU issues).
+"""
+from __future__ import annotations
+
+import torch
+
+from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def blocked_gemm_ref(x: torch.Tensor, weight: BlockedQuantWeight) -> torch.Tensor:
+    """x [M, K] -> [M, N] (x's dtype): the dequantized weight, matmul in fp32."""
+    assert x.dim() == 2 and x.shape[1] == weight.in_features, (tuple(x.shape), weight.in_features)
+    w = weight.dequantize().to(x.device)  # [N, K]
+    return (x.float() @ w.t()).to(x.dtype)
+
+
+if triton is not None:
+    @triton.jit
+    def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, y_ptr, M, N, K, KG, group_size,
+                             s_xm, s_ym, BITS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_NT: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+        cols = pid_n * BLOCK_NT + tl.arange(0, BLOCK_NT)  # [BN]: output rows of W
+        block, lane = cols // 16, cols % 16
+        ks = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_NT), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + ks  # [BK]
+            x = tl.load(x_ptr + rows[:, None] * s_xm + k[None, :],
+                        mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
+            if BITS == 4:  # [BK, BN] bytes, each holding two rows' nibbles
+                byte = tl.load(data_ptr + block[None, :] * K * 8 + k[:, None] * 8 + lane[None, :] % 8,
+                               mask=k[:, None] < K, other=0)
+                q = ((byte.to(tl.int32) >> ((lane[None, :] // 8) * 4)) & 0xF).to(tl.float32)
+            else:
+                q = tl.load(data_ptr + block[None, :] * K * 16 + k[:, None] * 16 + lane[None, :],
+                            mask=k[:, None] < K, other=0).to(tl.float32)
+            g = k0 // group_size  # BLOCK_K divides the group size: one group per step
+            param = block * KG * 16 + g * 16 + lane  # [BN]
+            w = q * tl.load(sc_ptr + param).to(tl.float32)[None, :]
+            if HAS_OFFSETS:
+                w = w + tl.load(off_ptr + param).to(tl.float32)[None, :]
+            if x.dtype == tl.float32:
+                acc += tl.dot(x, w, input_precision="ieee")
+            else:
+                acc += tl.dot(x, w.to(x.dtype))
+        tl.store(y_ptr + rows[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def blocked_gemm_triton(x: torch.Tensor, weight: BlockedQuantWeight, *, block_m: int = 16,
+                        block_n: int = 32, block_k: int = 32) -> torch.Tensor:
+    """x [M, K] (fp16 / bf16 / fp32, contiguous rows) -> [M, N] in x's dtype."""
+    m, k = x.shape
+    g = weight.group_size
+    assert k == weight.in_features and x.stride(1) == 1, (tuple(x.shape), weight.in_features)
+    assert block_n % BLOCK_N == 0 and g % block_k == 0, (block_n, block_k, g)
+    n = weight.out_features
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    offsets = weight.offsets if weight.offsets is not None else weight.scales  # unread then
+    grid = (triton.cdiv(m, block_m), triton.cdiv(weight.data.shape[0] * BLOCK_N, block_n))
+    _blocked_gemm_kernel[grid](x, weight.data, weight.scales, offsets, y, m, n, k, k // g, g,
+                               x.stride(0), y.stride(0), BITS=weight.bits,
+                               HAS_OFFSETS=weight.offsets is not None, BLOCK_M=block_m,
+                               BLOCK_NT=block_n, BLOCK_K=block_k)
+    return y

@@ -1,0 +1,171 @@
+"""Linears and embeddings over quantized weights on the CPU (kernels/csrc/linear_int4.c).
+
+`QuantLinear` holds one `BlockedQuantWeight` (quant/int4_format.py: 4-bit or 8-bit integers,
+per-group scale and offset, blocks of 16 output rows) and computes y = x W^T + b:
+- up to GEMM_MIN_ROWS rows (decode steps, short prefills): linear_int4.c's kernel reads the 4-bit
+  weights directly, 12 (AVX-512) or 6 rows a pass. Its outputs equal the fp32 kernel's
+  (linear_f32.c) over the dequantized weights bit for bit: the same multiply-adds in the same order.
+- more rows (prefill chunks): blocks are dequantized into an fp32 tile of at most TILE_FLOATS
+  (dequant_blocks_q) and multiplied by BLAS, tile by tile; the dequantized values are exact, only the
+  summation order is BLAS's.
+- no C library: the plain-torch reference (`reference_forward`), dequantizing per call.
+`QuantEmbedding` reads token rows from the same blocked weight (a tied LM head and its embedding
+share it, as cpu_linear.BlockedEmbedding does for fp32).
+`blocked_weight_struct(module)` is what decoder.c gets for a QuantLinear or a c-blocked PackedLinear.
+
+Invariant: the module's buffers are exactly the weight bytes it holds (loader.weight_bytes_of
+counts them; nothing else is kept).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
+
+GEMM_MIN_ROWS = 32  # as cpu_linear.GEMM_MIN_ROWS: from here on BLAS over dequantized tiles
+TILE_FLOATS = 1 << 19  # 2 MiB of fp32 per dequantized tile
+
+
+class BlockedWeight(ctypes.Structure):
+    """linear_int4.c's blocked_weight."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("offsets", ctypes.c_void_p), ("bits", ctypes.c_int32), ("group", ctypes.c_int32),
+                ("params_f32", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
+def declare(lib) -> None:
+    """The argument types of linear_int4.c's entry points (once per library)."""
+    if lib.linear_blocked_q.argtypes is not None:
+        return
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.linear_blocked_q.restype = ctypes.c_int
+    lib.linear_blocked_q.argtypes = [ctypes.POINTER(BlockedWeight), ptr, ptr, i64, ptr, i64, i64,
+                                     i64, i64, ctypes.c_int]
+    lib.dequant_blocks_q.restype = ctypes.c_int
+    lib.dequant_blocks_q.argtypes = [ctypes.POINTER(BlockedWeight), i64, i64, i64, ptr,
+                                     ctypes.c_int]
+
+
+def _library():
+    from edge_runtime.kernels import cpu_native
+
+    lib = cpu_native.library()
+    if lib is not None:
+        declare(lib)
+    return lib
+
+
+def blocked_weight_struct(module: nn.Module) -> BlockedWeight:
+    """The C view of a QuantLinear's or a c-blocked PackedLinear's weight."""
+    if isinstance(module, QuantLinear):
+        return module.c_weight()
+    assert getattr(module, "kind", None) == "c-blocked", module
+    return BlockedWeight(module.packed.data_ptr(), None, None, 32, 1, 0, 0)
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + b with W a BlockedQuantWeight; `out_splits`: the output sizes of the fused
+    parts (q, k, v / gate, up), as PackedLinear."""
+
+    def __init__(self, weight: BlockedQuantWeight, bias: torch.Tensor | None = None,
+                 out_splits: tuple[int, ...] | None = None):
+        super().__init__()
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+        self.bits, self.group_size = weight.bits, weight.group_size
+        self.out_splits = out_splits or (self.out_features,)
+        assert sum(self.out_splits) == self.out_features, (self.out_splits, self.out_features)
+        self.register_buffer("data", weight.data, persistent=False)
+        self.register_buffer("scales", weight.scales, persistent=False)
+        self.register_buffer("offsets", weight.offsets, persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous(),
+                             persistent=False)
+        self._lib = _library()
+
+    @property
+    def weight(self) -> BlockedQuantWeight:
+        return BlockedQuantWeight(self.data, self.scales, self.offsets, self.bits, self.group_size,
+                                  self.out_features, self.in_features)
+
+    def c_weight(self) -> BlockedWeight:
+        return BlockedWeight(self.data.data_ptr(), self.scales.data_ptr(),
+                             None if self.offsets is None else self.offsets.data_ptr(), self.bits,
+                             self.group_size, int(self.scales.dtype == torch.float32), 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., in_features] float32 -> [..., out_features] float32."""
+        assert x.dtype == torch.float32 and x.shape[-1] == self.in_features, (x.dtype, x.shape)
+        rows = x.reshape(-1, self.in_features)
+        if self._lib is None:
+            out = self.reference_forward(rows)
+        elif rows.shape[0] >= GEMM_MIN_ROWS:
+            out = self._gemm(rows)
+        else:
+            out = self.c_kernel(rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def c_kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows: [M, in_features] -> [M, out_features] through linear_int4.c whatever M."""
+        k, n = self.in_features, self.out_features
+        if rows.stride(1) != 1 or rows.stride(0) < k:
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], n, dtype=torch.float32)
+        if rows.shape[0]:
+            weight = self.c_weight()
+            rc = self._lib.linear_blocked_q(
+                ctypes.byref(weight), None if self.bias is None else self.bias.data_ptr(),
+                rows.data_ptr(), rows.stride(0), out.data_ptr(), n, n, k, rows.shape[0],
+                torch.get_num_threads())
+            assert rc == 0, f"linear_blocked_q returned {rc}"
+        return out
+
+    def dequantized_blocks(self, b0: int, b1: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Blocks [b0, b1) as fp32 [b1 - b0, K, 16] (linear_int4.c's dequant_blocks_q)."""
+        k = self.in_features
+        tile = torch.empty(b1 - b0, k, BLOCK_N) if out is None else out[: (b1 - b0) * k * BLOCK_N]
+        weight = self.c_weight()
+        rc = self._lib.dequant_blocks_q(ctypes.byref(weight), k, b0, b1, tile.data_ptr(),
+                                        torch.get_num_threads())
+        assert rc == 0, f"dequant_blocks_q returned {rc}"
+        return tile.view(b1 - b0, k, BLOCK_N)
+
+    def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        """Many rows: dequantize tiles of blocks and multiply them by BLAS, [M, K] @ [nb, K, 16]."""
+        m, k, n = rows.shape[0], self.in_features, self.out_features
+        nb = self.data.shape[0]
+        per_tile = max(1, TILE_FLOATS // (k * BLOCK_N))
+        buffer = torch.empty(min(nb, per_tile) * k * BLOCK_N)
+        out = torch.empty(m, nb * BLOCK_N)
+        for b0 in range(0, nb, per_tile):
+            b1 = min(nb, b0 + per_tile)
+            tile = self.dequantized_blocks(b0, b1, buffer)
+            out[:, b0 * BLOCK_N: b1 * BLOCK_N] = torch.matmul(rows, tile).permute(1, 0, 2).reshape(m, -1)
+        out = out[:, :n]
+        return out + self.bias if self.bias is not None else out.contiguous()
+
+    def reference_forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(rows, self.weight.dequantize(), self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_splits={self.out_splits}, "
+                f"{self.weight.describe()} blocked x16")
+
+
+class QuantEmbedding(nn.Module):
+    """Token rows of a QuantLinear's weight (a tied LM head): ids long [...] -> float32
+    [..., embedding_dim], the same values as the dequantized table."""
+
+    def __init__(self, head: QuantLinear):
+        super().__init__()
+        self.head = [head]  # not a submodule: the head owns the tensors, this only reads them
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.head[0].weight.rows_of(ids.reshape(-1))
+        return rows.view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, shared with the quantized LM head"

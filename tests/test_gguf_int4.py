@@ -1,0 +1,80 @@
+"""The built-in model served from its own GGUF blocks (model/gguf_int4.py) against its float32
+conversion (`--weights fp32`), and the GGUF tensor table reader (model/gguf_tensors.py) against
+gguf.GGUFReader."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edge_runtime.errors import ModelLoadError
+from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
+from edge_runtime.model.gguf_int4 import planned_weight_bytes, rope_order
+from edge_runtime.model.gguf_tensors import GGUFTensors
+from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source, load_model, weight_bytes_of
+from model_helpers import our_logits, random_ids, smollm2, smollm2_gguf
+
+
+def _builtin():
+    try:
+        return gguf_source(DEFAULT_MODEL)
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+
+
+def test_tensor_table_and_bytes_match_gguf_reader():
+    gguf = pytest.importorskip("gguf")
+    path = _builtin()
+    ours = GGUFTensors(path)
+    reader = gguf.GGUFReader(path)
+    assert set(ours.infos) == {t.name for t in reader.tensors}
+    for t in reader.tensors[:12] + reader.tensors[-3:]:
+        info = ours.info(t.name)
+        assert info.type_name == t.tensor_type.name
+        assert info.nbytes == t.n_bytes
+        assert np.array_equal(ours[t.name], np.asarray(t.data)), t.name
+
+
+def test_truncated_file_is_refused(tmp_path):
+    path = _builtin()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: 5_000_000])
+    with pytest.raises(ModelLoadError, match="truncated|re-download"):
+        GGUFTensors(cut)
+
+
+def test_rope_order_undoes_llama_cpp_permutation():
+    """llama.cpp writes row (h, 2 i + j) for HF row (h, j half + i); rope_order maps back."""
+    heads, dim = 3, 8
+    hf = torch.arange(heads * dim)
+    gguf_rows = hf.view(heads, 2, dim // 2).transpose(1, 2).reshape(-1)  # convert_hf_to_gguf permute
+    assert torch.equal(gguf_rows[rope_order(heads * dim, heads)], hf)
+
+
+def test_unknown_weights_option_and_gguf_on_a_folder_are_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match="unknown --weights"):
+        load_model(DEFAULT_MODEL, weights="int3")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="needs a .gguf model"):
+        load_model(str(tmp_path), weights="gguf")
+
+
+@pytest.mark.slow
+def test_builtin_model_from_its_blocks_computes_the_fp32_model():
+    """Every weight dequantizes to the fp32 folder's value, so logits agree to summation order;
+    resident weights stay near the file's tensor bytes."""
+    quant, ref = smollm2_gguf(), smollm2()
+    model = quant.model
+    assert quant.quantization == "gguf-Q4_1"
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.bits == 8  # the file's Q8_0
+    assert isinstance(model.model.embed_tokens, QuantEmbedding)
+    assert model.fused_decoder is not None
+    file_bytes = sum(i.nbytes for i in GGUFTensors(_builtin()).infos.values())
+    assert quant.weight_bytes <= 1.15 * file_bytes, (quant.weight_bytes, file_bytes)
+    rope_tables = weight_bytes_of(model.model.rotary_emb)
+    assert planned_weight_bytes(_builtin()) == quant.weight_bytes - rope_tables  # what plan counts
+    for n in (5, 40):  # the C kernel (< 32 rows) and the BLAS tiles
+        ids = random_ids(n, quant.config.vocab_size, seed=n)
+        got, want = our_logits(model, ids), our_logits(ref.model, ids)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))

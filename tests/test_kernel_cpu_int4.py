@@ -1,0 +1,138 @@
+"""linear_int4.c through kernels/cpu_int4.py: against the plain-torch reference (quant/int4_format.py)
+at several shapes, ragged ones included, every row count 1-12 and larger; bit for bit against the
+fp32 kernel (linear_f32.c) over the dequantized weights; in the native, AVX2 and baseline-ISA
+builds."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from edge_runtime.kernels import cpu_int4, cpu_native
+from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
+from edge_runtime.kernels.cpu_linear import PackedLinear
+from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows
+from native_helpers import portable_library
+
+pytestmark = pytest.mark.skipif(cpu_native.library() is None, reason="kernels/csrc not built")
+
+
+def random_rows(n: int, k: int, bits: int = 4, group: int = 32, param_dtype=torch.float16,
+                offsets: bool = True, seed: int = 0) -> GroupedRows:
+    g = torch.Generator().manual_seed(seed)
+    if bits == 4:
+        q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    else:
+        q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).half()
+    if param_dtype == torch.float32:  # as the sources' (d sc, AWQ's s): s q exact in fp32
+        scales = scales.float() * torch.randint(1, 64, scales.shape, generator=g)
+    off = (torch.randn(n, k // group, generator=g) * 0.05).to(param_dtype) if offsets else None
+    return GroupedRows(q, scales, off, bits, group)
+
+
+def quant_linear(rows: GroupedRows, bias: bool = False, seed: int = 0) -> QuantLinear:
+    b = torch.randn(rows.shape[0], generator=torch.Generator().manual_seed(seed + 1)) if bias else None
+    return QuantLinear(BlockedQuantWeight.from_rows(rows), b)
+
+
+def fp32_twin(mod: QuantLinear) -> PackedLinear:
+    """The c-blocked fp32 linear over the dequantized weights."""
+    lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None)
+    with torch.no_grad():
+        lin.weight.copy_(mod.weight.dequantize())
+        if mod.bias is not None:
+            lin.bias.copy_(mod.bias)
+    return PackedLinear([lin], kind="c-blocked")
+
+
+CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
+    (16, 64, 4, 32, torch.float16, True, False),
+    (37, 96, 4, 32, torch.float16, True, True),  # ragged N: a partial last block
+    (200, 256, 4, 64, torch.float32, True, False),  # AWQ / Q4_K parameters
+    (72, 256, 4, 128, torch.float16, True, True),
+    (51, 128, 8, 32, torch.float16, False, False),  # Q8_0
+    (24, 64, 8, 16, torch.float32, True, True),
+]
+
+
+@pytest.mark.parametrize("n,k,bits,group,pdtype,offsets,bias", CASES)
+def test_kernel_matches_reference_and_fp32_kernel_bit_for_bit(n, k, bits, group, pdtype, offsets, bias):
+    mod = quant_linear(random_rows(n, k, bits, group, pdtype, offsets, seed=n + k), bias, seed=n)
+    twin = fp32_twin(mod)
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(k))
+    for m in list(range(1, 13)) + [13, 25, 40]:
+        got = mod.c_kernel(x[:m])
+        ref = mod.reference_forward(x[:m])  # summation order differs: tolerance by magnitude
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
+        want = twin.c_kernel(x[:m])
+        assert torch.equal(got, want), (m, (got - want).abs().max(), (got != want).sum())
+
+
+@pytest.mark.parametrize("n,k,bits,group,pdtype,offsets,bias", CASES[:3] + CASES[4:5])
+def test_prefill_tiles_and_forward_dispatch(n, k, bits, group, pdtype, offsets, bias, monkeypatch):
+    mod = quant_linear(random_rows(n, k, bits, group, pdtype, offsets, seed=3), bias)
+    nb = mod.data.shape[0]
+    full = mod.weight.dequantize()
+    tile = mod.dequantized_blocks(0, nb)  # [NB, K, 16]
+    assert torch.equal(tile.transpose(1, 2).reshape(-1, k)[:n], full)
+    monkeypatch.setattr(cpu_int4, "TILE_FLOATS", 2 * k * 16)  # several tiles, a short last one
+    x = torch.randn(2, 35, k)  # 70 rows: the BLAS path
+    torch.testing.assert_close(mod(x), nn.functional.linear(x, full, mod.bias), rtol=1e-5, atol=1e-5)
+    x = torch.randn(3, k)
+    assert torch.equal(mod(x), mod.c_kernel(x))
+
+
+def test_threads_do_not_change_results():
+    mod = quant_linear(random_rows(333, 192, seed=5))
+    x = torch.randn(7, 192)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = mod.c_kernel(x)
+        torch.set_num_threads(2)
+        assert torch.equal(mod.c_kernel(x), one)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_embedding_reads_the_heads_rows():
+    head = quant_linear(random_rows(70, 64, bits=8, offsets=False, seed=9))
+    ids = torch.tensor([[0, 15, 16], [69, 8, 7]])
+    torch.testing.assert_close(QuantEmbedding(head)(ids), head.weight.dequantize()[ids], rtol=0, atol=0)
+
+
+@functools.lru_cache(maxsize=1)
+def _avx2_library() -> ctypes.CDLL:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    target = Path(tempfile.mkdtemp(prefix="edge-runtime-avx2-")) / "edge_runtime_cpu_avx2.so"
+    flags = [f for f in cpu_native.CFLAGS if f != "-march=native"] + ["-march=haswell"]
+    cpu_native.compile_to(compiler, target, flags)
+    return cpu_native.declare(ctypes.CDLL(str(target)))
+
+
+@pytest.mark.parametrize("build", ["avx2", "baseline"])
+def test_other_builds_compute_the_same(build):
+    """The AVX2 path (two 8-lane halves, F16C) and the plain-C one (no AVX2, no F16C: what other
+    CPUs compile) against the native build."""
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64 builds")
+    lib = _avx2_library() if build == "avx2" else portable_library()
+    cpu_int4.declare(lib)
+    for n, k, bits, group, pdtype, offsets, bias in CASES:
+        mod = quant_linear(random_rows(n, k, bits, group, pdtype, offsets, seed=k), bias)
+        x = torch.randn(13, k)
+        native = mod.c_kernel(x)
+        mod._lib = lib
+        other = mod.c_kernel(x)
+        # no FMA there: the same sums rounded twice per term
+        torch.testing.assert_close(other, native, rtol=1e-5, atol=1e-6 * float(native.abs().max()))
+        tile = mod.dequantized_blocks(0, mod.data.shape[0])
+        assert torch.equal(tile.transpose(1, 2).reshape(-1, k)[:n], mod.weight.dequantize())
