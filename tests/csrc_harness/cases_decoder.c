@@ -10,9 +10,18 @@
 
 /* decoder.c's argument structs (kernels/cpu_decoder.py declares the same for ctypes) */
 typedef struct {
-    const float *input_norm, *post_norm, *qkv_w, *qkv_b, *o_w, *o_b, *gate_up_w, *gate_up_b,
-        *down_w, *down_b;
+    const float *input_norm, *post_norm;
+    blocked_weight qkv_w;     const float *qkv_b;
+    blocked_weight o_w;       const float *o_b;
+    blocked_weight gate_up_w; const float *gate_up_b;
+    blocked_weight down_w;    const float *down_b;
 } layer_weights;
+
+/* an fp32 blocked weight (bits 32: linear_f32.c's layout) */
+static blocked_weight fp32_weight(const float *data) {
+    blocked_weight w = {data, NULL, NULL, 32, 0, 0, 0};
+    return w;
+}
 
 typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
@@ -123,10 +132,10 @@ static void make_weights(step_fixture *f, rng *g) {
         layer_weights *w = &f->lw[l];
         w->input_norm = own(f, randn(g, Hd, 0.2f, 1.0f));
         w->post_norm = own(f, randn(g, Hd, 0.2f, 1.0f));
-        w->qkv_w = own(f, blocked_weights(g, QKV, Hd, 0.15f));
-        w->o_w = own(f, blocked_weights(g, Hd, m->heads * m->dim, 0.15f));
-        w->gate_up_w = own(f, blocked_weights(g, 2 * I, Hd, 0.15f));
-        w->down_w = own(f, blocked_weights(g, Hd, I, 0.15f));
+        w->qkv_w = fp32_weight(own(f, blocked_weights(g, QKV, Hd, 0.15f)));
+        w->o_w = fp32_weight(own(f, blocked_weights(g, Hd, m->heads * m->dim, 0.15f)));
+        w->gate_up_w = fp32_weight(own(f, blocked_weights(g, 2 * I, Hd, 0.15f)));
+        w->down_w = fp32_weight(own(f, blocked_weights(g, Hd, I, 0.15f)));
         if (m->bias) {
             w->qkv_b = own(f, randn(g, QKV, 0.1f, 0.0f));
             w->gate_up_b = own(f, randn(g, 2 * I, 0.1f, 0.0f));
