@@ -60,7 +60,10 @@ def test_guard_with_proc_meminfo_and_a_memory_hog(engine):
     cfg = GuardConfig(high_used_fraction=used0 + 400 * MIB / total,
                       critical_used_fraction=used0 + 800 * MIB / total,
                       hysteresis=100 * MIB / total, preempt_on_critical=1,
-                      shrink_chunks_on_critical=4)
+                      shrink_chunks_on_critical=4,
+                      # the episode may hold admission longer than the default bound; this test is
+                      # about chunks and preemption (test_guard_admission covers the bound's 503s)
+                      max_admission_pause_s=600.0)
     hooks = EngineGuardHooks(engine)
     guard = MemoryGuard(cfg, source, hooks)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -105,7 +108,12 @@ def test_guard_with_proc_meminfo_and_a_memory_hog(engine):
         assert time.monotonic() < deadline, guard.snapshot()
         time.sleep(0.1)
     assert engine.admission_gate()
-    assert guard.action_counts["chunks_regrown"] >= 1
+    # the guard regrows a chunk only once the reading with it resident stays below the high band,
+    # which the recovering MemAvailable may reach some polls after the guard is ok again
+    while guard.action_counts["chunks_regrown"] < 1:
+        assert time.monotonic() < deadline, guard.snapshot()
+        time.sleep(0.1)
+        assert guard.poll() == "ok"
     assert _rss() > rss_after + 50 * MIB  # the pool is resident again
 
     while engine.has_unfinished():
