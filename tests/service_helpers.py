@@ -223,3 +223,23 @@ def tiny_engine_state(limits: dict | None = None, **engine_cfg):
         yield state
     finally:
         aengine.shutdown()
+
+
+def fake_install_root(tmp_path: Path, python_prelude: str = "") -> tuple[dict, Path]:
+    """PATH stubs for every command tools/install-service.sh would use to change the system
+    (useradd, usermod, install, systemctl, and pip through a fake venv's python); each logs its
+    arguments to the returned log. The fake python runs `python_prelude` (shell) and then this
+    interpreter, so the installer's own planner and checks really run."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for cmd in ("useradd", "usermod", "install", "systemctl"):
+        (bin_dir / cmd).write_text(f'#!/bin/sh\necho "{cmd} $*" >>"{log}"\n')
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").write_text(
+        f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then echo "pip $*" >>"{log}"; exit 0; fi\n'
+        f'{python_prelude}exec "{sys.executable}" "$@"\n')
+    for f in [*bin_dir.iterdir(), venv / "bin/python"]:
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(tmp_path)}
+    return env, log

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from service_helpers import fake_install_root
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "tools/check_jetson_torch.py"
 
@@ -52,25 +54,13 @@ def test_nvidias_torch_new_enough_passes(tmp_path):
 
 
 def _pretend_jetson(tmp_path: Path, torch_site: Path) -> tuple[dict, Path]:
-    """Stubs for every command that changes the system (each logs its arguments) and a venv whose
-    python runs the torch check over `torch_site` and everything else with this interpreter."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
-    bin_dir.mkdir()
-    for cmd in ("useradd", "usermod", "install", "systemctl"):
-        (bin_dir / cmd).write_text(f'#!/bin/sh\necho "{cmd} $*" >>"{log}"\n')
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin/python").write_text(
-        f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then echo "pip $*" >>"{log}"; exit 0; fi\n'
-        f'case "$1" in *check_jetson_torch.py) export PYTHONPATH="{torch_site}" ;; esac\n'
-        f'exec "{sys.executable}" "$@"\n')
-    for f in [*bin_dir.iterdir(), venv / "bin/python"]:
-        f.chmod(0o755)
+    """The installer's system commands stubbed (service_helpers.fake_install_root), the torch check
+    run over `torch_site`, and a Jetson release file."""
+    env, log = fake_install_root(
+        tmp_path, f'case "$1" in *check_jetson_torch.py) export PYTHONPATH="{torch_site}" ;; esac\n')
     release = tmp_path / "nv_tegra_release"
     release.write_text("# R36 (release), REVISION: 4.3\n")
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(tmp_path),
-           "EDGE_RUNTIME_TEGRA_RELEASE": str(release)}
-    return env, log
+    return {**env, "EDGE_RUNTIME_TEGRA_RELEASE": str(release)}, log
 
 
 def _install(tmp_path: Path, env: dict) -> subprocess.CompletedProcess:

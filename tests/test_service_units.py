@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from service_helpers import fake_install_root
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent
 
@@ -152,22 +154,6 @@ def test_execstart_keeps_odd_paths_whole_and_resolves_budget_names(tmp_path):
     assert argv[5] == str(ROOT / "configs/orin/cpu-dev.yaml")
 
 
-def _fake_install_root(tmp_path: Path) -> tuple[dict, Path]:
-    """PATH stubs for every command that would change the system (useradd, usermod, install,
-    systemctl, pip); each logs its arguments. The real planner runs through the fake venv."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
-    bin_dir.mkdir()
-    for cmd in ("useradd", "usermod", "install", "systemctl"):
-        (bin_dir / cmd).write_text(f'#!/bin/sh\necho "{cmd} $*" >>"{log}"\n')
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin/python").write_text(
-        f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then echo "pip $*" >>"{log}"; exit 0; fi\n'
-        f'exec "{sys.executable}" "$@"\n')
-    for f in [*bin_dir.iterdir(), venv / "bin/python"]:
-        f.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(tmp_path)}
-    return env, log
 
 
 def _install(tmp_path: Path, env: dict, config: str) -> subprocess.CompletedProcess:
@@ -180,7 +166,7 @@ def _install(tmp_path: Path, env: dict, config: str) -> subprocess.CompletedProc
 @pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
                     reason="the install path runs only as root (every system change is stubbed)")
 def test_install_touches_etc_only_after_the_plan_and_restarts_a_running_service(tmp_path):
-    env, log = _fake_install_root(tmp_path)
+    env, log = fake_install_root(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("device_memory: nonsense\n")
     proc = _install(tmp_path, env, str(bad))
