@@ -61,7 +61,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     if req.model is not None and req.model != state.model_name:
         raise ApiError(404, f"model '{req.model}' is not served here; GET /v1/models lists "
                        f"'{state.model_name}'", "model_not_found", "model")
-    await asyncio.to_thread(_check_grammars, state, req)  # compiles (cached): off the event loop
+    if req.extras is not None and req.extras.grammar_checks:  # compiles (cached): off the loop
+        await asyncio.to_thread(_check_grammars, state, req)
     _admit(state)  # again: the state may have changed while the body arrived
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     state.book.enter(rid)
@@ -122,7 +123,7 @@ def _encode(state: ServiceState, req: ApiRequest) -> list[int]:
 
 def _check_grammars(state: ServiceState, req: ApiRequest) -> None:
     """400 naming the field whose schema (or tool list) the grammar library cannot compile."""
-    for param, spec in (req.extras.grammar_checks if req.extras is not None else ()):
+    for param, spec in req.extras.grammar_checks:
         try:
             state.engine.constraints.compiler.compile(spec)
         except RequestError as exc:
