@@ -142,7 +142,7 @@ def add_roofline(row: dict, roofs: list[float]) -> None:
 
 
 # A pair of runs whose bandwidth readings differ by more than this factor may have run on
-# different machines: this VM's two modes read ~30-35 and ~45-65 GB/s (docs/perf.md)
+# different machines: the AMD VM's two modes read ~30-35 and ~45-65 GB/s (docs/perf.md, "Machines")
 STEADY_SPREAD = 1.3
 
 

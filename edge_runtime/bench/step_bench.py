@@ -160,7 +160,7 @@ def run(args) -> int:
         before = probe.measure(repeats=3) if probe else None
         rows.append(measure(engine, loaded, b, args.prompt_tokens, args.steps, rng, profiler,
                             args.decoder_phases))
-        if probe:  # which bandwidth the phases saw (this VM's two modes: docs/perf.md)
+        if probe:  # which bandwidth the phases saw (a VM's two modes: docs/perf.md, "Machines")
             after = probe.measure(repeats=3)
             rows[-1]["read_gbps_around"] = [before.read_gbps, after.read_gbps]
     print(markdown_table(rows, COLUMNS))
