@@ -101,7 +101,7 @@ def test_guard_with_proc_meminfo_and_a_memory_hog(engine):
         hog.stdin.flush()
         hog.wait(30)
     # after the helper exits, the machine's MemAvailable recovers gradually, not at once: on the
-    # development VM it climbed back ~30 MB/s (measured 2026-11-30), so returning below high minus
+    # development VM it climbed back ~30 MB/s (measured), so returning below high minus
     # hysteresis can take over a minute there; the loop ends as soon as the guard is ok
     deadline = time.monotonic() + 180
     while guard.poll() != "ok":
