@@ -157,7 +157,7 @@ def _check_args(args) -> None:
 def run(args) -> int:
     from edge_runtime.bench.trace import load_trace
     from edge_runtime.budget import check_page_tokens
-    from edge_runtime.commands.plan import model_for_plan
+    from edge_runtime.model.weight_bytes import model_for_plan
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
     from edge_runtime.plan import kv_bytes_per_token
 
