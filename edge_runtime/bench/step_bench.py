@@ -22,7 +22,8 @@ import time
 
 from edge_runtime.bench.bandwidth import BandwidthProbe
 from edge_runtime.bench.checks import check_context, check_min, parse_int_list
-from edge_runtime.bench.engine_bench import random_prompts, set_threads
+from edge_runtime.bench.engine_bench import set_threads
+from edge_runtime.bench.engine_runs import random_prompts
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.step_phases import StepPhases
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
