@@ -36,9 +36,9 @@ def register(subparsers) -> None:
 
 
 def _ids(encoded) -> list[int]:
-    from edge_runtime.model.chat import _as_id_list
+    from edge_runtime.model.chat import as_id_list
 
-    return _as_id_list(encoded)
+    return as_id_list(encoded)
 
 
 def build_requests(trace, tokenizer, synthetic_words: int) -> dict:

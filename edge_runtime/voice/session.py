@@ -24,7 +24,7 @@ from edge_runtime.voice.actions import Dispatcher
 from edge_runtime.voice.prompting import load_system_prompt
 
 
-def _stderr(msg: str) -> None:
+def print_stderr(msg: str) -> None:
     print(f"edge-runtime voice: {msg}", file=sys.stderr, flush=True)
 
 
@@ -92,7 +92,7 @@ def _remote_engine(model: str, server: str, progress: Callable[[str], None], ret
 
 def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
                  device: str = "auto", need_asr: bool = True,
-                 progress: Callable[[str], None] = _stderr, server: str | None = None,
+                 progress: Callable[[str], None] = print_stderr, server: str | None = None,
                  backend: str | None = None) -> Runtime:
     """`server`: the Unix socket of a running `edge-runtime serve` (then no model is loaded here:
     only its tokenizer, to build the prompts)."""
@@ -167,7 +167,7 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                 events_path: Path | None = None,
                 on_event: Callable[[dict], None] | None = None,
                 on_text: Callable[[int, str], None] | None = None,
-                on_warning: Callable[[str], None] = _stderr) -> list[StreamReport]:
+                on_warning: Callable[[str], None] = print_stderr) -> list[StreamReport]:
     """Run the loop over `sources` (one per stream) to the end of every input. Ctrl-C raises
     `Interrupted` carrying the reports so far."""
     system = load_system_prompt(config.system_prompt)
