@@ -27,6 +27,8 @@ ORDINAL_SESSION = re.compile(
     r"|thirteenth|fourteenth|[0-9]+(st|nd|rd|th)) session",
     re.IGNORECASE,
 )
+ROLE_WORDS = re.compile(r"\bengineers?\b", re.IGNORECASE)  # a part labelled with who built it
+ISSUE_NUMBER = re.compile(r"\bissues? #?[0-9]+", re.IGNORECASE)
 
 
 def tracked_text_files() -> list[Path]:
@@ -142,11 +144,12 @@ def test_cited_docs_exist():
     assert not missing, "docs cited that are not in the repository:\n" + "\n".join(missing)
 
 
-@pytest.mark.parametrize("pattern", [ORDINAL_SESSION], ids=["ordinal-session"])
-def test_nothing_names_the_order_of_the_work(pattern):
+@pytest.mark.parametrize("pattern", [ORDINAL_SESSION, ROLE_WORDS, ISSUE_NUMBER],
+                         ids=["ordinal-session", "role-words", "issue-number"])
+def test_nothing_names_the_order_of_the_work_or_who_did_it(pattern):
     hits = []
     for path in tracked_text_files():
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if pattern.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
-    assert not hits, "words that name the order of the work:\n" + "\n".join(hits)
+    assert not hits, "words that name the order of the work, a role or an issue:\n" + "\n".join(hits)
