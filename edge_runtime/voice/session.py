@@ -46,14 +46,11 @@ class Runtime:
 def engine_config(num_streams: int, budget, loaded, placement):
     """`budget`: a loaded Budget (configs/orin/*.yaml) or None for the engine's defaults;
     `placement`: device and back end (engine/placement.py)."""
-    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.config import EngineConfig, budget_engine_config
 
     overrides = dict(max_num_seqs=max(8, num_streams), **placement.engine_settings())
     if budget is not None:
-        from edge_runtime.plan import make_plan
-
-        plan = make_plan(budget, loaded.config, loaded.weight_bytes, model_name=loaded.path.name)
-        return EngineConfig.from_plan(plan, **overrides)
+        return budget_engine_config(budget, loaded, overrides)[0]
     return EngineConfig(**overrides)
 
 
