@@ -24,6 +24,7 @@ MINIMAL = {
     "service": ["--model", NO_MODEL],
     "startup": ["--model", NO_MODEL],
     "step": ["--model", NO_MODEL],
+    "threads": ["--model", NO_MODEL],
     "trace": ["--model", NO_MODEL, "--trace", "/nonexistent-trace.jsonl"],
     "weights": ["--model", NO_MODEL, "--awq", NO_MODEL],
 }
@@ -83,6 +84,8 @@ BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
     ("linear-rows", ["--rows", "1,,2"], "--rows"),
     ("linear-rows", ["--copies", "0"], "--copies"),
     ("linear-rows", ["--k", "0"], "--k"),
+    ("threads", ["--rounds", "0"], "--rounds"),
+    ("threads", ["--gen", "1"], "--gen"),
     ("step", ["--prompt-tokens", "0"], "--prompt-tokens"),
     ("step", ["--steps", "2"], "--steps"),
     ("step", ["--profile", "-1"], "--profile"),
