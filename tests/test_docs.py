@@ -153,3 +153,10 @@ def test_nothing_names_the_order_of_the_work_or_who_did_it(pattern):
             if pattern.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
     assert not hits, "words that name the order of the work, a role or an issue:\n" + "\n".join(hits)
+
+
+def test_perf_doc_holds_current_numbers_not_a_log():
+    """One table per benchmark, the newest measurement of each; the history is git's."""
+    lines = (ROOT / "docs" / "perf.md").read_text().splitlines()
+    assert len(lines) < 400, f"docs/perf.md has {len(lines)} lines: replace old numbers, do not add"
+    assert not list((ROOT / "docs").glob("*.json")), "raw results belong outside docs/"
