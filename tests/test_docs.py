@@ -29,6 +29,7 @@ ORDINAL_SESSION = re.compile(
 )
 ROLE_WORDS = re.compile(r"\bengineers?\b", re.IGNORECASE)  # a part labelled with who built it
 ISSUE_NUMBER = re.compile(r"\bissues? #?[0-9]+", re.IGNORECASE)
+DATE_OF_WORK = re.compile(r"\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b|\b[0-2][0-9]:[0-5][0-9] UTC\b")
 
 
 def tracked_text_files() -> list[Path]:
@@ -144,8 +145,8 @@ def test_cited_docs_exist():
     assert not missing, "docs cited that are not in the repository:\n" + "\n".join(missing)
 
 
-@pytest.mark.parametrize("pattern", [ORDINAL_SESSION, ROLE_WORDS, ISSUE_NUMBER],
-                         ids=["ordinal-session", "role-words", "issue-number"])
+@pytest.mark.parametrize("pattern", [ORDINAL_SESSION, ROLE_WORDS, ISSUE_NUMBER, DATE_OF_WORK],
+                         ids=["ordinal-session", "role-words", "issue-number", "date"])
 def test_nothing_names_the_order_of_the_work_or_who_did_it(pattern):
     hits = []
     for path in tracked_text_files():
