@@ -1,8 +1,9 @@
 """The docs are reference: every link and cited heading resolves, nothing dates the work.
 
 Checked over README.md and docs/*.md (links, anchors, repository paths) and over every tracked
-text file (citations of a doc's heading such as `docs/perf.md, "CPU linears"`, and the words that
-name the order of the work). Pure text checks: no model, no torch.
+text file (citations of a doc's heading such as `docs/perf.md, "CPU linears"`, and words that
+name the order or dates of the work, people's roles or issue numbers). Pure text checks: no model,
+no torch.
 """
 
 import re
