@@ -12,10 +12,8 @@ mappings here and validated by their owners (GuardConfig / ServiceLimits) when i
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -23,58 +21,23 @@ from typing import Any, Mapping
 import yaml
 
 from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
+from edge_runtime.config_checks import check_concurrent_sequences, parse_bytes, short_repr
 from edge_runtime.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "configs"
 KV_DTYPES = ("int8", "fp16", "fp32")
 WEIGHT_DTYPES = ("fp16", "bf16", "fp32")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
-          "gib": 2**30}
 TOP_KEYS = {"name", "description", "device", "device_memory", "reserve", "activation_reserve",
             "weight_dtype", "kv", "inline", "max_concurrent_sequences", "stream_context_tokens",
             "guard", "service"}
 SECTION_KEYS = {"reserve": {"os", "other"},
                 "kv": {"dtype", "page_tokens", "max_pool_bytes", "recent_window", "centred_keys"},
                 "inline": {"slots", "tokens"}}
-MAX_BYTES = 2**50  # 1 PiB: any size above is a typo (and would overflow the plan's float maths)
 MAX_COUNT = 2**24  # tokens, slots: any count above is a typo
-# A step decodes one token per running sequence and holds at most EngineConfig.max_batch_tokens
-# (1024) tokens; no Orin board has memory for more sequences than that anyway.
-MAX_CONCURRENT_SEQUENCES = 1024
 WINDOW_COST = ("each running sequence holds 2 fp16 windows, so a window longer than a page costs "
                "about 4 int8 pages per sequence, and the default 16 tokens give most of the "
                "accuracy gain (docs/engine.md)")
-
-
-def parse_bytes(value: Any, where: str) -> int:
-    """An int (bytes) or a string like '64GiB', '512 MiB', '1.5GB'.
-
-    A fraction needs a unit ('4.5GiB'): a bare 4.5 would be 4 bytes, surely a missing unit."""
-    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
-        raise ConfigError(f"{where}: expected a size such as 4GiB, got {value!r}")
-    if isinstance(value, int):
-        return _size_in_range(value, value, where)
-    m = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]*)?|-?\.[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{where}: expected a size such as 4GiB or 512MiB, got {value!r}")
-    number, unit = Fraction(m.group(1)), _UNITS[m.group(2).lower()]  # exact: no float overflow
-    if unit == 1 and number.denominator != 1:
-        raise ConfigError(f"{where}: {value!r} is a fraction of a byte; add a unit "
-                          f"(e.g. {m.group(1)}GiB) or give whole bytes")
-    return _size_in_range(int(number * unit), value, where)
-
-
-def _size_in_range(size: int, value: Any, where: str) -> int:
-    if abs(size) > MAX_BYTES:
-        raise ConfigError(f"{where}: {_short(value)} is out of range (sizes go up to 1 PiB); "
-                          "give a size such as 64GiB")
-    return size
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -142,15 +105,9 @@ def check_page_tokens(page_tokens: Any, where: str) -> None:
     if (isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or page_tokens < 1
             or page_tokens & (page_tokens - 1)):
         raise ConfigError(f"{where} must be a power of two (16, 64, 256, 512...), "
-                          f"got {_short(page_tokens)}")
+                          f"got {short_repr(page_tokens)}")
     if page_tokens > MAX_COUNT:
-        raise ConfigError(f"{where} must be at most {MAX_COUNT:,}, got {_short(page_tokens)}")
-
-
-def check_concurrent_sequences(value: int, where: str) -> None:
-    if value > MAX_CONCURRENT_SEQUENCES:
-        raise ConfigError(f"{where} must be at most {MAX_CONCURRENT_SEQUENCES} (an engine step "
-                          f"decodes one token per running sequence), got {_short(value)}")
+        raise ConfigError(f"{where} must be at most {MAX_COUNT:,}, got {short_repr(page_tokens)}")
 
 
 def resolve_budget_path(name_or_path: str | Path) -> Path:
@@ -197,9 +154,9 @@ def _bool(value: Any, where: str) -> bool:
 
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: expected an integer, got {_short(value)}")
+        raise ConfigError(f"{where}: expected an integer, got {short_repr(value)}")
     if abs(value) > MAX_COUNT:
-        raise ConfigError(f"{where}: {_short(value)} is out of range (at most {MAX_COUNT:,})")
+        raise ConfigError(f"{where}: {short_repr(value)} is out of range (at most {MAX_COUNT:,})")
     return value
 
 

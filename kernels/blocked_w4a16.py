@@ -12,7 +12,7 @@ the kernel: a tile of BLOCK_M rows x BLOCK_N outputs (a whole number of 16-row b
 steps of BLOCK_K, expands each weight tile from its bytes (each byte is read for its two nibbles),
 applies the tile's group parameters (BLOCK_K divides the group size) and multiplies with tl.dot.
 Status: tested under TRITON_INTERPRET=1 against the reference on tiny shapes; not tuned or timed on
-a GPU (the speed work belongs to the GPU issues).
+a GPU yet (docs/perf-gpu.md holds the GPU figures).
 """
 from __future__ import annotations
 

@@ -33,11 +33,11 @@ BATCH_HINT = 16
 ENV_SWITCH = env.CPU_LINEAR  # auto (default) | c-blocked | onednn | dense (A/B runs)
 BLOCK_N = 16  # output rows per block of kernels/csrc/linear_f32.c
 # c-blocked: from this many rows on (prefill chunks), a batched matmul over the blocked weights
-# instead of the C kernel. On the twelfth session's Intel Xeon VM, weights cold, 576 x 3,072
-# (`python tools/linear_rows_probe.py --rows 8,32,128,512 --copies 20`, after the T0 prefetch of
+# instead of the C kernel. On an Intel Xeon VM, weights cold, 576 x 3,072
+# (`edge-runtime bench linear-rows --rows 8,32,128,512 --copies 20`, after the T0 prefetch of
 # linear_f32.c): 8 rows C 0.41 / matmul 0.49 ms, 32 rows 0.92 / 0.89, 128 rows 3.1 / 2.5, 512
-# rows 11.7 / 9.2: about even below ~32 rows, BLAS ahead above (docs/perf.md, "Twelfth session").
-# With 12-row passes on AVX-512 (thirteenth session) the C kernel is ahead up to ~32-48 rows, so
+# rows 11.7 / 9.2: about even below ~32 rows, BLAS ahead above (docs/perf.md, "bench linear").
+# With 12-row passes on AVX-512 the C kernel is ahead up to ~32-48 rows, so
 # the switch moved from 8 to 32 rows: short prefills mixed into decode steps stay in C.
 GEMM_MIN_ROWS = 32
 

@@ -2,7 +2,7 @@
 
 Why: the references (kv_write.write_kv_ref, paged_attention_ref + merge) issue ~20 small torch ops
 per segment per layer, and a decode step runs 30 layers x up to 3 segments; on a CPU that op
-overhead, not arithmetic, decided the step time (docs/perf.md, Findings 4). Here the engine computes
+overhead, not arithmetic, decided the step time (docs/perf.md, "CPU decode step"). Here the engine computes
 row indices once per step and each layer costs one index add, the gathers and one softmax.
 
 Addressing: a store tensor `[N, num_layers, P, Hkv, D]` (kv_storage layout) viewed as

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover
 
 LOG2E = 1.4426950408889634
 # Launch defaults: the best configs of the H200 sweep in docs/perf-gpu.md (run 2); gpu_check.py
-# sweeps kernels/tune_space.py again on any other card (an Orin should be re-swept).
+# sweeps tools/gpu_lab/tune_space.py again on any other card (an Orin should be re-swept).
 # fma: decode tiles with fewer than 16 query rows use FMA + reductions instead of a padded tl.dot.
 TUNE = {"block_n": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 8, "fma": False,
         "prefill_rows": 128, "prefill_block_n": 64, "prefill_warps": 8}

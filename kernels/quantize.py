@@ -1,6 +1,6 @@
 """Symmetric absmax int8 quantization of K/V, per token and head (the KV contract).
 
-Invariants (docs/interfaces.md, "Quantization"):
+Invariants (docs/interfaces.md, "KV storage layout"):
 - `scale = max|x| / 127`, rounded to fp16 for storage; a zero vector gets scale 1.
 - `q = clamp(round(x / scale16), -127, 127)` where `scale16` is the stored (fp16-rounded) scale,
   so that dequantization `q * scale16` uses exactly the scale the division used. Rounding is

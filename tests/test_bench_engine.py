@@ -10,9 +10,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_helpers import make_tiny_llama  # noqa: E402
 
-from edge_runtime.bench.engine_bench import (STEADY_SPREAD, add_roofline,  # noqa: E402
-                                             decode_ratios, format_ratios, parse_int_list,
-                                             random_prompts, table_rows)
+from edge_runtime.bench.engine_bench import (STEADY_SPREAD, decode_ratios,  # noqa: E402
+                                             format_ratios, parse_int_list, table_rows)
+from edge_runtime.bench.engine_runs import add_roofline, random_prompts  # noqa: E402
 from edge_runtime.cli import build_parser, main  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 

@@ -9,7 +9,8 @@ import json
 import pytest
 import yaml
 
-from edge_runtime.budget import MAX_CONCURRENT_SEQUENCES, budget_from_dict, load_budget
+from edge_runtime.budget import budget_from_dict, load_budget
+from edge_runtime.config_checks import MAX_CONCURRENT_SEQUENCES
 from edge_runtime.cli import main
 from edge_runtime.errors import ConfigError
 from edge_runtime.plan import REFERENCE_MODELS, make_plan
@@ -102,7 +103,8 @@ def test_section_errors_name_the_section_once(tmp_path):
 
 
 def test_service_sizes_take_units_like_the_rest_of_the_budget(tmp_path):
-    from edge_runtime.service.limits import ServiceLimits, load_sections
+    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service.sections import load_sections
 
     path = _write(tmp_path, {**BASE, "service": {"max_body_bytes": "1MiB"}})
     assert load_sections(str(path))[0].max_body_bytes == 2**20
@@ -112,7 +114,7 @@ def test_service_sizes_take_units_like_the_rest_of_the_budget(tmp_path):
 def test_service_sequences_cannot_exceed_the_planned_count(tmp_path):
     """The plan sizes the recent-key windows for the top-level count; more service sequences
     would allocate past the memory the budget planned."""
-    from edge_runtime.service.limits import load_sections
+    from edge_runtime.service.sections import load_sections
 
     path = _write(tmp_path, {**BASE, "max_concurrent_sequences": 4,
                              "service": {"max_concurrent_sequences": 5}})

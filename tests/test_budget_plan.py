@@ -14,7 +14,7 @@ import yaml
 
 from edge_runtime.budget import available_budgets, budget_from_dict, load_budget, parse_bytes
 from edge_runtime.cli import main
-from edge_runtime.commands.plan import safetensors_weight_bytes
+from edge_runtime.model.weight_bytes import safetensors_weight_bytes
 from edge_runtime.errors import ConfigError
 from edge_runtime.plan import REFERENCE_MODELS, estimate_weight_bytes, kv_bytes_per_token, make_plan
 

@@ -54,7 +54,7 @@ def test_rejects_bad_inputs():
 
 
 def test_agrees_with_quant_packing():
-    """Cross-check with the AWQ engineer's independent pack/dequantize (quant/awq_pack.py)."""
+    """Cross-check with the independently written pack/dequantize (quant/awq_pack.py)."""
     awq_pack = pytest.importorskip("edge_runtime.quant.awq_pack")
     gen = torch.Generator().manual_seed(4)
     q = torch.randint(0, 16, (64, 48), generator=gen)

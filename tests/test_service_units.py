@@ -74,7 +74,7 @@ def test_socket_unit_hands_over_a_0660_listening_socket():
 
 def test_memory_limits_come_from_the_budget_plan(tmp_path):
     from edge_runtime.budget import load_budget
-    from edge_runtime.commands.plan import model_for_plan
+    from edge_runtime.model.weight_bytes import model_for_plan
     from edge_runtime.plan import make_plan
     from edge_runtime.guard.config import GuardConfig
     from edge_runtime.service.unit_limits import RUNTIME_OVERHEAD, unit_memory_limits

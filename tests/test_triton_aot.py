@@ -3,7 +3,7 @@ time for sm_87 (Jetson Orin) and sm_90 on this GPU-less machine, within each tar
 memory per block (kernels/aot_compile.py); and every kernel the launch wrappers launch is among the
 recorded variants, so a new kernel or launch site without an entry fails here.
 
-Compiling runs in a subprocess without TRITON_INTERPRET (this session's kernels are interpreted),
+Compiling runs in a subprocess without TRITON_INTERPRET (this process's kernels are interpreted),
 in parallel processes, with Triton's cache under the edge-runtime cache folder: ~176 variants take
 a few minutes of CPU the first time, seconds after."""
 

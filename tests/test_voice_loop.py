@@ -1,7 +1,7 @@
 """End to end: espeak-ng commands for 5 streams through VAD, Whisper tiny.en and the real SmolLM2
 engine, together with 5 faulty streams and a text stream in the same run.
 
-Must show (issue 8): WER <= 10% overall on the 5 clean streams, every command answered, turns >= 2
+Must show: WER <= 10% overall on the 5 clean streams, every command answered, turns >= 2
 served mostly from the prefix cache (cached >= 80% of the prompt), and each fault (missing file,
 corrupt WAV, empty audio, 8 kHz stereo, input ending mid-utterance) confined to its stream with an
 error naming the file and the problem.

@@ -1,7 +1,7 @@
 """Alternated A/B of the C kernels (kernels/csrc) at two or more git revisions, with `bench engine`.
 
-This VM switches between two bandwidth modes every few seconds to minutes (docs/perf.md, "What the
-two bandwidth modes are"), so two builds measured one after the other can see different machines.
+This VM switches between two bandwidth modes every few seconds to minutes (docs/perf.md,
+"Machines"), so two builds measured one after the other can see different machines.
 This script runs `edge-runtime bench engine` once per variant per round, variants alternated, each
 with kernels/csrc checked out from its revision (the native library rebuilds on a source change and
 is cached per source hash, so each revision compiles once), then restores the working tree's

@@ -18,7 +18,7 @@ import torch
 
 
 def decode_rates(engine, vocab: int, rng: random.Random, gen_tokens: int) -> tuple[float, float]:
-    from edge_runtime.bench.engine_bench import random_prompts
+    from edge_runtime.bench.engine_runs import random_prompts
     from edge_runtime.engine.api import SamplingParams
 
     prompt = random_prompts(rng, vocab, set(), 1, 64)[0]

@@ -35,14 +35,14 @@ if not (Path(edge_runtime.__file__).parent / "kernels").exists():
 from edge_runtime.kernels import awq_gemm as awq  # noqa: E402
 from edge_runtime.kernels import kv_write as kvw  # noqa: E402
 from edge_runtime.kernels import paged_attention as pa  # noqa: E402
-from edge_runtime.kernels.gpu_checks import (build_pool, check_awq, check_decode, check_kv_write,  # noqa: E402
-                                             check_prefill)
-from edge_runtime.kernels.gpu_checks_v2 import check_awq_prepared, check_decode_v2  # noqa: E402
-from edge_runtime.kernels.gpu_sweep import sweep, tuned_rows  # noqa: E402
-from edge_runtime.kernels.gpu_sweep_v2 import sweep_v2  # noqa: E402
 from edge_runtime.kernels import awq_prepared as awp  # noqa: E402
 from edge_runtime.kernels import paged_decode as pd  # noqa: E402
-from edge_runtime.kernels.gpu_timing import ITERS, REPS, copy_bandwidth, log  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the gpu_lab package
+from gpu_lab.checks import (build_pool, check_awq, check_awq_prepared, check_decode,  # noqa: E402
+                            check_decode_v2, check_kv_write, check_prefill)
+from gpu_lab.sweep import sweep, sweep_v2, tuned_rows  # noqa: E402
+from gpu_lab.timing import ITERS, REPS, copy_bandwidth, log  # noqa: E402
 
 REAL = dict(heads=32, kv_heads=32, head_dim=128, page=512, seqs=5, seq_len=2000, prefix=300, prefill=256,
             awq=[(4096, 4096), (4096, 11008)], ms=[1, 2, 3, 4, 5, 8, 16, 512], group=128)

@@ -1,5 +1,5 @@
 /* Where the two vCPUs of this VM sit relative to each other, sampled over time (docs/perf.md,
- * "Eighth session"): per sample, with one thread pinned to each of CPUs 0 and 1,
+ * "Machines"): per sample, with one thread pinned to each of CPUs 0 and 1,
  *   - read bandwidth of the two threads together (each sums half of a 512 MiB buffer),
  *   - 8-wide FMAs per second on one thread and on two (independent chains, no memory),
  *   - the one-way time of a cache line between the two threads (a ping-pong on one atomic).

@@ -60,7 +60,7 @@ class _InProcess:
         from edge_runtime.engine.api import SamplingParams
         from edge_runtime.guard.config import GuardConfig
         from edge_runtime.service.engine_setup import load_all
-        from edge_runtime.service.limits import load_sections
+        from edge_runtime.service.sections import load_sections
 
         limits, _ = load_sections(args.config)
         self.loaded = load_all(args.model, args.config, limits, GuardConfig(enabled=False),

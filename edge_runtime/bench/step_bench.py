@@ -22,7 +22,8 @@ import time
 
 from edge_runtime.bench.bandwidth import BandwidthProbe
 from edge_runtime.bench.checks import check_context, check_min, parse_int_list
-from edge_runtime.bench.engine_bench import random_prompts, set_threads
+from edge_runtime.bench.engine_bench import set_threads
+from edge_runtime.bench.engine_runs import random_prompts
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.step_phases import StepPhases
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
@@ -160,7 +161,7 @@ def run(args) -> int:
         before = probe.measure(repeats=3) if probe else None
         rows.append(measure(engine, loaded, b, args.prompt_tokens, args.steps, rng, profiler,
                             args.decoder_phases))
-        if probe:  # which bandwidth the phases saw (this VM's two modes: docs/perf.md)
+        if probe:  # which bandwidth the phases saw (a VM's two modes: docs/perf.md, "Machines")
             after = probe.measure(repeats=3)
             rows[-1]["read_gbps_around"] = [before.read_gbps, after.read_gbps]
     print(markdown_table(rows, COLUMNS))

@@ -4,7 +4,8 @@ Systems: `edge` (ours: int8 pages, prefix cache, inline path), `edge-noshare` (p
 inline path off), `edge-fp16kv` (fp16 KV), `hf` (transformers generate, one request at a time,
 fresh cache), or `--target unix:PATH|http://HOST:PORT` (any OpenAI-compatible server). Each system
 runs in its own spawned process (bench/trace_worker.py) unless --no-isolate. Prints a markdown
-table and the issue's comparison ratios; writes JSON rows (+ per-request records) and a PNG.
+table and the target ratios of docs/perf.md ("bench trace"); writes JSON rows (+ per-request
+records) and a PNG.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def parse_systems(text: str) -> list[str]:
 
 
 def compare(rows: dict[str, dict]) -> list[dict]:
-    """The issue's ratios for the systems that ran; `pass` is None when a side is missing."""
+    """The target ratios (docs/perf.md, "bench trace") for the systems that ran; `pass` is None
+    when a side is missing."""
     out = []
     for name, num, den, key, op, bound in TARGETS:
         if num not in rows or den not in rows:

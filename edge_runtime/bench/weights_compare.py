@@ -8,6 +8,7 @@ prefill tokens/s of the first form over each other one, of the means and round b
 """
 from __future__ import annotations
 
+from edge_runtime.bench.engine_runs import add_roofline, bench_prompt
 from edge_runtime.bench.stats import Summary
 from edge_runtime.errors import InputError
 
@@ -25,8 +26,6 @@ def parse_weights(text: str) -> list[str]:
 
 def merge_rounds(rounds: list[dict]) -> dict:
     """One row from the rows of several single-run rounds of the same (prompt, batch)."""
-    from edge_runtime.bench.engine_bench import add_roofline
-
     row = dict(rounds[0])
     for key in ("prefill_samples", "decode_samples", "weight_read_gbps_samples", "bandwidth"):
         if key in row:
@@ -43,8 +42,6 @@ def merge_rounds(rounds: list[dict]) -> dict:
 def bench_interleaved(systems: dict, batches, prompt_len, gen_tokens, repeat, rng, progress,
                       measure=None) -> list[dict]:
     """systems: weights form -> (engine, loaded). Rows with a "weights" key, per form and batch."""
-    from edge_runtime.bench.engine_bench import bench_prompt
-
     rounds: dict[tuple[str, int], list[dict]] = {}
     for i in range(repeat):
         for form, (engine, loaded) in systems.items():

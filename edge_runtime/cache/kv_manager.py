@@ -26,7 +26,7 @@ from __future__ import annotations
 from edge_runtime.cache import pool_shrink
 from edge_runtime.cache.inline_arena import InlineArena
 from edge_runtime.cache.kv_checks import check_manager, manager_stats
-from edge_runtime.cache.kv_tail import TailStorage, _ceil_div
+from edge_runtime.cache.kv_tail import TailStorage, ceil_div
 from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
 from edge_runtime.cache.observability import EventLog, KVCounters, dump_state
 from edge_runtime.cache.page_pool import CACHED, PagePool
@@ -148,11 +148,11 @@ class KVManager(TailStorage):
         """The child shares every page (and the inline slot) of the parent; it copies on write."""
         assert child_id not in self.seqs, f"sequence {child_id!r} already admitted"
         par = self.seqs[parent_id]
-        used_pages = _ceil_div(par.num_tokens - par.prefix_len, self.page_tokens)
+        used_pages = ceil_div(par.num_tokens - par.prefix_len, self.page_tokens)
         slots = []
         if par.tail_kind == INLINE:
             used = max(0, par.num_tokens - par.inline_start(self.page_tokens))
-            slots = par.inline_slots[:_ceil_div(used, self.inline_tokens)]
+            slots = par.inline_slots[:ceil_div(used, self.inline_tokens)]
         child = SeqKV(child_id, par.prompt_len, par.max_new_tokens, par.num_cached_tokens,
                       list(par.prefix_pages), par.prefix_len, INLINE if slots else PAGES,
                       list(par.tail_pages[:used_pages]), list(slots), list(par.token_ids))

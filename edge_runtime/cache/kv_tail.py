@@ -25,7 +25,7 @@ from edge_runtime.cache.page_pool import CACHED, LIVE, ROOT
 from edge_runtime.errors import OutOfPages
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -35,7 +35,7 @@ class TailStorage:
         P, p, have = self.page_tokens, seq.prefix_len, len(seq.tail_pages)
         used = seq.num_tokens - p  # committed tail tokens
         cow = have > 0 and target > seq.num_tokens and used < have * P and not owns_last
-        return max(0, _ceil_div(target - p, P) - have) + int(cow), cow
+        return max(0, ceil_div(target - p, P) - have) + int(cow), cow
 
     def _slot_plan(self, seq: SeqKV, target: int, owns_last: bool) -> int | None:
         """Slots to hold a page tail's end [boundary, target) instead of pages, or None.
@@ -54,7 +54,7 @@ class TailStorage:
         shared_partial = have == full + 1 and not owns_last
         boundary = p + (full if shared_partial else have) * P
         most = max(target, seq.prompt_len + seq.max_new_tokens) - boundary
-        n = _ceil_div(target - boundary, S)
+        n = ceil_div(target - boundary, S)
         if target <= boundary or most > P - S or n > self.arena.num_free:
             return None
         return n
@@ -158,7 +158,7 @@ class TailStorage:
         used = seq.num_tokens - start
         last = seq.inline_slots[-1]
         cow = self.arena.owner[last] != seq.seq_id and used % S != 0
-        more = _ceil_div(target - start, S) - len(seq.inline_slots)
+        more = ceil_div(target - start, S) - len(seq.inline_slots)
         if target - start > P or more + int(cow) > self.arena.num_free:
             return self._inline_to_pages(seq, target)
         copies = self._copy_slot(seq) if cow else []
@@ -224,7 +224,7 @@ class TailStorage:
 
     def _inline_to_pages(self, seq: SeqKV, target: int) -> list[CopyOp]:
         P = self.page_tokens
-        n = _ceil_div(target - seq.inline_start(P), P)
+        n = ceil_div(target - seq.inline_start(P), P)
         self._check_available(n, seq.seq_id)
         ids = self._allocate(n, seq.seq_id)
         copies = self._slots_into_page(seq, ids[0])

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from edge_runtime.paths import check_unix_socket_path
     from edge_runtime.service.app import ServiceState
     from edge_runtime.service.engine_setup import load_all
-    from edge_runtime.service.limits import load_sections
+    from edge_runtime.service.sections import load_sections
     from edge_runtime.service.sd_notify import SystemdNotifier
     from edge_runtime.service.server import Server, bind_unix_socket
     from edge_runtime.service.socket_activation import activated_unix_socket

@@ -36,9 +36,9 @@ def register(subparsers) -> None:
 
 
 def _ids(encoded) -> list[int]:
-    from edge_runtime.model.chat import _as_id_list
+    from edge_runtime.model.chat import as_id_list
 
-    return _as_id_list(encoded)
+    return as_id_list(encoded)
 
 
 def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
@@ -157,7 +157,7 @@ def _check_args(args) -> None:
 def run(args) -> int:
     from edge_runtime.bench.trace import load_trace
     from edge_runtime.budget import check_page_tokens
-    from edge_runtime.commands.plan import model_for_plan
+    from edge_runtime.model.weight_bytes import model_for_plan
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
     from edge_runtime.plan import kv_bytes_per_token
 

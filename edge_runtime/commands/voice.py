@@ -132,10 +132,10 @@ def _sources(args, progress):
 def run(args: argparse.Namespace) -> int:
     from edge_runtime.model.loader import DEFAULT_MODEL
     from edge_runtime.voice.config import DEFAULT_CONFIG
-    from edge_runtime.voice.session import _stderr, load_runtime
+    from edge_runtime.voice.session import load_runtime, print_stderr
     from edge_runtime.voice.usage import check_device, check_outputs, check_stagger
 
-    progress = (lambda msg: None) if args.quiet else _stderr
+    progress = (lambda msg: None) if args.quiet else print_stderr
     config = _config(args)
     check_stagger(args.stagger)
     check_device(args.device, args.server)
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                    "--system-prompt": config.system_prompt})
     need_asr = any(s.spec.kind != "text" for s in sources)
     runtime = load_runtime(config, args.model or DEFAULT_MODEL, len(sources), args.config,
-                           args.device, need_asr, progress=_stderr, server=args.server,
+                           args.device, need_asr, progress=print_stderr, server=args.server,
                            backend=args.backend)
     out, events_failed = _Stdout(), []
     reports, engine_stats, interrupted = _serve(args, runtime, config, sources, out,
@@ -154,9 +154,9 @@ def run(args: argparse.Namespace) -> int:
     if engine_stats:
         _print_engine(engine_stats, out)
     if args.events and not events_failed:
-        _stderr(f"events written to {args.events}")
+        print_stderr(f"events written to {args.events}")
     if interrupted:
-        _stderr("interrupted: the tables above hold the turns answered before Ctrl-C")
+        print_stderr("interrupted: the tables above hold the turns answered before Ctrl-C")
         return 130
     return 1 if events_failed or any(r.faults for r in reports) else 0
 
@@ -164,21 +164,21 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args, runtime, config, sources, out: _Stdout, events_failed: list):
     """Run the streams -> (reports, engine stats or None, interrupted). Ctrl-C keeps the
     reports so far; a failed events write is appended to `events_failed`."""
-    from edge_runtime.voice.session import Interrupted, _stderr, run_streams
+    from edge_runtime.voice.session import Interrupted, print_stderr, run_streams
 
     realtime = args.realtime or (args.demo and not args.fast)
     stagger = args.stagger if args.stagger is not None else (0.6 if args.demo else 0.0)
     half = (args.duplex or ("half" if args.demo else "full")) == "half"
-    _stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'}"
+    print_stderr(f"running {len(sources)} stream(s) ({'real time' if realtime else 'as fast as possible'}"
             f", {'half' if half else 'full'} duplex)")
     live = len(sources) == 1 and not args.quiet  # one stream: its answers stream to stdout
-    on_event, on_text = _printers(args.quiet, live, _stderr, out)
+    on_event, on_text = _printers(args.quiet, live, print_stderr, out)
     try:
         reports = run_streams(runtime, config, sources, realtime=realtime, stagger_s=stagger,
                               tts_dir=args.tts_dir if args.tts else None, half_duplex=half,
                               tts_play=args.tts_play, events_path=args.events,
                               on_event=on_event, on_text=on_text,
-                              on_warning=lambda msg: (events_failed.append(msg), _stderr(msg)))
+                              on_warning=lambda msg: (events_failed.append(msg), print_stderr(msg)))
         engine = getattr(runtime.aengine, "engine", None)  # None with --server
         return reports, (engine.stats() if engine is not None else None), False
     except Interrupted as exc:  # Ctrl-C: what was answered so far, then exit 130

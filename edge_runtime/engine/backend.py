@@ -1,4 +1,4 @@
-"""The engine's two back ends, chosen once when an Engine is built (design.md, "Back ends").
+"""The engine's two back ends, chosen once when an Engine is built (docs/engine.md, "Back ends").
 
 - CPU back end: flat KV rows (engine/flat_kv.py) with the C kernels of kernels/csrc, fp32 linears
   packed for kernels/cpu_linear.py and, for every step with int8 or fp16 KV (prefill chunks

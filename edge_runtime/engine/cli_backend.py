@@ -13,7 +13,7 @@ import math
 import sys
 
 from edge_runtime.engine.api import SamplingParams
-from edge_runtime.engine.config import DEFAULT_POOL_TOKENS, EngineConfig
+from edge_runtime.engine.config import DEFAULT_POOL_TOKENS, EngineConfig, budget_engine_config
 from edge_runtime.engine.engine import Engine
 
 
@@ -28,12 +28,9 @@ def engine_config(args, loaded, requests: list[tuple[list[int], int]]) -> Engine
         overrides["page_tokens"] = args.page_tokens
     if args.config:
         from edge_runtime.budget import load_budget
-        from edge_runtime.plan import make_plan
 
-        plan = make_plan(load_budget(args.config), loaded.config, loaded.weight_bytes,
-                         kv_dtype=args.kv_dtype, page_tokens=args.page_tokens,
-                         model_name=loaded.path.name)
-        return EngineConfig.from_plan(plan, **overrides)
+        return budget_engine_config(load_budget(args.config), loaded, overrides,
+                                    kv_dtype=args.kv_dtype, page_tokens=args.page_tokens)[0]
     page = overrides.get("page_tokens", 512)
     context = loaded.config.max_position_embeddings  # a sequence never grows past it
     per_req = [width * (math.ceil(min(len(p) + m, context) / page) + 1) for p, m in requests]

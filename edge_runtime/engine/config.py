@@ -88,6 +88,17 @@ class EngineConfig:
         return cls.from_dict(values)
 
 
+def budget_engine_config(budget, loaded, overrides: dict, **plan_options):
+    """Budget -> memory plan -> EngineConfig, the one way every front end takes it: the plan for
+    this loaded model (its config, weight bytes and folder name; `plan_options` as `make_plan`
+    takes them), then `from_plan` with `overrides` on top. Returns (EngineConfig, MemoryPlan)."""
+    from edge_runtime.plan import make_plan
+
+    plan = make_plan(budget, loaded.config, loaded.weight_bytes, model_name=loaded.path.name,
+                     **plan_options)
+    return EngineConfig.from_plan(plan, **overrides), plan
+
+
 def resolve_num_pages(config: EngineConfig) -> int:
     if config.num_pages is not None:
         return config.num_pages

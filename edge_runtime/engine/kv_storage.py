@@ -57,7 +57,7 @@ class StoreView:
 def _zeros(shape, dtype, device) -> torch.Tensor:
     """Zeros; on the CPU in memory advised to be backed by 2 MiB pages (kernels/huge_pages.py):
     decode attention reads each row's keys at a 192-byte stride across a whole page of the pool,
-    and with 4 KiB pages it took TLB misses all along (docs/perf.md, "Fifth session's runs")."""
+    and with 4 KiB pages it took TLB misses all along (docs/perf.md, "CPU decode attention")."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     numel = math.prod(shape)

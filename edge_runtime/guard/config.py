@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from edge_runtime.config_checks import section_fields
 from edge_runtime.errors import ConfigError
 
 
@@ -49,38 +50,4 @@ class GuardConfig:
 
     @classmethod
     def from_dict(cls, section: dict | None) -> "GuardConfig":
-        return cls(**_checked(cls, section or {}, "guard"))
-
-
-def _checked(cls, section: dict, name: str) -> dict:
-    """Keys of `section` that are fields of `cls`, converted to the field's type."""
-    if not isinstance(section, dict):
-        raise ConfigError(f"{name}: must be a mapping, got {type(section).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(section) - set(known))
-    if unknown:
-        raise ConfigError(f"{name}: unknown keys {unknown}; known keys are {sorted(known)}")
-    out = {}
-    for key, value in section.items():
-        default = getattr(cls, key)
-        kind = type(default)
-        try:
-            if kind is bool:
-                if not isinstance(value, bool):
-                    raise TypeError
-                out[key] = value
-            elif kind in (int, float) and isinstance(value, bool):
-                raise TypeError
-            elif kind is int and not isinstance(value, int):
-                raise TypeError
-            elif kind is str and not isinstance(value, str):  # socket: 42 is not a path "42"
-                raise TypeError
-            else:
-                out[key] = kind(value)
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"{name}.{key}: expected {kind.__name__}, got {value!r}"
-            ) from None
-        if kind is float and not math.isfinite(out[key]):
-            raise ConfigError(f"{name}.{key}: must be a finite number, got {value!r}")
-    return out
+        return cls(**section_fields(cls, section or {}, "guard"))

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from edge_runtime.errors import RequestError
 
 
-def _as_id_list(encoded) -> list[int]:
+def as_id_list(encoded) -> list[int]:
     if isinstance(encoded, Mapping) or hasattr(encoded, "input_ids"):
         encoded = encoded["input_ids"]
     if hasattr(encoded, "tolist"):
@@ -47,7 +47,7 @@ def encode_messages(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[in
             raise RequestError(f"message {i} ({m['role']}) contains the text of the model's control "
                                f"token(s) {', '.join(found)}, which chat messages cannot carry; "
                                "remove it")
-    return _as_id_list(_apply_template(tokenizer, messages))
+    return as_id_list(_apply_template(tokenizer, messages))
 
 
 def _apply_template(tokenizer, messages: Sequence[Mapping[str, str]]):
@@ -75,4 +75,4 @@ def encode_prompt(tokenizer, text: str, chat: bool, system: str | None = None) -
         return encode_messages(tokenizer, messages + [{"role": "user", "content": text}])
     if system:
         raise RequestError("a system prompt needs chat mode (--chat)")
-    return _as_id_list(tokenizer(text))
+    return as_id_list(tokenizer(text))

@@ -30,6 +30,7 @@ from edge_runtime.errors import ModelLoadError
 from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.gguf_tensors import GGUFTensors
+from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.weights_option import WEIGHTS
 from edge_runtime.quant.gguf_blocks import UnsupportedType, grouped_rows
 from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, compatible, describe
@@ -187,10 +188,9 @@ def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
     """A CausalLM on the CPU with the GGUF's quantized blocks; returns (model, quantization)."""
     from edge_runtime.kernels.cpu_decoder import FusedDecoder
     from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
-    from edge_runtime.model.loader import _no_weight_init
 
     tensors = _Tensors(gguf_path)
-    with torch.device("meta"), _no_weight_init():
+    with torch.device("meta"), no_weight_init():
         model = CausalLM(config)
     bar = _stderr_bar(config.num_layers) if progress is not None else None
     for i, layer in enumerate(model.model.layers):
@@ -231,17 +231,3 @@ def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, dev
     from edge_runtime.kernels import cpu_native
 
     return weights == "gguf" or cpu_native.library() is not None
-
-
-def load_from_blocks(source: Path, progress: Callable[[str], None] | None):
-    """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache)."""
-    from edge_runtime.model.gguf_convert import gguf_architecture
-    from edge_runtime.model.loader import (LoadedModel, load_tokenizer, read_model_config,
-                                           resolve_model_folder, weight_bytes_of)
-
-    folder = resolve_model_folder(str(source), progress)
-    config = read_model_config(folder)
-    tokenizer = load_tokenizer(folder)
-    model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
-    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
-                       weight_bytes=weight_bytes_of(model), quantization=quantization)

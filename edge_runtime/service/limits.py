@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from edge_runtime.budget import check_concurrent_sequences, parse_bytes
+from edge_runtime.config_checks import check_concurrent_sequences, parse_bytes, section_fields
 from edge_runtime.errors import ConfigError
-from edge_runtime.guard.config import GuardConfig, _checked
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class ServiceLimits:
         if isinstance(section, dict):  # sizes as everywhere in the budget: bytes or "1MiB"
             section = {key: parse_bytes(value, f"service.{key}") if key in _SIZE_KEYS else value
                        for key, value in section.items()}
-        return cls(**_checked(cls, section, "service"))
+        return cls(**section_fields(cls, section, "service"))
 
     @property
     def max_in_flight(self) -> int:
@@ -68,23 +67,3 @@ class ServiceLimits:
 
 
 _SIZE_KEYS = {f.name for f in fields(ServiceLimits) if f.name.endswith("_bytes")}
-
-
-def load_sections(config: str | None) -> tuple[ServiceLimits, GuardConfig]:
-    """`service:` and `guard:` of a budget (a YAML path or a name such as cpu-dev); both optional."""
-    if not config:
-        return ServiceLimits(), GuardConfig()
-    from edge_runtime.budget import load_budget
-
-    budget = load_budget(config)
-    # unset, the service runs as many sequences as the memory plan is made for
-    limits = ServiceLimits.from_dict({"max_concurrent_sequences": budget.max_concurrent_sequences,
-                                      **budget.service})
-    if limits.max_concurrent_sequences > budget.max_concurrent_sequences:
-        # the plan sizes the recent-key windows for the top-level count; the engine would
-        # allocate them for the service's, past the memory the budget planned
-        raise ConfigError(
-            f"{budget.source}: service.max_concurrent_sequences ({limits.max_concurrent_sequences})"
-            f" is more than max_concurrent_sequences ({budget.max_concurrent_sequences}), the "
-            "count the memory plan is made for; raise the top-level value or lower the service's")
-    return limits, GuardConfig.from_dict(dict(budget.guard))

@@ -23,27 +23,11 @@ from dataclasses import dataclass, replace
 
 from edge_runtime.engine.api import SEED_MAX, SEED_MIN, TOP_K_MAX, SamplingParams
 from edge_runtime.errors import RequestError
+from edge_runtime.service.api_error import ApiError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")  # and "tool": service/tools_api.py
 DEFAULT_MAX_TOKENS = 256
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # \uD800..\uDFFF
-
-
-class ApiError(RequestError):
-    """An HTTP error answered as {"error": {"message", "type", "code", "param"}}."""
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 type_: str = "invalid_request_error", headers: dict | None = None,
-                 close_connection: bool = False) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-        self.type = type_
-        self.headers = headers or {}
-        self.close_connection = close_connection  # after the answer: the body was not all read
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code,
-                          "param": self.param}}
 
 
 @dataclass(frozen=True)
@@ -121,7 +105,7 @@ def parse_completion(body: dict, max_tokens_cap: int) -> ApiRequest:
             raise _unsupported(key)
     if body.get("best_of") not in (None, _n(body)):
         raise _unsupported("best_of")
-    from edge_runtime.service import tools_api  # it imports ApiError from here
+    from edge_runtime.service import tools_api  # on use: it loads engine/grammar.py (torch)
 
     extras = tools_api.completion_extras(body)
     params = _params(body, max_tokens_cap)
@@ -135,7 +119,7 @@ def parse_chat(body: dict, max_tokens_cap: int) -> ApiRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of {role, content} objects")
-    from edge_runtime.service import tools_api  # it imports ApiError from here
+    from edge_runtime.service import tools_api  # on use: it loads engine/grammar.py (torch)
 
     parsed = tuple(_tool_or_plain_message(i, m) for i, m in enumerate(messages))
     extras = tools_api.parse_extras(body)

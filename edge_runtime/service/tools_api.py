@@ -19,7 +19,7 @@ from edge_runtime.engine.api import MAX_TOP_LOGPROBS, GrammarSpec
 from edge_runtime.engine.grammar import schema_text
 from edge_runtime.model.tool_format import (NAME_PATTERN, ToolCall, ToolFunction, call_grammar,
                                             render_call, tool_response_text, tools_system_text)
-from edge_runtime.service.schema import ApiError
+from edge_runtime.service.api_error import ApiError
 
 CHOICES = ("none", "auto", "required")
 

@@ -101,7 +101,7 @@ def _gib(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from edge_runtime.budget import load_budget
-    from edge_runtime.commands.plan import model_for_plan
+    from edge_runtime.model.weight_bytes import model_for_plan
     from edge_runtime.errors import EdgeError
     from edge_runtime.guard.config import GuardConfig
     from edge_runtime.plan import make_plan

@@ -24,7 +24,7 @@ from edge_runtime.voice.actions import Dispatcher
 from edge_runtime.voice.prompting import load_system_prompt
 
 
-def _stderr(msg: str) -> None:
+def print_stderr(msg: str) -> None:
     print(f"edge-runtime voice: {msg}", file=sys.stderr, flush=True)
 
 
@@ -46,14 +46,11 @@ class Runtime:
 def engine_config(num_streams: int, budget, loaded, placement):
     """`budget`: a loaded Budget (configs/orin/*.yaml) or None for the engine's defaults;
     `placement`: device and back end (engine/placement.py)."""
-    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.config import EngineConfig, budget_engine_config
 
     overrides = dict(max_num_seqs=max(8, num_streams), **placement.engine_settings())
     if budget is not None:
-        from edge_runtime.plan import make_plan
-
-        plan = make_plan(budget, loaded.config, loaded.weight_bytes, model_name=loaded.path.name)
-        return EngineConfig.from_plan(plan, **overrides)
+        return budget_engine_config(budget, loaded, overrides)[0]
     return EngineConfig(**overrides)
 
 
@@ -92,7 +89,7 @@ def _remote_engine(model: str, server: str, progress: Callable[[str], None], ret
 
 def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
                  device: str = "auto", need_asr: bool = True,
-                 progress: Callable[[str], None] = _stderr, server: str | None = None,
+                 progress: Callable[[str], None] = print_stderr, server: str | None = None,
                  backend: str | None = None) -> Runtime:
     """`server`: the Unix socket of a running `edge-runtime serve` (then no model is loaded here:
     only its tokenizer, to build the prompts)."""
@@ -167,7 +164,7 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                 events_path: Path | None = None,
                 on_event: Callable[[dict], None] | None = None,
                 on_text: Callable[[int, str], None] | None = None,
-                on_warning: Callable[[str], None] = _stderr) -> list[StreamReport]:
+                on_warning: Callable[[str], None] = print_stderr) -> list[StreamReport]:
     """Run the loop over `sources` (one per stream) to the end of every input. Ctrl-C raises
     `Interrupted` carrying the reports so far."""
     system = load_system_prompt(config.system_prompt)

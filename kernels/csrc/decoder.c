@@ -177,7 +177,7 @@ static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) 
  * batch 5 at 512 tokens in the VM's high-bandwidth mode, step 15.7 vs 16.5 ms (medians of 7 runs
  * each: o_proj and gate/up faster, attention ~0.2 ms slower); 2 MiB or 8 lines slowed the
  * attention more than they sped the linears, prefetching into L1 too; the low mode and batch 1
- * unchanged within the spread (docs/perf.md, "Tenth session"). */
+ * unchanged within the spread (docs/perf.md, "CPU decoder layers"). */
 #define READ_AHEAD_BYTES (1 << 20)
 #define READ_AHEAD_MAX_STEP 4
 /* append output blocks [b0, b1) of a blocked matrix with K inputs */
@@ -270,7 +270,7 @@ static void gate_up_phase(const step_plan *p, const thread_share *s, const layer
  * previous one's columns (each linear's input, attention's q/k/v rows), and a layer has six
  * barriers instead of ~14 fork/join and loop barriers of a region per kernel. With the VM's two
  * vCPUs on two chiplets each crossing costs ~170 ns per line (tools/vcpu_probe.c; docs/perf.md,
- * "Ninth session"). The results are bit-identical to a region per kernel: each output is computed
+ * "Machines" and "CPU decoder layers"). The results are bit-identical to a region per kernel: each output is computed
  * by the same code on the same inputs, whichever thread computes it. */
 int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int64_t R,
                   const float *cos, const float *sin, const kv_write *writes, int num_writes,

@@ -23,7 +23,7 @@
 #if defined(__AVX512F__)
 /* 12 rows a pass: 7-12 rows (decode batches, short prefills in a mixed step) stream each weight
  * line once instead of twice; on the Intel Xeon VM batch-8 decode steps 39-42 -> 31-32 ms and a
- * 20-token prefill over a cached prefix 70-74 -> 61-65 ms (docs/perf.md, "Thirteenth session"). */
+ * 20-token prefill over a cached prefix 70-74 -> 61-65 ms (docs/perf.md, "bench step"). */
 #define MAX_ROWS 12
 #else
 #define MAX_ROWS 6
@@ -33,12 +33,12 @@
  * (docs/perf.md, "CPU linears"), it helps 5 rows and costs 1-2 rows (-4 to -8% when the
  * machine's bandwidth is high): with one row the hardware prefetcher keeps up on its own. 4 KiB
  * ahead: five-row passes over the model's linears 9.0 ms vs 9.7 ms at 1 KiB (2 and 8 KiB
- * slower) in the high-bandwidth mode, equal in the low one (docs/perf.md, "Fifth session"). */
+ * slower) in the high-bandwidth mode, equal in the low one (docs/perf.md, "CPU linears"). */
 #define PREFETCH_FLOATS 1024
-/* Its locality hint. NTA (0) is what the AMD EPYC (Zen 4) VM was tuned with; on the twelfth
- * session's Intel Xeon VM NTA-prefetched weight lines cost the batch-5 step 33 ms against 27 ms
+/* Its locality hint. NTA (0) is what the AMD EPYC (Zen 4) VM was tuned with; on an Intel Xeon
+ * VM NTA-prefetched weight lines cost the batch-5 step 33 ms against 27 ms
  * with T0 (3), batch 1 unchanged (`bench step --batch 1,5 --prompt-tokens 512`, alternated,
- * docs/perf.md "Twelfth session"); no prefetch at all: 33-34 ms. */
+ * docs/perf.md "CPU linears"); no prefetch at all: 33-34 ms. */
 #if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || \
     defined(__znver5__)
 #define PREFETCH_LOCALITY 0
@@ -54,7 +54,7 @@
  * 8-lane halves, so the arithmetic rate is unchanged; but with fewer instructions in flight per
  * line, more lines fit in the out-of-order window: five rows over the model's linears 12.5-12.9 ->
  * 11.3-11.5 ms in the VM's high-bandwidth mode, equal or better in the low one (docs/perf.md,
- * "Eighth session"). */
+ * "CPU linears"). */
 typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
 #define DEFINE_KERNEL(RB)                                                                          \
     static void kernel_##RB(const float *wb, int64_t K, const float *X, int64_t ldx, float *Y,     \

@@ -1,7 +1,7 @@
 """Compile the decode-attention and W4A16 kernels for sm_90 on a machine WITHOUT a GPU and count the
 SASS instructions of their main loop, per byte of K/V or per int4 weight a thread handles.
 
-    python -m edge_runtime.kernels.sass_probe            # (do not set TRITON_INTERPRET)
+    python tools/gpu_lab/sass_probe.py            # (do not set TRITON_INTERPRET)
 
 A proxy, not a timing: the kernels are memory-bound only if the chip can issue their instructions
 faster than HBM delivers the bytes (an H200 issues ~132 SMs x 4 warps x 1.98 GHz warp-instructions
