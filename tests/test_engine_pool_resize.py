@@ -59,28 +59,28 @@ def _chunk_storages(engine, c):
 
 
 def _shrink_regrow_scenario(engine):
-    """A 4-page pool (4 chunks of one page): a finished prompt's pages cached, a live sequence in
-    the top chunk when it is retired mid-generation, generation finished, the chunk regrown and
-    written again -> (token ids of every completion, states of the top chunk's pages before the
-    shrink, bytes released, weak references to the retired chunk's storages or None)."""
+    """A 2-page pool (2 chunks of one page; few tokens: the CUDA back end runs interpreted): a
+    finished prompt's page cached, a live sequence in the top chunk when it is retired mid-
+    generation, generation finished, the chunk regrown and written again -> (token ids of every
+    completion, states of the top chunk's pages before the shrink, bytes released, weak references
+    to the retired chunk's storages or None)."""
     params = greedy(3, ignore_eos=True)
-    out = [r.token_ids for r in engine.generate([random_ids(130, 500, seed=60)], params)]  # pages 0-2
-    rids = [engine.add_request(random_ids(50, 500, seed=61), params),  # the free page 3
-            engine.add_request(random_ids(20, 500, seed=62), params)]  # an evicted cached page
-    for _ in range(2):  # both prompts in, a token decoded
+    out = [r.token_ids for r in engine.generate([random_ids(30, 500, seed=60)], params)]  # page 0
+    rid = engine.add_request(random_ids(20, 500, seed=61), params)  # the free page 1
+    for _ in range(2):  # the prompt in, a token decoded
         engine.step()
     top = engine.pool_chunks.ranges[-1]
     states = [engine.kv.pool.pages[p].state for p in range(*top)]
     storages = _chunk_storages(engine, len(engine.pool_chunks.ranges) - 1) \
         if engine.backend.pool_in_chunks else None
-    assert engine.shrink_pool(1) == 1  # the live page moves below, onto a cached page's place
+    assert engine.shrink_pool(1) == 1  # the live page moves to page 0, the cached one evicted
     released = engine.counters["pool_bytes_released"]
     results = {}
     while engine.has_unfinished():
         results.update({ev.request_id: ev.result for ev in engine.step() if ev.result is not None})
-    out += [results[r].token_ids for r in rids]
+    out.append(results[rid].token_ids)
     assert engine.grow_pool() == 1
-    out += [r.token_ids for r in engine.generate([random_ids(40, 500, seed=63)], params)]
+    out += [r.token_ids for r in engine.generate([random_ids(20, 500, seed=63)], params)]
     assert any(engine.kv.pool.pages[p].state != "free" for p in range(*top))  # regrown, written
     engine.kv.check_leaks()
     return out, states, released, storages
@@ -93,8 +93,8 @@ def test_cuda_back_end_hands_back_a_retired_chunk_and_regrows_it():
     used; greedy tokens equal the CPU back end's through the same steps."""
     if not dispatch.triton_importable():
         pytest.skip("needs triton (interpreter)")
-    want, cpu_states, _, _ = _shrink_regrow_scenario(engine_on("cpu", num_pages=4, enable_inline=False))
-    cuda = engine_on("cuda", num_pages=4, enable_inline=False)
+    want, cpu_states, _, _ = _shrink_regrow_scenario(engine_on("cpu", num_pages=2, enable_inline=False))
+    cuda = engine_on("cuda", num_pages=2, enable_inline=False)
     chunk = cuda.storage.pool.chunks[-1]
     chunk_bytes = sum(t.numel() * t.element_size() for t in chunk.tensors())
     del chunk
