@@ -115,24 +115,26 @@ def test_released_chunk_storages_are_freed_and_regrow_reallocates_zeros():
     assert bool((st.pool.chunks[2].k_scale == 1).all())
     view = st.view("pages", 0)
     assert view.chunks.k[2].data_ptr() == st.pool.chunks[2].k[:, 0].data_ptr()
-    assert view.chunks.offsets[2, 0] * 1 == st.pool.chunks[2].k.data_ptr() - st.pool.chunks[0].k.data_ptr()
+    assert int(view.chunks.offsets[2, 0]) == st.pool.chunks[2].k.data_ptr() - st.pool.chunks[0].k.data_ptr()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the caching allocator's statistics)")
 def test_cuda_release_returns_the_chunk_to_the_driver_and_regrow_takes_it_again():
-    """torch's caching allocator's own statistics: memory_allocated and memory_reserved fall by
-    about the chunk's bytes when the chunk is released, and rise again on regrow."""
-    st = KVStorage(num_layers=4, num_kv_heads=8, head_dim=128, num_pages=8, page_tokens=512,
-                   kv_dtype="int8", device="cuda", pool_chunk_pages=2)  # 4 chunks of 18 MiB
+    """torch's caching allocator's own statistics: memory_allocated falls by the chunk's bytes
+    when it is released and memory_reserved by about as much (K and V, 16 MiB each, have segments
+    of their own; the 256 KiB scales may share a small-allocation segment), and both rise again on
+    regrow."""
+    st = KVStorage(num_layers=4, num_kv_heads=8, head_dim=128, num_pages=32, page_tokens=512,
+                   kv_dtype="int8", device="cuda", pool_chunk_pages=8)  # 4 chunks of 32.5 MiB
     chunk_bytes = st.pool.chunks[3].nbytes()
     torch.cuda.synchronize()
     allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    assert st.release_pages(6, 8) == chunk_bytes
+    assert st.release_pages(24, 32) == chunk_bytes
     fell_alloc = allocated - torch.cuda.memory_allocated()
     fell_reserved = reserved - torch.cuda.memory_reserved()
-    assert 0.99 * chunk_bytes <= fell_alloc <= 1.01 * chunk_bytes + 4096, (fell_alloc, chunk_bytes)
-    assert 0.99 * chunk_bytes <= fell_reserved <= chunk_bytes + (8 << 20), (fell_reserved, chunk_bytes)
-    st.regrow_pages(6, 8)
+    assert fell_alloc == chunk_bytes, (fell_alloc, chunk_bytes)
+    assert 0.97 * chunk_bytes <= fell_reserved <= chunk_bytes + (2 << 20), (fell_reserved, chunk_bytes)
+    st.regrow_pages(24, 32)
     torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() - (allocated - fell_alloc) >= 0.99 * chunk_bytes
-    assert torch.cuda.memory_reserved() - (reserved - fell_reserved) >= 0.99 * chunk_bytes
+    assert torch.cuda.memory_allocated() - (allocated - fell_alloc) == chunk_bytes
+    assert torch.cuda.memory_reserved() - (reserved - fell_reserved) >= 0.97 * chunk_bytes
