@@ -11,6 +11,7 @@ from backend_helpers import engine_on
 from engine_helpers import engine_for, greedy, hf_greedy, tiny, tiny_hf, tiny_prompts
 from model_helpers import random_ids
 
+from edge_runtime.guard.engine_hooks import EngineGuardHooks
 from edge_runtime.kernels import dispatch
 
 
@@ -73,13 +74,15 @@ def _shrink_regrow_scenario(engine):
     states = [engine.kv.pool.pages[p].state for p in range(*top)]
     storages = _chunk_storages(engine, len(engine.pool_chunks.ranges) - 1) \
         if engine.backend.pool_in_chunks else None
-    assert engine.shrink_pool(1) == 1  # the live page moves to page 0, the cached one evicted
-    released = engine.counters["pool_bytes_released"]
+    hooks = EngineGuardHooks(engine)  # as the memory guard acts
+    assert hooks.shrink_pool(1) == 1  # the live page moves to page 0, the cached one evicted
+    released = engine.stats()["pool_bytes_released"]  # what /metrics shows
+    assert hooks.released_bytes == released and hooks.next_regrow_bytes() == engine.storage.pool.nbytes() // 2
     results = {}
     while engine.has_unfinished():
         results.update({ev.request_id: ev.result for ev in engine.step() if ev.result is not None})
     out.append(results[rid].token_ids)
-    assert engine.grow_pool() == 1
+    assert hooks.grow_pool(1) == 1
     out += [r.token_ids for r in engine.generate([random_ids(20, 500, seed=63)], params)]
     assert any(engine.kv.pool.pages[p].state != "free" for p in range(*top))  # regrown, written
     engine.kv.check_leaks()
@@ -88,9 +91,10 @@ def _shrink_regrow_scenario(engine):
 
 def test_cuda_back_end_hands_back_a_retired_chunk_and_regrows_it():
     """The CUDA back end (on CPU tensors, Triton interpreter) with its pool in chunks: the top
-    chunk, holding live pages, is retired mid-generation, its tensors freed (no reference left
-    anywhere in the engine) and its bytes reported; generation goes on, the chunk is regrown and
-    used; greedy tokens equal the CPU back end's through the same steps."""
+    chunk, holding live pages, is retired mid-generation through the guard's hooks, its tensors
+    freed (no reference left anywhere in the engine) and its bytes reported as on the CPU back end
+    (stats, hence /metrics); generation goes on, the chunk is regrown and used; greedy tokens
+    equal the CPU back end's through the same steps."""
     if not dispatch.triton_importable():
         pytest.skip("needs triton (interpreter)")
     want, cpu_states, _, _ = _shrink_regrow_scenario(engine_on("cpu", num_pages=2, enable_inline=False))
