@@ -69,7 +69,8 @@ if triton is not None:
     @triton.jit(do_not_specialize=["chunk_pages"])
     def _decode_v2_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, mean_ptr,
                           bt0_ptr, seq0_ptr, len0_ptr, bt1_ptr, seq1_ptr, len1_ptr,
-                          out_ptr, lse_ptr, chunk_ptr, chunk_pages, qk_scale, page_tokens, chunk0, splits0, chunk1,
+                          out_ptr, lse_ptr, chunk_ptr, chunk_pages,
+                          qk_scale, page_tokens, chunk0, splits0, chunk1,
                           s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
                           s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt0, s_bt1,
                           s_ot, s_oh, s_os, s_lt, s_lh,

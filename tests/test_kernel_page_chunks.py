@@ -62,7 +62,8 @@ def test_attention_reads_chunked_pages_as_the_flat_pool(dtype, centred):
     gen = torch.Generator().manual_seed(5)
     d, heads, kv_heads, page_tokens = 16, 6, 2, 8
     mean = key_mean(kv_heads, d, gen) if centred else None
-    flat = make_cache(NUM_PAGES, page_tokens, kv_heads, d, dtype, gen, layers=LAYERS, layer=LAYER, k_mean=mean)
+    flat = make_cache(NUM_PAGES, page_tokens, kv_heads, d, dtype, gen, layers=LAYERS, layer=LAYER,
+                      k_mean=mean)
     base, chunks = _chunked(flat)
     bt = _live_pages(gen, 3 * 4).view(3, 4)
     seq_idx = torch.tensor([2, 0, 1], dtype=torch.int32)
@@ -115,4 +116,5 @@ def test_write_kv_into_chunks_matches_the_flat_pool(dtype, centred):
             t = want[("k", "v", "k_scale", "v_scale").index(name)]
             for c, part in enumerate(col):
                 if part is not None:  # bit-exact, and nothing outside the written rows moved
-                    assert torch.equal(part, t[c * CHUNK_PAGES:c * CHUNK_PAGES + part.shape[0]]), (write, name, c)
+                    rows = t[c * CHUNK_PAGES:c * CHUNK_PAGES + part.shape[0]]
+                    assert torch.equal(part, rows), (write, name, c)

@@ -118,7 +118,8 @@ def test_released_chunk_storages_are_freed_and_regrow_reallocates_zeros():
     assert int(view.chunks.offsets[2, 0]) == st.pool.chunks[2].k.data_ptr() - st.pool.chunks[0].k.data_ptr()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the caching allocator's statistics)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device (the caching allocator's statistics)")
 def test_cuda_release_returns_the_chunk_to_the_driver_and_regrow_takes_it_again():
     """torch's caching allocator's own statistics: memory_allocated falls by the chunk's bytes
     when it is released and memory_reserved by about as much (K and V, 16 MiB each, have segments

@@ -112,7 +112,8 @@ class ChunkedStore:
     def release(self, start: int, end: int) -> int:
         """Drop the chunk that is exactly pages [start, end) -> its bytes (0 if already released)."""
         c = start // self.chunk_pages
-        assert c > 0 and (start, end) == self.chunk_range(c), f"not a whole chunk past the first: {start, end}"
+        assert c > 0 and (start, end) == self.chunk_range(c), \
+            f"not a whole chunk past the first: {start, end}"
         st, self.chunks[c] = self.chunks[c], None
         if st is None:
             return 0
