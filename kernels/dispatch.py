@@ -88,22 +88,25 @@ def _pick(op: str, t: torch.Tensor):
     return impl.triton if _use_triton(t, op) else impl.ref
 
 
-def write_kv(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None) -> None:
-    """k_mean: the layer's mean key [Hkv, D] float32 for centred int8 keys (kernels/quantize.py)."""
-    _pick("write_kv", k)(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean)
+def write_kv(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None, chunks=None) -> None:
+    """k_mean: the layer's mean key [Hkv, D] float32 for centred int8 keys (kernels/quantize.py).
+    chunks: where a chunked store's pages live (kernels/page_chunks.py; the caches are chunk 0's)."""
+    _pick("write_kv", k)(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean, chunks=chunks)
 
 
 def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
-                    k_mean=None):
+                    k_mean=None, chunks=None):
     """Decode steps (at most one query per block-table row) on CUDA take decode v2 (1.5x faster than
     paged_attention_triton on the H200, docs/perf-gpu.md); prefill and other layouts the first kernel.
-    k_mean: the int8 store's mean key [Hkv, D] float32 (centred keys) or None."""
+    k_mean: the int8 store's mean key [Hkv, D] float32 (centred keys) or None; chunks: a chunked
+    store's PageChunks (kernels/page_chunks.py) or None."""
     if (_use_triton(q, "paged_decode") and q.shape[0] <= block_table.shape[0]
             and _pd.supported(q, k_cache, block_table)):
         return _IMPLS["paged_decode"].triton(q, k_cache, v_cache, k_scale, v_scale,
-                                             [(block_table, seq_idx, kv_lens)], sm_scale, k_mean=k_mean)
+                                             [(block_table, seq_idx, kv_lens)], sm_scale, k_mean=k_mean,
+                                             chunks=chunks)
     return _pick("paged_attention", q)(q, k_cache, v_cache, k_scale, v_scale, block_table,
-                                       seq_idx, kv_lens, sm_scale, k_mean=k_mean)
+                                       seq_idx, kv_lens, sm_scale, k_mean=k_mean, chunks=chunks)
 
 
 def merge_attention(outs, lses):
@@ -124,15 +127,15 @@ def awq_gemm_prepared(x, packed):
     return _pick("awq_gemm_prepared", x)(x, packed)
 
 
-def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, k_mean=None):
+def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, k_mean=None, chunks=None):
     """Decode attention over one or two segments [(block_table, seq_idx, kv_lens), ...] of one pool
     -> (out, lse) as merge_attention of per-segment paged_attention. Triton decode v2 (one launch +
     one merge) on CUDA where paged_decode.supported; elsewhere per-segment attention + merge."""
     if _use_triton(q, "paged_decode") and all(_pd.supported(q, k_cache, seg[0]) for seg in segments):
         return _IMPLS["paged_decode"].triton(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale,
-                                             k_mean=k_mean)
-    parts = [paged_attention(q, k_cache, v_cache, k_scale, v_scale, *seg, sm_scale, k_mean=k_mean)
-             for seg in segments]
+                                             k_mean=k_mean, chunks=chunks)
+    parts = [paged_attention(q, k_cache, v_cache, k_scale, v_scale, *seg, sm_scale, k_mean=k_mean,
+                             chunks=chunks) for seg in segments]
     if len(parts) == 1:
         return parts[0]
     outs, lses = [p[0] for p in parts], [p[1] for p in parts]

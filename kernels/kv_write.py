@@ -7,6 +7,7 @@ implementations. Float caches (fp16/fp32 reference runs) store the values cast, 
 """
 import torch
 
+from edge_runtime.kernels import page_chunks as _chunks
 from edge_runtime.kernels.quantize import quantize_int8_keys
 
 try:  # triton is optional on CPU machines
@@ -44,24 +45,33 @@ def _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None) 
                          f"for a {k_cache.dtype} cache")
 
 
-def write_kv_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None) -> None:
+def _chunk_tensors(k_cache, v_cache, k_scale, v_scale, chunks):
+    """-> (chunk_pages, per-chunk tuples of K, V, K scales, V scales) of a plain or chunked store."""
+    if chunks is None:
+        return max(1, k_cache.shape[0]), ((k_cache,), (v_cache,), (k_scale,), (v_scale,))
+    return chunks.chunk_pages, (chunks.k, chunks.v, chunks.k_scale, chunks.v_scale)
+
+
+def write_kv_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None, chunks=None) -> None:
     """Torch reference. k, v: [T, Hkv, D] float; writes caches (and scales) in place. k_mean:
-    [Hkv, D] float32 or None: int8 keys centred where that lowers their absmax (kernels/quantize.py)."""
+    [Hkv, D] float32 or None: int8 keys centred where that lowers their absmax (kernels/quantize.py).
+    chunks: a chunked store's PageChunks (kernels/page_chunks.py; the caches are chunk 0's) or None."""
     _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean)
-    num_pages, page_tokens = k_cache.shape[:2]
+    page_tokens = k_cache.shape[1]
     keep = slot_mapping >= 0  # [T]
     slots = slot_mapping[keep].long()
     page, off = slots // page_tokens, slots % page_tokens
-    assert slots.numel() == 0 or int(page.max()) < num_pages, f"slot beyond the cache: {int(slots.max())}"
+    assert slots.numel() == 0 or int(page.max()) < _chunks.num_pages(k_cache, chunks), \
+        f"slot beyond the cache: {int(slots.max())}"
+    chunk_pages, (ks, vs, kss, vss) = _chunk_tensors(k_cache, v_cache, k_scale, v_scale, chunks)
     if k_cache.dtype == torch.int8:
-        for x, cache, scale, mean in ((k[keep], k_cache, k_scale, k_mean),
-                                      (v[keep], v_cache, v_scale, None)):
+        for x, cache, scale, mean in ((k[keep], ks, kss, k_mean), (v[keep], vs, vss, None)):
             q, s = quantize_int8_keys(x, mean)  # q: [T', Hkv, D] int8, s: [T', Hkv] fp16
-            cache[page, off] = q
-            scale[page, off] = s
+            _chunks.put_tokens(cache, chunk_pages, page, off, q)
+            _chunks.put_tokens(scale, chunk_pages, page, off, s)
     else:
-        k_cache[page, off] = k[keep].to(k_cache.dtype)
-        v_cache[page, off] = v[keep].to(v_cache.dtype)
+        _chunks.put_tokens(ks, chunk_pages, page, off, k[keep].to(k_cache.dtype))
+        _chunks.put_tokens(vs, chunk_pages, page, off, v[keep].to(v_cache.dtype))
 
 
 if triton is not None:
@@ -83,25 +93,27 @@ if triton is not None:
         pick = c_amax < amax
         return tl.where(pick, c, x), tl.where(pick, c_amax, amax), pick
 
-    @triton.jit
-    def _kv_write_kernel(x_ptr, cache_ptr, scale_ptr, slot_ptr, mean_ptr,
+    @triton.jit(do_not_specialize=["chunk_pages"])
+    def _kv_write_kernel(x_ptr, cache_ptr, scale_ptr, slot_ptr, mean_ptr, chunk_ptr, chunk_pages,
                          stride_xt, stride_xh,
                          stride_cn, stride_cp, stride_ch,
                          stride_sn, stride_sp, stride_sh,
                          page_tokens, D: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,
                          CENTRED: tl.constexpr):
         # one program per (token, kv head): x[t, h, :] -> cache[page, off, h, :] (+ scale);
-        # CENTRED: mean_ptr is the contiguous [Hkv, D] fp32 mean key, a centred row's scale is negated
+        # CENTRED: mean_ptr is the contiguous [Hkv, D] fp32 mean key, a centred row's scale is negated;
+        # chunk_ptr: the store's offsets row 0 at this cache's column, the scales' next to it
         t = tl.program_id(0)
         h = tl.program_id(1)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
-            page = slot // page_tokens
+            page = (slot // page_tokens).to(tl.int32)
             off = slot % page_tokens
             d = tl.arange(0, BLOCK_D)
             dmask = d < D
             x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d, mask=dmask, other=0.0).to(tl.float32)
-            dst = cache_ptr + page * stride_cn + off * stride_cp + h * stride_ch + d
+            dst = cache_ptr + _chunks.page_start(page, chunk_ptr, chunk_pages, stride_cn) \
+                + off * stride_cp + h * stride_ch + d
             if QUANT:
                 if CENTRED:
                     x, amax, centred = _centre(x, mean_ptr, h, d, dmask, D)
@@ -115,31 +127,37 @@ if triton is not None:
                 tl.store(dst, q.to(tl.int8), mask=dmask)
                 if CENTRED:
                     scale = tl.where(centred, -scale, scale)
-                tl.store(scale_ptr + page * stride_sn + off * stride_sp + h * stride_sh, scale)
+                scale_at = _chunks.page_start(page, chunk_ptr + 1, chunk_pages, stride_sn)
+                tl.store(scale_ptr + scale_at + off * stride_sp + h * stride_sh, scale)
             else:
                 tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=dmask)
 
 
-def _launch(x, cache, scale, slot_mapping, mean=None) -> None:
+def _launch(x, cache, scale, slot_mapping, columns, mean=None) -> None:
+    """columns: the store's offsets from this cache's column on (2 columns: cache, scales)."""
     tokens, heads, head_dim = x.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
     quant = cache.dtype == torch.int8
     s = scale if quant else cache  # any pointer; unused when QUANT is False
     s_strides = (scale.stride(0), scale.stride(1), scale.stride(2)) if quant else (0, 0, 0)
+    offsets, chunk_pages = columns
     _kv_write_kernel[(tokens, heads)](
         x, cache, s, slot_mapping, x if mean is None else mean,  # mean: unused unless CENTRED
-        x.stride(0), x.stride(1),
+        offsets, chunk_pages, x.stride(0), x.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         *s_strides,
         cache.shape[1], D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), QUANT=quant,
         CENTRED=mean is not None)
 
 
-def write_kv_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None) -> None:
+def write_kv_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None,
+                    chunks=None) -> None:
     """Triton kernel with the reference's signature and semantics (bit-exact with write_kv_ref)."""
     _check(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean)
     assert triton is not None, "triton is not installed"
     if k.shape[0] == 0:
         return
-    _launch(k, k_cache, k_scale, slot_mapping, k_mean)
-    _launch(v, v_cache, v_scale, slot_mapping)  # values are never centred
+    offsets, chunk_pages = _chunks.table_of(k_cache, chunks)
+    # columns (K, K scale) from offsets' start, (V, V scale) 16 bytes on: both 16-byte aligned
+    _launch(k, k_cache, k_scale, slot_mapping, (offsets, chunk_pages), k_mean)
+    _launch(v, v_cache, v_scale, slot_mapping, (offsets[:, 2:], chunk_pages))  # values never centred

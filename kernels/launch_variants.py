@@ -82,6 +82,9 @@ def launch_of(fn, args: tuple, kwargs: dict) -> Launch:
     signature, constexprs, divisible = [], {}, []
     for p in fn.params:
         value = bound[p.name]
+        if p.do_not_specialize:  # `do_not_specialize`: typed by value, never a constant or aligned
+            signature.append((p.name, _argument(value)[0]))
+            continue
         if p.is_constexpr or value is None or (type(value) is int and value == 1):
             signature.append((p.name, "constexpr"))
             constexprs[p.name] = value

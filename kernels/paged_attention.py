@@ -15,6 +15,7 @@ paged_attention_ref.py (re-exported here with the same signatures).
 """
 import torch
 
+from edge_runtime.kernels import page_chunks as _chunks
 from edge_runtime.kernels.paged_attention_ref import check_args as _check
 from edge_runtime.kernels.paged_attention_ref import merge_attention_ref, paged_attention_ref
 
@@ -62,9 +63,10 @@ if triton is not None:
             return s * tl.abs(ks)[None, :] + tl.where(ks < 0, 1.0, 0.0)[None, :] * qm[:, None]
         return s * ks[None, :]
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["chunk_pages"])
     def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_ptr, len_ptr, qblk_ptr,
-                           mean_ptr, out_ptr, lse_ptr, qk_scale, page_tokens, chunk_tokens,
+                           mean_ptr, out_ptr, lse_ptr, chunk_ptr, chunk_pages,
+                           qk_scale, page_tokens, chunk_tokens,
                            s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
                            s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt,
                            s_ot, s_oh, s_os, s_lt, s_lh,
@@ -106,14 +108,16 @@ if triton is not None:
         for n0 in range(start, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             nmask = n < end
-            page = tl.load(bt_ptr + row * s_bt + n // page_tokens, mask=nmask, other=0).to(tl.int64)
+            page = tl.load(bt_ptr + row * s_bt + n // page_tokens, mask=nmask, other=0)
             off = (n % page_tokens).to(tl.int64)
             kvmask = nmask[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + (page * s_kn + off * s_kp + kvh * s_kh)[:, None] + d[None, :],
+            k_at = _chunks.page_start(page, chunk_ptr, chunk_pages, s_kn)  # [BLOCK_N] int64
+            k = tl.load(k_ptr + (k_at + off * s_kp + kvh * s_kh)[:, None] + d[None, :],
                         mask=kvmask, other=0)
             s = _qk(q, k, FMA, FP16_DOT)  # [BLOCK_R, BLOCK_N]
             if QUANT:
-                ks = tl.load(ks_ptr + page * s_ksn + off * s_ksp + kvh * s_ksh, mask=nmask, other=0.0)
+                ks_at = _chunks.page_start(page, chunk_ptr + 1, chunk_pages, s_ksn)
+                ks = tl.load(ks_ptr + ks_at + off * s_ksp + kvh * s_ksh, mask=nmask, other=0.0)
                 s = _key_scale(s, ks, qm, CENTRED)
             s = tl.where(nmask[None, :] & (n[None, :] < lens[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -121,10 +125,12 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + (page * s_vn + off * s_vp + kvh * s_vh)[:, None] + d[None, :],
+            v_at = _chunks.page_start(page, chunk_ptr + 2, chunk_pages, s_vn)
+            v = tl.load(v_ptr + (v_at + off * s_vp + kvh * s_vh)[:, None] + d[None, :],
                         mask=kvmask, other=0)
             if QUANT:
-                vs = tl.load(vs_ptr + page * s_vsn + off * s_vsp + kvh * s_vsh, mask=nmask, other=0.0)
+                vs_at = _chunks.page_start(page, chunk_ptr + 3, chunk_pages, s_vsn)
+                vs = tl.load(vs_ptr + vs_at + off * s_vsp + kvh * s_vsh, mask=nmask, other=0.0)
                 p = p * vs.to(tl.float32)[None, :]
             acc = acc * alpha[:, None] + _pv(p, v, FMA, FP16_DOT)
             m_i = m_new
@@ -196,9 +202,10 @@ def _launch_plan(t, group, block_table, seq_idx, tune):
 
 
 def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
-                           *, num_splits=None, tune=None, k_mean=None):
+                           *, num_splits=None, tune=None, k_mean=None, chunks=None):
     """Triton kernel with the reference's signature; `num_splits` overrides the sequence split and
-    `tune` (keys of TUNE) the launch configuration. k_mean: [Hkv, D] float32 for centred keys."""
+    `tune` (keys of TUNE) the launch configuration. k_mean: [Hkv, D] float32 for centred keys.
+    chunks: a chunked store's PageChunks (kernels/page_chunks.py; the caches are chunk 0's) or None."""
     _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, k_mean)
     assert triton is not None, "triton is not installed"
     t, h, d = q.shape
@@ -222,9 +229,10 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
     quant = k_cache.dtype == torch.int8
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     mean = q if k_mean is None else k_mean.contiguous()  # any pointer when not CENTRED
+    offsets, chunk_pages = _chunks.table_of(k_cache, chunks)
     _paged_attn_kernel[(plan["blocks"], hkv, splits)](
         q, k_cache, v_cache, ks, vs, block_table, seq_idx, kv_lens, plan["qblk"], mean, p_out, p_lse,
-        float(sm_scale) * LOG2E, page_tokens, chunk,
+        offsets, chunk_pages, float(sm_scale) * LOG2E, page_tokens, chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *ks.stride()[:3],
         *vs.stride()[:3], block_table.stride(0), p_out.stride(0), p_out.stride(1), p_out.stride(2),
         p_lse.stride(0), p_lse.stride(1),

@@ -12,11 +12,14 @@ Block-table entries past a row's length are never read for results (they are cla
 """
 import torch
 
+from edge_runtime.kernels import page_chunks as _chunks
+
 _MAX_SCORE_ELEMENTS = 1 << 25  # score-tensor budget per chunk (128 MiB of fp32)
 
 
 def _gather(cache, scale, page_ids, length):
-    """page_ids: long [B, np] -> (float32 [B, Hkv, L, D] contiguous, scale float32 [B, Hkv, L] or None),
+    """cache, scale: (chunk tensors, chunk_pages) of a store (kernels/page_chunks.py);
+    page_ids: long [B, np] -> (float32 [B, Hkv, L, D] contiguous, scale float32 [B, Hkv, L] or None),
     L = length <= np*P: the tokens past the longest row are cut while still int8 (512-token pages
     are mostly empty at a sequence's end, so converting whole pages would multiply the work).
 
@@ -24,12 +27,14 @@ def _gather(cache, scale, page_ids, length):
     without another transpose. The per-token scale is not applied here: it factors out of q.k and
     out of p.v, so applying it to the [.., L] scores/probabilities is D/g times cheaper.
     """
-    x = cache[page_ids]  # [B, np, P, Hkv, D]
+    x = _chunks.take_pages(*cache, page_ids)  # [B, np, P, Hkv, D]
     b, npg, p, hkv, d = x.shape
+    quant = x.dtype == torch.int8
     x = x.reshape(b, npg * p, hkv, d)[:, :length].transpose(1, 2).contiguous().float()
-    if cache.dtype != torch.int8:
+    if not quant:
         return x, None
-    s = scale[page_ids].reshape(b, npg * p, hkv)[:, :length].transpose(1, 2).float()  # [B, Hkv, L]
+    s = _chunks.take_pages(*scale, page_ids)  # [B, np, P, Hkv]
+    s = s.reshape(b, npg * p, hkv)[:, :length].transpose(1, 2).float()  # [B, Hkv, L]
     return x, s
 
 
@@ -65,12 +70,23 @@ def _attend(qb, lens, k, v, sm_scale, k_mean=None):
     return out, lse
 
 
-def _run_rows(q, k_cache, v_cache, k_scale, v_scale, bt_rows, lens, sm_scale, k_mean=None):
-    """q: [B, Tq, H, D]; bt_rows: [B, max_pages]; lens: [B, Tq] (max > 0) -> out, lse."""
-    page_tokens = k_cache.shape[1]
+def _stores(k_cache, v_cache, k_scale, v_scale, chunks):
+    """-> (K, V, K scales, V scales) as (chunk tensors, chunk_pages), and the store's page count."""
+    if chunks is None:
+        n = max(1, k_cache.shape[0])
+        return [((t,), n) for t in (k_cache, v_cache, k_scale, v_scale)], k_cache.shape[0]
+    c = chunks
+    return [(t, c.chunk_pages) for t in (c.k, c.v, c.k_scale, c.v_scale)], c.num_pages
+
+
+def _run_rows(q, stores, bt_rows, lens, sm_scale, k_mean=None):
+    """q: [B, Tq, H, D]; stores: _stores(...); bt_rows: [B, max_pages]; lens: [B, Tq] (max > 0)
+    -> out, lse."""
+    (k_cache, v_cache, k_scale, v_scale), num_store_pages = stores
+    page_tokens = k_cache[0][0].shape[1]
     length = int(lens.max())
     num_pages = (length + page_tokens - 1) // page_tokens
-    page_ids = bt_rows[:, :num_pages].long().clamp_(0, k_cache.shape[0] - 1)  # [B, np]
+    page_ids = bt_rows[:, :num_pages].long().clamp_(0, num_store_pages - 1)  # [B, np]
     k = _gather(k_cache, k_scale, page_ids, length)
     v = _gather(v_cache, v_scale, page_ids, length)
     return _attend(q.float(), lens, k, v, sm_scale, k_mean)
@@ -105,10 +121,12 @@ def check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_l
 
 
 def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
-                        k_mean=None):
+                        k_mean=None, chunks=None):
     """q: [T, H, D] -> (out float32 [T, H, D], lse float32 [T, H]). k_mean: the int8 store's mean
-    key [Hkv, D] float32 (centred keys, kernels/quantize.py) or None."""
+    key [Hkv, D] float32 (centred keys, kernels/quantize.py) or None. chunks: a chunked store's
+    PageChunks (kernels/page_chunks.py; the caches are chunk 0's) or None."""
     check_args(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, k_mean)
+    stores = _stores(k_cache, v_cache, k_scale, v_scale, chunks)
     num_tokens, num_heads, head_dim = q.shape
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.full((num_tokens, num_heads), float("-inf"), dtype=torch.float32, device=q.device)
@@ -121,16 +139,16 @@ def paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_
     is_single = torch.isin(rows, single)
     toks = active[is_single]  # decode-style rows: one query each, one batched pass
     if toks.numel():
-        o, s = _run_rows(q[toks].unsqueeze(1), k_cache, v_cache, k_scale, v_scale,
-                         block_table[seq_idx[toks].long()], kv_lens[toks].unsqueeze(1), sm_scale, k_mean)
+        o, s = _run_rows(q[toks].unsqueeze(1), stores, block_table[seq_idx[toks].long()],
+                         kv_lens[toks].unsqueeze(1), sm_scale, k_mean)
         out[toks], lse[toks] = o[:, 0], s[:, 0]
     for row in uniq[counts > 1].tolist():  # prefill rows: one gather per row
         toks = active[rows == row]
         chunk = max(1, _MAX_SCORE_ELEMENTS // (num_heads * int(kv_lens[toks].max())))
         for start in range(0, toks.numel(), chunk):
             part = toks[start:start + chunk]
-            o, s = _run_rows(q[part].unsqueeze(0), k_cache, v_cache, k_scale, v_scale,
-                             block_table[row:row + 1], kv_lens[part].unsqueeze(0), sm_scale, k_mean)
+            o, s = _run_rows(q[part].unsqueeze(0), stores, block_table[row:row + 1],
+                             kv_lens[part].unsqueeze(0), sm_scale, k_mean)
             out[part], lse[part] = o[0], s[0]
     return out, lse
 

@@ -21,6 +21,7 @@ A split with no tokens writes lse = -inf, which the merge ignores.
 """
 import torch
 
+from edge_runtime.kernels import page_chunks as _chunks
 from edge_runtime.kernels import paged_attention as _pa
 from edge_runtime.kernels.paged_attention_ref import check_args as _check
 
@@ -65,10 +66,11 @@ if triton is not None:
         w = tl.where(r == 0, 256.0, tl.where(r == 1, 1.0, 0.0))
         return tl.sum(acc.to(tl.float32) * w, axis=0) * step
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["chunk_pages"])
     def _decode_v2_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, mean_ptr,
                           bt0_ptr, seq0_ptr, len0_ptr, bt1_ptr, seq1_ptr, len1_ptr,
-                          out_ptr, lse_ptr, qk_scale, page_tokens, chunk0, splits0, chunk1,
+                          out_ptr, lse_ptr, chunk_ptr, chunk_pages,
+                          qk_scale, page_tokens, chunk0, splits0, chunk1,
                           s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
                           s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt0, s_bt1,
                           s_ot, s_oh, s_os, s_lt, s_lh,
@@ -105,17 +107,19 @@ if triton is not None:
         l_i = 0.0
         acc = tl.zeros([D], tl.float32)
         for n0 in range(start, end, BLOCK_N):
-            page = tl.load(bt_row + n0 // page_tokens).to(tl.int64)  # one page id per tile
+            page = tl.load(bt_row + n0 // page_tokens)  # one page id per tile
             off = (n0 % page_tokens + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
             nmask = n0 + tl.arange(0, BLOCK_N) < end
-            k = tl.load(k_ptr + page * s_kn + kvh * s_kh + off[:, None] * s_kp + d[None, :],
+            k_at = _chunks.page_start(page, chunk_ptr, chunk_pages, s_kn)  # scalar int64
+            k = tl.load(k_ptr + k_at + kvh * s_kh + off[:, None] * s_kp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
             if IDOT:  # int8 tensor cores on the raw K bytes: hi and lo rows of q in one dot
                 s = _rows01(tl.dot(q8, tl.trans(k)), q_step)  # [BLOCK_N]
             else:
                 s = tl.sum(_to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
             if QUANT:
-                ks = tl.load(ks_ptr + page * s_ksn + kvh * s_ksh + off * s_ksp, mask=nmask, other=0.0)
+                ks_at = _chunks.page_start(page, chunk_ptr + 1, chunk_pages, s_ksn)
+                ks = tl.load(ks_ptr + ks_at + kvh * s_ksh + off * s_ksp, mask=nmask, other=0.0)
                 ks = ks.to(tl.float32)
                 if CENTRED:  # a negative scale marks a centred key: |ks| q.k + q.m
                     s = s * tl.abs(ks) + tl.where(ks < 0, qm, 0.0)
@@ -127,9 +131,11 @@ if triton is not None:
             p = tl.exp2(s - m_new)  # [BLOCK_N]
             l_i = l_i * alpha + tl.sum(p, axis=0)
             if QUANT:
-                vs = tl.load(vs_ptr + page * s_vsn + kvh * s_vsh + off * s_vsp, mask=nmask, other=0.0)
+                vs_at = _chunks.page_start(page, chunk_ptr + 3, chunk_pages, s_vsn)
+                vs = tl.load(vs_ptr + vs_at + kvh * s_vsh + off * s_vsp, mask=nmask, other=0.0)
                 p = p * vs.to(tl.float32)
-            v = tl.load(v_ptr + page * s_vn + kvh * s_vh + off[:, None] * s_vp + d[None, :],
+            v_at = _chunks.page_start(page, chunk_ptr + 2, chunk_pages, s_vn)
+            v = tl.load(v_ptr + v_at + kvh * s_vh + off[:, None] * s_vp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
             if IDOT:
                 p8, p_step = _split16(p)  # [16, BLOCK_N] int8
@@ -178,11 +184,13 @@ def _segment(block_table, page_tokens, block_n, t, h, device, tune, share):
     return chunk, -(-max_len // chunk)
 
 
-def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, tune=None, k_mean=None):
+def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, tune=None, k_mean=None,
+                 chunks=None):
     """Decode attention over one or two segments [(block_table, seq_idx, kv_lens), ...] of the same
     pool -> (out fp32 [T, H, D], lse fp32 [T, H]) = merge of the per-segment attentions
     (paged_attention_ref of each segment, then merge_attention_ref). k_mean: the int8 store's mean
-    key [Hkv, D] float32 (centred keys, kernels/quantize.py) or None."""
+    key [Hkv, D] float32 (centred keys, kernels/quantize.py) or None. chunks: a chunked store's
+    PageChunks (kernels/page_chunks.py; the caches are chunk 0's) or None."""
     assert 1 <= len(segments) <= 2, "one or two segments"
     for seg in segments:
         _check(q, k_cache, v_cache, k_scale, v_scale, *seg, k_mean=k_mean)
@@ -208,8 +216,10 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, t
     seg1 = segments[-1]
     group = h // hkv
     mean = q if k_mean is None else k_mean.contiguous()  # any pointer when not CENTRED
+    offsets, chunk_pages = _chunks.table_of(k_cache, chunks)
     _decode_v2_kernel[(t * h, splits)](
-        q, k_cache, v_cache, ks, vs, mean, *segments[0], *seg1, p_out, p_lse, float(sm_scale) * LOG2E,
+        q, k_cache, v_cache, ks, vs, mean, *segments[0], *seg1, p_out, p_lse, offsets, chunk_pages,
+        float(sm_scale) * LOG2E,
         page_tokens, plan[0][0], plan[0][1], plan[-1][0],
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *ks.stride()[:3],
         *vs.stride()[:3], segments[0][0].stride(0), seg1[0].stride(0),

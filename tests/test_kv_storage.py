@@ -1,9 +1,13 @@
-"""KV storage: layout, CopyOp execution across stores, madvise release really lowers RSS."""
+"""KV storage: layout, CopyOp execution across stores, madvise release really lowers RSS; the
+CUDA back end's chunked pool: views and offsets name every chunk, a released chunk's storages are
+freed (and on CUDA the caching allocator's statistics show it), regrow reallocates it."""
 
+import gc
 from dataclasses import dataclass
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from edge_runtime.engine.kv_storage import KVStorage
 
@@ -58,3 +62,80 @@ def test_release_pages_lowers_rss_and_regrow_restores():
     st.regrow_pages(8, 56)
     assert _rss_bytes() - rss1 > 0.5 * released
     assert not st.released
+
+
+def _chunked(device, num_pages=7, page_tokens=4, **kw) -> KVStorage:
+    """A CUDA back end's storage: the pool in chunks of 2 pages (2, 2, 2, 1)."""
+    return KVStorage(num_layers=3, num_kv_heads=2, head_dim=8, num_pages=num_pages,
+                     page_tokens=page_tokens, kv_dtype="int8", device=device, pool_chunk_pages=2, **kw)
+
+
+def test_chunked_pool_copies_across_chunks_and_views_name_every_chunk():
+    st = _chunked("cpu", num_inline_slots=2, inline_tokens=6)
+    assert [c.k.shape[0] for c in st.pool.chunks] == [2, 2, 2, 1]
+    assert st.pool.nbytes() == 7 * 3 * 4 * 2 * (2 * 8 + 2 * 2)
+    torch.manual_seed(1)
+    for t in st.inline.tensors():
+        t.copy_((torch.randn(t.shape) * 50).to(t.dtype))
+    # inline slot 1, offsets 1..5 -> pool flat slots 6..10: pages 1 and 2, chunks 0 and 1
+    st.copy(_Copy("inline", 6 + 1, "pages", 6, 5))
+    back = st.pool.read(6, 5)
+    for src, dst in zip(st.inline.tensors(), back):
+        assert torch.equal(dst, src[1, :, 1:6].transpose(0, 1))  # [tokens, layers, ...]
+    view = st.view("pages", 2)
+    assert view.k_cache.data_ptr() == st.pool.chunks[0].k[:, 2].data_ptr()
+    assert [c.data_ptr() for c in view.chunks.k] == [c.k[:, 2].data_ptr() for c in st.pool.chunks]
+    offsets = view.chunks.offsets.tolist()
+    for c, chunk in enumerate(st.pool.chunks):  # element offsets of each chunk from chunk 0's
+        for col, t in enumerate((chunk.k, chunk.k_scale, chunk.v, chunk.v_scale)):
+            base = (st.pool.chunks[0].k, st.pool.chunks[0].k_scale, st.pool.chunks[0].v,
+                    st.pool.chunks[0].v_scale)[col]
+            assert offsets[c][col] * t.element_size() == t.data_ptr() - base.data_ptr()
+
+
+def test_released_chunk_storages_are_freed_and_regrow_reallocates_zeros():
+    st = _chunked("cpu")
+    for layer in range(3):  # views cached for every layer: they must not keep the chunk alive
+        st.view("pages", layer)
+    chunk = st.pool.chunks[2]
+    chunk_bytes = chunk.nbytes()
+    refs = [StorageWeakRef(t.untyped_storage()) for t in chunk.tensors()]
+    chunk.k.fill_(5)
+    del chunk
+    with pytest.raises(AssertionError):
+        st.release_pages(2, 6)  # two chunks: only whole single chunks are released
+    assert st.release_pages(4, 6) == chunk_bytes
+    gc.collect()
+    assert all(r.expired() for r in refs)
+    assert st.pool.chunks[2] is None and st.view("pages", 0).chunks.k[2] is None
+    assert st.released == {4, 5} and st.view("pages", 1).chunks.offsets[2].tolist() == [0] * 4
+    assert st.release_pages(4, 6) == 0  # already released
+    st.regrow_pages(4, 6)
+    assert not st.released and int(st.pool.chunks[2].k.abs().sum()) == 0
+    assert bool((st.pool.chunks[2].k_scale == 1).all())
+    view = st.view("pages", 0)
+    assert view.chunks.k[2].data_ptr() == st.pool.chunks[2].k[:, 0].data_ptr()
+    assert int(view.chunks.offsets[2, 0]) == st.pool.chunks[2].k.data_ptr() - st.pool.chunks[0].k.data_ptr()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device (the caching allocator's statistics)")
+def test_cuda_release_returns_the_chunk_to_the_driver_and_regrow_takes_it_again():
+    """torch's caching allocator's own statistics: memory_allocated falls by the chunk's bytes
+    when it is released and memory_reserved by about as much (K and V, 16 MiB each, have segments
+    of their own; the 256 KiB scales may share a small-allocation segment), and both rise again on
+    regrow."""
+    st = KVStorage(num_layers=4, num_kv_heads=8, head_dim=128, num_pages=32, page_tokens=512,
+                   kv_dtype="int8", device="cuda", pool_chunk_pages=8)  # 4 chunks of 32.5 MiB
+    chunk_bytes = st.pool.chunks[3].nbytes()
+    torch.cuda.synchronize()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    assert st.release_pages(24, 32) == chunk_bytes
+    fell_alloc = allocated - torch.cuda.memory_allocated()
+    fell_reserved = reserved - torch.cuda.memory_reserved()
+    assert fell_alloc == chunk_bytes, (fell_alloc, chunk_bytes)
+    assert 0.97 * chunk_bytes <= fell_reserved <= chunk_bytes + (2 << 20), (fell_reserved, chunk_bytes)
+    st.regrow_pages(24, 32)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - (allocated - fell_alloc) == chunk_bytes
+    assert torch.cuda.memory_reserved() - (reserved - fell_reserved) >= 0.97 * chunk_bytes

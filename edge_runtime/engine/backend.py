@@ -32,6 +32,7 @@ BACKENDS = ("cpu", "cuda")
 
 class CpuBackend:
     name = "cpu"
+    pool_in_chunks = False  # flat rows read the pool as one tensor; shrinking madvises ranges
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -73,6 +74,7 @@ class CpuBackend:
 
 class CudaBackend:
     name = "cuda"
+    pool_in_chunks = True  # one allocation per pool chunk, so a retired chunk's memory is freed
 
     def __init__(self, device: torch.device):
         self.device = device

@@ -34,7 +34,7 @@ from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import SeqStep
 from edge_runtime.engine.sampler import SamplerRow, make_generator, sample
 from edge_runtime.engine.scheduler import Scheduler
-from edge_runtime.engine.pool_resize import PoolChunks
+from edge_runtime.engine.pool_resize import PoolChunks, chunk_pages
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
@@ -55,9 +55,12 @@ class Engine:
         # an inline slot bigger than a page would never be chosen over a page: cap it
         inline_tokens = min(cfg.inline_tokens, cfg.page_tokens)
         windows, window_tokens = recent_window.sizes(cfg)
+        self.pool_chunks = PoolChunks(self.num_pages)
+        # the CUDA back end's pool: one allocation per chunk, so a retired one is handed back
+        chunked = chunk_pages(self.num_pages) if self.backend.pool_in_chunks else None
         self.storage = KVStorage(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.num_pages,
                                  cfg.page_tokens, slots, inline_tokens, cfg.kv_dtype, cfg.device,
-                                 windows, window_tokens)
+                                 windows, window_tokens, pool_chunk_pages=chunked)
         if cfg.kv_dtype == "int8" and cfg.centred_keys:  # before the first write (kv_storage.py)
             self.storage.set_key_means(key_means_for(loaded_model, self.storage.rotated).to(cfg.device))
         self.kv = KVManager(self.num_pages, cfg.page_tokens, slots, inline_tokens,
@@ -66,7 +69,6 @@ class Engine:
                             window_tokens=window_tokens)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
-        self.pool_chunks = PoolChunks(self.num_pages)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
         self.sm_scale = mc.head_dim ** -0.5
         self.requests: dict[str, Request] = {}

@@ -2,6 +2,8 @@
 
 Layout (docs/interfaces.md):
   k_pages, v_pages: [num_pages, num_layers, page_tokens, num_kv_heads, head_dim]
+      (on the CUDA back end one such tensor per chunk of `pool_chunk_pages` pages:
+      engine/chunked_pool.py, addressed by the kernels through kernels/page_chunks.py)
       int8 (with k_scales, v_scales: [num_pages, num_layers, page_tokens, num_kv_heads] fp16),
       or fp16 / fp32 without scales (reference runs).
   k_inline, v_inline (+ scales): the same with num_slots / slot_tokens.
@@ -15,13 +17,14 @@ A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` i
       by engine/key_means.py), set once before the first write and never changed after.
 
 Invariants:
-- The tensors are never reallocated: kernels and block tables address them by page id forever.
+- Block tables address pages by page id forever. The flat stores are never reallocated; a
+  chunked pool reallocates only a chunk the guard retired, when it is regrown.
 - A page id addresses all layers, and a page's bytes are contiguous, so a range of page ids is a
-  contiguous byte range of each tensor. `release_pages` gives such a range back to the OS with
-  madvise(MADV_DONTNEED) (CPU only: RSS really falls; whole OS pages inside the range read back as zeros, the
-  unaligned edges keep their old bytes);
-  `regrow_pages` touches them again. On CUDA device memory cannot be handed back piecewise, so
-  there `release_pages` returns 0 and the memory guard falls back to evict/preempt.
+  contiguous byte range of each tensor. `release_pages` gives such a range back: in the flat pool
+  (CPU back end) with madvise(MADV_DONTNEED) (RSS really falls; whole OS pages inside the range
+  read back as zeros, the unaligned edges keep their old bytes), in a chunked pool (CUDA back end)
+  by dropping the chunk's tensors (the range must be a whole chunk). `regrow_pages` makes the
+  range resident again, zeros.
 - The caller (the memory guard through the engine) only releases pages that hold no live or cached
   K/V; this module does not know page states.
 """
@@ -29,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import mmap
 import os
@@ -38,6 +42,7 @@ import torch
 
 from edge_runtime.kernels import hadamard
 from edge_runtime.kernels.huge_pages import HugePageArena
+from edge_runtime.kernels.page_chunks import PageChunks
 
 KV_DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
 _MADV_DONTNEED = 4
@@ -52,6 +57,7 @@ class StoreView:
     k_scale: torch.Tensor | None  # [N, P, Hkv] fp16 (int8 only); negative: a centred key
     v_scale: torch.Tensor | None
     k_mean: torch.Tensor | None = None  # [Hkv, D] fp32: the layer's mean key (centred keys)
+    chunks: PageChunks | None = None  # a chunked pool's chunks (the caches above are chunk 0's)
 
 
 def _zeros(shape, dtype, device) -> torch.Tensor:
@@ -67,13 +73,14 @@ def _zeros(shape, dtype, device) -> torch.Tensor:
 class _Store:
     """One paged tensor set (the pool or the arena)."""
 
-    def __init__(self, num_blocks, num_layers, block_tokens, num_kv_heads, head_dim, dtype, device):
+    def __init__(self, num_blocks, num_layers, block_tokens, num_kv_heads, head_dim, dtype, device,
+                 zeros=_zeros):
         shape = (num_blocks, num_layers, block_tokens, num_kv_heads, head_dim)
         self.block_tokens = block_tokens
         self.num_blocks = num_blocks
         # Filled with zeros: allocating and touching every byte now, not on first use.
-        self.k = _zeros(shape, dtype, device)
-        self.v = _zeros(shape, dtype, device)
+        self.k = zeros(shape, dtype, device)
+        self.v = zeros(shape, dtype, device)
         self.k_scale = self.v_scale = None
         if dtype == torch.int8:
             self.k_scale = torch.ones(shape[:-1], dtype=torch.float16, device=device)
@@ -91,6 +98,16 @@ class _Store:
         flat = torch.arange(flat_start, flat_start + num_tokens)
         return flat // self.block_tokens, flat % self.block_tokens
 
+    def read(self, flat_start: int, num_tokens: int) -> list[torch.Tensor]:
+        """Copies of tokens [flat_start, +num_tokens) of every tensor: [num_tokens, num_layers, ...]."""
+        page, off = self.index(flat_start, num_tokens)
+        return [t[page, :, off] for t in self.tensors()]
+
+    def write(self, flat_start: int, values: list[torch.Tensor]) -> None:
+        page, off = self.index(flat_start, values[0].shape[0] if values else 0)
+        for t, x in zip(self.tensors(), values):
+            t[page, :, off] = x
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
@@ -101,7 +118,9 @@ class KVStorage:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_pages: int,
                  page_tokens: int, num_inline_slots: int = 0, inline_tokens: int = 0,
                  kv_dtype: str = "int8", device: str | torch.device = "cpu",
-                 num_windows: int = 0, window_tokens: int = 0):
+                 num_windows: int = 0, window_tokens: int = 0, pool_chunk_pages: int | None = None):
+        """pool_chunk_pages: None, the pool as one tensor per K/V/scales (the CPU back end's flat
+        rows read it); else one per chunk of that many pages (the CUDA back end)."""
         assert kv_dtype in KV_DTYPES, kv_dtype
         dtype = KV_DTYPES[kv_dtype]
         self.kv_dtype = kv_dtype
@@ -110,7 +129,14 @@ class KVStorage:
         # rotate q/k/v in and the attention output back
         self.rotated = kv_dtype == "int8" and hadamard.applies(head_dim)
         self.device = torch.device(device)
-        self.pool = _Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
+        self.key_shape = (num_layers, num_kv_heads, head_dim)
+        if pool_chunk_pages is None:
+            self.pool = _Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
+        else:
+            from edge_runtime.engine.chunked_pool import ChunkedStore  # it builds on _Store
+
+            self.pool = ChunkedStore(num_pages, pool_chunk_pages, num_layers, page_tokens,
+                                     num_kv_heads, head_dim, dtype, device)
         self.inline = None
         if num_inline_slots > 0:
             self.inline = _Store(num_inline_slots, num_layers, inline_tokens, num_kv_heads,
@@ -127,8 +153,7 @@ class KVStorage:
         """Centre int8 keys on `means` [num_layers, num_kv_heads, head_dim] (rotated basis) from
         now on; only before anything is written, since stored keys are read with these means."""
         assert self.kv_dtype == "int8", "centred keys are an int8 store's"
-        k = self.pool.k
-        shape = (k.shape[1], k.shape[3], k.shape[4])
+        shape = self.key_shape
         assert tuple(means.shape) == shape, f"key means {tuple(means.shape)} for a store of {shape}"
         self.k_means = means.to(torch.float32, copy=True).contiguous()
 
@@ -147,7 +172,7 @@ class KVStorage:
     def view(self, name: str, layer: int) -> StoreView:
         v = self.store(name).view(layer)
         mean = self.key_mean(name, layer)
-        return v if mean is None else StoreView(v.k_cache, v.v_cache, v.k_scale, v.v_scale, mean)
+        return v if mean is None else dataclasses.replace(v, k_mean=mean)
 
     def nbytes(self) -> int:
         return sum(st.nbytes() for st in (self.pool, self.inline, self.window) if st is not None)
@@ -155,26 +180,31 @@ class KVStorage:
     def copy(self, op) -> None:
         """Execute a CopyOp: num_tokens tokens (all layers, K, V and scales) from src to dst."""
         src, dst = self.store(op.src_store), self.store(op.dst_store)
-        sp, so = src.index(op.src_slot_start, op.num_tokens)
-        dp, do = dst.index(op.dst_slot_start, op.num_tokens)
-        for s_t, d_t in zip(src.tensors(), dst.tensors()):
-            # s_t[sp, :, so]: [num_tokens, num_layers, ...]
-            d_t[dp, :, do] = s_t[sp, :, so]
+        dst.write(op.dst_slot_start, src.read(op.src_slot_start, op.num_tokens))
 
     def release_pages(self, start: int, end: int) -> int:
-        """Give pages [start, end) back to the OS; returns the bytes released (0 on CUDA)."""
+        """Give pages [start, end) back (a whole chunk in a chunked pool); returns the bytes
+        released: madvise'd whole OS pages (flat pool), the chunk's tensor bytes (chunked)."""
         assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
-        if self.device.type != "cpu" or start == end:
+        if start == end:
             return 0
-        released = sum(_madvise_dontneed(t, start, end) for t in self.pool.tensors())
+        if isinstance(self.pool, _Store):
+            if self.device.type != "cpu":
+                return 0  # a flat pool on a device: no piecewise release (tests only)
+            released = sum(_madvise_dontneed(t, start, end) for t in self.pool.tensors())
+        else:
+            released = self.pool.release(start, end)
         self.released.update(range(start, end))
         return released
 
     def regrow_pages(self, start: int, end: int) -> None:
         """Make pages [start, end) resident again (zeros), after release_pages."""
         assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
-        for t in self.pool.tensors():
-            t[start:end].zero_()
+        if isinstance(self.pool, _Store):
+            for t in self.pool.tensors():
+                t[start:end].zero_()
+        elif start < end:
+            self.pool.regrow(start, end)
         self.released.difference_update(range(start, end))
 
 

@@ -235,7 +235,8 @@ class PagedKVContext(StepKVContext):
                               self._fresh_store(v, window.v_cache), None, None)
         for store, slots in self.slot_mapping.items():
             view = self.storage.view(store, layer)
-            write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots, view.k_mean)
+            write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots, view.k_mean,
+                     chunks=view.chunks)
         if self.window_slots is not None:
             view = self.storage.view("window", layer)
             write_kv(k, v, view.k_cache, view.v_cache, None, None, self.window_slots)
@@ -247,7 +248,7 @@ class PagedKVContext(StepKVContext):
                 view = self.storage.view(call.store, layer)
             out, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
                                        call.block_table, call.seq_idx, call.kv_lens, self.sm_scale,
-                                       k_mean=view.k_mean)
+                                       k_mean=view.k_mean, chunks=view.chunks)
             outs.append(out)
             lses.append(lse)
         return merge_attention(outs, lses).to(q.dtype)

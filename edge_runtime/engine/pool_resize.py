@@ -1,12 +1,14 @@
 """Whole chunks of the page pool handed back to the OS and regrown (memory-guard actions).
 
-The pool is one allocation per tensor (docs/interfaces.md), split here into `num_chunks` equal
-ranges of page ids. Shrinking takes the highest chunk still in service: the KVManager retires its
+The pool's page ids are split here into `num_chunks` ranges of `chunk_pages(num_pages)` pages (the
+last may be smaller). Shrinking takes the highest chunk still in service: the KVManager retires its
 page range (cached pages evicted, live pages relocated below it through CopyOps and block-table
 edits, cache/pool_shrink.py), the engine runs the copies, then KVStorage releases the range's
-memory (madvise(MADV_DONTNEED) on CPU, so RSS falls; on CUDA the bytes stay allocated and only
-the page ids leave service). Growing puts chunks back, the last retired first (the guard grows
-one at a time while there is room for it), and makes them resident.
+memory: on the CPU back end's flat pool with madvise(MADV_DONTNEED), so RSS falls; on the CUDA
+back end, whose pool is one allocation per chunk of these ranges (engine/chunked_pool.py), by
+dropping the chunk's tensors and emptying the caching allocator's cache. Growing puts chunks back,
+the last retired first (the guard grows one at a time while there is room for it), and makes them
+resident (on CUDA: allocates them again).
 
 Invariants: the first chunk is never retired (the engine always has pages); chunks are retired in
 descending order and restored in ascending-retirement (LIFO) order; a chunk whose live pages find
@@ -21,10 +23,15 @@ from edge_runtime.errors import OutOfPages
 DEFAULT_NUM_CHUNKS = 4
 
 
+def chunk_pages(num_pages: int, num_chunks: int = DEFAULT_NUM_CHUNKS) -> int:
+    """Pages per chunk (the last chunk may hold fewer)."""
+    num_chunks = max(1, min(num_chunks, num_pages))
+    return -(-num_pages // num_chunks)
+
+
 class PoolChunks:
     def __init__(self, num_pages: int, num_chunks: int = DEFAULT_NUM_CHUNKS):
-        num_chunks = max(1, min(num_chunks, num_pages))
-        size = -(-num_pages // num_chunks)
+        size = chunk_pages(num_pages, num_chunks)
         self.ranges = [(s, min(s + size, num_pages)) for s in range(0, num_pages, size)]
         self.retired: list[tuple[int, int]] = []  # a stack: the last retired is restored first
 
