@@ -26,7 +26,7 @@ import dataclasses
 
 import torch
 
-from edge_runtime.engine.kv_storage import StoreView, _Store
+from edge_runtime.engine.kv_store import Store, StoreView
 from edge_runtime.kernels.page_chunks import PageChunks, element_offsets
 
 
@@ -43,7 +43,7 @@ class ChunkedStore:
         self.num_blocks, self.chunk_pages, self.block_tokens = num_blocks, chunk_pages, block_tokens
         self._geometry = (num_layers, block_tokens, num_kv_heads, head_dim, dtype, device)
         num_chunks = -(-num_blocks // chunk_pages)
-        self.chunks: list[_Store | None] = [self._allocate(c) for c in range(num_chunks)]
+        self.chunks: list[Store | None] = [self._allocate(c) for c in range(num_chunks)]
         self.offsets = torch.zeros(num_chunks, 4, dtype=torch.int64, device=device)
         self._views: dict[int, StoreView] = {}
         self._refresh()
@@ -51,8 +51,8 @@ class ChunkedStore:
     def _pages_of(self, c: int) -> int:
         return min(self.chunk_pages, self.num_blocks - c * self.chunk_pages)
 
-    def _allocate(self, c: int) -> _Store:
-        return _Store(self._pages_of(c), *self._geometry, zeros=_plain_zeros)
+    def _allocate(self, c: int) -> Store:
+        return Store(self._pages_of(c), *self._geometry, zeros=_plain_zeros)
 
     def _refresh(self) -> None:
         """Offsets of the chunks in service (in place: the table's address never changes); views

@@ -33,83 +33,17 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
 import mmap
 import os
-from dataclasses import dataclass
 
 import torch
 
+from edge_runtime.engine.chunked_pool import ChunkedStore
+from edge_runtime.engine.kv_store import Store, StoreView
 from edge_runtime.kernels import hadamard
-from edge_runtime.kernels.huge_pages import HugePageArena
-from edge_runtime.kernels.page_chunks import PageChunks
 
 KV_DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
 _MADV_DONTNEED = 4
-
-
-@dataclass(frozen=True)
-class StoreView:
-    """One layer of one store, as the kernels see it."""
-
-    k_cache: torch.Tensor  # [N, P, Hkv, D]
-    v_cache: torch.Tensor  # [N, P, Hkv, D]
-    k_scale: torch.Tensor | None  # [N, P, Hkv] fp16 (int8 only); negative: a centred key
-    v_scale: torch.Tensor | None
-    k_mean: torch.Tensor | None = None  # [Hkv, D] fp32: the layer's mean key (centred keys)
-    chunks: PageChunks | None = None  # a chunked pool's chunks (the caches above are chunk 0's)
-
-
-def _zeros(shape, dtype, device) -> torch.Tensor:
-    """Zeros; on the CPU in memory advised to be backed by 2 MiB pages (kernels/huge_pages.py):
-    decode attention reads each row's keys at a 192-byte stride across a whole page of the pool,
-    and with 4 KiB pages it took TLB misses all along (docs/perf.md, "CPU decode attention")."""
-    if torch.device(device).type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    numel = math.prod(shape)
-    return HugePageArena(numel, dtype).take(numel).view(shape).zero_()
-
-
-class _Store:
-    """One paged tensor set (the pool or the arena)."""
-
-    def __init__(self, num_blocks, num_layers, block_tokens, num_kv_heads, head_dim, dtype, device,
-                 zeros=_zeros):
-        shape = (num_blocks, num_layers, block_tokens, num_kv_heads, head_dim)
-        self.block_tokens = block_tokens
-        self.num_blocks = num_blocks
-        # Filled with zeros: allocating and touching every byte now, not on first use.
-        self.k = zeros(shape, dtype, device)
-        self.v = zeros(shape, dtype, device)
-        self.k_scale = self.v_scale = None
-        if dtype == torch.int8:
-            self.k_scale = torch.ones(shape[:-1], dtype=torch.float16, device=device)
-            self.v_scale = torch.ones(shape[:-1], dtype=torch.float16, device=device)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
-
-    def view(self, layer: int) -> StoreView:
-        ks = self.k_scale[:, layer] if self.k_scale is not None else None
-        vs = self.v_scale[:, layer] if self.v_scale is not None else None
-        return StoreView(self.k[:, layer], self.v[:, layer], ks, vs)
-
-    def index(self, flat_start: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = torch.arange(flat_start, flat_start + num_tokens)
-        return flat // self.block_tokens, flat % self.block_tokens
-
-    def read(self, flat_start: int, num_tokens: int) -> list[torch.Tensor]:
-        """Copies of tokens [flat_start, +num_tokens) of every tensor: [num_tokens, num_layers, ...]."""
-        page, off = self.index(flat_start, num_tokens)
-        return [t[page, :, off] for t in self.tensors()]
-
-    def write(self, flat_start: int, values: list[torch.Tensor]) -> None:
-        page, off = self.index(flat_start, values[0].shape[0] if values else 0)
-        for t, x in zip(self.tensors(), values):
-            t[page, :, off] = x
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
 class KVStorage:
@@ -131,20 +65,19 @@ class KVStorage:
         self.device = torch.device(device)
         self.key_shape = (num_layers, num_kv_heads, head_dim)
         if pool_chunk_pages is None:
-            self.pool = _Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
+            self.pool = Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
         else:
-            from edge_runtime.engine.chunked_pool import ChunkedStore  # it builds on _Store
 
             self.pool = ChunkedStore(num_pages, pool_chunk_pages, num_layers, page_tokens,
                                      num_kv_heads, head_dim, dtype, device)
         self.inline = None
         if num_inline_slots > 0:
-            self.inline = _Store(num_inline_slots, num_layers, inline_tokens, num_kv_heads,
+            self.inline = Store(num_inline_slots, num_layers, inline_tokens, num_kv_heads,
                                  head_dim, dtype, device)
         self.window = None
         if num_windows > 0 and window_tokens > 0:
             assert kv_dtype == "int8", "the recent-key window is for int8 KV (float KV is exact)"
-            self.window = _Store(num_windows, num_layers, window_tokens, num_kv_heads, head_dim,
+            self.window = Store(num_windows, num_layers, window_tokens, num_kv_heads, head_dim,
                                  torch.float16, device)
         self.released: set[int] = set()
         self.k_means: torch.Tensor | None = None
@@ -163,7 +96,7 @@ class KVStorage:
             return None
         return self.k_means[layer]
 
-    def store(self, name: str) -> _Store:
+    def store(self, name: str) -> Store:
         assert name in ("pages", "inline", "window"), name
         st = {"pages": self.pool, "inline": self.inline, "window": self.window}[name]
         assert st is not None, f"store {name!r} is not allocated"
@@ -188,7 +121,7 @@ class KVStorage:
         assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
         if start == end:
             return 0
-        if isinstance(self.pool, _Store):
+        if isinstance(self.pool, Store):
             if self.device.type != "cpu":
                 return 0  # a flat pool on a device: no piecewise release (tests only)
             released = sum(_madvise_dontneed(t, start, end) for t in self.pool.tensors())
@@ -200,7 +133,7 @@ class KVStorage:
     def regrow_pages(self, start: int, end: int) -> None:
         """Make pages [start, end) resident again (zeros), after release_pages."""
         assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
-        if isinstance(self.pool, _Store):
+        if isinstance(self.pool, Store):
             for t in self.pool.tensors():
                 t[start:end].zero_()
         elif start < end:

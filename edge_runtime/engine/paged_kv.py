@@ -41,7 +41,8 @@ import torch
 
 from edge_runtime.cache.recent_windows import exact_from, window_offset
 from edge_runtime.engine.kv_context import StepKVContext
-from edge_runtime.engine.kv_storage import KVStorage, StoreView
+from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.kv_store import StoreView
 from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
 
 
