@@ -28,14 +28,15 @@ from edge_runtime.engine import beam, recent_window
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
-from edge_runtime.engine.constraints import Constraints, token_logprobs
+from edge_runtime.engine.constraints import Constraints
 from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import SeqStep
-from edge_runtime.engine.sampler import SamplerRow, make_generator, sample
+from edge_runtime.engine.sampler import SampleRows, SamplerRow, make_generator
 from edge_runtime.engine.scheduler import Scheduler
 from edge_runtime.engine.pool_resize import PoolChunks
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
+from edge_runtime.engine.step_transfers import device_region
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
 
@@ -47,6 +48,8 @@ class Engine:
         self.model = loaded_model.model
         self.backend = select_backend(self.config.backend, self.config.device)
         check_prepared(self.model, self.backend)
+        self.transfers = self.backend.transfers()  # every host<->device copy of a step
+        self.sampler = self.backend.sampler(self.transfers)
         self.tokenizer = loaded_model.tokenizer
         mc = self.model_config = loaded_model.config
         cfg = self.config
@@ -238,14 +241,18 @@ class Engine:
         self._sample_and_emit(sampled, logits, events, masks)
 
     def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
-        device = self.storage.device
+        """-> float32 [B, vocab] logits, on the back end's device. The step's inputs and the KV
+        context's index tensors go up in one upload; nothing inside waits for the device."""
         positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in steps])
         ctx = self.backend.context(self.storage, steps, self.sm_scale)
-        with torch.inference_mode():
-            logits = self.backend.forward(self.model, torch.tensor(ids, dtype=torch.long, device=device),
-                                          positions.to(device), ctx,
-                                          torch.tensor(last_rows, dtype=torch.long, device=device))
-        return logits.float().cpu()  # [B, vocab]
+        inputs = {"ids": torch.tensor(ids, dtype=torch.long), "positions": positions,
+                  "last_rows": torch.tensor(last_rows, dtype=torch.long)}
+        dev = self.transfers.upload({**inputs, **ctx.metadata()})
+        ctx.bind(dev)
+        num_positions = max(s.start + s.num_new for s in steps)
+        with torch.inference_mode(), device_region():
+            return self.backend.forward(self.model, dev["ids"], dev["positions"], ctx,
+                                        dev["last_rows"], num_positions)
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
                          events: list[TokenEvent], masks=None) -> None:
@@ -261,16 +268,11 @@ class Engine:
             plain_rows.append(i)
             plain_seqs.append(seq)
         if plain_seqs:
-            rows = [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs]
-            same = plain_rows == list(range(logits.shape[0]))
-            raw = logits if same else logits[torch.tensor(plain_rows)]
-            tops = [s.request.params.logprobs for s in plain_seqs]
-            keep_raw = masks is not None and any(t is not None for t in tops)
-            masked = raw.clone() if keep_raw else raw  # log-probs are the unmasked model's
-            with torch.inference_mode():  # in place on the forward's (inference) tensor
-                self.constraints.apply_masks(masked, plain_rows, masks)
-            tokens = sample(masked, rows)
-            lps = token_logprobs(raw, tokens, tops)
+            batch = SampleRows(plain_rows,
+                               [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs],
+                               [s.request.params.logprobs for s in plain_seqs])
+            with torch.inference_mode(), device_region():
+                tokens, lps = self.sampler.choose(logits, batch, self.constraints, masks)
             for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
                 self._append_token(seq, tok, events, lp)
         for rid, group in beam_groups.items():

@@ -32,6 +32,14 @@ class StepKVContext:
     def to(self, device: torch.device) -> "StepKVContext":
         return self
 
+    def metadata(self) -> dict[str, torch.Tensor]:
+        """The step's index tensors that must reach the device (none: a host-only context)."""
+        return {}
+
+    def bind(self, parts: dict[str, torch.Tensor]) -> "StepKVContext":
+        """Take `metadata()`'s tensors back, now on the device."""
+        return self
+
     def native_decode_args(self, num_heads: int, head_dim: int):
         """Arguments for the one-call C decode step (kernels/cpu_decoder.py); None where it does
         not apply (every context but the CPU back end's steps whose tokens the C attention all

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.api import SamplingParams, TokenLogprob
 from edge_runtime.kernels.argmax_cpu import argmax_rows
 
 
@@ -30,6 +30,37 @@ class SamplerRow:
     params: SamplingParams
     generator: torch.Generator
     seen_ids: list[int]  # prompt + generated ids, for the repetition penalty
+
+
+@dataclass
+class SampleRows:
+    """The rows one step samples: row k takes the logits row `source_rows[k]` (n > 1 children
+    forked at their first token share their parent's row)."""
+
+    source_rows: list[int]
+    rows: list[SamplerRow]
+    tops: list[int | None]  # per row: None, or how many top log-probs it asked for
+
+
+class HostSampler:
+    """The CPU back end's sampler: logits already on the host (`sample`, `token_logprobs`)."""
+
+    def __init__(self, transfers=None):
+        self.transfers = transfers
+
+    def choose(self, logits: torch.Tensor, batch: SampleRows, constraints, masks
+               ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """-> (one token id per row, its log-probs or None per row)."""
+        from edge_runtime.engine.constraints import token_logprobs
+
+        same = batch.source_rows == list(range(logits.shape[0]))
+        raw = logits if same else logits[torch.tensor(batch.source_rows)]
+        keep_raw = masks is not None and any(t is not None for t in batch.tops)
+        masked = raw.clone() if keep_raw else raw  # log-probs are the unmasked model's
+        with torch.inference_mode():  # in place on the forward's (inference) tensor
+            constraints.apply_masks(masked, batch.source_rows, masks)
+        tokens = sample(masked, batch.rows)
+        return tokens, token_logprobs(raw, tokens, batch.tops)
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -1,0 +1,75 @@
+"""Host<->device traffic of an engine step (engine/step_transfers.py): the packed upload keeps every
+tensor's values, dtype and shape; the counter sees what would make a GPU step wait; and a decode
+step of the CUDA back end (on CPU tensors under the Triton interpreter) makes exactly its uploads
+(token ids + metadata; sampler inputs when a row samples) and one download (the token ids), with
+no synchronization and no other copy in the forward or the sampling, whatever the layer count."""
+
+import pytest
+import torch
+
+from backend_helpers import engine_on
+from model_helpers import random_ids
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.step_transfers import StepTransfers, SyncCounter, device_region
+from edge_runtime.kernels import dispatch
+
+
+def test_packed_upload_keeps_values_dtypes_and_shapes():
+    g = torch.Generator().manual_seed(0)
+    parts = {"ids": torch.randint(0, 1 << 40, (7,), generator=g),  # int64 beyond int32
+             "table": torch.randint(-5, 99, (3, 5), generator=g, dtype=torch.int32),
+             "flags": torch.tensor([True, False, True]),
+             "u": torch.rand(3, generator=g),
+             "empty": torch.zeros(0, 4, dtype=torch.int64),
+             "odd": torch.arange(3, dtype=torch.int16),
+             "after": torch.arange(5, dtype=torch.float64)}
+    t = StepTransfers("cpu", pack=True)
+    got = t.upload(parts)
+    assert t.counters["uploads"] == 1 and t.counters["bytes_up"] % 8 == 0
+    for name, want in parts.items():
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+        assert torch.equal(got[name], want), name
+    assert StepTransfers("cpu", pack=False).upload(parts)["ids"] is parts["ids"]
+
+
+def test_counter_sees_syncs_only_inside_device_regions():
+    x = torch.arange(6.0)
+    with SyncCounter() as c:
+        x.sum().item()  # host code may read host tensors
+        with device_region():
+            x.to(torch.float16)  # a dtype change is no copy between devices
+            float(x[0]), bool(x[1]), int(x[2]), x.tolist(), x.cpu(), x.to("cpu")
+            StepTransfers("cpu").download(x)  # the helper's own download is counted there
+    assert dict(c.syncs) == {"__float__": 1, "__bool__": 1, "__int__": 1, "tolist": 1, "cpu": 1, "to": 1}
+    assert c.transfers_outside_helper == 2
+
+
+def _decode_step_traffic(engine, params):
+    for i, p in enumerate(params):
+        engine.add_request(random_ids(20 + 7 * i, 500, seed=i), p)
+    engine.step()  # the prefill
+    before = engine.transfers.counters.copy()
+    with SyncCounter() as counter:
+        events = engine.step()
+    assert all(len(e.token_ids) == 1 for e in events if e.result is None), events
+    return counter, engine.transfers.counters - before
+
+
+@pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
+@pytest.mark.parametrize("sampled", [False, True])
+def test_cuda_decode_step_crosses_once_each_way_and_never_syncs(sampled):
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    params = [greedy] * 3
+    if sampled:
+        params[1] = SamplingParams(max_tokens=4, temperature=0.8, top_k=20, top_p=0.9, seed=1,
+                                   repetition_penalty=1.2, ignore_eos=True, logprobs=2)
+    engine = engine_on("cuda")
+    launches = dispatch.TRITON_LAUNCHES.copy()
+    counter, traffic = _decode_step_traffic(engine, params)
+    assert dispatch.TRITON_LAUNCHES - launches  # the Triton kernels ran
+    assert counter.total_syncs == 0, dict(counter.syncs)
+    assert counter.transfers_outside_helper == 0
+    assert traffic["uploads"] == (2 if sampled else 1), dict(traffic)  # + sampler inputs
+    assert traffic["downloads"] == 1, dict(traffic)
+    assert traffic["bytes_down"] == (3 + 1 + 2 * 2) * 8 if sampled else 3 * 8, dict(traffic)
