@@ -73,6 +73,8 @@ class SeqStep:
         return self.tail_ids if self.tail_kind == "pages" else self.full_pages
 
 
+# the calls a step may make, in the order `_build` appends them
+CALL_KINDS = ("window", "fresh", "prefix", "tail_pages", "tail_inline")
 _FRESH_NAMES = ("fresh.src", "fresh.dst", "fresh.carry_src", "fresh.carry_dst")
 
 
@@ -82,6 +84,7 @@ class _Call:
     block_table: torch.Tensor  # int32 [rows, max_blocks]
     seq_idx: torch.Tensor  # int32 [T]
     kv_lens: torch.Tensor  # int32 [T]
+    kind: str = ""  # CALL_KINDS: which segment it reads (engine/cuda_graphs.py pads by kind)
 
 
 def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
@@ -121,7 +124,7 @@ class PagedKVContext(StepKVContext):
             lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
             lens = torch.minimum(lens, limit).to(torch.int32)
             self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
-                                    seq_of_token.to(torch.int32), lens))
+                                    seq_of_token.to(torch.int32), lens, "prefix"))
         P = self.storage.store("pages").block_tokens
         # tokens before an inline tail's slots: its full pages ([p, b) in the pool)
         in_pages = torch.tensor([len(s.full_pages) * P if s.tail_kind == "inline" else 1 << 40
@@ -143,7 +146,7 @@ class PagedKVContext(StepKVContext):
                 pos_in, writes = tail_pos - in_pages, tail_pos >= in_pages
             has_rows = torch.tensor([len(r) > 0 for r in rows])[seq_of_token]
             self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
-                                    torch.where(has_rows, lens, 0).to(torch.int32)))
+                                    torch.where(has_rows, lens, 0).to(torch.int32), f"tail_{kind}"))
             writes &= has_rows
             if not bool(writes.any()):
                 continue
@@ -177,7 +180,8 @@ class PagedKVContext(StepKVContext):
         limit = torch.where(has, block, limit)
         self.calls.append(_Call("window", _pad_rows([[s.window or 0] for s in seqs]),
                                 seq_of_token.to(torch.int32),
-                                torch.where(has & decode, positions + 1 - block, 0).to(torch.int32)))
+                                torch.where(has & decode, positions + 1 - block, 0).to(torch.int32),
+                                "window"))
         writes = has & (positions >= exact_from(end - 1, W))
         self.window_slots = torch.where(writes, window * W + window_offset(positions, W), -1)
         fresh = [i for i, s in enumerate(seqs) if s.window is not None and s.num_new > 1]
@@ -205,7 +209,7 @@ class PagedKVContext(StepKVContext):
         self.calls.append(_Call("fresh", torch.arange(num_blocks, dtype=torch.int32)[:, None],
                                 torch.where(is_fresh, row, 0).to(torch.int32),
                                 torch.where(is_fresh, window_offset(positions, W) + 1, 0)
-                                .to(torch.int32)))
+                                .to(torch.int32), "fresh"))
 
     def metadata(self) -> dict[str, torch.Tensor]:
         """Every index tensor of the step, by name, for one packed upload (engine/step_transfers.py);
