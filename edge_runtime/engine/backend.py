@@ -34,6 +34,7 @@ BACKENDS = ("cpu", "cuda")
 
 class CpuBackend:
     name = "cpu"
+    decode_graphs = False  # the flat store's steps are not padded to buckets
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -85,6 +86,7 @@ class CpuBackend:
 
 class CudaBackend:
     name = "cuda"
+    decode_graphs = True  # decode steps padded to buckets, CUDA graphs (engine/cuda_graphs.py)
 
     def __init__(self, device: torch.device):
         self.device = device

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 
@@ -29,6 +30,7 @@ from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.constraints import Constraints
+from edge_runtime.engine.cuda_graphs import DEFAULT_BUCKETS, DecodeGraphs, decode_layout
 from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import SeqStep
@@ -39,6 +41,8 @@ from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.step_transfers import device_region
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
+
+_log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -72,6 +76,7 @@ class Engine:
         self.pool_chunks = PoolChunks(self.num_pages)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
         self.sm_scale = mc.head_dim ** -0.5
+        self.graphs = self._decode_graphs(slots)
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
         self._lock = threading.RLock()
@@ -173,6 +178,7 @@ class Engine:
                         kv_dtype=self.config.kv_dtype, page_tokens=self.config.page_tokens,
                         num_pages=self.num_pages, kv_bytes=self.storage.nbytes(),
                         backends=self.backend.describe(), kv=self.kv.stats(),
+                        decode_graphs=None if self.graphs is None else self.graphs.stats(),
                         **self.constraints.stats())
 
     # --- memory-guard hooks (docs/interfaces.md) --------------------------------------------
@@ -247,6 +253,10 @@ class Engine:
         ctx = self.backend.context(self.storage, steps, self.sm_scale)
         inputs = {"ids": torch.tensor(ids, dtype=torch.long), "positions": positions,
                   "last_rows": torch.tensor(last_rows, dtype=torch.long)}
+        if self.graphs is not None and len(ids) == len(steps):  # one token each: a decode step
+            logits = self.graphs.run(ctx, inputs)
+            if logits is not None:
+                return logits
         dev = self.transfers.upload({**inputs, **ctx.metadata()})
         ctx.bind(dev)
         num_positions = max(s.start + s.num_new for s in steps)
@@ -316,6 +326,20 @@ class Engine:
                 self._finish_request(req, events)
 
     # --- bookkeeping helpers ----------------------------------------------------------------
+    def _decode_graphs(self, num_inline_slots: int):
+        """The CUDA back end's decode buckets (engine/cuda_graphs.py), captured now on a GPU."""
+        buckets = self.config.decode_buckets
+        if buckets is None:
+            buckets = DEFAULT_BUCKETS if torch.device(self.config.device).type == "cuda" else ()
+        if not buckets or not self.backend.decode_graphs:
+            return None
+        max_positions = self.model_config.max_position_embeddings
+        layout = decode_layout(self.storage, max_positions, num_inline_slots)
+        graphs = DecodeGraphs(self.backend, self.model, self.storage, self.sm_scale, self.transfers,
+                              buckets, layout, max_positions)
+        graphs.capture(log=_log.info)
+        return graphs
+
     def fork_kv(self, parent: Sequence, child: Sequence) -> None:
         """The child shares the parent's KV (KVManager.fork) and gets a copy of its recent-key
         window."""

@@ -67,20 +67,43 @@ class StepTransfers:
         if not self.pack or not parts:
             return parts
         with _helper():
-            layout, offset = [], 0
-            for name, t in parts.items():
-                t = t.contiguous()
-                layout.append((name, t, offset))
-                offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-            host = torch.empty(max(offset, _ALIGN), dtype=torch.uint8,
-                               pin_memory=self.device.type == "cuda")
-            for _, t, start in layout:
-                if t.numel():
-                    host[start:start + t.numel() * t.element_size()] = t.view(-1).view(torch.uint8)
+            host, layout = self._packed(parts)
             buf = host.to(self.device, non_blocking=True)
-            self.counters["uploads"] += 1
-            self.counters["bytes_up"] += host.numel()
+            self._count_upload(host)
             return {name: _view(buf, start, t) for name, t, start in layout}
+
+    def allocate(self, template: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A device buffer in `template`'s packed layout and its views (a static input buffer:
+        `upload_into` refills it in place, so the views, and a graph captured on them, stay)."""
+        with _helper():
+            host, layout = self._packed(template)
+            buf = host.to(self.device, copy=True)
+            return buf, {name: _view(buf, start, t) for name, t, start in layout}
+
+    def upload_into(self, buf: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        """Refill a buffer from `allocate` (the same names, dtypes and shapes) in one copy."""
+        with _helper():
+            host, _ = self._packed(parts)
+            assert host.shape == buf.shape, (host.shape, buf.shape)
+            buf.copy_(host, non_blocking=True)
+            self._count_upload(host)
+
+    def _packed(self, parts: dict[str, torch.Tensor]):
+        layout, offset = [], 0
+        for name, t in parts.items():
+            t = t.contiguous()
+            layout.append((name, t, offset))
+            offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        host = torch.zeros(max(offset, _ALIGN), dtype=torch.uint8,
+                           pin_memory=self.device.type == "cuda")
+        for _, t, start in layout:
+            if t.numel():
+                host[start:start + t.numel() * t.element_size()] = t.view(-1).view(torch.uint8)
+        return host, layout
+
+    def _count_upload(self, host: torch.Tensor) -> None:
+        self.counters["uploads"] += 1
+        self.counters["bytes_up"] += host.numel()
 
     def download(self, t: torch.Tensor) -> list:
         """A device tensor -> its values as (nested) Python lists: one synchronization."""
