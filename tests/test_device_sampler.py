@@ -51,7 +51,7 @@ def _run_both(params, steps=4, source_rows=None, mask_rows=None, num_logits=None
     device, host = DeviceSampler(transfers), HostSampler()
     g = torch.Generator().manual_seed(7)
     for step in range(steps):
-        logits = torch.randn(num_logits or len(params), VOCAB, generator=g) * 4
+        logits = torch.randn(num_logits or len(params), VOCAB, generator=g) * 1.5
         masks = None if mask_rows is None else _masks(len(params), mask_rows, step)
         want = host.choose(logits.clone(), host_batch, Constraints, masks)
         with SyncCounter() as counter, device_region():

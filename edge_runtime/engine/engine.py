@@ -253,7 +253,7 @@ class Engine:
         ctx = self.backend.context(self.storage, steps, self.sm_scale)
         inputs = {"ids": torch.tensor(ids, dtype=torch.long), "positions": positions,
                   "last_rows": torch.tensor(last_rows, dtype=torch.long)}
-        if self.graphs is not None and len(ids) == len(steps):  # one token each: a decode step
+        if self.graphs is not None and len(ids) == len(steps) == len(last_rows):  # a decode step
             logits = self.graphs.run(ctx, inputs)
             if logits is not None:
                 return logits
