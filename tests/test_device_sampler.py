@@ -1,7 +1,7 @@
 """The device sampler (engine/device_sampler.py) against the host sampler (engine/sampler.py) on CPU
 tensors, the same code path the CUDA back end runs: bit-equal token ids and log-probs for greedy
 and seeded rows, over several steps (the random streams stay in lockstep), with top-k/top-p,
-repetition penalties, n > 1 rows sharing a logits row, grammar bitmasks and log-probs; and what
+repetition, presence and frequency penalties, n > 1 rows sharing a logits row, grammar bitmasks and log-probs; and what
 crosses between host and device (engine/step_transfers.py)."""
 
 from concurrent.futures import Future
@@ -24,12 +24,15 @@ PARAMS = [
     SamplingParams(temperature=1.0, top_k=40, top_p=0.5, repetition_penalty=1.3, seed=4),
     SamplingParams(temperature=0.0, repetition_penalty=0.7, logprobs=0),
     SamplingParams(temperature=2e-3, seed=5),  # tiny temperature: near-greedy, no overflow
+    SamplingParams(temperature=0.8, presence_penalty=0.5, frequency_penalty=1.5, seed=6),
+    SamplingParams(temperature=0.0, frequency_penalty=2.0, repetition_penalty=1.1),
 ]
 
 
 def _batch(params, seeds_from=0, source_rows=None, seen=None):
     rows = [SamplerRow(p, make_generator(p.seed if p.seed is not None else seeds_from + i),
-                       list(seen[i]) if seen else [1, 2, 3, 7 + i]) for i, p in enumerate(params)]
+                       list(seen[i]) if seen else [1, 2, 3, 7 + i], num_prompt=2)
+            for i, p in enumerate(params)]
     return SampleRows(list(source_rows or range(len(params))), rows, [p.logprobs for p in params])
 
 

@@ -1,10 +1,11 @@
 """Sampling where the logits are (the CUDA back end): only token ids and asked-for log-probs cross.
 
 The same transforms, in the same order and dtypes, as engine/sampler.py (grammar mask ->
-repetition penalty -> greedy argmax, or temperature -> top-k -> top-p -> inverse-CDF draw), run on
+repetition penalty -> presence/frequency penalties -> greedy argmax, or temperature -> top-k ->
+top-p -> inverse-CDF draw), run on
 the device over the [B, vocab] logits the forward left there. The host builds the per-row inputs
-(temperatures, k, p, penalties, the seen ids of penalised rows, grammar bitmasks, one uniform per
-row) and uploads them in ONE packed copy (engine/step_transfers.py); the chosen ids, and the
+(temperatures, k, p, penalties, the seen ids of penalised rows, the counted generated ids,
+grammar bitmasks, one uniform per row) and uploads them in ONE packed copy (engine/step_transfers.py); the chosen ids, and the
 log-probs where asked, come back in ONE download.
 
 Random numbers, the contract: each row's uniform is drawn on the HOST from the row's own
@@ -26,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from edge_runtime.engine.api import TokenLogprob
-from edge_runtime.engine.sampler import SampleRows, top_k_mask, top_p_mask
+from edge_runtime.engine.sampler import (SampleRows, count_penalty_terms, subtract_at, top_k_mask,
+                                         top_p_mask)
 
 
 class DeviceSampler:
@@ -61,6 +63,9 @@ class DeviceSampler:
             out["pen_ids"] = torch.tensor([t for i in ids for t in i], dtype=torch.long)
             out["pen_values"] = torch.tensor([r.params.repetition_penalty for _, r in penalised])[
                 torch.repeat_interleave(torch.arange(len(ids)), torch.tensor([len(i) for i in ids]))]
+        terms = count_penalty_terms(rows)
+        if terms is not None:
+            out.update(zip(("count_rows", "count_ids", "count_amounts"), terms))
         if not all(r.params.temperature == 0 for r in rows):
             out["greedy"] = torch.tensor([r.params.temperature == 0 for r in rows])
             out["temps"] = torch.tensor([r.params.temperature if r.params.temperature > 0 else 1.0
@@ -120,6 +125,8 @@ def sample_rows(logits: torch.Tensor, dev: dict[str, torch.Tensor]) -> torch.Ten
         rows, ids, p = dev["pen_rows"], dev["pen_ids"], dev["pen_values"]
         vals = logits[rows, ids]
         logits[rows, ids] = torch.where(vals < 0, vals * p, vals / p)
+    if "count_rows" in dev:
+        logits = subtract_at(logits, dev["count_rows"], dev["count_ids"], dev["count_amounts"])
     out = logits.argmax(dim=-1)
     if "uniforms" not in dev:
         return out

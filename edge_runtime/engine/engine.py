@@ -279,7 +279,8 @@ class Engine:
             plain_seqs.append(seq)
         if plain_seqs:
             batch = SampleRows(plain_rows,
-                               [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs],
+                               [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)
+                                for s in plain_seqs],
                                [s.request.params.logprobs for s in plain_seqs])
             with torch.inference_mode(), device_region():
                 tokens, lps = self.sampler.choose(logits, batch, self.constraints, masks)
