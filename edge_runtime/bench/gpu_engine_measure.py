@@ -23,11 +23,12 @@ def _engine(model: str, weights: str, args):
     from edge_runtime.engine.engine import Engine
     from edge_runtime.engine.placement import load_for, resolve
 
-    loaded = load_for(model, resolve(DEVICE, "cuda"), progress=lambda msg: None)
+    placement = resolve(DEVICE, "cuda")
+    loaded = load_for(model, placement, progress=lambda msg: None)
     batches, prefills = int_list(args.batches), int_list(args.prefill_tokens)
     per_seq = math.ceil((args.prompt_tokens + args.decode_steps + 8) / 512)
     pages = max(batches) * per_seq + math.ceil(max(prefills) / 512) + 4
-    cfg = EngineConfig(device=DEVICE, backend="cuda", num_pages=pages, max_num_seqs=max(batches),
+    cfg = EngineConfig(**placement.engine_settings(), num_pages=pages, max_num_seqs=max(batches),
                        max_batch_tokens=max(max(prefills), max(batches)), enable_prefix_cache=False)
     t0 = time.perf_counter()
     engine = Engine(loaded, cfg)
@@ -119,7 +120,8 @@ def _prefill(engine, weights: str, length: int, vocab: int) -> dict:
 
 
 def hf_rows(model: str, weights: str, args, compiled: bool) -> list[dict]:
-    """transformers `generate` on the same GPU: decode tok/s = batch x (n - 1) / (t(n) - t(1))."""
+    """transformers `generate` on the same GPU: decode tok/s = batch x (n - 1) / (t(n) - t(1)),
+    each t the best of two runs after a warm-up."""
     from transformers import AutoModelForCausalLM
 
     from edge_runtime.engine.placement import load_for, resolve
@@ -136,7 +138,7 @@ def hf_rows(model: str, weights: str, args, compiled: bool) -> list[dict]:
         n = args.decode_steps + 1
         gen = lambda k: _timed_generate(hf, ids, k)  # noqa: E731
         gen(n), gen(1)  # warm-up (and compilation)
-        dt = gen(n) - gen(1)
+        dt = min(gen(n) for _ in range(2)) - min(gen(1) for _ in range(2))
         rows.append({"system": system, "weights": weights, "metric": "decode", "batch": batch,
                      "tokens": args.prompt_tokens, "value": batch * (n - 1) / dt, "unit": "tok/s"})
     return rows
