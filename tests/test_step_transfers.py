@@ -45,6 +45,23 @@ def test_counter_sees_syncs_only_inside_device_regions():
     assert c.transfers_outside_helper == 2
 
 
+def _tensors(obj, seen=None):
+    """Every tensor reachable from a step context's attributes (not its KV storage)."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if id(obj) in seen or isinstance(obj, (str, int, float, bool, type(None))):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    else:
+        items = [v for k, v in vars(obj).items() if k != "storage"] if hasattr(obj, "__dict__") else []
+    return [t for item in items for t in _tensors(item, seen)]
+
+
 def _counted_step(engine):
     before = engine.transfers.counters.copy()
     with SyncCounter() as counter:
@@ -59,6 +76,8 @@ def test_cuda_decode_step_crosses_once_each_way_and_never_syncs():
     sampled = SamplingParams(max_tokens=3, temperature=0.8, top_k=20, top_p=0.9, seed=1,
                              repetition_penalty=1.2, ignore_eos=True, logprobs=2)
     engine = engine_on("cuda")
+    contexts, context = [], engine.backend.context
+    engine.backend.context = lambda *a: contexts.append(context(*a)) or contexts[-1]
     for i in range(3):
         engine.add_request(random_ids(6 + 7 * i, 500, seed=i), greedy)
     engine.step()  # the prefills
@@ -69,6 +88,9 @@ def test_cuda_decode_step_crosses_once_each_way_and_never_syncs():
     assert counter.transfers_outside_helper == 0
     assert (traffic["uploads"], traffic["downloads"]) == (1, 1), dict(traffic)  # ids in, ids out
     assert traffic["bytes_down"] == 3 * 8, dict(traffic)
+    # every index tensor the step's context reads lives in the one uploaded buffer
+    index_tensors = _tensors(contexts[-1])
+    assert index_tensors and len({t.untyped_storage().data_ptr() for t in index_tensors}) == 1
     engine.add_request(random_ids(4, 500, seed=9), sampled)
     engine.step()  # its prefill with the others' decode
     counter, traffic = _counted_step(engine)  # 3 greedy rows and a sampled one with log-probs

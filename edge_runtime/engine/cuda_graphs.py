@@ -106,6 +106,22 @@ def bind_static(ctx, views: dict[str, torch.Tensor], layout: dict[str, int], buc
     return ctx
 
 
+def decode_graphs_for(engine, num_inline_slots: int) -> "DecodeGraphs | None":
+    """The engine's decode buckets (EngineConfig.decode_buckets; None: DEFAULT_BUCKETS on a CUDA
+    device), captured now on a GPU; None where there are none (the CPU back end, buckets off)."""
+    buckets = engine.config.decode_buckets
+    if buckets is None:
+        buckets = DEFAULT_BUCKETS if torch.device(engine.config.device).type == "cuda" else ()
+    if not buckets or not engine.backend.decode_graphs:
+        return None
+    max_positions = engine.model_config.max_position_embeddings
+    layout = decode_layout(engine.storage, max_positions, num_inline_slots)
+    graphs = DecodeGraphs(engine.backend, engine.model, engine.storage, engine.sm_scale,
+                          engine.transfers, buckets, layout, max_positions)
+    graphs.capture(log=logging.getLogger(__name__).info)
+    return graphs
+
+
 class DecodeGraphs:
     """The buckets of one engine: static buffers, static contexts and (on CUDA) their graphs."""
 

@@ -18,7 +18,6 @@ Invariants:
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 
@@ -30,7 +29,7 @@ from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.constraints import Constraints
-from edge_runtime.engine.cuda_graphs import DEFAULT_BUCKETS, DecodeGraphs, decode_layout
+from edge_runtime.engine.cuda_graphs import decode_graphs_for
 from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import SeqStep
@@ -41,8 +40,6 @@ from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.step_transfers import device_region
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
-
-_log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -76,7 +73,7 @@ class Engine:
         self.pool_chunks = PoolChunks(self.num_pages)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
         self.sm_scale = mc.head_dim ** -0.5
-        self.graphs = self._decode_graphs(slots)
+        self.graphs = decode_graphs_for(self, slots)  # None: every step runs eagerly
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
         self._lock = threading.RLock()
@@ -327,20 +324,6 @@ class Engine:
                 self._finish_request(req, events)
 
     # --- bookkeeping helpers ----------------------------------------------------------------
-    def _decode_graphs(self, num_inline_slots: int):
-        """The CUDA back end's decode buckets (engine/cuda_graphs.py), captured now on a GPU."""
-        buckets = self.config.decode_buckets
-        if buckets is None:
-            buckets = DEFAULT_BUCKETS if torch.device(self.config.device).type == "cuda" else ()
-        if not buckets or not self.backend.decode_graphs:
-            return None
-        max_positions = self.model_config.max_position_embeddings
-        layout = decode_layout(self.storage, max_positions, num_inline_slots)
-        graphs = DecodeGraphs(self.backend, self.model, self.storage, self.sm_scale, self.transfers,
-                              buckets, layout, max_positions)
-        graphs.capture(log=_log.info)
-        return graphs
-
     def fork_kv(self, parent: Sequence, child: Sequence) -> None:
         """The child shares the parent's KV (KVManager.fork) and gets a copy of its recent-key
         window."""
