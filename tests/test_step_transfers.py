@@ -33,6 +33,37 @@ def test_packed_upload_keeps_values_dtypes_and_shapes():
     assert StepTransfers("cpu", pack=False).upload(parts)["ids"] is parts["ids"]
 
 
+def test_step_tensors_finds_and_replaces_tensors_in_any_structure():
+    import collections
+    import dataclasses
+
+    from edge_runtime.engine import step_tensors
+
+    Pair = collections.namedtuple("Pair", "first second")
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        table: torch.Tensor
+        width: int = 3
+
+    class Context:
+        def __init__(self):
+            self.storage = torch.ones(4)  # skipped: the KV storage is already on the device
+            self.calls = [Frozen(torch.arange(3))]
+            self.slots = {"pages": torch.zeros(2, dtype=torch.long)}
+            self.exact = (torch.ones(1), 7, Pair(torch.ones(2), None))
+            self.num_tokens = 5
+
+    ctx = Context()
+    found = step_tensors.collect(ctx, frozenset({"storage"}))
+    assert sorted(found) == ["calls.0.table", "exact.0", "exact.2.0", "slots.pages"]
+    step_tensors.replace(ctx, {k: v + 1 for k, v in found.items()}, frozenset({"storage"}))
+    assert ctx.calls[0].table.tolist() == [1, 2, 3] and ctx.calls[0].width == 3
+    assert ctx.slots["pages"].tolist() == [1, 1] and ctx.exact[1] == 7
+    assert isinstance(ctx.exact[2], Pair) and ctx.exact[2].first.tolist() == [2.0, 2.0]
+    assert ctx.storage.tolist() == [1.0] * 4 and ctx.num_tokens == 5
+
+
 def test_counter_sees_syncs_only_inside_device_regions():
     x = torch.arange(6.0)
     with SyncCounter() as c:

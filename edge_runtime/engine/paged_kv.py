@@ -31,7 +31,7 @@ Invariants:
   shared prefix), and the tail storage was reserved (KVManager.reserve) before the step.
 - All index tensors (block tables, seq_idx, kv_lens, slot mappings) are built once per step on
   the host in `PagedKVContext.__init__`, never per layer, and reach the device as one packed
-  upload (`metadata()` -> engine/step_transfers.py -> `bind()`).
+  upload (engine/kv_context.py `metadata()` -> engine/step_transfers.py -> `bind()`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,6 @@ class SeqStep:
 
 # the calls a step may make, in the order `_build` appends them
 CALL_KINDS = ("window", "fresh", "prefix", "tail_pages", "tail_inline")
-_FRESH_NAMES = ("fresh.src", "fresh.dst", "fresh.carry_src", "fresh.carry_dst")
 
 
 @dataclass
@@ -210,37 +209,6 @@ class PagedKVContext(StepKVContext):
                                 torch.where(is_fresh, row, 0).to(torch.int32),
                                 torch.where(is_fresh, window_offset(positions, W) + 1, 0)
                                 .to(torch.int32), "fresh"))
-
-    def metadata(self) -> dict[str, torch.Tensor]:
-        """Every index tensor of the step, by name, for one packed upload (engine/step_transfers.py);
-        `bind` takes the uploaded tensors back under the same names."""
-        parts = {}
-        for i, c in enumerate(self.calls):
-            parts.update({f"call{i}.block_table": c.block_table, f"call{i}.seq_idx": c.seq_idx,
-                          f"call{i}.kv_lens": c.kv_lens})
-        parts.update({f"slots.{k}": v for k, v in self.slot_mapping.items()})
-        if self.window_slots is not None:
-            parts["window_slots"] = self.window_slots
-        if self.fresh is not None:
-            parts.update(zip(_FRESH_NAMES, self.fresh[:4]))
-        return parts
-
-    def bind(self, parts: dict[str, torch.Tensor]) -> "PagedKVContext":
-        for i, c in enumerate(self.calls):
-            c.block_table, c.seq_idx, c.kv_lens = (parts[f"call{i}.block_table"],
-                                                   parts[f"call{i}.seq_idx"], parts[f"call{i}.kv_lens"])
-        self.slot_mapping = {k: parts[f"slots.{k}"] for k in self.slot_mapping}
-        if self.window_slots is not None:
-            self.window_slots = parts["window_slots"]
-        if self.fresh is not None:
-            self.fresh = tuple(parts[n] for n in _FRESH_NAMES) + tuple(self.fresh[4:])
-        return self
-
-    def to(self, device: torch.device) -> "PagedKVContext":
-        """Every index tensor on `device` in one packed copy."""
-        from edge_runtime.engine.step_transfers import StepTransfers
-
-        return self.bind(StepTransfers(device).upload(self.metadata()))
 
     def _fresh_store(self, x: torch.Tensor, window_cache: torch.Tensor) -> torch.Tensor:
         """The exact blocks of the windowed prefill rows as a paged store [B, W, Hkv, D] in the
