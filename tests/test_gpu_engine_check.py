@@ -60,7 +60,7 @@ def test_run_records_failures_and_skips_and_writes_json(tmp_path, monkeypatch):
     voice = {"cuda": 2.0, "cpu": 0.5}
     monkeypatch.setattr(measure, "engine_rows", engine_rows)
     monkeypatch.setattr(measure, "hf_rows", hf_rows)
-    monkeypatch.setattr(check, "voice_rows", lambda trace, model, device, out: [
+    monkeypatch.setattr(check, "voice_rows", lambda trace, model, device, out, timeout: [
         dict(system="edge", metric="voice", device=device, value=voice[device], unit="req/s")])
     out = tmp_path / "engine.json"
     result = check.run(_args(), lambda msg: None, out)

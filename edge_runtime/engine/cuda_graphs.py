@@ -16,6 +16,10 @@ same padded static step runs eagerly, which is how CI shows that padding leaves 
 logits unchanged. A step that does not fit (a prefill token, more sequences than the largest
 bucket, a block table wider than the layout) runs eagerly at its own shapes.
 
+`decode_layout`, `padded_parts` and `bind_static` are the only code here that knows
+engine/paged_kv.py's structure (its per-kind calls, slot mappings, window slots): a context built
+another way needs its own three (tests/test_cuda_graphs.py checks them against the eager step).
+
 Invariants:
 - The static buffers and the captured graphs are only touched under the engine's lock, one step
   at a time; the logits returned are a view of the bucket's static output, valid until the next
@@ -206,7 +210,8 @@ class DecodeGraphs:
         None when it does not fit (the caller runs it eagerly)."""
         n = inputs["ids"].shape[0]
         bucket = bucket_for(n, self.buckets)
-        if bucket is None:
+        if bucket is None or (self.backend.device.type == "cuda" and not self.graphs):
+            # too many rows, or on a GPU whose capture failed: the padded step would only add work
             self.counters["eager_steps"] += 1
             return None
         try:
