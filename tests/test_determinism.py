@@ -14,7 +14,7 @@ stack for every step) the logits of every position are also the same bit for bit
 import pytest
 import torch
 
-from edge_runtime.engine import engine as engine_module
+from edge_runtime.engine import sampler as sampler_module
 from edge_runtime.engine.paged_kv import PagedKVContext
 from edge_runtime.kernels import cpu_native
 from engine_helpers import engine_for, greedy, tiny, tiny_prompts
@@ -31,14 +31,14 @@ class LogitsByContext:
     def __init__(self, monkeypatch):
         self.runs: dict[str, dict[tuple, torch.Tensor]] = {}
         self.name = None
-        real = engine_module.sample
+        real = sampler_module.sample
 
         def sample(logits, rows):
             for i, row in enumerate(rows):
                 self.runs.setdefault(self.name, {})[tuple(row.seen_ids)] = logits[i].clone()
             return real(logits, rows)
 
-        monkeypatch.setattr(engine_module, "sample", sample)
+        monkeypatch.setattr(sampler_module, "sample", sample)  # HostSampler's
 
 
 def _tokens(results) -> list[list[int]]:

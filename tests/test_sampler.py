@@ -4,6 +4,7 @@ import itertools
 
 import torch
 
+from edge_runtime.engine import sampler as sampler_module
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.sampler import (SamplerRow, apply_repetition_penalty, make_generator,
                                          sample, top_k_mask, top_p_mask)
@@ -210,3 +211,29 @@ def test_a_temperature_float32_cannot_hold_is_greedy_and_one_past_its_range_is_r
             SamplingParams(temperature=bad)
     with pytest.raises(RequestError, match="repetition_penalty"):
         SamplingParams(repetition_penalty=1e-10)
+
+
+def test_presence_and_frequency_penalties_count_generated_tokens_only():
+    """OpenAI semantics: logit -= presence * (count > 0) + frequency * count, over the generated
+    tokens (seen_ids[num_prompt:]), after the repetition penalty."""
+    logits = torch.tensor([[3.0, 2.9, 2.0, 1.0]])
+    seen = [0, 0, 1, 2, 2, 2]  # prompt: [0, 0]; generated: 1 once, 2 three times
+    row = lambda **kw: SamplerRow(SamplingParams(**kw), make_generator(0), seen, num_prompt=2)
+    assert sample(logits, [row()]) == [0]
+    assert sample(logits, [row(presence_penalty=2.0)]) == [0]  # token 0 is only in the prompt
+    terms = sampler_module.count_penalty_terms([row(presence_penalty=0.5, frequency_penalty=1.0)])
+    assert [t.tolist() for t in terms] == [[0, 0], [1, 2], [1.5, 3.5]]
+    logits = torch.tensor([[1.0, 2.9, 3.0, 1.0]])
+    assert sample(logits, [row(frequency_penalty=0.1)]) == [1]  # 3.0 - 0.3 < 2.9 - 0.1
+    assert sample(logits, [row(presence_penalty=-2.0)]) == [2]  # a negative one favours them
+
+
+def test_presence_and_frequency_penalties_are_checked():
+    import pytest
+
+    from edge_runtime.errors import RequestError
+
+    for bad in (dict(presence_penalty=2.5), dict(frequency_penalty=-3), dict(presence_penalty=True),
+                dict(frequency_penalty=0.5, beam_width=2)):
+        with pytest.raises(RequestError, match="penalty"):
+            SamplingParams(**bad)

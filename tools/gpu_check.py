@@ -4,6 +4,10 @@
     python tools/gpu_check.py --json gpu_check.json            # CUDA: Llama-2-7B shapes
     python tools/gpu_check.py --tiny --json /tmp/tiny.json     # anywhere: tiny shapes; on CPU the
                                                                # kernels run under TRITON_INTERPRET=1
+    python tools/gpu_check.py --engine --json engine.json      # CUDA: the engine level (below)
+Engine level (edge_runtime/bench/gpu_engine_check.py): the built-in model through the engine and
+through transformers on the same GPU (decode at batch 1/5/16 after 512 tokens, prefill 512/2048,
+launches, host syncs and bytes per step, the voice trace on the GPU and the CPU back end).
 Shapes (real): 32 heads, head_dim 128, 32 KV heads, 512-token pages; 5 sequences of 2,000 tokens
 sharing a 300-token prefix (one-segment and prefix+tail+merge layouts); a 256-token prefill;
 W4A16 at K x N = 4096 x 4096 and 4096 x 11008, group 128, M = 1..16 and 512.
@@ -37,6 +41,7 @@ from edge_runtime.kernels import kv_write as kvw  # noqa: E402
 from edge_runtime.kernels import paged_attention as pa  # noqa: E402
 from edge_runtime.kernels import awq_prepared as awp  # noqa: E402
 from edge_runtime.kernels import paged_decode as pd  # noqa: E402
+from edge_runtime.bench import gpu_engine_check  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the gpu_lab package
 from gpu_lab.checks import (build_pool, check_awq, check_awq_prepared, check_decode,  # noqa: E402
@@ -91,7 +96,16 @@ def parse_args(argv):
                     help="time alternative launch configs (auto: on CUDA only)")
     ap.add_argument("--sweep-budget", type=float, default=300.0,
                     help="seconds the sweeps may take: 70%% for the v2 kernels, 30%% for the first ones")
+    gpu_engine_check.add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.engine:
+        try:
+            gpu_engine_check.int_list(args.batches), gpu_engine_check.int_list(args.prefill_tokens)
+        except ValueError as exc:
+            ap.error(f"--batches / --prefill-tokens {exc}")
+        if not torch.cuda.is_available():
+            ap.error("--engine measures the engine on a CUDA GPU; torch sees none here")
+        return args
     if not torch.cuda.is_available() and not args.tiny:
         ap.error("no CUDA device: run with --tiny to check the kernels under TRITON_INTERPRET=1")
     return args
@@ -153,6 +167,11 @@ def run_sweep(env, state, budget_s, result, errors):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.engine:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        result = gpu_engine_check.run(args, log, args.json)
+        log(f"errors: {result['errors']}; skipped: {result['skipped']}; wrote {args.json}")
+        return 1 if result["errors"] else 0
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     props = torch.cuda.get_device_properties(dev) if cuda else None

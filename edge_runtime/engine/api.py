@@ -53,6 +53,10 @@ class SamplingParams:
     top_k: int = 0  # 0 means off
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    # OpenAI's: minus presence_penalty for every token generated at least once, minus
+    # frequency_penalty times its count (generated tokens only; after the repetition penalty)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -78,6 +82,13 @@ class SamplingParams:
         if not REPETITION_PENALTY_MIN <= self.repetition_penalty < math.inf:
             raise RequestError(f"repetition_penalty must be a finite number >= "
                                f"{REPETITION_PENALTY_MIN:g}, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not -2 <= value <= 2:
+                raise RequestError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if (self.presence_penalty or self.frequency_penalty) and self.beam_width > 1:
+            raise RequestError("presence_penalty and frequency_penalty do not apply to beam search "
+                               "(beam_width > 1)")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise RequestError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
         if not _is_int(self.n) or not 1 <= self.n <= 16:

@@ -10,7 +10,9 @@
   tests; CI shows with it that the two back ends agree.
 
 A back end offers what the engine needs and nothing on the hot path asks which one it is:
-`context(storage, steps, sm_scale)` (the step's KVContext), `forward(...)` (the model call),
+`context(storage, steps, sm_scale)` (the step's KVContext, built on the host), `transfers()` (the
+step's host<->device copies, engine/step_transfers.py), `sampler(transfers)` (engine/sampler.py
+on the host, engine/device_sampler.py where the logits are), `forward(...)` (the model call),
 `prepare_model(model)` (weight surgery for this back end, once, before the Engine is built) and
 `describe()` (the back end and every kernel it runs, for plan, /metrics and the bench JSON).
 
@@ -33,6 +35,7 @@ BACKENDS = ("cpu", "cuda")
 class CpuBackend:
     name = "cpu"
     pool_in_chunks = False  # flat rows read the pool as one tensor; shrinking madvises ranges
+    decode_graphs = False  # the flat store's steps are not padded to buckets
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -47,11 +50,21 @@ class CpuBackend:
 
         return FlatKVContext(storage, steps, sm_scale)
 
-    def forward(self, model, ids, positions, ctx, last_rows) -> torch.Tensor:
+    def transfers(self):
+        from edge_runtime.engine.step_transfers import StepTransfers
+
+        return StepTransfers(self.device, pack=False)  # host tensors are already where they run
+
+    def sampler(self, transfers):
+        from edge_runtime.engine.sampler import HostSampler
+
+        return HostSampler(transfers)
+
+    def forward(self, model, ids, positions, ctx, last_rows, num_positions=None) -> torch.Tensor:
         fused_args = None
         if model.fused_decoder is not None:
             fused_args = ctx.native_decode_args(model.config.num_heads, model.config.head_dim)
-        return model(ids, positions, ctx, last_rows, fused_args=fused_args)
+        return model(ids, positions, ctx, last_rows, fused_args=fused_args, num_positions=num_positions)
 
     def describe(self) -> dict:
         from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
@@ -75,6 +88,7 @@ class CpuBackend:
 class CudaBackend:
     name = "cuda"
     pool_in_chunks = True  # one allocation per pool chunk, so a retired chunk's memory is freed
+    decode_graphs = True  # decode steps padded to buckets, CUDA graphs (engine/cuda_graphs.py)
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -93,13 +107,24 @@ class CudaBackend:
     def context(self, storage, steps, sm_scale: float):
         from edge_runtime.engine.paged_kv import PagedKVContext
 
-        return PagedKVContext(storage, steps, sm_scale).to(self.device)
+        return PagedKVContext(storage, steps, sm_scale)  # on the host: the engine uploads it
 
-    def forward(self, model, ids, positions, ctx, last_rows) -> torch.Tensor:
+    def transfers(self):
+        """Packed uploads also under the interpreter (CPU tensors), so CI runs the GPU's path."""
+        from edge_runtime.engine.step_transfers import StepTransfers
+
+        return StepTransfers(self.device, pack=True)
+
+    def sampler(self, transfers):
+        from edge_runtime.engine.device_sampler import DeviceSampler
+
+        return DeviceSampler(transfers)
+
+    def forward(self, model, ids, positions, ctx, last_rows, num_positions=None) -> torch.Tensor:
         from edge_runtime.kernels.dispatch import prefer_triton
 
         with prefer_triton() if self.interpreted else contextlib.nullcontext():
-            return model(ids, positions, ctx, last_rows)
+            return model(ids, positions, ctx, last_rows, num_positions=num_positions)
 
     def describe(self) -> dict:
         kernels = {

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from edge_runtime.engine.api import Completion, TokenEvent
+from edge_runtime.engine.step_transfers import device_region
 
 _NEG = -1.0e9
 
@@ -62,12 +63,10 @@ def step(engine, req, group: list, events: list) -> None:
     rows = dict((id(s), r) for s, r in group)
     assert set(rows) == {id(s) for s in state.running}, "beams out of lockstep"
     k, num_prompt = state.width, len(req.prompt_ids)
-    logits = torch.stack([rows[id(s)] for s in state.running]).float()  # [nb, V]
-    vocab = logits.shape[-1]
-    scores = torch.tensor([s.beam_score for s in state.running], dtype=torch.float32)
-    acc = (torch.log_softmax(logits, dim=-1) + scores[:, None]).reshape(-1)  # [nb * V]
-    keep = min(max(2, 1 + len(state.stop_ids)) * k, acc.numel())
-    top_vals, top_idx = torch.topk(acc, keep)
+    vocab = group[0][1].shape[-1]
+    keep = min(max(2, 1 + len(state.stop_ids)) * k, len(state.running) * vocab)
+    top_vals, top_idx = _top_candidates(engine.transfers, [rows[id(s)] for s in state.running],
+                                        [s.beam_score for s in state.running], keep)
     parents, tokens = (top_idx // vocab).tolist(), (top_idx % vocab).tolist()
     gen_len = state.running[0].num_generated + 1  # generated tokens including this one
     at_max = gen_len >= req.params.max_tokens
@@ -84,6 +83,19 @@ def step(engine, req, group: list, events: list) -> None:
         return
     chosen = [(parents[j], tokens[j], float(next_vals[i])) for i, j in enumerate(next_pos.tolist())]
     _advance(engine, req, state, chosen)
+
+
+def _top_candidates(transfers, logits_rows: list, scores: list[float], keep: int):
+    """The `keep` best (beam, token) candidates, computed where the logits are; only those cross
+    to the host (one upload of the scores, one download) -> (float32 values, long flat indices)."""
+    dev = transfers.upload({"scores": torch.tensor(scores, dtype=torch.float32)})
+    with device_region():
+        logits = torch.stack(logits_rows).float()  # [nb, V]
+        acc = (torch.log_softmax(logits, dim=-1) + dev["scores"][:, None]).reshape(-1)  # [nb * V]
+        top_vals, top_idx = torch.topk(acc, keep)
+        flat = transfers.download(torch.cat([top_vals.double(), top_idx.double()]))
+    return (torch.tensor(flat[:keep], dtype=torch.float32),
+            torch.tensor([int(i) for i in flat[keep:]], dtype=torch.long))
 
 
 def _add_finished(state, req, parents, tokens, vals, hits, gen_len) -> None:

@@ -36,6 +36,10 @@ class EngineConfig:
     device: str = "cpu"
     backend: str | None = None  # "cpu" | "cuda" (engine/backend.py); None: the device's
     check_invariants_every_step: bool = False  # tests: KVManager.check_invariants after each step
+    # CUDA back end: decode steps padded to these batch sizes and replayed from CUDA graphs
+    # captured at start (engine/cuda_graphs.py); () = off; None = (1, 2, 4, 8, 16) on a CUDA
+    # device, off on a CPU one (the interpreter runs the padded steps eagerly when given buckets)
+    decode_buckets: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
@@ -55,6 +59,12 @@ class EngineConfig:
         if self.enable_inline and (self.num_inline_slots < 1 or self.inline_tokens < 1):
             raise ConfigError("inline slots need num_inline_slots >= 1 and inline_tokens >= 1 "
                               "(or set enable_inline to false)")
+        if self.decode_buckets is not None:
+            buckets = tuple(self.decode_buckets) if isinstance(self.decode_buckets, (list, tuple)) else None
+            if buckets is None or not all(isinstance(b, int) and 1 <= b <= 256 for b in buckets):
+                raise ConfigError(f"decode_buckets must be a list of batch sizes between 1 and 256 "
+                                  f"(empty: no CUDA graphs), got {self.decode_buckets!r}")
+            object.__setattr__(self, "decode_buckets", tuple(sorted(set(buckets))))
         if self.max_batch_tokens < self.max_num_seqs:
             raise ConfigError(f"max_batch_tokens ({self.max_batch_tokens}) must be at least "
                               f"max_num_seqs ({self.max_num_seqs}) so every sequence can decode")

@@ -28,14 +28,16 @@ from edge_runtime.engine import beam, recent_window
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
-from edge_runtime.engine.constraints import Constraints, token_logprobs
+from edge_runtime.engine.constraints import Constraints
+from edge_runtime.engine.cuda_graphs import decode_graphs_for
 from edge_runtime.engine.key_means import key_means_for
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.paged_kv import SeqStep
-from edge_runtime.engine.sampler import SamplerRow, make_generator, sample
+from edge_runtime.engine.sampler import SampleRows, SamplerRow, make_generator
 from edge_runtime.engine.scheduler import Scheduler
 from edge_runtime.engine.pool_resize import PoolChunks, chunk_pages
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
+from edge_runtime.engine.step_transfers import device_region
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
 
@@ -47,6 +49,8 @@ class Engine:
         self.model = loaded_model.model
         self.backend = select_backend(self.config.backend, self.config.device)
         check_prepared(self.model, self.backend)
+        self.transfers = self.backend.transfers()  # every host<->device copy of a step
+        self.sampler = self.backend.sampler(self.transfers)
         self.tokenizer = loaded_model.tokenizer
         mc = self.model_config = loaded_model.config
         cfg = self.config
@@ -71,6 +75,7 @@ class Engine:
                                    admission_gate=self.admission_gate)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
         self.sm_scale = mc.head_dim ** -0.5
+        self.graphs = decode_graphs_for(self, slots)  # None: every step runs eagerly
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
         self._lock = threading.RLock()
@@ -172,6 +177,7 @@ class Engine:
                         kv_dtype=self.config.kv_dtype, page_tokens=self.config.page_tokens,
                         num_pages=self.num_pages, kv_bytes=self.storage.nbytes(),
                         backends=self.backend.describe(), kv=self.kv.stats(),
+                        decode_graphs=None if self.graphs is None else self.graphs.stats(),
                         **self.constraints.stats())
 
     # --- memory-guard hooks (docs/interfaces.md) --------------------------------------------
@@ -240,14 +246,22 @@ class Engine:
         self._sample_and_emit(sampled, logits, events, masks)
 
     def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
-        device = self.storage.device
+        """-> float32 [B, vocab] logits, on the back end's device. The step's inputs and the KV
+        context's index tensors go up in one upload; nothing inside waits for the device."""
         positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in steps])
         ctx = self.backend.context(self.storage, steps, self.sm_scale)
-        with torch.inference_mode():
-            logits = self.backend.forward(self.model, torch.tensor(ids, dtype=torch.long, device=device),
-                                          positions.to(device), ctx,
-                                          torch.tensor(last_rows, dtype=torch.long, device=device))
-        return logits.float().cpu()  # [B, vocab]
+        inputs = {"ids": torch.tensor(ids, dtype=torch.long), "positions": positions,
+                  "last_rows": torch.tensor(last_rows, dtype=torch.long)}
+        if self.graphs is not None and len(ids) == len(steps) == len(last_rows):  # a decode step
+            logits = self.graphs.run(ctx, inputs)
+            if logits is not None:
+                return logits
+        dev = self.transfers.upload({**inputs, **ctx.metadata()})
+        ctx.bind(dev)
+        num_positions = max(s.start + s.num_new for s in steps)
+        with torch.inference_mode(), device_region():
+            return self.backend.forward(self.model, dev["ids"], dev["positions"], ctx,
+                                        dev["last_rows"], num_positions)
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
                          events: list[TokenEvent], masks=None) -> None:
@@ -263,16 +277,12 @@ class Engine:
             plain_rows.append(i)
             plain_seqs.append(seq)
         if plain_seqs:
-            rows = [SamplerRow(s.request.params, s.generator, s.token_ids) for s in plain_seqs]
-            same = plain_rows == list(range(logits.shape[0]))
-            raw = logits if same else logits[torch.tensor(plain_rows)]
-            tops = [s.request.params.logprobs for s in plain_seqs]
-            keep_raw = masks is not None and any(t is not None for t in tops)
-            masked = raw.clone() if keep_raw else raw  # log-probs are the unmasked model's
-            with torch.inference_mode():  # in place on the forward's (inference) tensor
-                self.constraints.apply_masks(masked, plain_rows, masks)
-            tokens = sample(masked, rows)
-            lps = token_logprobs(raw, tokens, tops)
+            batch = SampleRows(plain_rows,
+                               [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)
+                                for s in plain_seqs],
+                               [s.request.params.logprobs for s in plain_seqs])
+            with torch.inference_mode(), device_region():
+                tokens, lps = self.sampler.choose(logits, batch, self.constraints, masks)
             for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
                 self._append_token(seq, tok, events, lp)
         for rid, group in beam_groups.items():

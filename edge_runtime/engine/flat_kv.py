@@ -116,6 +116,13 @@ class FlatKVContext(StepKVContext):
                                                      self.storage.k_means)
         return self._native
 
+    def metadata(self) -> dict:
+        """Nothing to upload: the CPU back end's kernels read the host tensors themselves."""
+        return {}
+
+    def bind(self, parts: dict) -> "FlatKVContext":
+        return self
+
     def native_decode_args(self, num_heads: int, head_dim: int):
         """Arguments for the one-call C decode step (kernels/cpu_decoder.py), or None where it
         does not apply: a prefill row the C attention does not gather, or no C attention."""

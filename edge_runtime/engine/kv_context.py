@@ -1,7 +1,8 @@
 """What both back ends' per-step KV contexts share (engine/paged_kv.py, engine/flat_kv.py).
 
-A context is built once per engine step from the step's `SeqStep`s and passed to CausalLM.forward
-as `kv` (model/kv_interface.py). `attend` rotates q/k/v into the int8 store's Hadamard basis
+A context is built once per engine step, on the host, from the step's `SeqStep`s and passed to
+CausalLM.forward as `kv` (model/kv_interface.py). Its index tensors reach the device through
+`metadata()` / `bind()` (found by walking its attributes: any structure works). `attend` rotates q/k/v into the int8 store's Hadamard basis
 (kernels/hadamard.py) and the output back; the back end's `_attend` works in that basis.
 """
 
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from edge_runtime.engine import step_tensors
 from edge_runtime.kernels import hadamard
+
+_NOT_METADATA = frozenset({"storage"})
 
 
 class StepKVContext:
@@ -29,8 +33,21 @@ class StepKVContext:
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def to(self, device: torch.device) -> "StepKVContext":
+    def metadata(self) -> dict[str, torch.Tensor]:
+        """Every index tensor the step reads on the device, by path (engine/step_tensors.py), for
+        the step's one packed upload (engine/step_transfers.py); the storage is not included."""
+        return step_tensors.collect(self, _NOT_METADATA)
+
+    def bind(self, parts: dict[str, torch.Tensor]) -> "StepKVContext":
+        """Take `metadata()`'s tensors back, now on the device, under the same paths."""
+        step_tensors.replace(self, parts, _NOT_METADATA)
         return self
+
+    def to(self, device: torch.device) -> "StepKVContext":
+        """Every index tensor on `device` in one packed copy (callers outside the engine)."""
+        from edge_runtime.engine.step_transfers import StepTransfers
+
+        return self.bind(StepTransfers(device).upload(self.metadata()))
 
     def native_decode_args(self, num_heads: int, head_dim: int):
         """Arguments for the one-call C decode step (kernels/cpu_decoder.py); None where it does

@@ -29,8 +29,9 @@ split (prefix, tail, window, chunk).
 Invariants:
 - Every new token's position is >= its sequence's prefix length (new tokens are never in the
   shared prefix), and the tail storage was reserved (KVManager.reserve) before the step.
-- All index tensors (block tables, seq_idx, kv_lens, slot mappings) are built once per step in
-  `PagedKVContext.__init__`, never per layer.
+- All index tensors (block tables, seq_idx, kv_lens, slot mappings) are built once per step on
+  the host in `PagedKVContext.__init__`, never per layer, and reach the device as one packed
+  upload (engine/kv_context.py `metadata()` -> engine/step_transfers.py -> `bind()`).
 """
 
 from __future__ import annotations
@@ -73,12 +74,17 @@ class SeqStep:
         return self.tail_ids if self.tail_kind == "pages" else self.full_pages
 
 
+# the calls a step may make, in the order `_build` appends them
+CALL_KINDS = ("window", "fresh", "prefix", "tail_pages", "tail_inline")
+
+
 @dataclass
 class _Call:
     store: str
     block_table: torch.Tensor  # int32 [rows, max_blocks]
     seq_idx: torch.Tensor  # int32 [T]
     kv_lens: torch.Tensor  # int32 [T]
+    kind: str = ""  # CALL_KINDS: which segment it reads (engine/cuda_graphs.py pads by kind)
 
 
 def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
@@ -118,7 +124,7 @@ class PagedKVContext(StepKVContext):
             lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
             lens = torch.minimum(lens, limit).to(torch.int32)
             self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
-                                    seq_of_token.to(torch.int32), lens))
+                                    seq_of_token.to(torch.int32), lens, "prefix"))
         P = self.storage.store("pages").block_tokens
         # tokens before an inline tail's slots: its full pages ([p, b) in the pool)
         in_pages = torch.tensor([len(s.full_pages) * P if s.tail_kind == "inline" else 1 << 40
@@ -140,7 +146,7 @@ class PagedKVContext(StepKVContext):
                 pos_in, writes = tail_pos - in_pages, tail_pos >= in_pages
             has_rows = torch.tensor([len(r) > 0 for r in rows])[seq_of_token]
             self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
-                                    torch.where(has_rows, lens, 0).to(torch.int32)))
+                                    torch.where(has_rows, lens, 0).to(torch.int32), f"tail_{kind}"))
             writes &= has_rows
             if not bool(writes.any()):
                 continue
@@ -174,7 +180,8 @@ class PagedKVContext(StepKVContext):
         limit = torch.where(has, block, limit)
         self.calls.append(_Call("window", _pad_rows([[s.window or 0] for s in seqs]),
                                 seq_of_token.to(torch.int32),
-                                torch.where(has & decode, positions + 1 - block, 0).to(torch.int32)))
+                                torch.where(has & decode, positions + 1 - block, 0).to(torch.int32),
+                                "window"))
         writes = has & (positions >= exact_from(end - 1, W))
         self.window_slots = torch.where(writes, window * W + window_offset(positions, W), -1)
         fresh = [i for i, s in enumerate(seqs) if s.window is not None and s.num_new > 1]
@@ -202,20 +209,7 @@ class PagedKVContext(StepKVContext):
         self.calls.append(_Call("fresh", torch.arange(num_blocks, dtype=torch.int32)[:, None],
                                 torch.where(is_fresh, row, 0).to(torch.int32),
                                 torch.where(is_fresh, window_offset(positions, W) + 1, 0)
-                                .to(torch.int32)))
-
-    def to(self, device: torch.device) -> "PagedKVContext":
-        for c in self.calls:
-            c.block_table, c.seq_idx, c.kv_lens = (
-                c.block_table.to(device), c.seq_idx.to(device), c.kv_lens.to(device))
-        self.slot_mapping = {k: v.to(device) for k, v in self.slot_mapping.items()}
-        if self.window_slots is not None:
-            self.window_slots = self.window_slots.to(device)
-        if self.fresh is not None:
-            src, dst, carry_src, carry_dst, blocks, width = self.fresh
-            self.fresh = (src.to(device), dst.to(device), carry_src.to(device),
-                          carry_dst.to(device), blocks, width)
-        return self
+                                .to(torch.int32), "fresh"))
 
     def _fresh_store(self, x: torch.Tensor, window_cache: torch.Tensor) -> torch.Tensor:
         """The exact blocks of the windowed prefill rows as a paged store [B, W, Hkv, D] in the

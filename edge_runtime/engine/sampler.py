@@ -1,8 +1,9 @@
 """Token sampling for a batch of rows, each with its own SamplingParams and random generator.
 
 Order of the logit transforms follows Hugging Face's `generate` (so seeded runs are comparable):
-repetition penalty -> temperature -> top-k -> top-p -> sample. Greedy rows (temperature 0) take
-the argmax after the repetition penalty only.
+repetition penalty -> temperature -> top-k -> top-p -> sample, with OpenAI's presence/frequency
+penalties (which transformers lacks) right after the repetition penalty, as vLLM orders them.
+Greedy rows (temperature 0) take the argmax after the penalties only.
 
 Invariants:
 - Everything except the final draw is vectorised over the batch; the draw uses one uniform number
@@ -15,11 +16,12 @@ Invariants:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
-from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.api import SamplingParams, TokenLogprob
 from edge_runtime.kernels.argmax_cpu import argmax_rows
 
 
@@ -30,6 +32,38 @@ class SamplerRow:
     params: SamplingParams
     generator: torch.Generator
     seen_ids: list[int]  # prompt + generated ids, for the repetition penalty
+    num_prompt: int = 0  # seen_ids[num_prompt:] were generated (presence/frequency penalties)
+
+
+@dataclass
+class SampleRows:
+    """The rows one step samples: row k takes the logits row `source_rows[k]` (n > 1 children
+    forked at their first token share their parent's row)."""
+
+    source_rows: list[int]
+    rows: list[SamplerRow]
+    tops: list[int | None]  # per row: None, or how many top log-probs it asked for
+
+
+class HostSampler:
+    """The CPU back end's sampler: logits already on the host (`sample`, `token_logprobs`)."""
+
+    def __init__(self, transfers=None):
+        self.transfers = transfers
+
+    def choose(self, logits: torch.Tensor, batch: SampleRows, constraints, masks
+               ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """-> (one token id per row, its log-probs or None per row)."""
+        from edge_runtime.engine.constraints import token_logprobs
+
+        same = batch.source_rows == list(range(logits.shape[0]))
+        raw = logits if same else logits[torch.tensor(batch.source_rows)]
+        keep_raw = masks is not None and any(t is not None for t in batch.tops)
+        masked = raw.clone() if keep_raw else raw  # log-probs are the unmasked model's
+        with torch.inference_mode():  # in place on the forward's (inference) tensor
+            constraints.apply_masks(masked, batch.source_rows, masks)
+        tokens = sample(masked, batch.rows)
+        return tokens, token_logprobs(raw, tokens, batch.tops)
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -59,6 +93,34 @@ def apply_repetition_penalty(
         vals = logits[i, ids]
         p = penalties[i]
         logits[i, ids] = torch.where(vals < 0, vals * p, vals / p)
+    return logits
+
+
+def count_penalty_terms(rows: list[SamplerRow]):
+    """(row, token id, amount) for every generated token of a row with a presence or frequency
+    penalty: amount = presence + frequency * count, as float32 (both samplers subtract these
+    same values), or None when no row has one."""
+    rows_idx, ids, amounts = [], [], []
+    for i, r in enumerate(rows):
+        pres, freq = r.params.presence_penalty, r.params.frequency_penalty
+        if not (pres or freq):
+            continue
+        counts = Counter(r.seen_ids[r.num_prompt:])
+        for t in sorted(counts):
+            rows_idx.append(i)
+            ids.append(t)
+            amounts.append(pres + freq * counts[t])
+    if not ids:
+        return None
+    return (torch.tensor(rows_idx, dtype=torch.long), torch.tensor(ids, dtype=torch.long),
+            torch.tensor(amounts, dtype=torch.float32))
+
+
+def subtract_at(logits: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, amounts: torch.Tensor
+                ) -> torch.Tensor:
+    """logits with logits[rows, ids] -= amounts (a copy; each (row, id) pair at most once)."""
+    logits = logits.clone()
+    logits[rows, ids] = logits[rows, ids] - amounts
     return logits
 
 
@@ -92,6 +154,9 @@ def sample(logits: torch.Tensor, rows: list[SamplerRow]) -> list[int]:
     logits = apply_repetition_penalty(
         logits, [r.seen_ids for r in rows], [r.params.repetition_penalty for r in rows]
     )
+    terms = count_penalty_terms(rows)
+    if terms is not None:
+        logits = subtract_at(logits, *terms)
     if all(r.params.temperature == 0 for r in rows):
         return argmax_rows(logits)
     greedy = torch.tensor([r.params.temperature == 0 for r in rows])

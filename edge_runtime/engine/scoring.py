@@ -56,6 +56,7 @@ def score_logits(engine, token_ids: list[int]):
 def _all_logits(engine, ids: list[int], step: SeqStep) -> torch.Tensor:
     device = engine.storage.device
     ctx = engine.backend.context(engine.storage, [step], engine.sm_scale)
+    ctx.bind(engine.transfers.upload(ctx.metadata()))
     positions = torch.arange(step.start, step.start + step.num_new, device=device)
     with torch.inference_mode():
         logits = engine.backend.forward(engine.model, torch.tensor(ids, dtype=torch.long, device=device),

@@ -26,7 +26,8 @@ from edge_runtime.model.kv_interface import KVContext
 
 # Contexts up to this many positions get their whole cos/sin table at load (8192 x head_dim x 8 bytes,
 # 4 MiB for head_dim 64), so a forward never reads positions back from the device; longer contexts
-# start with this many and double on demand (one device sync per forward to check).
+# start with this many and double on demand (the engine passes the step's bound from the host; other
+# callers pay one device sync per forward to check).
 FULL_ROPE_TABLE = 8192
 
 
@@ -88,9 +89,11 @@ class Rotary(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
         self.cos, self.sin = emb.cos(), emb.sin()
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype, num_positions: int | None = None):
+        """num_positions: the caller's host-side bound (max position + 1); without it a table
+        shorter than the context reads positions.max() back from the device."""
         if self.cos.shape[0] < self.max_positions:
-            need = int(positions.max()) + 1
+            need = int(positions.max()) + 1 if num_positions is None else num_positions
             if need > self.cos.shape[0]:
                 assert need <= self.max_positions, (need, self.max_positions)
                 self.build(max(need, 2 * self.cos.shape[0], min(FULL_ROPE_TABLE, self.max_positions)))
@@ -210,14 +213,16 @@ class CausalLM(nn.Module):
         kv: KVContext,
         logits_indices: torch.Tensor | None = None,
         fused_args=None,
+        num_positions: int | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: long [T]; logits_indices: long [B] or None -> float32 [B|T, vocab].
         fused_args: the CPU back end's arguments for `fused_decoder` (kv.native_decode_args), to
-        run the layer stack in one C call; None runs the layers one by one."""
+        run the layer stack in one C call; None runs the layers one by one. num_positions: max
+        position + 1 known on the host (the engine's), so nothing is read back from the device."""
         assert input_ids.dim() == 1 and input_ids.shape == positions.shape, (
             input_ids.shape, positions.shape)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        cos, sin = self.model.rotary_emb(positions, x.dtype, num_positions)
         if fused_args is not None:  # the C layer stack for the CPU back end (cpu_decoder.py)
             x = self.fused_decoder(x, cos, sin, fused_args, kv.sm_scale)
         else:
