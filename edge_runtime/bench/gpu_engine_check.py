@@ -18,7 +18,6 @@ fake measurement); `table` prints them. Targets are reported, not enforced.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -47,15 +46,6 @@ def add_arguments(ap) -> None:
     ap.add_argument("--engine-budget-s", type=float, default=420.0,
                     help="engine level: sections that would start after this many seconds are skipped")
 
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise ValueError(f"{text!r}: give a comma-separated list of positive integers, e.g. 1,5,16")
-    return values
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -151,7 +141,3 @@ def voice_rows(trace: str, model: str, device: str, out_json: Path, timeout: flo
     row = next(r for r in data["rows"] if r.get("system", "edge") == "edge")
     return [{"system": "edge", "metric": "voice", "device": device, "value": row["requests_per_s"],
              "unit": "req/s", "weights": "fp16" if device == "cuda" else "cpu-default"}]
-
-
-def median_ms(seconds: list[float]) -> float:
-    return 1e3 * statistics.median(seconds)

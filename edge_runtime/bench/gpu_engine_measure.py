@@ -9,13 +9,26 @@ download, so it is synchronous anyway); random prompt ids from a fixed seed; gre
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import torch
 
-from edge_runtime.bench.gpu_engine_check import int_list, median_ms
-
 DEVICE = "cuda"
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{text!r}: give a comma-separated list of positive integers, e.g. 1,5,16")
+    return values
+
+
+def median_ms(seconds: list[float]) -> float:
+    return 1e3 * statistics.median(seconds)
 
 
 def _engine(model: str, weights: str, args):
