@@ -91,4 +91,3 @@ def test_engine_level_arguments_are_checked(tmp_path, argv, capsys):
         tool.parse_args(["--engine", "--json", str(tmp_path / "x.json"), *argv])
     assert exc.value.code == 2
     assert ("positive integers" if argv else "CUDA GPU") in capsys.readouterr().err
-    assert measure.int_list("1, 5,16") == [1, 5, 16]

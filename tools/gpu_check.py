@@ -42,6 +42,8 @@ from edge_runtime.kernels import paged_attention as pa  # noqa: E402
 from edge_runtime.kernels import awq_prepared as awp  # noqa: E402
 from edge_runtime.kernels import paged_decode as pd  # noqa: E402
 from edge_runtime.bench import gpu_engine_check  # noqa: E402
+from edge_runtime.bench.checks import parse_int_list  # noqa: E402
+from edge_runtime.errors import InputError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the gpu_lab package
 from gpu_lab.checks import (build_pool, check_awq, check_awq_prepared, check_decode,  # noqa: E402
@@ -100,9 +102,9 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.engine:
         try:
-            gpu_engine_check.int_list(args.batches), gpu_engine_check.int_list(args.prefill_tokens)
-        except ValueError as exc:
-            ap.error(f"--batches / --prefill-tokens {exc}")
+            parse_int_list(args.batches, "--batches"), parse_int_list(args.prefill_tokens, "--prefill-tokens")
+        except InputError as exc:
+            ap.error(str(exc))
         if not torch.cuda.is_available():
             ap.error("--engine measures the engine on a CUDA GPU; torch sees none here")
         return args

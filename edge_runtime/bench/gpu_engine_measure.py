@@ -14,17 +14,9 @@ import time
 
 import torch
 
+from edge_runtime.bench.checks import parse_int_list
+
 DEVICE = "cuda"
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise ValueError(f"{text!r}: give a comma-separated list of positive integers, e.g. 1,5,16")
-    return values
 
 
 def median_ms(seconds: list[float]) -> float:
@@ -38,7 +30,7 @@ def _engine(model: str, weights: str, args):
 
     placement = resolve(DEVICE, "cuda")
     loaded = load_for(model, placement, progress=lambda msg: None)
-    batches, prefills = int_list(args.batches), int_list(args.prefill_tokens)
+    batches, prefills = parse_int_list(args.batches, "--batches"), parse_int_list(args.prefill_tokens, "--prefill-tokens")
     per_seq = math.ceil((args.prompt_tokens + args.decode_steps + 8) / 512)
     pages = max(batches) * per_seq + math.ceil(max(prefills) / 512) + 4
     cfg = EngineConfig(**placement.engine_settings(), num_pages=pages, max_num_seqs=max(batches),
@@ -66,9 +58,9 @@ def engine_rows(model: str, weights: str, args, log) -> list[dict]:
     rows = [{"system": "edge", "weights": weights, "metric": "start", "value": build_s, "unit": "s",
              "capture_s": graphs.get("capture_s"), "capture_bytes": graphs.get("capture_bytes")}]
     vocab = loaded.config.vocab_size
-    for batch in int_list(args.batches):
+    for batch in parse_int_list(args.batches, "--batches"):
         rows += _decode(engine, weights, batch, args.prompt_tokens, args.decode_steps, vocab)
-    for length in int_list(args.prefill_tokens):
+    for length in parse_int_list(args.prefill_tokens, "--prefill-tokens"):
         rows.append(_prefill(engine, weights, length, vocab))
     return rows
 
@@ -146,7 +138,7 @@ def hf_rows(model: str, weights: str, args, compiled: bool) -> list[dict]:
         hf.generation_config.cache_implementation = "static"
         hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
     rows = []
-    for batch in int_list(args.batches):
+    for batch in parse_int_list(args.batches, "--batches"):
         ids = torch.tensor(_prompts(batch, args.prompt_tokens, hf.config.vocab_size, seed=batch), device=DEVICE)
         n = args.decode_steps + 1
         gen = lambda k: _timed_generate(hf, ids, k)  # noqa: E731
