@@ -152,32 +152,37 @@ if triton is not None:
     @triton.jit
     def _merge_in_order_kernel(po_ptr, pl_ptr, eo_ptr, el_ptr, out_ptr, num_spans,
                                s_pt, s_ph, s_ps, s_plt, s_plh, s_et, s_eh, s_elt, s_elh, s_ot, s_oh,
-                               D: tl.constexpr, BLOCK_D: tl.constexpr, EXTRA: tl.constexpr):
-        # partials [T, H, S, D] / [T, H, S] (+ the extra [T, H, D] / [T, H]) -> out [T, H, D]
+                               H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
+                               BLOCK_D: tl.constexpr, EXTRA: tl.constexpr):
+        # one program per token, all its heads: partials [T, H, S, D] / [T, H, S] (+ the extra
+        # [T, H, D] / [T, H]) -> out [T, H, D]
         t = tl.program_id(0)
-        h = tl.program_id(1)
+        h = tl.arange(0, BLOCK_H)
+        hmask = h < H
         d = tl.arange(0, BLOCK_D)
-        dmask = d < D
-        top = float("-inf")
+        mask = hmask[:, None] & (d < D)[None, :]
+        top = tl.full([BLOCK_H], float("-inf"), tl.float32)
         for s in range(0, num_spans):
-            top = tl.maximum(top, tl.load(pl_ptr + t * s_plt + h * s_plh + s))
-        extra_lse = float("-inf")
+            top = tl.maximum(top, tl.load(pl_ptr + t * s_plt + h * s_plh + s, mask=hmask, other=0.0))
+        extra_lse = tl.full([BLOCK_H], float("-inf"), tl.float32)
         if EXTRA:
-            extra_lse = tl.load(el_ptr + t * s_elt + h * s_elh)
+            extra_lse = tl.load(el_ptr + t * s_elt + h * s_elh, mask=hmask, other=0.0)
             top = tl.maximum(top, extra_lse)
         top = tl.where(top == float("-inf"), 0.0, top)
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        den = 0.0
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        den = tl.zeros([BLOCK_H], tl.float32)
         for s in range(0, num_spans):  # position order; an empty span has weight exactly 0
-            w = tl.exp(tl.load(pl_ptr + t * s_plt + h * s_plh + s) - top)
-            acc = acc + w * tl.load(po_ptr + t * s_pt + h * s_ph + s * s_ps + d, mask=dmask, other=0.0)
+            w = tl.exp(tl.load(pl_ptr + t * s_plt + h * s_plh + s, mask=hmask, other=0.0) - top)
+            o = tl.load(po_ptr + t * s_pt + h[:, None] * s_ph + s * s_ps + d[None, :], mask=mask, other=0.0)
+            acc = acc + w[:, None] * o
             den = den + w
         if EXTRA:
             w = tl.exp(extra_lse - top)
-            acc = acc + w * tl.load(eo_ptr + t * s_et + h * s_eh + d, mask=dmask, other=0.0)
+            o = tl.load(eo_ptr + t * s_et + h[:, None] * s_eh + d[None, :], mask=mask, other=0.0)
+            acc = acc + w[:, None] * o
             den = den + w
-        res = tl.where(den > 0, acc / tl.where(den > 0, den, 1.0), 0.0)
-        tl.store(out_ptr + t * s_ot + h * s_oh + d, res, mask=dmask)
+        res = tl.where(den[:, None] > 0, acc / tl.where(den > 0, den, 1.0)[:, None], 0.0)
+        tl.store(out_ptr + t * s_ot + h[:, None] * s_oh + d[None, :], res, mask=mask)
 
 
 def _store_args(store):
@@ -223,18 +228,19 @@ def positional_attention_triton(q, pool, arena, index: PositionIndex, sm_scale, 
 
 
 def merge_in_order_triton(p_out, p_lse, extra=None):
-    """merge_in_order_ref on the GPU: one program per (token, head), partials in index order."""
+    """merge_in_order_ref on the GPU: one program per token, partials in index order."""
     assert triton is not None, "triton is not installed"
     t, h, s_count, d = p_out.shape
     out = torch.empty(t, h, d, dtype=torch.float32, device=p_out.device)
     if t == 0:
         return out
     e_out, e_lse = extra if extra is not None else (out, p_lse[:, :, 0])
-    _merge_in_order_kernel[(t, h)](
+    _merge_in_order_kernel[(t,)](
         p_out, p_lse, e_out, e_lse, out, s_count, p_out.stride(0), p_out.stride(1), p_out.stride(2),
         p_lse.stride(0), p_lse.stride(1), e_out.stride(0), e_out.stride(1), e_lse.stride(0),
         e_lse.stride(1), out.stride(0), out.stride(1),
-        D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), EXTRA=extra is not None)
+        H=h, BLOCK_H=triton.next_power_of_2(h), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        EXTRA=extra is not None)
     return out
 
 
