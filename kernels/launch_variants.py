@@ -2,13 +2,13 @@
 
 A variant is what Triton compiles a kernel for: its constexprs, its arguments' types, num_warps and
 num_stages. Each entry of ENGINE_LAUNCHES calls a real launch wrapper (kernels/kv_write.py,
-positional_attention.py, dispatch.py's exact-block call, awq_prepared.py) on small CPU tensors with the parameters the
-engine passes on the GPU, while `record_launches` catches each `kernel[grid](...)` instead of
-running it. So the variants are the wrappers' own choices, never a copy of them: a wrapper that
-changes a constexpr changes what is recorded. What a wrapper derives from the GPU (its SM count:
-sequence splits, SPLIT_K) is derived with the wrappers' own planning functions for Orin's SM counts
-(ORIN_SMS). Attention's variants do not depend on the SM count: its spans are a fixed number of
-positions (the canonical reduction order, positional_attention.py).
+positional_attention.py, dispatch.py's exact-block call, awq_prepared.py) on small CPU tensors
+with the parameters the engine passes on the GPU, while `record_launches` catches each
+`kernel[grid](...)` instead of running it. So the variants are the wrappers' own choices, never a
+copy of them: a wrapper that changes a constexpr changes what is recorded. What a wrapper derives
+from the GPU (its SM count: SPLIT_K) is derived with the wrappers' own planning functions for
+Orin's SM counts (ORIN_SMS). Attention's variants do not depend on the SM count: its spans are a
+fixed number of positions (the canonical reduction order, positional_attention.py).
 
 Adding a model shape, a KV format or a weight format to the engine means adding it here (MODELS,
 the dtype tuples, the entries): kernels/aot_compile.py compiles every recorded variant for sm_87

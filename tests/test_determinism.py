@@ -141,7 +141,7 @@ def _assert_logits_equal(rec: LogitsByContext, tokens: int) -> None:
 
 
 def _per_segment(monkeypatch):
-    """Every step of the CPU back end on the CUDA back end's per-segment context."""
+    """Every step of the CPU back end (its C linears) on the CUDA back end's context."""
     from edge_runtime.engine.backend import CpuBackend
 
     monkeypatch.setattr(CpuBackend, "context",
