@@ -24,8 +24,10 @@ from edge_runtime.kernels import awq_prepared as _awp
 from edge_runtime.kernels import kv_write as _kv
 from edge_runtime.kernels import paged_attention as _pa
 from edge_runtime.kernels import paged_decode as _pd
+from edge_runtime.kernels import positional_attention as _pos
 
-OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm", "awq_gemm_prepared", "paged_decode")
+OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm", "awq_gemm_prepared", "paged_decode",
+       "positional_attention", "exact_block_attention", "merge_in_order")
 
 
 TRITON_LAUNCHES: Counter = Counter()
@@ -70,6 +72,11 @@ class _Impl:
             self.triton = _counted(op, triton_fn)
 
 
+def _exact_block_triton(q, k_cache, v_cache, block_table, seq_idx, kv_lens, sm_scale):
+    return _pa.paged_attention_triton(q, k_cache, v_cache, None, None, block_table, seq_idx, kv_lens,
+                                      sm_scale, num_splits=1, per_token=True)
+
+
 _IMPLS = {
     "write_kv": _Impl("write_kv", _kv.write_kv_ref, getattr(_kv, "write_kv_triton", None)),
     "paged_attention": _Impl("paged_attention", _pa.paged_attention_ref,
@@ -80,6 +87,12 @@ _IMPLS = {
     "awq_gemm_prepared": _Impl("awq_gemm_prepared", _awp.awq_gemm_prepared_ref,
                                _awp.awq_gemm_prepared_triton if _awp.triton is not None else None),
     "paged_decode": _Impl("paged_decode", None, _pd.paged_decode if _pd.triton is not None else None),
+    "positional_attention": _Impl("positional_attention", _pos.positional_attention_ref,
+                                  _pos.positional_attention_triton if _pos.triton is not None else None),
+    "exact_block_attention": _Impl("exact_block_attention", _pa.paged_attention_ref,
+                                   _exact_block_triton if _pa.triton is not None else None),
+    "merge_in_order": _Impl("merge_in_order", _pos.merge_in_order_ref,
+                            _pos.merge_in_order_triton if _pos.triton is not None else None),
 }
 
 
@@ -107,6 +120,30 @@ def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx,
                                              chunks=chunks)
     return _pick("paged_attention", q)(q, k_cache, v_cache, k_scale, v_scale, block_table,
                                        seq_idx, kv_lens, sm_scale, k_mean=k_mean, chunks=chunks)
+
+
+def positional_attention(q, pool, arena, index, sm_scale, k_mean=None):
+    """Keys [0, index.key_end) of every token, read by position from the pool (prefix and tail
+    pages) and the arena (inline slots), in spans of fixed absolute size -> per-span partials
+    (out [T, H, S, D], lse [T, H, S]); kernels/positional_attention.py. pool, arena: (k, v,
+    k_scale, v_scale) of one layer; arena None without inline slots."""
+    return _pick("positional_attention", q)(q, pool, arena, index, sm_scale, k_mean=k_mean)
+
+
+def exact_block_attention(q, k_cache, v_cache, block_table, seq_idx, kv_lens, sm_scale):
+    """Paged attention over a float store with one program per query token, whatever its row
+    (the recent-key window's exact blocks, engine/paged_kv.py): a token's result does not depend
+    on the other tokens of the step, so prefill and decode read a block the same way."""
+    if _use_triton(q, "exact_block_attention"):
+        return _IMPLS["exact_block_attention"].triton(q, k_cache, v_cache, block_table, seq_idx,
+                                                      kv_lens, sm_scale)
+    return _pa.paged_attention_ref(q, k_cache, v_cache, None, None, block_table, seq_idx, kv_lens,
+                                   sm_scale)
+
+
+def merge_in_order(p_out, p_lse, extra=None):
+    """Partials [T, H, S, D] / [T, H, S] (+ one extra (out, lse) last) merged in index order."""
+    return _pick("merge_in_order", p_out)(p_out, p_lse, extra)
 
 
 def merge_attention(outs, lses):

@@ -2,12 +2,13 @@
 
 A variant is what Triton compiles a kernel for: its constexprs, its arguments' types, num_warps and
 num_stages. Each entry of ENGINE_LAUNCHES calls a real launch wrapper (kernels/kv_write.py,
-paged_decode.py, paged_attention.py, awq_prepared.py) on small CPU tensors with the parameters the
-engine passes on the GPU, while `record_launches` catches each `kernel[grid](...)` instead of
-running it. So the variants are the wrappers' own choices, never a copy of them: a wrapper that
-changes a constexpr changes what is recorded. What a wrapper derives from the GPU (its SM count:
-sequence splits, SPLIT_K) is derived with the wrappers' own planning functions for Orin's SM counts
-(ORIN_SMS); the split-merge kernel's BLOCK_S takes every power of two a split count can round to.
+positional_attention.py, dispatch.py's exact-block call, awq_prepared.py) on small CPU tensors
+with the parameters the engine passes on the GPU, while `record_launches` catches each
+`kernel[grid](...)` instead of running it. So the variants are the wrappers' own choices, never a
+copy of them: a wrapper that changes a constexpr changes what is recorded. What a wrapper derives
+from the GPU (its SM count: SPLIT_K) is derived with the wrappers' own planning functions for
+Orin's SM counts (ORIN_SMS). Attention's variants do not depend on the SM count: its spans are a
+fixed number of positions (the canonical reduction order, positional_attention.py).
 
 Adding a model shape, a KV format or a weight format to the engine means adding it here (MODELS,
 the dtype tuples, the entries): kernels/aot_compile.py compiles every recorded variant for sm_87
@@ -33,16 +34,14 @@ PAGE_TOKENS = 512
 ORIN_SMS = (8, 16)  # Orin Nano / NX (1024 CUDA cores), AGX Orin (2048)
 DECODE_ROWS = (1, 5, 16)  # W4A16 rows: one stream, the 5-stream batch, the gemv class's edge
 PREFILL_ROWS = (64, 512)  # a short prefill chunk (tiled kernel), a long one (dequantize + matmul)
-MERGE_SPLITS = (2, 3, 5, 9, 17, 33, 65)  # BLOCK_S = next power of two: 2 .. 128
 
 ENGINE_LAUNCHES = [
     *[("write_kv", dict(model=m, act=a, kv=kv, centred=c))
       for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS],
-    *[("paged_decode", dict(model=m, act=a, kv=kv, centred=c, segments=s))
-      for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS for s in (1, 2)],
-    *[("paged_attention_prefill", dict(model=m, act=a, kv=kv, centred=c))
-      for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS],
-    *[("merge_splits", dict(model=m, splits=s)) for m in MODELS for s in MERGE_SPLITS],
+    *[("positional_attention", dict(model=m, act=a, kv=kv, centred=c, inline=i))
+      for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS for i in (False, True)],
+    *[("exact_block_attention", dict(model=m, act=a)) for m in MODELS for a in ACT_DTYPES],
+    *[("merge_in_order", dict(model=m, extra=e)) for m in MODELS for e in (False, True)],
     *[("awq_gemm_prepared", dict(model=m, rows=r, sms=sms))
       for m in MODELS for r in (*DECODE_ROWS, *PREFILL_ROWS) for sms in ORIN_SMS],
 ]
@@ -150,26 +149,35 @@ def _attention_args(model, act, kv, centred, tokens, pages=3):
     return q, _pool(m, kv), (table, seq, lens), mean
 
 
-def _paged_decode(model, act, kv, centred, segments):
-    from edge_runtime.kernels.paged_decode import paged_decode
+def _positional_attention(model, act, kv, centred, inline):
+    from edge_runtime.kernels.positional_attention import positional_attention_triton
+    from edge_runtime.kernels.positional_attention_ref import PositionIndex
 
-    q, pool, seg, mean = _attention_args(model, act, kv, centred, tokens=2)
-    paged_decode(q, *pool, [seg] * segments, 0.125, k_mean=mean)
-
-
-def _paged_attention_prefill(model, act, kv, centred):
-    from edge_runtime.kernels.paged_attention import paged_attention_triton
-
-    q, pool, seg, mean = _attention_args(model, act, kv, centred, tokens=40)  # > table rows
-    paged_attention_triton(q, *pool, *seg, 0.125, k_mean=mean)
+    q, pool, (table, seq, lens), mean = _attention_args(model, act, kv, centred, tokens=2)
+    arena = _pool(MODELS[model], kv, pages=2) if inline else None
+    index = PositionIndex(table, table, seq, lens, torch.zeros(2, 3, dtype=torch.int32), 256, 3)
+    positional_attention_triton(q, pool, arena, index, 0.125, k_mean=mean)
 
 
-def _merge_splits(model, splits):
-    from edge_runtime.kernels.paged_attention import paged_attention_triton
+def _exact_block_attention(model, act):
+    from edge_runtime.kernels import dispatch
 
-    # 64 pages: room for every split count (the merge's BLOCK_S is a power of two <= 128)
-    q, pool, seg, _ = _attention_args(model, "fp16", "int8", False, tokens=2, pages=64)
-    paged_attention_triton(q, *pool, *seg, 0.125, num_splits=splits)
+    m = MODELS[model]
+    q = torch.zeros(40, m["heads"], m["head_dim"], dtype=_dtype(act))
+    window = torch.zeros(3, 16, m["kv_heads"], m["head_dim"], dtype=torch.float16)  # fp16 blocks
+    table = torch.arange(3, dtype=torch.int32)[:, None]
+    with dispatch.prefer_triton():
+        dispatch.exact_block_attention(q, window, window, table, torch.zeros(40, dtype=torch.int32),
+                                       torch.full((40,), 5, dtype=torch.int32), 0.125)
+
+
+def _merge_in_order(model, extra):
+    from edge_runtime.kernels.positional_attention import merge_in_order_triton
+
+    m = MODELS[model]
+    p_out = torch.zeros(2, m["heads"], 3, m["head_dim"])
+    p_lse = torch.zeros(2, m["heads"], 3)
+    merge_in_order_triton(p_out, p_lse, (p_out[:, :, 0], p_lse[:, :, 0]) if extra else None)
 
 
 def _linear_shapes(m: dict) -> set[tuple[int, int]]:
@@ -196,8 +204,8 @@ def _awq_gemm_prepared(model, rows, sms):
                                      tune={"split_k": split})
 
 
-RUNNERS = {"write_kv": _write_kv, "paged_decode": _paged_decode,
-           "paged_attention_prefill": _paged_attention_prefill, "merge_splits": _merge_splits,
+RUNNERS = {"write_kv": _write_kv, "positional_attention": _positional_attention,
+           "exact_block_attention": _exact_block_attention, "merge_in_order": _merge_in_order,
            "awq_gemm_prepared": _awq_gemm_prepared}
 
 

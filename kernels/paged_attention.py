@@ -188,10 +188,12 @@ def _query_blocks(seq_idx, tokens_per_block):
     return torch.cat(blocks).to(torch.int32).to(seq_idx.device)
 
 
-def _launch_plan(t, group, block_table, seq_idx, tune):
-    """Decode (one program per token) or prefill (blocks of tokens of one row) launch parameters."""
+def _launch_plan(t, group, block_table, seq_idx, tune, per_token=False):
+    """Decode (one program per token) or prefill (blocks of tokens of one row) launch parameters;
+    per_token: one program per token whatever the rows (a token's result then never depends on
+    which other tokens share its row)."""
     p2 = triton.next_power_of_2
-    if t > block_table.shape[0]:  # some row has several queries: tile them together
+    if t > block_table.shape[0] and not per_token:  # some row has several queries: tile them
         tokens_per_block = max(1, tune["prefill_rows"] // group)
         qblk = _query_blocks(seq_idx, tokens_per_block)
         return dict(qblk=qblk, blocks=qblk.shape[0], block_r=max(16, p2(tokens_per_block * group)),
@@ -202,10 +204,11 @@ def _launch_plan(t, group, block_table, seq_idx, tune):
 
 
 def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
-                           *, num_splits=None, tune=None, k_mean=None, chunks=None):
+                           *, num_splits=None, tune=None, k_mean=None, chunks=None, per_token=False):
     """Triton kernel with the reference's signature; `num_splits` overrides the sequence split and
     `tune` (keys of TUNE) the launch configuration. k_mean: [Hkv, D] float32 for centred keys.
-    chunks: a chunked store's PageChunks (kernels/page_chunks.py; the caches are chunk 0's) or None."""
+    chunks: a chunked store's PageChunks (kernels/page_chunks.py; the caches are chunk 0's) or None.
+    per_token: decode tiles (one program per query token) for prefill rows too."""
     _check(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, k_mean)
     assert triton is not None, "triton is not installed"
     t, h, d = q.shape
@@ -215,7 +218,7 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
     if t == 0:
         return out, lse
     tune = {**TUNE, **(tune or {})}
-    plan = _launch_plan(t, h // hkv, block_table, seq_idx, tune)
+    plan = _launch_plan(t, h // hkv, block_table, seq_idx, tune, per_token)
     max_len = max(1, block_table.shape[1] * page_tokens)  # upper bound: no sync for kv_lens.max()
     splits = num_splits or _num_splits(plan["blocks"], hkv, max_len, plan["block_n"], q.device, tune)
     chunk = -(-max_len // splits)

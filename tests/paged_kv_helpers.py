@@ -1,6 +1,10 @@
-"""Shared by the PagedKVContext tests (test_engine_paged_kv.py, test_recent_window.py): the small
-shapes, dense causal attention as the reference, and writing K/V where a step's segments put them."""
+"""Shared by the PagedKVContext tests (test_engine_paged_kv.py, test_recent_window.py,
+test_determinism.py): the small shapes, dense causal attention as the reference, writing K/V where
+a step's segments put them, and running the context on the Triton kernels."""
 
+import contextvars
+
+import pytest
 import torch
 
 from edge_runtime.kernels import hadamard
@@ -8,6 +12,18 @@ from edge_runtime.kernels.kv_write import write_kv_ref
 from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
 
 H, HKV, D, LAYERS, P, SLOT = 6, 2, 16, 2, 8, 24
+
+
+def use_triton_kernels(monkeypatch, **tune) -> None:
+    """Every kernels/dispatch.py op on CPU tensors takes its Triton kernel (TRITON_INTERPRET=1),
+    as the CUDA back end does on a GPU; `tune` overrides positional attention's TUNE (small spans
+    and tiles, so that tiny sequences cross several)."""
+    from edge_runtime.kernels import dispatch, kv_write, positional_attention
+
+    if kv_write.triton is None:
+        pytest.skip("needs triton")
+    monkeypatch.setattr(dispatch, "_TRITON_ON_CPU", contextvars.ContextVar("triton_on_cpu", default=True))
+    monkeypatch.setattr(positional_attention, "TUNE", {**positional_attention.TUNE, **tune})
 
 
 def dense(q, k, v, start):

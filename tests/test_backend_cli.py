@@ -67,6 +67,6 @@ def test_serve_answers_on_the_cuda_back_end(tmp_path):
             stats = c.get("/v1/stats").json()
         assert reply["usage"]["completion_tokens"] == 3, reply
         assert stats["kernel_backends"]["backend"] == "cuda"
-        assert stats["kernel_backends"]["kernels"]["decode_attention"] == "triton paged_decode"
+        assert stats["kernel_backends"]["kernels"]["decode_attention"] == "triton positional_attention"
     finally:
         stop_server(proc)

@@ -171,7 +171,7 @@ def test_plan_for_cuda_needs_no_gpu_and_counts_fp16_weights(capsys):
     out = capsys.readouterr().out
     assert "cuda / cuda" in out and "weights (fp16)" in out
     assert f"({estimate_weight_bytes(shape, 'fp16'):,} bytes)" in out
-    assert "decode_attention=triton paged_decode" in out
+    assert "decode_attention=triton positional_attention" in out
     assert main(["plan", "--config", "orin-nano-8gb", "--model", shape.name, "--device", "cpu",
                  "--json"]) == 0
     cpu = json.loads(capsys.readouterr().out)

@@ -1,15 +1,19 @@
 """Determinism by construction: a greedy request's tokens are a function of the request alone.
 
-The same three requests (two sharing a 45-token system prompt) are served cold and alone, then
-from the prefix cache, after another request cached their system prompt, sharing it in one step,
-prefilled in chunks of 8 and 13 tokens, batched with unrelated requests (admitted together, and
-arriving while those decode), after a preemption on a small pool, and as both children of n=2.
-Every way gives the tokens of the cold run, with int8 KV (the recent-key window's read rule,
-cache/recent_windows.py), fp16 and fp32 KV, on the CPU flat path and on the per-segment path a
-GPU runs (torch reference kernels here; the Triton kernels under the interpreter on a shorter
-case). On the CPU flat path with int8 or fp16 KV (the C attention and the one-call C layer
-stack for every step) the logits of every position are also the same bit for bit.
+The same three requests (two sharing a system prompt) are served cold and alone, then from the
+prefix cache, after another request cached their system prompt, sharing it in one step,
+prefilled in chunks, batched with unrelated requests (admitted together, and arriving while those
+decode), after a preemption on a small pool, and as both children of n=2. Every way gives the
+tokens of the cold run, with int8 KV (the recent-key window's read rule, cache/recent_windows.py),
+fp16 and fp32 KV, on the CPU flat path and on the CUDA back end's context (engine/paged_kv.py)
+with the torch reference kernels. The logits of every position are the same bit for bit on the
+CPU flat path with int8 or fp16 KV (the C attention and the one-call C layer stack for every
+step), and on the CUDA back end's context with its Triton kernels (under the interpreter, on a
+smaller case with chunks of 1 and 5 tokens, small spans and tiles so that tiny sequences cross
+several) with int8, fp16 and fp32 KV.
 """
+
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,11 +22,32 @@ from edge_runtime.engine import sampler as sampler_module
 from edge_runtime.engine.paged_kv import PagedKVContext
 from edge_runtime.kernels import cpu_native
 from engine_helpers import engine_for, greedy, tiny, tiny_prompts
+from paged_kv_helpers import use_triton_kernels
 
-SYSTEM = tiny_prompts([45], seed=77)[0]
-TARGETS = [SYSTEM + t for t in tiny_prompts([9, 22], seed=78)] + tiny_prompts([37], seed=79)
-OTHERS = tiny_prompts([30, 60], seed=80)
-TOKENS = 10
+
+@dataclass(frozen=True)
+class Case:
+    system: list[int]
+    targets: list[list[int]]  # two after the system prompt, one unrelated
+    others: list[list[int]]  # unrelated requests to batch with
+    tokens: int
+    config: dict
+    chunks: tuple[int, ...]  # prefill chunk sizes (max_batch_tokens)
+    preempt_at: tuple[int, ...]  # the steps before which the newest sequence is preempted
+
+
+def _case(system_len, suffixes, unrelated, others, tokens, chunks, preempt_at, seed, **config) -> Case:
+    system = tiny_prompts([system_len], seed=seed)[0]
+    targets = [system + t for t in tiny_prompts(suffixes, seed=seed + 1)]
+    return Case(system, targets + tiny_prompts([unrelated], seed=seed + 2),
+                tiny_prompts(others, seed=seed + 3), tokens, config, chunks, preempt_at)
+
+
+FULL = _case(45, [9, 22], 37, [30, 60], 10, (8, 13), (1, 5), seed=77, page_tokens=16, num_pages=64)
+# under the interpreter (slow): pages of 4 and inline slots of 8 (tails in pages and in slots),
+# windows of 4 (int8 KV), a system prompt over a partial page
+SMALL = _case(6, [2, 4], 5, [3, 6], 3, (1, 5), (1, 2), seed=90, page_tokens=4, num_pages=48,
+              inline_tokens=8, recent_window=4)
 
 
 class LogitsByContext:
@@ -45,68 +70,78 @@ def _tokens(results) -> list[list[int]]:
     return [r.completions[0].token_ids for r in results]
 
 
-def _staggered(eng, params) -> list[list[int]]:
-    """OTHERS start; TARGETS arrive after three steps, while OTHERS decode."""
-    for p in OTHERS:
+def _staggered(eng, params, case: Case) -> list[list[int]]:
+    """The others start; the targets arrive after three steps, while the others decode."""
+    for p in case.others:
         eng.add_request(p, params)
     for _ in range(3):
         eng.step()
-    ids = [eng.add_request(p, params) for p in TARGETS]
+    ids = [eng.add_request(p, params) for p in case.targets]
     done = {}
     while eng.has_unfinished():
         done.update({e.request_id: e.result for e in eng.step() if e.result is not None})
     return [done[i].token_ids for i in ids]
 
 
-def _preempted(eng, params) -> list[list[int]]:
-    """TARGETS, the newest preempted after its prefill and again mid-answer (it resumes from what
-    the prefix cache still holds of its pages)."""
-    ids = [eng.add_request(p, params) for p in TARGETS]
+def _preempted(eng, params, case: Case) -> list[list[int]]:
+    """The targets, the newest preempted after its prefill and again mid-answer (it resumes from
+    what the prefix cache still holds of its pages)."""
+    ids = [eng.add_request(p, params) for p in case.targets]
     done = {}
     for step in range(40):
-        if step in (1, 5):
+        if step in case.preempt_at:
             assert eng.preempt_newest(1) == 1
         done.update({e.request_id: e.result for e in eng.step() if e.result is not None})
     assert not eng.has_unfinished() and eng.stats()["preemptions"] == 2
     return [done[i].token_ids for i in ids]
 
 
-def _runs(kv_dtype: str, rec: LogitsByContext) -> dict[str, list[list[int]]]:
-    base = dict(kv_dtype=kv_dtype, page_tokens=16, num_pages=64)
-    params = greedy(TOKENS, ignore_eos=True)
-    out = {}
+def _runs(kv_dtype: str, rec: LogitsByContext, case: Case) -> dict[str, list[list[int]]]:
+    base = dict(kv_dtype=kv_dtype, **case.config)
+    params = greedy(case.tokens, ignore_eos=True)
+    targets, out = case.targets, {}
 
     def run(name, prompts, n=1, **cfg):
         rec.name = name
         eng = engine_for(tiny(), **{**base, **cfg})
-        return eng, eng.generate(prompts, greedy(TOKENS, ignore_eos=True, n=n))
+        return eng, eng.generate(prompts, greedy(case.tokens, ignore_eos=True, n=n))
 
-    out["cold"] = [_tokens(run("cold", [t])[1])[0] for t in TARGETS]
-    eng, _ = run("first", TARGETS)
+    out["cold"] = [_tokens(run("cold", [t])[1])[0] for t in targets]
+    eng, _ = run("first", targets)
     rec.name = "cached"
-    out["cached"] = _tokens(eng.generate(TARGETS, params))
-    assert all(r.cached_prompt_tokens > 0 for r in eng.generate(TARGETS, params))
-    eng, _ = run("first", [SYSTEM + [5, 6, 7]])
+    out["cached"] = _tokens(eng.generate(targets, params))
+    assert all(r.cached_prompt_tokens > 0 for r in eng.generate(targets, params))
+    eng, _ = run("first", [case.system + [5, 6, 7]])
     rec.name = "other_prefix"
-    out["other_prefix"] = _tokens(eng.generate(TARGETS, params))
-    out["one_step"] = _tokens(run("one_step", TARGETS)[1])
-    for chunk in (8, 13):
-        out[f"chunks_of_{chunk}"] = _tokens(run(f"chunks_of_{chunk}", TARGETS, max_batch_tokens=chunk,
-                                                max_num_seqs=4)[1])
-    out["batched"] = _tokens(run("batched", OTHERS + TARGETS)[1])[len(OTHERS):]
+    out["other_prefix"] = _tokens(eng.generate(targets, params))
+    out["one_step"] = _tokens(run("one_step", targets)[1])
+    for chunk in case.chunks:
+        out[f"chunks_of_{chunk}"] = _tokens(run(f"chunks_of_{chunk}", targets, max_batch_tokens=chunk,
+                                                max_num_seqs=min(chunk, 4))[1])
+    out["batched"] = _tokens(run("batched", case.others + targets)[1])[len(case.others):]
     rec.name = "staggered"
-    out["staggered"] = _staggered(engine_for(tiny(), **base), params)
+    out["staggered"] = _staggered(engine_for(tiny(), **base), params, case)
     rec.name = "preempted"
-    out["preempted"] = _preempted(engine_for(tiny(), **base), params)
-    forks = [run("forked", [t], n=2)[1][0] for t in TARGETS]
+    out["preempted"] = _preempted(engine_for(tiny(), **base), params, case)
+    forks = [run("forked", [t], n=2)[1][0] for t in targets]
     out["forked_0"] = [r.completions[0].token_ids for r in forks]
     out["forked_1"] = [r.completions[1].token_ids for r in forks]
     eng.kv.check_leaks()
     return out
 
 
+def _assert_logits_equal(rec: LogitsByContext, tokens: int) -> None:
+    """Every run's logits at every context the cold runs also saw are the cold run's, bit for bit."""
+    cold = rec.runs["cold"]
+    for name, logits in rec.runs.items():
+        shared = [ctx for ctx in logits if ctx in cold]
+        assert len(shared) >= tokens or name == "first", (name, len(shared))
+        differ = [len(ctx) for ctx in shared if not torch.equal(logits[ctx], cold[ctx])]
+        assert not differ, f"{name}: logits differ from the cold run's at lengths {differ}"
+
+
 def _per_segment(monkeypatch):
-    """Every step of the CPU back end on the CUDA back end's per-segment context."""
+    """Every step of the CPU back end (its C linears) on the CUDA back end's context."""
     from edge_runtime.engine.backend import CpuBackend
 
     monkeypatch.setattr(CpuBackend, "context",
@@ -120,41 +155,24 @@ def test_greedy_tokens_do_not_depend_on_how_a_request_was_served(path, kv_dtype,
     if path == "per-segment":
         _per_segment(monkeypatch)
     rec = LogitsByContext(monkeypatch)
-    runs = _runs(kv_dtype, rec)
+    runs = _runs(kv_dtype, rec, FULL)
     for name, tokens in runs.items():
         assert tokens == runs["cold"], name
     if path == "flat" and kv_dtype != "fp32" and cpu_native.library() is not None:
-        cold = rec.runs["cold"]
-        for name, logits in rec.runs.items():
-            shared = [ctx for ctx in logits if ctx in cold]
-            assert len(shared) >= TOKENS or name == "first", (name, len(shared))
-            differ = [len(ctx) for ctx in shared if not torch.equal(logits[ctx], cold[ctx])]
-            assert not differ, f"{name}: logits differ from the cold run's at lengths {differ}"
+        _assert_logits_equal(rec, FULL.tokens)
 
 
-def test_per_segment_triton_kernels_read_like_a_cold_run(monkeypatch):
-    """The CUDA back end's kernels (TRITON_INTERPRET=1 on CPU tensors), int8 KV: the same greedy
-    tokens cold, from the prefix cache (cut back to the window), and prefilled in chunks of 3.
-    Tiny, as the interpreter is slow."""
-    from edge_runtime.engine import paged_kv
-    from edge_runtime.kernels import kv_write, paged_attention
-
-    if kv_write.triton is None:
-        pytest.skip("needs triton")
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp16", "fp32"])
+def test_cuda_backend_kernels_give_bit_identical_logits_however_served(kv_dtype, monkeypatch):
+    """The CUDA back end's context on its Triton kernels (TRITON_INTERPRET=1 on CPU tensors):
+    spans of 8 and tiles of 4 positions (the sequences cross several), every way of serving."""
     _per_segment(monkeypatch)
-    monkeypatch.setattr(paged_kv, "write_kv", kv_write.write_kv_triton)
-    monkeypatch.setattr(paged_kv, "paged_attention", paged_attention.paged_attention_triton)
-    monkeypatch.setattr(paged_kv, "merge_attention", paged_attention.merge_attention_triton)
-    system = tiny_prompts([10], seed=90)[0]
-    prompts = [system + tiny_prompts([3], seed=91)[0], system + tiny_prompts([4], seed=92)[0]]
-    params = greedy(2, ignore_eos=True)
-    base = dict(kv_dtype="int8", page_tokens=8, num_pages=16, recent_window=4, enable_inline=False)
-    eng = engine_for(tiny(), **base)
-    cold = eng.generate(prompts[:1], params)[0].token_ids
-    cached = eng.generate(prompts[1:], params)[0]
-    assert cached.cached_prompt_tokens == 8  # 10 shared, cut back to two windows of 4
-    chunked = engine_for(tiny(), **base, max_batch_tokens=3, max_num_seqs=2).generate(prompts, params)
-    assert [r.token_ids for r in chunked] == [cold, cached.token_ids]
+    use_triton_kernels(monkeypatch, span_tokens=8, block_n=4)
+    rec = LogitsByContext(monkeypatch)
+    runs = _runs(kv_dtype, rec, SMALL)
+    for name, tokens in runs.items():
+        assert tokens == runs["cold"], name
+    _assert_logits_equal(rec, SMALL.tokens)
 
 
 @pytest.mark.slow

@@ -166,3 +166,21 @@ def test_merge_kernel_matches_reference_with_empty_segments():
     got = merge_attention_triton(outs, lses)
     assert torch.allclose(got, merge_attention(outs, lses), atol=1e-5)
     assert float(got[2, 1].abs().max()) == 0.0
+
+
+def test_per_token_mode_reads_a_token_the_same_alone_or_in_its_row():
+    """per_token (the exact-block call): one program per query token even when tokens share a row,
+    so a token's result is the same bits alone and among its row's other tokens."""
+    gen = torch.Generator().manual_seed(13)
+    d, page_tokens = 16, 4
+    k_cache, v_cache, _, _ = make_cache(6, page_tokens, 2, d, torch.float16, gen)
+    bt = random_block_table(2, 3, 6, gen)
+    seq_idx = torch.tensor([0, 0, 0, 1, 1], dtype=torch.int32)
+    kv_lens = torch.tensor([1, 2, 3, 4, 9], dtype=torch.int32)
+    q = torch.randn(5, 4, d, generator=gen)
+    args = (q, k_cache, v_cache, None, None, bt, seq_idx, kv_lens, 0.3)
+    out, lse = _compare(args, torch.float16, num_splits=1, per_token=True)
+    for t in range(5):
+        one = (q[t:t + 1], k_cache, v_cache, None, None, bt, seq_idx[t:t + 1], kv_lens[t:t + 1], 0.3)
+        o1, l1 = paged_attention_triton(*one, num_splits=1, per_token=True)
+        assert torch.equal(o1[0], out[t]) and torch.equal(l1[0], lse[t])

@@ -23,7 +23,7 @@ from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
 from edge_runtime.kernels import cpu_native, hadamard
 from engine_helpers import engine_for, greedy, tiny, tiny_prompts
 from paged_kv_helpers import D, H, HKV, LAYERS, P, SLOT, dense as _dense, int8_read_back
-from paged_kv_helpers import fill_history, write as _write
+from paged_kv_helpers import fill_history, use_triton_kernels, write as _write
 
 W = 5
 
@@ -125,25 +125,13 @@ SPECS = [
 ]
 
 
-def _use_triton_kernels(monkeypatch):
-    """The per-segment path with the Triton kernels a GPU runs (TRITON_INTERPRET=1 here)."""
-    from edge_runtime.engine import paged_kv
-    from edge_runtime.kernels import kv_write, paged_attention
-
-    if kv_write.triton is None:
-        pytest.skip("needs triton")
-    monkeypatch.setattr(paged_kv, "write_kv", kv_write.write_kv_triton)
-    monkeypatch.setattr(paged_kv, "paged_attention", paged_attention.paged_attention_triton)
-    monkeypatch.setattr(paged_kv, "merge_attention", paged_attention.merge_attention_triton)
-
-
 def _run_specs(path: str, monkeypatch):
     if path == "c-attention" and cpu_native.library() is None:
         pytest.skip("no C compiler")
     if path != "c-attention":
         monkeypatch.setattr(cpu_native, "library", lambda: None)
     if path == "per-segment-triton":
-        _use_triton_kernels(monkeypatch)
+        use_triton_kernels(monkeypatch, span_tokens=16, block_n=8)
     tol = dict(atol=2e-2, rtol=2e-2) if path == "per-segment-triton" else dict(atol=2e-5, rtol=1e-4)
     torch.manual_seed(0)
     st = KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,

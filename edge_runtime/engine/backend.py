@@ -3,7 +3,7 @@
 - CPU back end: flat KV rows (engine/flat_kv.py) with the C kernels of kernels/csrc, fp32 linears
   packed for kernels/cpu_linear.py and, for every step with int8 or fp16 KV (prefill chunks
   included), the one-call C layer stack (kernels/cpu_decoder.py).
-- CUDA back end: the paged store read per segment (engine/paged_kv.py) by the Triton kernels of
+- CUDA back end: the paged store read by position (engine/paged_kv.py) by the Triton kernels of
   kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), AWQ
   layers through the W4A16 Triton kernel. On a CPU device (`--device cpu --backend cuda`) it runs
   the same code on CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for
@@ -130,9 +130,10 @@ class CudaBackend:
         kernels = {
             "linear": "torch-matmul",
             "write_kv": "triton write_kv",
-            "decode_attention": "triton paged_decode",
-            "prefill_attention": "triton paged_attention",
-            "merge_attention": "triton merge_attention",
+            "decode_attention": "triton positional_attention",
+            "prefill_attention": "triton positional_attention",
+            "exact_block_attention": "triton paged_attention per token",
+            "merge_attention": "triton merge_in_order",
             "decode_step": "torch-layers",
             "awq_gemm": "triton awq_gemm_prepared",
         }

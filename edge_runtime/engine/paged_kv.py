@@ -1,37 +1,37 @@
-"""The CUDA back end's KVContext (edge_runtime/model/kv_interface.py): per-segment attention over
-the paged storage for one engine step.
+"""The CUDA back end's KVContext (edge_runtime/model/kv_interface.py): attention over the paged
+storage for one engine step, in one canonical order over absolute positions.
 
-A sequence's KV is two segments (docs/pool.md, "Design"): the shared prefix `[0, p)` in pool
-pages (read-only, the last may be partial) and the private tail `[p, L)` starting at slot 0 of its first tail page;
+A sequence's KV is two segments (design.md): the shared prefix `[0, p)` in pool pages (read-only,
+the last may be partial) and the private tail `[p, L)` starting at slot 0 of its first tail page;
 an "inline" tail is F full tail pages followed by inline slots holding `[b, L)`, b = p + F * P
 (F = 0: the slots start at p). Per layer, `attend` writes the new tokens' K/V into the tail
-(write_kv), then runs paged_attention once per segment kind over the whole flattened batch and
-merges the results by log-sum-exp:
+(write_kv), then reads, for a query at position i:
 
-  call "prefix":      pool,  row = the sequence's prefix pages,  kv_len = p
-  call "tail_pages":  pool,  row = its tail pages,                kv_len = min(pos + 1, b) - p
-  call "tail_inline": arena, row = its slots,                     kv_len = pos + 1 - b
+  keys [0, e):  from the int8 (or float) pool and arena by position, e = i + 1, or with a
+                recent-key window (engine/recent_window.py; the read rule: query i reads its
+                block [i - i % W, i] exact) e = i - i % W: kernels/positional_attention.py,
+                spans of fixed absolute size, tiles aligned to absolute positions, each key's
+                address found from its position (prefix page, tail page or inline slot);
+  keys [e, i]:  the exact block, from a per-step store of every windowed sequence's current
+                block in fp16 (the window's carried positions, then the step's own K/V), one
+                program per query token (dispatch.exact_block_attention);
 
-A token that has no part in a call gets kv_len 0 there (out 0, lse -inf: merged away). With
-recent-key windows (engine/recent_window.py; the read rule: query i reads its block
-[i - i % W, i] exact) two more calls: "window" (a decode token's block, from its fp16 window) and
-"fresh" (a prefill token's block, from the window's carried positions and the step's K/V in fp16),
-and the int8 calls' kv_lens stop where the block begins.
+and merges the spans, then the exact block, in position order by one formula
+(dispatch.merge_in_order). Decode and prefill tokens go through the same launches with the same
+tiles, so what a token computes depends on its position and the stored values alone: cold or
+from the prefix cache, chunked any way, batched, preempted or forked, the logits are the same
+bits (tests/test_determinism.py). Three attention launches per layer, whatever the segments.
 
 The kernels are kernels/dispatch.py's: Triton on CUDA tensors, and on CPU tensors inside
 `dispatch.prefer_triton()` (the CUDA back end under TRITON_INTERPRET=1, engine/backend.py); the
-torch references otherwise. The CPU back end's context is engine/flat_kv.py.
-
-The per-segment path reads the same values by the same rule as the CPU back end's one softmax
-but merges its calls by log-sum-exp, so its float sums depend on where a sequence's keys are
-split (prefix, tail, window, chunk).
+torch references otherwise (the same values, not the same bits). The CPU back end's context is
+engine/flat_kv.py.
 
 Invariants:
 - Every new token's position is >= its sequence's prefix length (new tokens are never in the
   shared prefix), and the tail storage was reserved (KVManager.reserve) before the step.
-- All index tensors (block tables, seq_idx, kv_lens, slot mappings) are built once per step on
-  the host in `PagedKVContext.__init__`, never per layer, and reach the device as one packed
-  upload (engine/kv_context.py `metadata()` -> engine/step_transfers.py -> `bind()`).
+- All index tensors (position index, slot mappings, exact-block indices) are built once per step
+  in `PagedKVContext.__init__`, never per layer.
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ import torch
 from edge_runtime.cache.recent_windows import exact_from, window_offset
 from edge_runtime.engine.kv_context import StepKVContext
 from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.kv_store import StoreView
-from edge_runtime.kernels.dispatch import merge_attention, paged_attention, write_kv
+from edge_runtime.kernels import positional_attention
+from edge_runtime.kernels.dispatch import (exact_block_attention, merge_in_order,
+                                           positional_attention as read_by_position, write_kv)
+from edge_runtime.kernels.positional_attention_ref import NO_INLINE, PositionIndex
 
 
 @dataclass(frozen=True)
@@ -74,19 +76,6 @@ class SeqStep:
         return self.tail_ids if self.tail_kind == "pages" else self.full_pages
 
 
-# the calls a step may make, in the order `_build` appends them
-CALL_KINDS = ("window", "fresh", "prefix", "tail_pages", "tail_inline")
-
-
-@dataclass
-class _Call:
-    store: str
-    block_table: torch.Tensor  # int32 [rows, max_blocks]
-    seq_idx: torch.Tensor  # int32 [T]
-    kv_lens: torch.Tensor  # int32 [T]
-    kind: str = ""  # CALL_KINDS: which segment it reads (engine/cuda_graphs.py pads by kind)
-
-
 def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
     width = max(1, max((len(r) for r in rows), default=1))
     table = torch.zeros(len(rows), width, dtype=torch.int32)
@@ -95,139 +84,133 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
     return table
 
 
+def _position_index(seqs: list[SeqStep], page_tokens: int, seq_of_token: torch.Tensor,
+                    key_end: torch.Tensor) -> PositionIndex:
+    """Per row: the prefix pages then the tail's pages (one pool row), its inline slots, and where
+    each segment starts (kernels/positional_attention_ref.py)."""
+    bounds = [(s.prefix_len, -s.prefix_len % page_tokens,
+               s.prefix_len + len(s.full_pages) * page_tokens if s.tail_kind == "inline" else NO_INLINE)
+              for s in seqs]
+    span = positional_attention.TUNE["span_tokens"]
+    return PositionIndex(_pad_rows([list(s.prefix_pages) + list(s.page_rows()) for s in seqs]),
+                         _pad_rows([list(s.tail_ids) if s.tail_kind == "inline" else [] for s in seqs]),
+                         seq_of_token.to(torch.int32), key_end.to(torch.int32),
+                         torch.tensor(bounds, dtype=torch.int32).view(-1, 3), span,
+                         max(1, -(-int(key_end.max()) // span)) if key_end.numel() else 1)
+
+
 class PagedKVContext(StepKVContext):
     """Per-step view of the paged storage (the CUDA back end); pass to CausalLM.forward as `kv`."""
 
     def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float):
         super().__init__(storage, seqs, sm_scale)
-        self.calls: list[_Call] = []
         self.slot_mapping: dict[str, torch.Tensor] = {}
         self.window_slots: torch.Tensor | None = None  # window writes, -1 none
-        self.fresh: tuple | None = None  # _fresh_store's indices
+        self.exact: tuple | None = None  # _exact_blocks' indices
         self._build(seqs)
 
     def _build(self, seqs: list[SeqStep]) -> None:
-        """slot_mapping per store and the per-segment attention calls."""
-        num_tokens = self.num_tokens
+        """The position index of the int8 reads, slot_mapping per store, the exact blocks."""
         seq_of_token = torch.repeat_interleave(
-            torch.arange(len(seqs)), torch.tensor([s.num_new for s in seqs])
+            torch.arange(len(seqs)), torch.tensor([s.num_new for s in seqs], dtype=torch.int64)
         )  # [T]
         positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in seqs])  # [T]
-        prefix_len = torch.tensor([s.prefix_len for s in seqs])[seq_of_token]  # [T]
+        prefix_len = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int64)[seq_of_token]
         assert bool((positions >= prefix_len).all()), "a new token lies inside the shared prefix"
-        tail_pos = positions - prefix_len  # [T] offset inside the tail
-        tail_len = (tail_pos + 1).to(torch.int32)
-        # int8 keys read by each token: positions < limit (recent-key windows cut it, below)
-        limit = self._window_calls(seqs, seq_of_token, positions)
-        has_prefix = [s.prefix_len > 0 for s in seqs]
-        if any(has_prefix):
-            lens = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int32)[seq_of_token]
-            lens = torch.minimum(lens, limit).to(torch.int32)
-            self.calls.append(_Call("pages", _pad_rows([list(s.prefix_pages) for s in seqs]),
-                                    seq_of_token.to(torch.int32), lens, "prefix"))
+        key_end = self._windows(seqs, seq_of_token, positions)
         P = self.storage.store("pages").block_tokens
+        self.index = _position_index(seqs, P, seq_of_token, key_end)
+        tail_pos = positions - prefix_len  # [T] offset inside the tail
         # tokens before an inline tail's slots: its full pages ([p, b) in the pool)
         in_pages = torch.tensor([len(s.full_pages) * P if s.tail_kind == "inline" else 1 << 40
-                                 for s in seqs])[seq_of_token]  # [T]
+                                 for s in seqs], dtype=torch.int64)[seq_of_token]  # [T]
         for kind in ("pages", "inline"):
             rows = [list(s.page_rows()) if kind == "pages" else
                     list(s.tail_ids) if s.tail_kind == "inline" else [] for s in seqs]
             if not any(rows):
                 continue
-            table = _pad_rows(rows)
-            block = self.storage.store(kind).block_tokens
-            tail_limit = (limit - prefix_len).clamp(min=0)  # int8 positions read in the tail
             if kind == "pages":
-                lens = torch.minimum(torch.minimum(tail_len, in_pages), tail_limit)
                 pos_in, writes = tail_pos, tail_pos < in_pages
             else:
-                lens = torch.minimum((tail_len - in_pages).clamp(min=0),
-                                     (tail_limit - in_pages).clamp(min=0))
                 pos_in, writes = tail_pos - in_pages, tail_pos >= in_pages
-            has_rows = torch.tensor([len(r) > 0 for r in rows])[seq_of_token]
-            self.calls.append(_Call(kind, table, seq_of_token.to(torch.int32),
-                                    torch.where(has_rows, lens, 0).to(torch.int32), f"tail_{kind}"))
-            writes &= has_rows
-            if not bool(writes.any()):
-                continue
-            idx = (pos_in // block).clamp(min=0, max=table.shape[1] - 1)
-            block_id = table.long()[seq_of_token, idx]
-            n_blocks = torch.tensor([len(r) for r in rows])[seq_of_token]
-            assert bool((pos_in[writes] // block < n_blocks[writes]).all()), \
-                "tail storage not reserved for every new token"
-            slots = block_id * block + pos_in.clamp(min=0) % block
-            self.slot_mapping[kind] = torch.where(writes, slots, -1).to(torch.int64)
-        assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == num_tokens
+            self._slots(kind, rows, seq_of_token, pos_in, writes)
+        assert sum(int((m >= 0).sum()) for m in self.slot_mapping.values()) == self.num_tokens
 
-    def _window_calls(self, seqs: list[SeqStep], seq_of_token: torch.Tensor,
-                      positions: torch.Tensor) -> torch.Tensor:
-        """Recent-key windows on the per-segment path, by the read rule of
-        cache/recent_windows.py (query i reads its block [i - i % W, i] exact): a windowed
-        decode token reads its block through a "window" call (its own K/V written there first),
-        a windowed prefill token through a "fresh" call over a store of its sequence's exact
-        blocks (the window's carried positions, then the step's own K/V in fp16; `_fresh_store`);
-        every new token in its sequence's last block is written to the window. Returns the
-        per-token limit of the int8 positions read (all of [0, pos] without a window)."""
+    def _slots(self, kind: str, rows: list[list[int]], seq_of_token, pos_in, writes) -> None:
+        """slot_mapping[kind]: where each new token that `writes` there goes (-1: elsewhere)."""
+        table = _pad_rows(rows)
+        block = self.storage.store(kind).block_tokens
+        has_rows = torch.tensor([len(r) > 0 for r in rows])[seq_of_token]
+        writes = writes & has_rows
+        if not bool(writes.any()):
+            return
+        idx = (pos_in // block).clamp(min=0, max=table.shape[1] - 1)
+        block_id = table.long()[seq_of_token, idx]
+        n_blocks = torch.tensor([len(r) for r in rows])[seq_of_token]
+        assert bool((pos_in[writes] // block < n_blocks[writes]).all()), \
+            "tail storage not reserved for every new token"
+        slots = block_id * block + pos_in.clamp(min=0) % block
+        self.slot_mapping[kind] = torch.where(writes, slots, -1).to(torch.int64)
+
+    def _windows(self, seqs: list[SeqStep], seq_of_token: torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
+        """Recent-key windows, by the read rule of cache/recent_windows.py (query i reads its
+        block [i - i % W, i] exact): every windowed token, decode or prefill, reads its block from
+        the step's exact blocks (`_exact_blocks`); every new token in its sequence's last block is
+        written to the window. Returns each token's key_end: the int8 keys it reads are
+        [0, key_end) (all of [0, pos] without a window)."""
         limit = positions + 1
         if not any(s.window is not None for s in seqs):
             return limit
         W = self.storage.store("window").block_tokens
         per_seq = lambda f, dtype=torch.int64: torch.tensor([f(s) for s in seqs], dtype=dtype)[seq_of_token]
         has = per_seq(lambda s: s.window is not None, torch.bool)
-        decode = per_seq(lambda s: s.num_new == 1, torch.bool)
         end, window = per_seq(lambda s: s.start + s.num_new), per_seq(lambda s: s.window or 0)
-        block = exact_from(positions, W)
-        limit = torch.where(has, block, limit)
-        self.calls.append(_Call("window", _pad_rows([[s.window or 0] for s in seqs]),
-                                seq_of_token.to(torch.int32),
-                                torch.where(has & decode, positions + 1 - block, 0).to(torch.int32),
-                                "window"))
+        limit = torch.where(has, exact_from(positions, W), limit)
         writes = has & (positions >= exact_from(end - 1, W))
         self.window_slots = torch.where(writes, window * W + window_offset(positions, W), -1)
-        fresh = [i for i, s in enumerate(seqs) if s.window is not None and s.num_new > 1]
-        if fresh:
-            self._fresh_call(seqs, fresh, seq_of_token, positions, has & ~decode, W)
+        self._exact_blocks(seqs, seq_of_token, positions, has, W)
         return limit
 
-    def _fresh_call(self, seqs, fresh: list[int], seq_of_token, positions, is_fresh, W: int) -> None:
-        """The "fresh" call: one W-token block per block a windowed prefill row reads exact,
-        [b, end) (b: its first token's block start); a token reads its block up to itself."""
-        first_block = torch.zeros(len(seqs), dtype=torch.int64)  # the row's first fresh block
+    def _exact_blocks(self, seqs, seq_of_token, positions, has, W: int) -> None:
+        """One W-token block per block a windowed sequence reads exact in this step, [b, end)
+        (b: its first new token's block start): the carried positions [b, start) from its window,
+        then its new tokens. A token reads its block up to itself."""
+        first_block = torch.zeros(len(seqs), dtype=torch.int64)  # the row's first exact block
         carry_src, carry_dst, num_blocks = [], [], 0
-        for i in fresh:
-            s = seqs[i]
+        for i, s in enumerate(seqs):
+            if s.window is None:
+                continue
             b = exact_from(s.start, W)
             first_block[i] = num_blocks - b // W  # + position // W: the position's block
             carried = torch.arange(b, s.start)
             carry_src.append(s.window * W + window_offset(carried, W))
             carry_dst.append(num_blocks * W + carried - b)
             num_blocks += (s.start + s.num_new - 1) // W - b // W + 1
-        src = torch.nonzero(is_fresh).squeeze(1)  # the fresh tokens, in batch order
-        row = first_block[seq_of_token] + positions // W  # [T] (meaningful where fresh)
+        src = torch.nonzero(has).squeeze(1)  # the windowed tokens, in batch order
+        row = first_block[seq_of_token] + positions // W  # [T] (meaningful where windowed)
         dst = row[src] * W + window_offset(positions[src], W)
-        self.fresh = (src, dst, torch.cat(carry_src), torch.cat(carry_dst), num_blocks, W)
-        self.calls.append(_Call("fresh", torch.arange(num_blocks, dtype=torch.int32)[:, None],
-                                torch.where(is_fresh, row, 0).to(torch.int32),
-                                torch.where(is_fresh, window_offset(positions, W) + 1, 0)
-                                .to(torch.int32), "fresh"))
+        self.exact = (src, dst, torch.cat(carry_src), torch.cat(carry_dst), num_blocks, W,
+                      torch.arange(num_blocks, dtype=torch.int32)[:, None],
+                      torch.where(has, row, 0).to(torch.int32),
+                      torch.where(has, window_offset(positions, W) + 1, 0).to(torch.int32))
 
-    def _fresh_store(self, x: torch.Tensor, window_cache: torch.Tensor) -> torch.Tensor:
-        """The exact blocks of the windowed prefill rows as a paged store [B, W, Hkv, D] in the
-        window's dtype for the "fresh" call: each row's carried positions copied from its window
-        (window_cache: one layer's [num_windows, W, Hkv, D], before this step writes it), then
-        its new tokens' K or V (x: [T, Hkv, D])."""
-        src, dst, carry_src, carry_dst, blocks, width = self.fresh
+    def _exact_store(self, x: torch.Tensor, window_cache: torch.Tensor) -> torch.Tensor:
+        """The step's exact blocks as a paged store [B, W, Hkv, D] in the window's dtype: each
+        block's carried positions copied from its window (window_cache: one layer's
+        [num_windows, W, Hkv, D], before this step writes it), then the new tokens' K or V
+        (x: [T, Hkv, D]), rounded as the window stores them."""
+        src, dst, carry_src, carry_dst, blocks, width = self.exact[:6]
         out = x.new_zeros(blocks * width, *x.shape[1:], dtype=window_cache.dtype)
         out.index_copy_(0, carry_dst, window_cache.reshape(-1, *x.shape[1:])[carry_src])
         out.index_copy_(0, dst, x[src].to(window_cache.dtype))
         return out.view(blocks, width, *x.shape[1:])
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        fresh = None
-        if self.fresh is not None:  # before the window writes: it reads carried positions
+        exact = None
+        if self.exact is not None:  # before the window writes: it reads carried positions
             window = self.storage.view("window", layer)
-            fresh = StoreView(self._fresh_store(k, window.k_cache),
-                              self._fresh_store(v, window.v_cache), None, None)
+            exact = (self._exact_store(k, window.k_cache), self._exact_store(v, window.v_cache))
         for store, slots in self.slot_mapping.items():
             view = self.storage.view(store, layer)
             write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots, view.k_mean,
@@ -235,15 +218,13 @@ class PagedKVContext(StepKVContext):
         if self.window_slots is not None:
             view = self.storage.view("window", layer)
             write_kv(k, v, view.k_cache, view.v_cache, None, None, self.window_slots)
-        outs, lses = [], []
-        for call in self.calls:
-            if call.store == "fresh":
-                view = fresh
-            else:
-                view = self.storage.view(call.store, layer)
-            out, lse = paged_attention(q, view.k_cache, view.v_cache, view.k_scale, view.v_scale,
-                                       call.block_table, call.seq_idx, call.kv_lens, self.sm_scale,
-                                       k_mean=view.k_mean, chunks=view.chunks)
-            outs.append(out)
-            lses.append(lse)
-        return merge_attention(outs, lses).to(q.dtype)
+        pool = self.storage.view("pages", layer)
+        arena = self.storage.view("inline", layer) if self.storage.inline is not None else None
+        p_out, p_lse = read_by_position(
+            q, (pool.k_cache, pool.v_cache, pool.k_scale, pool.v_scale),
+            None if arena is None else (arena.k_cache, arena.v_cache, arena.k_scale, arena.v_scale),
+            self.index, self.sm_scale, k_mean=pool.k_mean)
+        extra = None
+        if exact is not None:
+            extra = exact_block_attention(q, *exact, *self.exact[6:], self.sm_scale)
+        return merge_in_order(p_out, p_lse, extra).to(q.dtype)

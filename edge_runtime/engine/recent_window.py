@@ -39,9 +39,9 @@ recomputes up to W - 1 more tokens.
 
 Readers: the CPU back end (engine/flat_kv.py, with engine/flat_kv_index.py for the rows;
 kernels/csrc/flat_kv.c and decoder.c in C, kernels/flat_kv_cpu.py in torch) and the CUDA back
-end's per-segment path (engine/paged_kv.py: a "window" call over the fp16 window and a "fresh"
-call over the exact blocks of a prefill chunk next to the int8 calls, through the same
-paged-attention kernel; tested on the CPU with the torch reference kernels and the Triton
+end (engine/paged_kv.py: one per-token launch over the step's exact blocks, the window's carried
+positions and the step's own K/V in fp16, for decode and prefill tokens alike, merged after the
+int8 keys read by position; tested on the CPU with the torch reference kernels and the Triton
 interpreter, not on a GPU).
 """
 
