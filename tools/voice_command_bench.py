@@ -67,6 +67,14 @@ def wer_row(bias: str, transcripts: list[str]) -> dict:
     return row
 
 
+def recognized_before(path: Path) -> dict[str, list[str]]:
+    heard = json.loads(path.read_text())["transcripts"]
+    if set(heard) != set(BIASES) or any(len(t) != len(COMMANDS) for t in heard.values()):
+        sys.exit(f"{path}: its transcripts are not of this command set; run without "
+                 f"--transcripts-from")
+    return heard
+
+
 class CallMaker:
     """The built-in model with each home's system prompt and the voice loop's grammar."""
 
@@ -77,25 +85,27 @@ class CallMaker:
         from edge_runtime.engine.config import EngineConfig
         from edge_runtime.engine.engine import Engine
         from edge_runtime.model.loader import DEFAULT_MODEL, load_model
-        from edge_runtime.voice.actions import Dispatcher
-        from edge_runtime.voice.loop import action_params
 
         torch.set_num_threads(1)
         self.loaded = load_model(DEFAULT_MODEL)
         prepare_model(self.loaded.model, select_backend("cpu", "cpu"))
         self.engine = Engine(self.loaded, EngineConfig(num_pages=256))
-        self.params = {home: action_params(Dispatcher(list(load_system_prompt(p).actions)), 48)
-                       for home, p in HOMES.items()}
+        self.functions = {home: [a.function for a in load_system_prompt(p).actions]
+                          for home, p in HOMES.items()}
 
-    def calls(self, texts: list[str], examples: bool) -> list[str]:
+    def calls(self, texts: list[str], examples: bool, narrow: bool) -> list[str]:
+        from edge_runtime.voice.call_narrowing import narrow_functions
+        from edge_runtime.voice.loop import action_params
         from edge_runtime.voice.prompting import encode_text, render
 
         systems = {h: load_system_prompt(p, examples=examples).text for h, p in HOMES.items()}
         prompts = [encode_text(self.loaded.tokenizer, render(self.loaded.tokenizer, [
             {"role": "system", "content": systems[c.home]}, {"role": "user", "content": text}]))
             for c, text in zip(COMMANDS, texts)]
-        results = self.engine.generate(prompts, [self.params[c.home] for c in COMMANDS])
-        return [r.text for r in results]
+        params = [action_params(narrow_functions(self.functions[c.home], text) if narrow
+                                else self.functions[c.home], 48)
+                  for c, text in zip(COMMANDS, texts)]
+        return [r.text for r in self.engine.generate(prompts, params)]
 
 
 def score_rows(texts: list[str], call_texts: list[str]) -> list[dict]:
@@ -126,15 +136,15 @@ def print_tables(wer_rows: list[dict], acc_rows: list[dict], detail: list[dict])
     print(f"\n{'Whisper bias':<16}{'WER all':>9}{'home':>8}{'flat':>8}")
     for r in wer_rows:
         print(f"{r['bias']:<16}{r['wer_all']:>9.1%}{r['wer_home']:>8.1%}{r['wer_flat']:>8.1%}")
-    print(f"\n{'examples':<10}{'input':<18}{'parsed':>8}{'valid':>8}{'fn':>8}{'args':>8}"
+    print(f"\n{'narrowing':<11}{'examples':<10}{'input':<18}{'parsed':>8}{'valid':>8}{'fn':>8}{'args':>8}"
           f"{'fn home':>9}{'args home':>10}{'fn flat':>9}{'args flat':>10}")
     for r in acc_rows:
         a, h, f = r["all"], r["home"], r["flat"]
-        print(f"{r['examples']:<10}{r['input']:<18}{a['parsed']:>8.0%}{a['valid']:>8.0%}"
+        print(f"{r['narrowing']:<11}{r['examples']:<10}{r['input']:<18}{a['parsed']:>8.0%}{a['valid']:>8.0%}"
               f"{a['right_function']:>8.0%}{a['right_arguments']:>8.0%}"
               f"{h['right_function']:>9.0%}{h['right_arguments']:>10.0%}"
               f"{f['right_function']:>9.0%}{f['right_arguments']:>10.0%}")
-    print(f"\nper command (heard with the {LOOP_BIAS} bias, examples in):")
+    print(f"\nper command (heard with the {LOOP_BIAS} bias, examples in, narrowing on):")
     for r in detail:
         mark = "both" if r["right_arguments"] else "fn" if r["right_function"] else "no"
         print(f"{mark:>4}  {r['home']:<5}{r['command'][:38]:<39}{r['heard'][:38]:<39}{r['got']}")
@@ -143,26 +153,33 @@ def print_tables(wer_rows: list[dict], acc_rows: list[dict], detail: list[dict])
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="voice_command_bench.json")
+    ap.add_argument("--transcripts-from", type=Path, metavar="JSON",
+                    help="take the transcripts from an earlier run's JSON instead of recognizing "
+                         "again (the same commands; recognition does not depend on the model)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    wavs = build_command_wavs(progress=log)
-    heard = {}
-    for bias in BIASES:
-        log(f"recognizing {len(wavs)} commands, bias {bias}")
-        heard[bias] = transcribe_all(wavs, bias)
+    heard = recognized_before(args.transcripts_from) if args.transcripts_from else {}
+    if not heard:
+        wavs = build_command_wavs(progress=log)
+        for bias in BIASES:
+            log(f"recognizing {len(wavs)} commands, bias {bias}")
+            heard[bias] = transcribe_all(wavs, bias)
     wer_rows = [wer_row(b, heard[b]) for b in BIASES]
     log("loading the model")
     maker = CallMaker()
     inputs = {"typed": [c.text for c in COMMANDS], "heard, no bias": heard["none"],
               f"heard, {LOOP_BIAS}": heard[LOOP_BIAS]}
     acc_rows, details = [], {}
-    for examples in (False, True):
-        for name, texts in inputs.items():
-            log(f"calls: examples {'in' if examples else 'out'}, {name}")
-            rows = score_rows(texts, maker.calls(texts, examples))
-            details[f"{'examples' if examples else 'no examples'}, {name}"] = rows
-            acc_rows.append(accuracy_row(rows, examples="in" if examples else "out", input=name))
-    detail = details[f"examples, heard, {LOOP_BIAS}"]
+    for narrow in (False, True):
+        for examples in (False, True):
+            for name, texts in inputs.items():
+                labels = {"narrowing": "on" if narrow else "off",
+                          "examples": "in" if examples else "out", "input": name}
+                log(f"calls: {labels}")
+                rows = score_rows(texts, maker.calls(texts, examples, narrow))
+                details[", ".join(f"{k} {v}" for k, v in labels.items())] = rows
+                acc_rows.append(accuracy_row(rows, **labels))
+    detail = details[f"narrowing on, examples in, input heard, {LOOP_BIAS}"]
     print_tables(wer_rows, acc_rows, detail)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()

@@ -54,12 +54,12 @@ def _d(device):
 COMMANDS = (
     # the demo's own 20 commands (voice/demo.py), to the demo's home
     _c("turn on the kitchen lights", "home", "turn_on", _d("kitchen lights")),
-    _c("dim the kitchen lights", "home", "dim", {"device": "kitchen lights", "percent": 50}),
+    _c("dim the kitchen lights", "home", "dim", _d("kitchen lights")),
     _c("play the radio", "home", "play", _d("radio")),
     _c("turn off the kitchen lights", "home", "turn_off", _d("kitchen lights")),
     _c("set the thermostat to twenty one degrees", "home", "set_temperature", {"degrees": 21}),
     _c("what is the temperature in the hall", "home", "get_temperature", {}),
-    _c("turn the volume up", "home", "volume_up", _d("radio")),
+    _c("turn the volume up", "home", "turn_up", _d("radio")),
     _c("close the blinds", "home", "close", _d("blinds")),
     _c("lock the front door", "home", "lock", _d("front door")),
     _c("is the front door locked", "home", "is_locked", _d("front door")),
@@ -86,7 +86,7 @@ COMMANDS = (
     _c("turn off the sprinklers", "flat", "turn_off", _d("sprinklers")),
     _c("dim the office lamp to forty percent", "flat", "dim",
        {"device": "office lamp", "percent": 40}),
-    _c("dim the hallway lights", "flat", "dim", {"device": "hallway lights", "percent": 50}),
+    _c("dim the hallway lights", "flat", "dim", _d("hallway lights")),
     _c("set the heating to twenty two degrees", "flat", "set_temperature", {"degrees": 22}),
     _c("set the heating to nineteen degrees", "flat", "set_temperature", {"degrees": 19}),
     _c("how warm is it in the office", "flat", "get_temperature", {}),
@@ -99,8 +99,8 @@ COMMANDS = (
     _c("close the curtains", "flat", "close", _d("curtains")),
     _c("play the stereo", "flat", "play", _d("stereo")),
     _c("stop the stereo", "flat", "stop", _d("stereo")),
-    _c("turn the stereo up", "flat", "volume_up", _d("stereo")),
-    _c("turn the stereo down", "flat", "volume_down", _d("stereo")),
+    _c("turn the stereo up", "flat", "turn_up", _d("stereo")),
+    _c("turn the stereo down", "flat", "turn_down", _d("stereo")),
     _c("start the dishwasher", "flat", "ask_back"),
 )
 
