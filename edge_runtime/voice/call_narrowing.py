@@ -16,7 +16,8 @@ ignored, so "porch lights" names "porch light"):
   player), else the actions that take no device (a command naming an unknown device is asked
   back about, not guessed);
 - numbers (integer properties): the numbers said, as digits or words ("21", "twenty one") and in
-  the property's range, become its only choices; with none said, an optional one is left out;
+  the property's range, become its only choices and the property is required; with none said, an
+  optional one is left out;
 - at least one action is always left, and each is a declared action whose schema admits a subset
   of the declared one's values: a narrowed call is always valid for the full schema.
 """
@@ -64,16 +65,17 @@ def _restricted(functions: list[ToolFunction], values: set[str]) -> list[ToolFun
 
 def _with_numbers(f: ToolFunction, numbers: list[int]) -> ToolFunction:
     schema = f.parameters
-    props, required = schema.get("properties", {}), schema.get("required", [])
+    props = schema.get("properties", {})
     changed = False
     for key in [k for k, spec in props.items() if isinstance(spec, dict)
                 and spec.get("type") == "integer"]:
         lo, hi = props[key].get("minimum", -2**31), props[key].get("maximum", 2**31)
         said = [n for n in numbers if lo <= n <= hi]
-        if said:
+        if said:  # a number said is meant for it: it must be given
             props[key] = dict(props[key], enum=said)
+            schema["required"] = list(dict.fromkeys([*schema.get("required", []), key]))
             changed = True
-        elif not numbers and key not in required:
+        elif not numbers and key not in schema.get("required", []):
             del props[key]
             schema["additionalProperties"] = False  # nothing said: nothing to put there
             changed = True
