@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -35,6 +36,14 @@ from edge_runtime.voice.report import word_errors  # noqa: E402
 
 BIASES = ("none", "hotwords", "initial_prompt")
 LOOP_BIAS = "hotwords"  # what `edge-runtime voice` uses (voice/asr.py)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() \
+            else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def log(message: str) -> None:
@@ -184,7 +193,7 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     with open(args.out, "w") as f:
-        json.dump({"commit": commit, "machine": platform.processor() or platform.machine(),
+        json.dump({"commit": commit, "machine": cpu_model(), "cores": os.cpu_count(),
                    "seconds": round(time.perf_counter() - t0, 1), "wer": wer_rows,
                    "accuracy": acc_rows, "transcripts": heard, "calls": details}, f, indent=1)
     log(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
