@@ -25,8 +25,7 @@ import numpy as np
 from edge_runtime.errors import InputError
 from edge_runtime.paths import cache_dir
 from edge_runtime.voice.config import CONFIG_DIR
-from edge_runtime.voice.demo import _espeak_version
-from edge_runtime.voice.tts import synthesize, write_wav
+from edge_runtime.voice.tts import espeak_version, synthesize, write_wav
 from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
 
 HOMES = {"home": CONFIG_DIR / "home-actions.yaml", "flat": CONFIG_DIR / "flat-actions.yaml"}
@@ -117,7 +116,7 @@ def build_command_wavs(commands=COMMANDS, folder: Path | None = None,
                        progress: Callable[[str], None] | None = None) -> list[Path]:
     """Synthesize (or reuse) one WAV per command, spoken by the voices in turn -> the paths."""
     plan = [(c.text, voice_of(i)) for i, c in enumerate(commands)]
-    key = hashlib.sha256(json.dumps([plan, SPEED, PAD_S, _espeak_version(), "sox -D"])
+    key = hashlib.sha256(json.dumps([plan, SPEED, PAD_S, espeak_version(), "sox -D"])
                          .encode()).hexdigest()[:12]
     folder = (folder or cache_root()) / key
     pad = np.zeros(int(PAD_S * SAMPLE_RATE), np.float32)
