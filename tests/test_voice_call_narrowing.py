@@ -29,6 +29,13 @@ def test_a_named_action_and_device_leave_exactly_that_call():
     assert _narrow("flat", "turn on the porch lights") == {"turn_on": {"device": ["porch light"]}}
 
 
+def test_an_action_is_named_by_its_words_after_the_verb_when_no_action_is_named_whole():
+    assert _narrow("flat", "switch off the ceiling fan") == {"turn_off": {"device": ["ceiling fan"]}}
+    assert set(_narrow("home", "What is the temperature in the hole?")) == \
+        {"set_temperature", "get_temperature"}
+    assert _narrow("home", "set the temperature to 20") == {"set_temperature": {"degrees": [20]}}
+
+
 def test_a_device_without_a_named_action_leaves_that_devices_actions():
     assert _narrow("flat", "Make the stereo louder.") == {
         name: {"device": ["stereo"]} for name in ("play", "stop", "turn_up", "turn_down")}
@@ -38,6 +45,9 @@ def test_a_misheard_device_maps_onto_the_devices_it_shares_a_word_with():
     left = _narrow("home", "Turn off, location lights.")
     assert left["turn_off"] == {"device": ["kitchen lights", "living room lights", "bedroom lights"]}
     assert "ask_back" in left and "turn_on" not in left  # the model may ask which one
+    bliders = _narrow("home", "Close, no bliders.")  # a word like the blinds' word
+    assert bliders["close"] == {"device": ["blinds"]} and "ask_back" in bliders
+    assert "close" not in _narrow("home", "Close the hole.")  # hole/hall: no device's word
     office = _narrow("flat", "how warm is it in the office")  # office: the office lamp's word
     assert office["turn_on"] == {"device": ["office lamp"]} and "get_temperature" in office
 
@@ -46,7 +56,7 @@ def test_no_device_word_leaves_the_actions_that_need_none():
     no_device = {"set_temperature", "get_temperature", "ask_back"}
     assert set(_narrow("home", "turn on the porch fountain")) == no_device  # asked back, not guessed
     assert set(_narrow("flat", "start the dishwasher")) == no_device
-    assert set(_narrow("home", "What is the temperature in the hall?")) == no_device
+    assert set(_narrow("home", "How warm is it in the hall?")) == no_device
     # one device the action can take: nothing needs to be heard
     assert _narrow("flat", "Play, must air, we go.") == {"play": {"device": ["stereo"]}}
     assert _narrow("home", "Turn the volume up.") == {"turn_up": {"device": ["radio"]}}

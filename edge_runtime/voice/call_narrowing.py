@@ -6,11 +6,12 @@ what the command says outright is taken from the words heard and the model decid
 Rules, on the transcript's normalised words (voice/report.py's `normalize`; a trailing plural "s"
 ignored, so "porch lights" names "porch light"):
 - actions: one whose name's words all occur ("turn_off": turn, off; "is_locked": is, locked) is
-  named; when some are, only they are candidates, else all are;
+  named; when none is, one whose words after its verb all occur ("switch off ...": off;
+  "what is the temperature": temperature) is; when some are, only they are candidates, else all;
 - devices (string enums): a value whose words occur in order is heard; when some are, a candidate
   stays only if each of its string enums can take a heard value, cut down to those; when none is
-  heard but some value shares a word with the command ("location lights": lights), the mishearing
-  maps onto those values, and the actions that take no device stay beside them (ask_back among
+  heard but some value shares a word with the command ("location lights": lights; a word like one
+  of its words counts: "Close, no bliders": blinds), the mishearing maps onto those values, and the actions that take no device stay beside them (ask_back among
   them, so the model can ask which one); when no device word occurs at all, only the candidates
   that need none stay (no string enum, or one with a single value: "play" in a home with one
   player), else the actions that take no device (a command naming an unknown device is asked
@@ -25,18 +26,25 @@ ignored, so "porch lights" names "porch light"):
 from __future__ import annotations
 
 import json
+from difflib import SequenceMatcher
 
 from edge_runtime.model.tool_format import ToolFunction
 from edge_runtime.voice.report import normalize, number_words
 
+# difflib's ratio above which a heard word stands for a device's word: "bliders" for "blinds"
+# (0.73 after the plural), "porch"/"torch" (0.8); unrelated words of the command set stay below
+# (turn/curtain 0.55, hole/hall 0.5, location/kitchen 0.27)
+SIMILAR_WORD = 0.72
+
 
 def narrow_functions(functions: list[ToolFunction], heard: str) -> list[ToolFunction]:
     words = _words(heard)
-    named = [f for f in functions if all(_singular(w) in words for w in f.name.lower().split("_"))]
+    named = [f for f in functions if _named(f.name.lower().split("_"), words)] \
+        or [f for f in functions if _named(f.name.lower().split("_")[1:], words)]
     candidates = named or list(functions)
     no_device = [f for f in functions if not _string_enums(f.parameters)]
     values = {v for f in functions for v in _enum_values(f) if _occurs(v, words)}
-    near = {v for f in functions for v in _enum_values(f) if set(_words(v)) & set(words)}
+    near = {v for f in functions for v in _enum_values(f) if _shares_a_word(v, words)}
     if values:
         left = _restricted(candidates, values) or _restricted(functions, values) \
             or [f for f in candidates if f in no_device] or candidates
@@ -46,6 +54,10 @@ def narrow_functions(functions: list[ToolFunction], heard: str) -> list[ToolFunc
         left = [f for f in named if _needs_no_device(f)] or no_device or candidates
     numbers = _numbers(words)
     return [_with_numbers(f, numbers) for f in left]
+
+
+def _named(name_words: list[str], words: list[str]) -> bool:
+    return bool(name_words) and all(_singular(w) in words for w in name_words)
 
 
 def _restricted(functions: list[ToolFunction], values: set[str]) -> list[ToolFunction]:
@@ -114,6 +126,13 @@ def _enum_values(f: ToolFunction) -> list[str]:
 
 def _words(text: str) -> list[str]:
     return [_singular(w) for w in normalize(text)]
+
+
+def _shares_a_word(value: str, words: list[str]) -> bool:
+    """A word of `value` occurs, or one like it ("bliders": blinds) as Whisper mishears them."""
+    return any(w == v or (min(len(w), len(v)) >= 4 and SequenceMatcher(None, w, v).ratio()
+                          >= SIMILAR_WORD)
+               for v in _words(value) for w in words)
 
 
 def _occurs(value: str, words: list[str]) -> bool:
