@@ -19,6 +19,7 @@ from edge_runtime.voice.demo import DEMO_COMMANDS
 from edge_runtime.voice.prompting import load_system_prompt
 from edge_runtime.voice.report import word_errors
 from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
+from voice_helpers import needs_espeak
 
 SCHEMAS = {h: {a.function.name: a.function.parameters for a in load_system_prompt(p).actions}
            for h, p in HOMES.items()}
@@ -112,6 +113,7 @@ def test_the_system_prompt_shows_examples_only_when_asked():
            '"porch light"}}' in with_examples
 
 
+@needs_espeak
 def test_commands_are_synthesized_once_into_the_cache(tmp_path):
     commands = COMMANDS[:2]
     first = build_command_wavs(commands, tmp_path)
