@@ -5,7 +5,8 @@ setup:
 	@tools/bootstrap.sh
 
 demo: setup
-	.venv/bin/edge-runtime voice --demo --config cpu-dev
+	.venv/bin/edge-runtime voice --demo --config cpu-dev \
+		--system-prompt configs/voice/home-actions.yaml --events demo-events.jsonl
 
 test: setup
 	.venv/bin/python -m pytest -q

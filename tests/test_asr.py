@@ -60,6 +60,10 @@ def test_make_recognizer_errors(tmp_path):
         make_recognizer(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="no model.bin"):
         make_recognizer(str(tmp_path))
+    from edge_runtime.voice.asr import WhisperRecognizer, default_whisper_folder
+
+    with pytest.raises(ConfigError, match="one of hotwords, initial_prompt, not 'prefix'"):
+        WhisperRecognizer(default_whisper_folder(), hint="radio", hint_as="prefix")
 
 
 class _Recorder:

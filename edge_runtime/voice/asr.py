@@ -43,11 +43,17 @@ def default_whisper_folder() -> Path:
     return model
 
 
+# faster-whisper's two ways to put words before the decoder: `hotwords` (its hint phrases) and
+# `initial_prompt` (as if it were the previous window's text); tools/voice_command_bench.py
+# measures both.
+HINT_AS = ("hotwords", "initial_prompt")
+
+
 class WhisperRecognizer:
     """faster-whisper on CPU; one model object serves `workers` threads (CTranslate2 replicas)."""
 
     def __init__(self, folder: Path, threads: int = 1, workers: int = 1, beam_size: int = 1,
-                 hint: str = ""):
+                 hint: str = "", hint_as: str = "hotwords"):
         if not (folder / "model.bin").exists():
             raise ConfigError(f"{folder}: not a faster-whisper model folder (no model.bin)")
         from faster_whisper import WhisperModel
@@ -55,6 +61,10 @@ class WhisperRecognizer:
         self.name = f"whisper:{folder.name if folder.name != 'model' else folder.parent.name}"
         self.beam_size = beam_size
         self.hint = hint  # domain words as Whisper's previous-text prompt (biases toward them)
+        if hint_as not in HINT_AS:
+            raise ConfigError(f"the Whisper hint goes in as one of {', '.join(HINT_AS)}, "
+                              f"not {hint_as!r}")
+        self.hint_as = hint_as
         self.model = WhisperModel(
             str(folder), device="cpu", compute_type="int8", cpu_threads=threads,
             num_workers=workers,
@@ -72,7 +82,7 @@ class WhisperRecognizer:
             without_timestamps=True,
             condition_on_previous_text=False,
             vad_filter=False,  # our VAD already cut the utterance
-            hotwords=self.hint or None,
+            **{self.hint_as: self.hint or None},
         )
         return " ".join(s.text.strip() for s in segments).strip()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from edge_runtime.errors import InputError
 from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
-from edge_runtime.voice.tts import espeak_binary, synthesize, write_wav
+from edge_runtime.voice.tts import espeak_version, synthesize, write_wav
 from edge_runtime.paths import cache_dir
 
 DEMO_COMMANDS = (
@@ -43,11 +42,6 @@ def cache_root() -> Path:
     return cache_dir("voice-demo")
 
 
-def _espeak_version() -> str:
-    done = subprocess.run([espeak_binary(), "--version"], capture_output=True, text=True)
-    return done.stdout.strip()
-
-
 def stream_audio(commands: tuple[str, ...] | list[str], voice: str) -> np.ndarray:
     """The commands spoken by `voice`, with silence around them: float32 [n] at 16 kHz."""
     parts = [np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)]
@@ -64,7 +58,7 @@ def build_demo_inputs(streams: int = 5, turns: int = 4, folder: Path | None = No
     assert 1 <= streams <= len(DEMO_COMMANDS), streams
     assert 1 <= turns <= len(DEMO_COMMANDS[0]), turns
     plan = [(list(DEMO_COMMANDS[i][:turns]), DEMO_VOICES[i]) for i in range(streams)]
-    key = hashlib.sha256(json.dumps([plan, DEMO_SPEED, LEAD_S, GAP_S, TAIL_S, _espeak_version(),
+    key = hashlib.sha256(json.dumps([plan, DEMO_SPEED, LEAD_S, GAP_S, TAIL_S, espeak_version(),
                                      "sox -D"])
                          .encode()).hexdigest()[:12]
     folder = (folder or cache_root()) / key

@@ -32,9 +32,10 @@ from typing import Callable
 
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.errors import EdgeError
-from edge_runtime.model.tool_format import call_grammar, parse_calls
+from edge_runtime.model.tool_format import ToolFunction, call_grammar, parse_calls
 from edge_runtime.voice.actions import Dispatcher
 from edge_runtime.voice.asr import ASRPool, ASRResult
+from edge_runtime.voice.call_narrowing import narrow_functions
 from edge_runtime.voice.audio_input import Source
 from edge_runtime.voice.frontend import Command, Fault, FrontEnd
 from edge_runtime.voice.prompting import Conversation, encode_text
@@ -45,9 +46,9 @@ from edge_runtime.voice.vad import UtteranceCutter, VADConfig, make_detector
 ACTION_MIN_TOKENS = 96  # a call with its arguments is ~40 tokens; a cut call does nothing
 
 
-def action_params(actions: Dispatcher, max_tokens: int) -> SamplingParams:
-    """Greedy, exactly one call of one of the actions (model/tool_format.py's grammar)."""
-    grammar = call_grammar(actions.functions, "required", parallel=False, what="the actions")
+def action_params(functions: list[ToolFunction], max_tokens: int) -> SamplingParams:
+    """Greedy, exactly one call of one of the functions (model/tool_format.py's grammar)."""
+    grammar = call_grammar(functions, "required", parallel=False, what="the actions")
     return SamplingParams(max_tokens=max(max_tokens, ACTION_MIN_TOKENS), temperature=0.0,
                           grammar=grammar)
 
@@ -89,7 +90,7 @@ class VoiceLoop:
         self.on_text = on_text  # streamed answer text: (stream, delta)
         self.actions = actions  # None: answers are free text
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0) \
-            if actions is None else action_params(actions, settings.max_tokens)
+            if actions is None else action_params(actions.functions, settings.max_tokens)
         self._device_lock = asyncio.Lock()  # one audio device: answers play one after another
         self.reports: list[StreamReport] = []  # filled as the streams go (kept if interrupted)
 
@@ -216,7 +217,8 @@ class VoiceLoop:
         first = None
         result = None
         request_id = f"voice-s{index}-u{turn}-{id(conv):x}"
-        async for ev in self.aengine.stream(plan.prompt_ids, self.params, request_id=request_id):
+        params = await self._params_for(asr.text)
+        async for ev in self.aengine.stream(plan.prompt_ids, params, request_id=request_id):
             if first is None and (ev.token_ids or ev.text):
                 first = time.perf_counter()
             if ev.text and self.on_text:
@@ -244,6 +246,18 @@ class VoiceLoop:
         if spoken:
             await self._speak(index, turn, spoken, event)
             event["total_s"] = time.perf_counter() - t0
+
+    async def _params_for(self, heard: str) -> SamplingParams:
+        """Free text, or a call whose grammar is narrowed to what the command names
+        (voice/call_narrowing.py); a new grammar is compiled off the engine's loop thread."""
+        if self.actions is None:
+            return self.params
+        params = action_params(narrow_functions(self.actions.functions, heard),
+                               self.settings.max_tokens)
+        engine = getattr(self.aengine, "engine", None)  # None with --server (the service compiles)
+        if engine is not None:  # cached per grammar: a repeated command compiles nothing
+            await asyncio.to_thread(engine.constraints.compiler.compile, params.grammar)
+        return params
 
     async def _act(self, result, event: dict) -> str:
         """Dispatch the answer's call; the event records it and the spoken answer reports it."""

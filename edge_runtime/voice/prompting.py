@@ -26,6 +26,7 @@ import yaml
 
 from edge_runtime.errors import ConfigError, InputError, RequestError
 from edge_runtime.model.chat import control_tokens
+from edge_runtime.voice.action_examples import examples_prompt_text, load_examples
 from edge_runtime.voice.actions import actions_prompt_text, load_actions
 
 
@@ -37,8 +38,9 @@ class SystemPrompt:
     actions: tuple = ()  # voice/actions.py Action: each command is decoded as a call of one
 
 
-def load_system_prompt(path: Path) -> SystemPrompt:
-    """configs/voice/*.yaml -> the system prompt text (intro, device list, answer format)."""
+def load_system_prompt(path: Path, examples: bool = True) -> SystemPrompt:
+    """configs/voice/*.yaml -> the system prompt text (intro, device list, answer format, actions
+    and their worked examples; `examples=False` leaves the examples out, for measuring them)."""
     if not path.is_file():
         raise InputError(f"{path}: system prompt YAML not found")
     try:
@@ -63,6 +65,12 @@ def load_system_prompt(path: Path) -> SystemPrompt:
     actions = tuple(load_actions(data["actions"], str(path))) if "actions" in data else ()
     if actions:  # part of the shared system prompt, so cached once
         lines.append(actions_prompt_text(list(actions)))
+    if "examples" in data:
+        if not actions:
+            raise ConfigError(f"{path}: 'examples:' are calls of 'actions:', which it has none of")
+        shown = load_examples(data["examples"], actions, str(path))
+        if examples and shown:
+            lines.append(examples_prompt_text(shown))
     return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices),
                         actions)
 

@@ -29,6 +29,12 @@ def espeak_binary() -> str:
     return path
 
 
+def espeak_version() -> str:
+    """`espeak-ng --version`'s line: part of the synthesized commands' cache keys."""
+    done = subprocess.run([espeak_binary(), "--version"], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
 def _espeak_args(text: str, out: Path, voice: str, speed: int) -> list[str]:
     return [espeak_binary(), "-v", voice, "-s", str(speed), "-w", str(out), "--", text]
 

@@ -1,0 +1,203 @@
+"""The spoken smart-home command set (voice/command_set.py: 47 commands to two homes, 15 actions,
+26 naming devices the demo does not have), synthesized with espeak-ng, through Whisper tiny.en and
+the built-in model's constrained calls:
+
+1. word error rate without the vocabulary bias, and with it given as faster-whisper's `hotwords`
+   or as its `initial_prompt` (each home's device and action names);
+2. the calls the model makes (greedy, the voice loop's grammar: one call of one declared action),
+   with the system prompt's worked examples left out or in, from the typed command, from what was
+   heard without the bias and from what was heard with it: parsed, valid for the schema, right
+   function, right arguments.
+
+    .venv/bin/python tools/voice_command_bench.py --out voice_command_bench.json
+
+Prints tables (and every command's row for the voice loop's own setting: heard with the hotwords
+bias, examples in), writes JSON. The WAVs are synthesized into the cache folder on the first run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from edge_runtime.voice.call_scoring import accuracy, score_call  # noqa: E402
+from edge_runtime.voice.command_set import COMMANDS, HOMES, build_command_wavs  # noqa: E402
+from edge_runtime.voice.prompting import load_system_prompt  # noqa: E402
+from edge_runtime.voice.report import word_errors  # noqa: E402
+
+BIASES = ("none", "hotwords", "initial_prompt")
+LOOP_BIAS = "hotwords"  # what `edge-runtime voice` uses (voice/asr.py)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() \
+            else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def transcribe_all(wavs: list[Path], bias: str) -> list[str]:
+    from edge_runtime.voice.asr import WhisperRecognizer, default_whisper_folder
+    from edge_runtime.voice.wav_file import read_wav
+
+    folder, out = default_whisper_folder(), []
+    recognizers = {}
+    for home, path in HOMES.items():
+        hint = "" if bias == "none" else load_system_prompt(path).vocabulary
+        recognizers[home] = WhisperRecognizer(folder, threads=1, hint=hint,
+                                              hint_as="hotwords" if bias == "none" else bias)
+    for i, (command, wav) in enumerate(zip(COMMANDS, wavs)):
+        out.append(recognizers[command.home].transcribe(read_wav(wav)))
+        if (i + 1) % 10 == 0:
+            log(f"  {bias}: {i + 1}/{len(wavs)} recognized")
+    return out
+
+
+def wer_row(bias: str, transcripts: list[str]) -> dict:
+    row = {"bias": bias}
+    for part in ("all", "home", "flat"):
+        pairs = [(c.text, t) for c, t in zip(COMMANDS, transcripts) if part in ("all", c.home)]
+        edits = [word_errors(r, h) for r, h in pairs]
+        row[f"wer_{part}"] = sum(e for e, _ in edits) / max(sum(n for _, n in edits), 1)
+    return row
+
+
+def recognized_before(path: Path) -> dict[str, list[str]]:
+    heard = json.loads(path.read_text())["transcripts"]
+    if set(heard) != set(BIASES) or any(len(t) != len(COMMANDS) for t in heard.values()):
+        sys.exit(f"{path}: its transcripts are not of this command set; run without "
+                 f"--transcripts-from")
+    return heard
+
+
+class CallMaker:
+    """The built-in model with each home's system prompt and the voice loop's grammar."""
+
+    def __init__(self):
+        import torch
+
+        from edge_runtime.engine.backend import prepare_model, select_backend
+        from edge_runtime.engine.config import EngineConfig
+        from edge_runtime.engine.engine import Engine
+        from edge_runtime.model.loader import DEFAULT_MODEL, load_model
+
+        torch.set_num_threads(1)
+        self.loaded = load_model(DEFAULT_MODEL)
+        prepare_model(self.loaded.model, select_backend("cpu", "cpu"))
+        self.engine = Engine(self.loaded, EngineConfig(num_pages=256))
+        self.functions = {home: [a.function for a in load_system_prompt(p).actions]
+                          for home, p in HOMES.items()}
+
+    def calls(self, texts: list[str], examples: bool, narrow: bool) -> list[str]:
+        from edge_runtime.voice.call_narrowing import narrow_functions
+        from edge_runtime.voice.loop import action_params
+        from edge_runtime.voice.prompting import encode_text, render
+
+        systems = {h: load_system_prompt(p, examples=examples).text for h, p in HOMES.items()}
+        prompts = [encode_text(self.loaded.tokenizer, render(self.loaded.tokenizer, [
+            {"role": "system", "content": systems[c.home]}, {"role": "user", "content": text}]))
+            for c, text in zip(COMMANDS, texts)]
+        params = [action_params(narrow_functions(self.functions[c.home], text) if narrow
+                                else self.functions[c.home], 48)
+                  for c, text in zip(COMMANDS, texts)]
+        return [r.text for r in self.engine.generate(prompts, params)]
+
+
+def score_rows(texts: list[str], call_texts: list[str]) -> list[dict]:
+    schemas = {h: {a.function.name: a.function.parameters for a in load_system_prompt(p).actions}
+               for h, p in HOMES.items()}
+    rows = []
+    for command, text, call_text in zip(COMMANDS, texts, call_texts):
+        s = score_call(call_text, command.name, command.arguments, schemas[command.home])
+        rows.append({"command": command.text, "home": command.home, "heard": text,
+                     "expected": command.name, "expected_arguments": command.arguments,
+                     "got": s.got, "parsed": s.parsed, "valid": s.valid,
+                     "right_function": s.right_function, "right_arguments": s.right_arguments})
+    return rows
+
+
+def accuracy_row(rows: list[dict], **labels) -> dict:
+    from edge_runtime.voice.call_scoring import CallScore
+
+    out = dict(labels)
+    for part in ("all", "home", "flat"):
+        scores = [CallScore(r["parsed"], r["valid"], r["right_function"], r["right_arguments"],
+                            r["got"]) for r in rows if part in ("all", r["home"])]
+        out[part] = accuracy(scores).shares()
+    return out
+
+
+def print_tables(wer_rows: list[dict], acc_rows: list[dict], detail: list[dict]) -> None:
+    print(f"\n{'Whisper bias':<16}{'WER all':>9}{'home':>8}{'flat':>8}")
+    for r in wer_rows:
+        print(f"{r['bias']:<16}{r['wer_all']:>9.1%}{r['wer_home']:>8.1%}{r['wer_flat']:>8.1%}")
+    print(f"\n{'narrowing':<11}{'examples':<10}{'input':<18}{'parsed':>8}{'valid':>8}{'fn':>8}{'args':>8}"
+          f"{'fn home':>9}{'args home':>10}{'fn flat':>9}{'args flat':>10}")
+    for r in acc_rows:
+        a, h, f = r["all"], r["home"], r["flat"]
+        print(f"{r['narrowing']:<11}{r['examples']:<10}{r['input']:<18}{a['parsed']:>8.0%}{a['valid']:>8.0%}"
+              f"{a['right_function']:>8.0%}{a['right_arguments']:>8.0%}"
+              f"{h['right_function']:>9.0%}{h['right_arguments']:>10.0%}"
+              f"{f['right_function']:>9.0%}{f['right_arguments']:>10.0%}")
+    print(f"\nper command (heard with the {LOOP_BIAS} bias, examples in, narrowing on):")
+    for r in detail:
+        mark = "both" if r["right_arguments"] else "fn" if r["right_function"] else "no"
+        print(f"{mark:>4}  {r['home']:<5}{r['command'][:38]:<39}{r['heard'][:38]:<39}{r['got']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="voice_command_bench.json")
+    ap.add_argument("--transcripts-from", type=Path, metavar="JSON",
+                    help="take the transcripts from an earlier run's JSON instead of recognizing "
+                         "again (the same commands; recognition does not depend on the model)")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    heard = recognized_before(args.transcripts_from) if args.transcripts_from else {}
+    if not heard:
+        wavs = build_command_wavs(progress=log)
+        for bias in BIASES:
+            log(f"recognizing {len(wavs)} commands, bias {bias}")
+            heard[bias] = transcribe_all(wavs, bias)
+    wer_rows = [wer_row(b, heard[b]) for b in BIASES]
+    log("loading the model")
+    maker = CallMaker()
+    inputs = {"typed": [c.text for c in COMMANDS], "heard, no bias": heard["none"],
+              f"heard, {LOOP_BIAS}": heard[LOOP_BIAS]}
+    acc_rows, details = [], {}
+    for narrow in (False, True):
+        for examples in (False, True):
+            for name, texts in inputs.items():
+                labels = {"narrowing": "on" if narrow else "off",
+                          "examples": "in" if examples else "out", "input": name}
+                log(f"calls: {labels}")
+                rows = score_rows(texts, maker.calls(texts, examples, narrow))
+                details[", ".join(f"{k} {v}" for k, v in labels.items())] = rows
+                acc_rows.append(accuracy_row(rows, **labels))
+    detail = details[f"narrowing on, examples in, input heard, {LOOP_BIAS}"]
+    print_tables(wer_rows, acc_rows, detail)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    with open(args.out, "w") as f:
+        json.dump({"commit": commit, "machine": cpu_model(), "cores": os.cpu_count(),
+                   "seconds": round(time.perf_counter() - t0, 1), "wer": wer_rows,
+                   "accuracy": acc_rows, "transcripts": heard, "calls": details}, f, indent=1)
+    log(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
