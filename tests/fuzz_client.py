@@ -36,7 +36,7 @@ VALID = {
     "top_p": [1, 0.5, 1e-9], "top_k": [-1, 0, 1, 2**31 - 1], "n": [1, 2, 3],
     "seed": [0, -1, 2**64 - 1, -(2**63)], "stop": ["\n", ["a", "b"]], "stream": [True, False],
     "stream_options": [{"include_usage": True}, {"include_usage": False}],
-    "presence_penalty": [0], "frequency_penalty": [0.0], "logprobs": [False], "echo": [False],
+    "presence_penalty": [0, 1.5, -2], "frequency_penalty": [0.0, 0.5, 2], "logprobs": [False], "echo": [False],
     "best_of": [1], "suffix": [""], "logit_bias": [{}], "tools": [[]],
     "response_format": [{"type": "text"}], "ignore_eos": [True, False],
     "repetition_penalty": [1.0, 1e-9, 10], "model": ["m"], "user": ["u"],

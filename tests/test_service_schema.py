@@ -112,7 +112,8 @@ def test_lone_surrogates_are_400_naming_the_field(raw, param):
     ({"prompt": [1, -2]}, "prompt"),
     ({"prompt": 5}, "prompt"),
     ({"prompt": "x", "echo": True}, "echo"),
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
     ({"prompt": "x", "seed": 1 << 64}, "seed"),  # past torch's 64 bits: was a 500
     ({"prompt": "x", "seed": 10 ** 23}, "seed"),
     ({"prompt": "x", "seed": -(1 << 63) - 1}, "seed"),
@@ -126,6 +127,12 @@ def test_bad_completion_fields_name_the_param(body, param):
         parse_completion(body, CAP)
     assert e.value.status == 400 and e.value.param == param
     assert set(e.value.body()["error"]) == {"message", "type", "code", "param"}
+
+
+def test_presence_and_frequency_penalties_reach_the_sampler():
+    params = parse_completion({"prompt": "x", "presence_penalty": 0.5,
+                               "frequency_penalty": -1.25}, CAP).params
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.25)
 
 
 @pytest.mark.parametrize("messages", [None, [], "hi", [{"role": "robot", "content": "x"}],

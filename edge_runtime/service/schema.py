@@ -170,9 +170,8 @@ def _params(body: dict, cap: int) -> SamplingParams:
         raise _bad(key, f"must be a positive integer, got {max_tokens!r}")
     if max_tokens > cap:
         raise _bad(key, f"is {max_tokens}, above this server's limit of {cap}")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if _num(body, key, 0.0, -2.0, 2.0) != 0.0:
-            raise _unsupported(key, "only 0 is supported; use repetition_penalty")
+    presence_penalty = _num(body, "presence_penalty", 0.0, -2.0, 2.0)
+    frequency_penalty = _num(body, "frequency_penalty", 0.0, -2.0, 2.0)
     if body.get("logit_bias") not in (None, {}):
         raise _unsupported("logit_bias")
     seed = body.get("seed")
@@ -194,8 +193,8 @@ def _params(body: dict, cap: int) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-            repetition_penalty=repetition_penalty, seed=seed, stop=stop, n=n,
-            ignore_eos=ignore_eos)
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, seed=seed, stop=stop, n=n, ignore_eos=ignore_eos)
     except RequestError as exc:
         raise ApiError(400, str(exc), "invalid_value") from None
 
