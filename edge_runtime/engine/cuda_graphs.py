@@ -87,11 +87,11 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple] = {}  # bucket -> (CUDAGraph, static logits)
         self.counters = dict(graph_steps=0, padded_eager_steps=0, eager_steps=0,
                              capture_s=0.0, capture_bytes=0)
+        no_rows = {"ids": torch.zeros(0, dtype=torch.long), "positions": torch.zeros(0, dtype=torch.long)}
         for b in self.buckets:
             # an all-padding step: the bucket's names and shapes (sizes the buffer; captured)
             ctx = PagedKVContext(storage, [], sm_scale, shapes[b])
-            buf, views = self.transfers.allocate(self._parts(ctx, {"ids": torch.zeros(0, dtype=torch.long),
-                                                                   "positions": torch.zeros(0, dtype=torch.long)}, b))
+            buf, views = self.transfers.allocate(self._parts(ctx, no_rows, b))
             self.static[b] = (buf, views, ctx.bind(views))
 
     @staticmethod
