@@ -1,7 +1,9 @@
-"""Decode buckets (engine/cuda_graphs.py): which bucket a step takes, that a step padded to its
-bucket gives the real rows the logits of the unpadded eager step (the CUDA back end on CPU tensors
-under the Triton interpreter runs the padded static step eagerly), the fall-back to eager steps,
-and, on a CUDA device only, the captured graphs."""
+"""Decode buckets (engine/cuda_graphs.py, engine/decode_shape.py): which bucket a step takes, the
+fixed-shape context (padding rows read and write nothing; the real rows' attention is the same
+bits as unpadded), that a step padded to its bucket gives the real rows the logits and greedy
+tokens of the unpadded eager step (the CUDA back end on CPU tensors under the Triton interpreter
+runs the padded static step eagerly), the fall-back to eager steps, and, on a CUDA device only,
+the captured graphs."""
 
 import pytest
 import torch
@@ -11,8 +13,12 @@ from model_helpers import random_ids
 
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.config import EngineConfig
-from edge_runtime.engine.cuda_graphs import NotFit, bucket_for, padded_parts
-from edge_runtime.engine.paged_kv import _Call
+from edge_runtime.engine.cuda_graphs import bucket_for
+from edge_runtime.engine.decode_shape import DecodeShape, DoesNotFit
+from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kernels.positional_attention_ref import NO_INLINE
+from paged_kv_helpers import D, H, HKV, LAYERS
 from edge_runtime.errors import ConfigError
 from edge_runtime.kernels import dispatch
 
@@ -32,59 +38,85 @@ def test_decode_buckets_setting_is_checked():
             EngineConfig(decode_buckets=bad)
 
 
-class _Ctx:
-    def __init__(self, calls, fresh=None):
-        self.calls, self.fresh = calls, fresh
-        self.slot_mapping = {"pages": torch.tensor([70, 9], dtype=torch.long)}
-        self.window_slots = None
+P, SLOT, W = 16, 8, 4  # page, inline slot and window tokens: up to 2 inline slots a sequence
 
 
-def _call(kind, width, lens):
-    return _Call("pages", torch.arange(2 * width, dtype=torch.int32).view(2, width),
-                 torch.arange(2, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32), kind)
+def _decode_steps():
+    """Decode rows of every kind: prefix + inline tail, a full tail page then slots, page tails,
+    windowed and not (window None), on a storage with inline slots and recent-key windows."""
+    return [SeqStep((3, 5), 20, "inline", (0,), 25, 1, window=1, window_start=24),
+            SeqStep((7,), 16, "pages", (4, 6), 40, 1),
+            SeqStep((3, 5), 20, "inline", (1, 2), 45, 1, (10,), window=0, window_start=44),
+            SeqStep((), 0, "pages", (12, 13), 30, 1, window=2)]
 
 
-def test_padded_parts_put_padding_rows_at_kv_len_zero_and_slot_minus_one():
-    layout = {"prefix": 3, "tail_pages": 3}
-    inputs = {"ids": torch.tensor([11, 12]), "positions": torch.tensor([70, 9])}
-    parts = padded_parts(_Ctx([_call("tail_pages", 2, [71, 10])]), inputs, 4, layout)
-    assert parts["ids"].tolist() == [11, 12, 0, 0] and parts["positions"].tolist() == [70, 9, 0, 0]
-    assert parts["tail_pages.kv_lens"].tolist() == [71, 10, 0, 0]
-    assert parts["tail_pages.block_table"].tolist() == [[0, 1, 0], [2, 3, 0], [0, 0, 0], [0, 0, 0]]
-    assert parts["prefix.kv_lens"].tolist() == [0, 0, 0, 0]  # a kind the step does not use
-    assert parts["slots.pages"].tolist() == [70, 9, -1, -1]
-    assert parts["last_rows"].tolist() == [0, 1, 2, 3]
-    for ctx in (_Ctx([_call("tail_pages", 4, [1, 1])]),  # wider than the layout
-                _Ctx([_call("fresh", 1, [1, 1])], fresh=()),  # a prefill call
-                _Ctx([_call("tail_inline", 1, [1, 1])])):  # a kind the layout lacks
-        with pytest.raises(NotFit):
-            padded_parts(ctx, inputs, 4, layout)
-    with pytest.raises(NotFit):
-        padded_parts(_Ctx([]), inputs, 1, layout)  # more rows than the bucket
+def _storage():
+    return KVStorage(LAYERS, HKV, D, num_pages=16, page_tokens=P, num_inline_slots=6,
+                     inline_tokens=SLOT, kv_dtype="int8", num_windows=3, window_tokens=W)
+
+
+def test_padded_context_has_the_shapes_fixed_and_padding_rows_read_and_write_nothing():
+    st, steps = _storage(), _decode_steps()
+    shape = DecodeShape.for_storage(st, 8, max_positions=100)
+    padded, empty = PagedKVContext(st, steps, 1.0, shape), PagedKVContext(st, [], 1.0, shape)
+    got, static = padded.metadata(), empty.metadata()
+    assert {k: (v.dtype, v.shape) for k, v in got.items()} == {k: (v.dtype, v.shape) for k, v in static.items()}
+    eager = PagedKVContext(st, steps, 1.0)
+    idx, n = padded.index, len(steps)
+    assert padded.num_tokens == 8 and idx.num_spans == shape.num_spans == empty.index.num_spans
+    assert idx.pool_table.shape == (8, shape.pool_pages) and idx.arena_table.shape == (8, shape.arena_slots)
+    assert idx.key_end.tolist() == eager.index.key_end.tolist() + [0] * 4
+    assert idx.seq_idx.tolist() == list(range(8))
+    assert idx.row_bounds[n:].tolist() == [[0, 0, NO_INLINE]] * 4
+    assert torch.equal(idx.row_bounds[:n], eager.index.row_bounds)
+    for store, slots in padded.slot_mapping.items():
+        assert slots.tolist() == eager.slot_mapping[store].tolist() + [-1] * 4, store
+    assert padded.window_slots.tolist() == eager.window_slots.tolist() + [-1] * 4
+    kv_lens = padded.exact[8]
+    assert kv_lens.tolist() == eager.exact[8].tolist() + [0] * 4 and kv_lens[1] == 0  # no window
+    assert padded.exact[4] == empty.exact[4] == 8  # one exact block per row
+    with pytest.raises(DoesNotFit):
+        PagedKVContext(st, steps, 1.0, DecodeShape.for_storage(st, 2, max_positions=100))  # rows
+    with pytest.raises(DoesNotFit):
+        PagedKVContext(st, [SeqStep((), 0, "pages", (12,), 0, 2)], 1.0, shape)  # a prefill
+    with pytest.raises(DoesNotFit):
+        PagedKVContext(st, steps, 1.0, DecodeShape.for_storage(st, 8, max_positions=16))  # widths
+
+
+@needs_triton
+def test_padded_context_gives_the_real_rows_the_eager_attention_bits():
+    st, steps = _storage(), _decode_steps()
+    g = torch.Generator().manual_seed(0)
+    for t in (st.pool.k, st.pool.v, st.inline.k, st.inline.v):
+        t.copy_(torch.randint(-127, 128, t.shape, generator=g, dtype=torch.int8))
+    st.window.k.copy_(torch.randn(st.window.k.shape, generator=g))
+    st.window.v.copy_(torch.randn(st.window.v.shape, generator=g))
+    q, k, v = torch.randn(8, H, D, generator=g), torch.randn(8, HKV, D, generator=g), torch.randn(8, HKV, D, generator=g)
+    shape = DecodeShape.for_storage(st, 8, max_positions=100)
+    with dispatch.prefer_triton():
+        eager = PagedKVContext(st, steps, D ** -0.5).attend(0, q[:4], k[:4], v[:4])
+        padded = PagedKVContext(st, steps, D ** -0.5, shape).attend(0, q, k, v)  # same writes
+    assert torch.equal(padded[:4], eager)
 
 
 def _eager_and_padded_logits(engine, prompts):
     """Every decode step run twice on the same engine, eagerly and then padded to its bucket (a
-    decode step writes the same K/V to the same slots both times) -> [(eager, padded) logits]."""
+    decode step writes the same K/V to the same slots both times) -> [(eager, padded) logits];
+    engine.decode_contexts: the eager steps' contexts."""
     pairs, graphs, forward, context = [], engine.graphs, engine._forward, engine.backend.context
-    engine.kinds = set()
-
-    def recorded_context(*args):
-        ctx = context(*args)
-        engine.kinds |= {c.kind for c in ctx.calls}
-        return ctx
+    engine.decode_contexts = []
 
     def both(ids, steps, rows):
         if len(ids) != len(steps):  # a prefill: once, eagerly
             return forward(ids, steps, rows)
         engine.graphs = None
+        engine.backend.context = lambda *a: engine.decode_contexts.append(context(*a)) or engine.decode_contexts[-1]
         eager = forward(ids, steps, rows).clone()
-        engine.graphs = graphs
+        engine.graphs, engine.backend.context = graphs, context
         pairs.append((eager, forward(ids, steps, rows).clone()))
         return pairs[-1][1]
 
     engine._forward = both
-    engine.backend.context = recorded_context
     engine.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     return pairs
 
@@ -98,11 +130,16 @@ def test_padded_decode_step_gives_the_real_rows_the_eager_logits():
     prompts = [system + random_ids(3, 500, seed=2), random_ids(36, 500, seed=3), system[:33]]
     pairs = _eager_and_padded_logits(engine, prompts)
     assert engine.graphs.counters["padded_eager_steps"] == len(pairs) == 1
-    assert engine.kinds >= {"window", "prefix", "tail_pages", "tail_inline"}, engine.kinds
+    (ctx,) = engine.decode_contexts
+    assert bool((ctx.index.row_bounds[:, 0] > 0).any()), "no row reads a shared prefix"
+    assert bool((ctx.index.row_bounds[:, 2] != NO_INLINE).any()), "no row has an inline tail"
+    assert bool((ctx.slot_mapping["pages"] >= 0).any()), "no row writes a tail page"
+    assert ctx.exact is not None and bool((ctx.exact[8] > 0).any()), "no row reads its window"
     for want, got in pairs:
         assert got.shape == want.shape == (3, want.shape[1])
-        # the padded step has every call kind at fixed table widths: the kernels may split the
-        # keys differently, so the sums agree to rounding, and the greedy tokens exactly
+        # the attention of a real row is the same bits padded or not (test above); the linears
+        # are not: the CPU's matmul blocks 3 rows and 4 rows differently (4.6e-5 here, logits
+        # up to 3.0), so the logits agree to rounding and the greedy tokens exactly
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 

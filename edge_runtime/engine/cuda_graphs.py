@@ -1,24 +1,24 @@
 """Decode steps at fixed shapes, one per batch-size bucket, replayed from CUDA graphs (CUDA back end).
 
 A decode step of n sequences (one new token each, no prefill in the step) runs as the smallest
-bucket B >= n: rows n..B-1 are padding (token 0 at position 0, kv_len 0 in every attention call,
-slot -1: nothing written, nothing read; their logits rows are ignored). Every bucket has ONE
-layout: the attention calls of every kind a decode step can make, in engine/paged_kv.py's order
-(window, prefix, tail_pages, tail_inline; a kind the step does not use gets an all-zero table
-and kv_len 0, which merge_attention weighs 0), block tables at fixed widths (the most pages a
-sequence can hold), slot mappings of length B. The step's host tensors are packed in that layout
-and copied in ONE upload into the bucket's static buffer (engine/step_transfers.py), then the
-bucket's graph replays: a few hundred kernel launches become one.
+bucket B >= n: rows n..B-1 are padding (token 0 at position 0, an empty read, slot -1: nothing
+written, nothing read; their logits rows are ignored). Every bucket has ONE shape: the step's
+PagedKVContext built with the bucket's `DecodeShape` (engine/decode_shape.py: table widths that
+hold any sequence up to max_position_embeddings, the span count of the longest read, one exact
+block per row), so every step of the bucket has the same index tensors (names, shapes, dtypes)
+and host values. The step's ids, positions, last rows and the context's `metadata()` are copied
+in ONE upload into the bucket's static buffer (engine/step_transfers.py), which the bucket's
+static context is bound to, then the bucket's graph replays: a few hundred launches become one.
 
 On a CUDA device the graphs are captured at start-up (`capture()`: time and memory reported in
-`stats()`; a capture that fails is reported there and in the log, and the steps run eagerly); elsewhere (the CUDA back end on CPU tensors under the Triton interpreter, CI) the
-same padded static step runs eagerly, which is how CI shows that padding leaves the real rows'
-logits unchanged. A step that does not fit (a prefill token, more sequences than the largest
-bucket, a block table wider than the layout) runs eagerly at its own shapes.
+`stats()`; a capture that fails is reported there and in the log, and the steps run eagerly);
+elsewhere (the CUDA back end on CPU tensors under the Triton interpreter, CI) the same padded
+static step runs eagerly, which is how CI shows that padding leaves the real rows' logits the
+same bits. A step that does not fit (a prefill token, more sequences than the largest bucket, a
+table wider or a read longer than the shape) runs eagerly at its own shapes.
 
-`decode_layout`, `padded_parts` and `bind_static` are the only code here that knows
-engine/paged_kv.py's structure (its per-kind calls, slot mappings, window slots): a context built
-another way needs its own three (tests/test_cuda_graphs.py checks them against the eager step).
+This module knows no context's structure: the padded context and the static one are the same
+class built at the same shape, and their tensors travel by `metadata()` / `bind()` paths.
 
 Invariants:
 - The static buffers and the captured graphs are only touched under the engine's lock, one step
@@ -30,12 +30,12 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import torch
 
-from edge_runtime.engine.paged_kv import _Call
+from edge_runtime.engine.decode_shape import DecodeShape, DoesNotFit
+from edge_runtime.engine.paged_kv import PagedKVContext
 from edge_runtime.engine.step_transfers import StepTransfers, device_region
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
@@ -46,71 +46,19 @@ def bucket_for(num_seqs: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in sorted(buckets) if b >= num_seqs), None)
 
 
-def decode_layout(storage, max_positions: int, num_inline_slots: int) -> dict[str, int]:
-    """kind -> fixed block-table width, for every call kind a decode step on `storage` can make."""
-    pages = math.ceil(max_positions / storage.store("pages").block_tokens)
-    layout = {}
-    if storage.window is not None:
-        layout["window"] = 1
-    layout.update(prefix=pages, tail_pages=pages)
-    if storage.inline is not None:
-        layout["tail_inline"] = max(1, num_inline_slots)
-    return layout
-
-
-class NotFit(Exception):
-    """The step cannot take the bucket's layout; it runs eagerly."""
-
-
-def padded_parts(ctx, inputs: dict[str, torch.Tensor], bucket: int, layout: dict[str, int]
-                 ) -> dict[str, torch.Tensor]:
-    """The host tensors of a decode step in the bucket's fixed layout (names and shapes the same
-    for every step of the bucket). ctx: the step's PagedKVContext, built on the host."""
+def padded_inputs(inputs: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    """ids and positions padded with 0 to `rows`; every row's logits (the caller keeps the first n)."""
     n = inputs["ids"].shape[0]
-    if n > bucket or ctx.fresh is not None or any(c.kind not in layout for c in ctx.calls):
-        raise NotFit
-    calls = {c.kind: c for c in ctx.calls}
-    parts = {"ids": _pad(inputs["ids"], bucket, 0), "positions": _pad(inputs["positions"], bucket, 0),
-             "last_rows": torch.arange(bucket)}
-    for kind, width in layout.items():
-        table = torch.zeros(bucket, width, dtype=torch.int32)
-        kv_lens = torch.zeros(bucket, dtype=torch.int32)
-        if kind in calls:
-            c = calls[kind]
-            if c.block_table.shape[1] > width or c.block_table.shape[0] > bucket:
-                raise NotFit
-            table[:c.block_table.shape[0], :c.block_table.shape[1]] = c.block_table
-            kv_lens[:n] = c.kv_lens
-        parts.update({f"{kind}.block_table": table, f"{kind}.kv_lens": kv_lens,
-                      f"{kind}.seq_idx": torch.arange(bucket, dtype=torch.int32)})
-    for store in ("pages", "inline"):
-        if store == "pages" or "tail_inline" in layout:
-            parts[f"slots.{store}"] = _pad(ctx.slot_mapping.get(store), bucket, -1)
-    if "window" in layout:
-        parts["window_slots"] = _pad(ctx.window_slots, bucket, -1)
-    return parts
-
-
-def _pad(t: torch.Tensor | None, bucket: int, fill: int) -> torch.Tensor:
-    out = torch.full((bucket,), fill, dtype=torch.long if t is None else t.dtype)
-    if t is not None:
-        out[:t.shape[0]] = t
+    if n > rows:
+        raise DoesNotFit(f"{n} rows in a bucket of {rows}")
+    out = {"last_rows": torch.arange(rows)}
+    for name in ("ids", "positions"):
+        out[name] = torch.zeros(rows, dtype=inputs[name].dtype)
+        out[name][:n] = inputs[name]
     return out
 
 
-def bind_static(ctx, views: dict[str, torch.Tensor], layout: dict[str, int], bucket: int):
-    """Point `ctx` (the bucket's static context) at the static buffer's views."""
-    stores = {"window": "window", "prefix": "pages", "tail_pages": "pages", "tail_inline": "inline"}
-    ctx.calls = [_Call(stores[k], views[f"{k}.block_table"], views[f"{k}.seq_idx"],
-                       views[f"{k}.kv_lens"], k) for k in layout]
-    ctx.slot_mapping = {s: views[f"slots.{s}"] for s in ("pages", "inline") if f"slots.{s}" in views}
-    ctx.window_slots = views.get("window_slots")
-    ctx.fresh = None
-    ctx.num_tokens = bucket
-    return ctx
-
-
-def decode_graphs_for(engine, num_inline_slots: int) -> "DecodeGraphs | None":
+def decode_graphs_for(engine) -> "DecodeGraphs | None":
     """The engine's decode buckets (EngineConfig.decode_buckets; None: DEFAULT_BUCKETS on a CUDA
     device), captured now on a GPU; None where there are none (the CPU back end, buckets off)."""
     buckets = engine.config.decode_buckets
@@ -119,9 +67,9 @@ def decode_graphs_for(engine, num_inline_slots: int) -> "DecodeGraphs | None":
     if not buckets or not engine.backend.decode_graphs:
         return None
     max_positions = engine.model_config.max_position_embeddings
-    layout = decode_layout(engine.storage, max_positions, num_inline_slots)
+    shapes = {b: DecodeShape.for_storage(engine.storage, b, max_positions) for b in buckets}
     graphs = DecodeGraphs(engine.backend, engine.model, engine.storage, engine.sm_scale,
-                          engine.transfers, buckets, layout, max_positions)
+                          engine.transfers, shapes, max_positions)
     graphs.capture(log=logging.getLogger(__name__).info)
     return graphs
 
@@ -130,37 +78,25 @@ class DecodeGraphs:
     """The buckets of one engine: static buffers, static contexts and (on CUDA) their graphs."""
 
     def __init__(self, backend, model, storage, sm_scale: float, transfers: StepTransfers,
-                 buckets: tuple[int, ...], layout: dict[str, int], max_positions: int):
-        from edge_runtime.engine.paged_kv import PagedKVContext
-
+                 shapes: dict[int, DecodeShape], max_positions: int):
         self.backend, self.model, self.max_positions = backend, model, max_positions
-        self.buckets, self.layout = tuple(sorted(buckets)), layout
+        self.storage, self.sm_scale = storage, sm_scale
+        self.buckets, self.shapes = tuple(sorted(shapes)), shapes
         self.transfers = transfers
         self.static: dict[int, tuple] = {}  # bucket -> (packed buffer, views, context)
         self.graphs: dict[int, tuple] = {}  # bucket -> (CUDAGraph, static logits)
         self.counters = dict(graph_steps=0, padded_eager_steps=0, eager_steps=0,
                              capture_s=0.0, capture_bytes=0)
+        no_rows = {"ids": torch.zeros(0, dtype=torch.long), "positions": torch.zeros(0, dtype=torch.long)}
         for b in self.buckets:
-            ctx = PagedKVContext.__new__(PagedKVContext)
-            ctx.storage, ctx.sm_scale = storage, sm_scale
-            template = self._template(b)
-            buf, views = self.transfers.allocate(template)
-            self.static[b] = (buf, views, bind_static(ctx, views, layout, b))
+            # an all-padding step: the bucket's names and shapes (sizes the buffer; captured)
+            ctx = PagedKVContext(storage, [], sm_scale, shapes[b])
+            buf, views = self.transfers.allocate(self._parts(ctx, no_rows, b))
+            self.static[b] = (buf, views, ctx.bind(views))
 
-    def _template(self, bucket: int) -> dict[str, torch.Tensor]:
-        """An all-padding step: the bucket's layout (used to size the buffer and to capture)."""
-        parts = {"ids": torch.zeros(bucket, dtype=torch.long),
-                 "positions": torch.zeros(bucket, dtype=torch.long), "last_rows": torch.arange(bucket)}
-        for kind, width in self.layout.items():
-            parts.update({f"{kind}.block_table": torch.zeros(bucket, width, dtype=torch.int32),
-                          f"{kind}.kv_lens": torch.zeros(bucket, dtype=torch.int32),
-                          f"{kind}.seq_idx": torch.arange(bucket, dtype=torch.int32)})
-        parts["slots.pages"] = torch.full((bucket,), -1, dtype=torch.long)
-        if "tail_inline" in self.layout:
-            parts["slots.inline"] = torch.full((bucket,), -1, dtype=torch.long)
-        if "window" in self.layout:
-            parts["window_slots"] = torch.full((bucket,), -1, dtype=torch.long)
-        return parts
+    @staticmethod
+    def _parts(ctx, inputs: dict[str, torch.Tensor], bucket: int) -> dict[str, torch.Tensor]:
+        return {**padded_inputs(inputs, bucket), **ctx.metadata()}
 
     def _forward(self, bucket: int) -> torch.Tensor:
         _, views, ctx = self.static[bucket]
@@ -205,9 +141,10 @@ class DecodeGraphs:
     def stats(self) -> dict:
         return dict(self.counters, buckets=list(self.buckets), captured=sorted(self.graphs))
 
-    def run(self, ctx, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """The step's logits [n, vocab] from its bucket (a view, valid until the next step), or
-        None when it does not fit (the caller runs it eagerly)."""
+    def run(self, steps, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The logits [n, vocab] of a decode step (steps: its SeqSteps, inputs: its host ids and
+        positions) from its bucket (a view, valid until the next step), or None when it does not
+        fit (the caller runs it eagerly)."""
         n = inputs["ids"].shape[0]
         bucket = bucket_for(n, self.buckets)
         if bucket is None or (self.backend.device.type == "cuda" and not self.graphs):
@@ -215,11 +152,13 @@ class DecodeGraphs:
             self.counters["eager_steps"] += 1
             return None
         try:
-            parts = padded_parts(ctx, inputs, bucket, self.layout)
-        except NotFit:
+            ctx = PagedKVContext(self.storage, steps, self.sm_scale, self.shapes[bucket])
+            parts = self._parts(ctx, inputs, bucket)
+        except DoesNotFit:
             self.counters["eager_steps"] += 1
             return None
-        buf, _, _ = self.static[bucket]
+        buf, views, _ = self.static[bucket]
+        assert parts.keys() == views.keys(), sorted(parts.keys() ^ views.keys())
         self.transfers.upload_into(buf, parts)
         with device_region():
             if bucket in self.graphs:

@@ -75,7 +75,7 @@ class Engine:
                                    admission_gate=self.admission_gate)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
         self.sm_scale = mc.head_dim ** -0.5
-        self.graphs = decode_graphs_for(self, slots)  # None: every step runs eagerly
+        self.graphs = decode_graphs_for(self)  # None: every step runs eagerly
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
         self._lock = threading.RLock()
@@ -249,13 +249,13 @@ class Engine:
         """-> float32 [B, vocab] logits, on the back end's device. The step's inputs and the KV
         context's index tensors go up in one upload; nothing inside waits for the device."""
         positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in steps])
-        ctx = self.backend.context(self.storage, steps, self.sm_scale)
         inputs = {"ids": torch.tensor(ids, dtype=torch.long), "positions": positions,
                   "last_rows": torch.tensor(last_rows, dtype=torch.long)}
         if self.graphs is not None and len(ids) == len(steps) == len(last_rows):  # a decode step
-            logits = self.graphs.run(ctx, inputs)
+            logits = self.graphs.run(steps, inputs)
             if logits is not None:
                 return logits
+        ctx = self.backend.context(self.storage, steps, self.sm_scale)
         dev = self.transfers.upload({**inputs, **ctx.metadata()})
         ctx.bind(dev)
         num_positions = max(s.start + s.num_new for s in steps)

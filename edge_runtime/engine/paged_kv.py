@@ -32,6 +32,9 @@ Invariants:
   shared prefix), and the tail storage was reserved (KVManager.reserve) before the step.
 - All index tensors (position index, slot mappings, exact-block indices) are built once per step
   in `PagedKVContext.__init__`, never per layer.
+- Built with a `DecodeShape` (a decode step padded to a batch-size bucket, engine/cuda_graphs.py),
+  every index tensor has the shape's sizes and the host values are the shape's, whatever the
+  sequences (engine/decode_shape.py); a step that does not fit raises DoesNotFit.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from dataclasses import dataclass
 import torch
 
 from edge_runtime.cache.recent_windows import exact_from, window_offset
+from edge_runtime.engine import decode_shape
+from edge_runtime.engine.decode_shape import DecodeShape
 from edge_runtime.engine.kv_context import StepKVContext
 from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.kernels import positional_attention
@@ -102,19 +107,40 @@ def _position_index(seqs: list[SeqStep], page_tokens: int, seq_of_token: torch.T
 class PagedKVContext(StepKVContext):
     """Per-step view of the paged storage (the CUDA back end); pass to CausalLM.forward as `kv`."""
 
-    def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float):
+    def __init__(self, storage: KVStorage, seqs: list[SeqStep], sm_scale: float,
+                 shape: DecodeShape | None = None):
         super().__init__(storage, seqs, sm_scale)
         self.slot_mapping: dict[str, torch.Tensor] = {}
         self.window_slots: torch.Tensor | None = None  # window writes, -1 none
         self.exact: tuple | None = None  # _exact_blocks' indices
+        self._shape = shape
+        if shape is not None:
+            decode_shape.check_fits(seqs, shape)
         self._build(seqs)
+        if shape is not None:
+            self._pad(shape)
+
+    def _pad(self, shape: DecodeShape) -> None:
+        """Every index tensor at the shape's size, padding rows reading and writing nothing."""
+        self.index = decode_shape.padded_index(self.index, shape)
+        stores = ("pages", "inline") if self.storage.inline is not None else ("pages",)
+        self.slot_mapping = {k: decode_shape.pad(self.slot_mapping.get(k), shape.rows, -1)
+                             for k in stores}
+        if self.storage.window is not None:
+            self.window_slots = decode_shape.pad(self.window_slots, shape.rows, -1)
+            if self.exact is None:  # no windowed sequence in the step: every row reads none
+                W = self.storage.store("window").block_tokens
+                none = torch.zeros(0, dtype=torch.int64)
+                self.exact = decode_shape.exact_blocks(none.bool(), none, none, W, shape.rows)
+        self.num_tokens = shape.rows
 
     def _build(self, seqs: list[SeqStep]) -> None:
         """The position index of the int8 reads, slot_mapping per store, the exact blocks."""
         seq_of_token = torch.repeat_interleave(
             torch.arange(len(seqs)), torch.tensor([s.num_new for s in seqs], dtype=torch.int64)
         )  # [T]
-        positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in seqs])  # [T]
+        positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in seqs]
+                              + [torch.zeros(0, dtype=torch.int64)])  # [T]
         prefix_len = torch.tensor([s.prefix_len for s in seqs], dtype=torch.int64)[seq_of_token]
         assert bool((positions >= prefix_len).all()), "a new token lies inside the shared prefix"
         key_end = self._windows(seqs, seq_of_token, positions)
@@ -169,7 +195,10 @@ class PagedKVContext(StepKVContext):
         limit = torch.where(has, exact_from(positions, W), limit)
         writes = has & (positions >= exact_from(end - 1, W))
         self.window_slots = torch.where(writes, window * W + window_offset(positions, W), -1)
-        self._exact_blocks(seqs, seq_of_token, positions, has, W)
+        if self._shape is None:
+            self._exact_blocks(seqs, seq_of_token, positions, has, W)
+        else:  # a decode step: one token per sequence, one block per row
+            self.exact = decode_shape.exact_blocks(has, window, positions, W, self._shape.rows)
         return limit
 
     def _exact_blocks(self, seqs, seq_of_token, positions, has, W: int) -> None:
