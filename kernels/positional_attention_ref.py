@@ -94,8 +94,8 @@ def _columns(store, chunks=None):
     if chunks is None:
         n = store[0].shape[0]
         return [None if t is None else ((t,), max(1, n)) for t in store], n
-    c = chunks
-    return [None if t is None else (t, c.chunk_pages) for t in (c.k, c.v, c.k_scale, c.v_scale)], c.num_pages
+    tensors = (chunks.k, chunks.v, chunks.k_scale, chunks.v_scale)
+    return [None if t is None else (t, chunks.chunk_pages) for t in tensors], chunks.num_pages
 
 
 def _read(store, at, is_key, k_mean):

@@ -26,13 +26,13 @@ LAYERS, LAYER = 2, 1
 ORDER = (3, 0, 2, 1)  # where each chunk lies in the shared buffer: chunk 3 first, ...
 
 
-def _split(tensor, buffer_fill):
+def _split(tensor, buffer_fill, gap):
     """One layer's view [N, ...] of a [N, LAYERS, ...] pool -> per-chunk views of copies of its
-    chunks, laid in one buffer in ORDER with `buffer_fill` between them (chunk RETIRED: None)."""
+    chunks, laid in one buffer in ORDER with `gap` elements of `buffer_fill` before each (chunk
+    RETIRED: None)."""
     full = tensor._base if tensor._base is not None else tensor  # [N, LAYERS, ...]
     sizes = [min(CHUNK_PAGES, NUM_PAGES - c * CHUNK_PAGES) for c in range(len(ORDER))]
     row = full[0].numel()
-    gap = 40  # elements of garbage before each chunk
     buffer = torch.full((sum(sizes) * row + gap * len(ORDER),), buffer_fill, dtype=full.dtype)
     start, chunks = 0, [None] * len(ORDER)
     for c in ORDER:
@@ -47,11 +47,14 @@ def _split(tensor, buffer_fill):
 
 def _chunked(pool):
     """(chunk 0's views, PageChunks) of a make_cache pool split by _split."""
-    k, v, ks, vs = (None if t is None else _split(t, 99 if t.dtype == torch.int8 else 7.0) for t in pool)
+    # a different gap per tensor: K, V and their scales sit at different offsets in every chunk
+    k, v, ks, vs = (None if t is None else _split(t, 99 if t.dtype == torch.int8 else 7.0, gap)
+                    for t, gap in zip(pool, (40, 56, 24, 72)))
     cols = [(k[c], ks[c] if ks else None, v[c], vs[c] if vs else None) for c in range(len(ORDER))]
     offsets = torch.tensor(page_chunks.element_offsets(cols), dtype=torch.int64)
     chunks = page_chunks.PageChunks(CHUNK_PAGES, NUM_PAGES, offsets, k, ks, v, vs)
     assert (offsets[:, 0] < 0).any() and (offsets[:, 0] > 0).any()  # chunks on both sides of 0
+    assert not torch.equal(offsets[:, 0], offsets[:, 2])  # a V read through K's column shows
     return (k[0], v[0], ks[0] if ks else None, vs[0] if vs else None), chunks
 
 
@@ -127,6 +130,7 @@ def _position_index(gen, page_tokens):
     """Rows of live pages: a 5-token prefix + tail pages; a 9-token prefix, one full tail page, then
     inline slots from 9 + page_tokens; tail pages only. Spans of 16 positions."""
     pages = _live_pages(gen, 3 * 4).view(3, 4)
+    assert len(set((pages // CHUNK_PAGES).flatten().tolist())) == 3  # every live chunk is read
     arena_table = torch.tensor([[0, 0, 0], [2, 0, 3], [0, 0, 0]], dtype=torch.int32)
     bounds = torch.tensor([[5, -5 % page_tokens, 1 << 30], [9, -9 % page_tokens, 16 + page_tokens],
                            [0, 0, 1 << 30]], dtype=torch.int32)
