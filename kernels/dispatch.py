@@ -122,12 +122,14 @@ def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx,
                                        seq_idx, kv_lens, sm_scale, k_mean=k_mean, chunks=chunks)
 
 
-def positional_attention(q, pool, arena, index, sm_scale, k_mean=None):
+def positional_attention(q, pool, arena, index, sm_scale, k_mean=None, chunks=None):
     """Keys [0, index.key_end) of every token, read by position from the pool (prefix and tail
     pages) and the arena (inline slots), in spans of fixed absolute size -> per-span partials
     (out [T, H, S, D], lse [T, H, S]); kernels/positional_attention.py. pool, arena: (k, v,
-    k_scale, v_scale) of one layer; arena None without inline slots."""
-    return _pick("positional_attention", q)(q, pool, arena, index, sm_scale, k_mean=k_mean)
+    k_scale, v_scale) of one layer; arena None without inline slots. chunks: a chunked pool's
+    PageChunks (kernels/page_chunks.py; the pool's tensors are chunk 0's) or None."""
+    return _pick("positional_attention", q)(q, pool, arena, index, sm_scale, k_mean=k_mean,
+                                            chunks=chunks)
 
 
 def exact_block_attention(q, k_cache, v_cache, block_table, seq_idx, kv_lens, sm_scale):

@@ -15,8 +15,8 @@ Invariants: every chunk has `chunk_pages` pages except the last (fewer); chunk 0
 chunk's row is 0 (chunk 0's first page: a block table never names a retired page, and a stray read
 stays inside live memory); chunk tensors are None while retired, and nothing else here holds them.
 
-The references (paged_attention_ref, write_kv_ref) read and write the chunk tensors themselves
-(`take_pages`, `put_tokens`).
+The references (paged_attention_ref, positional_attention_ref, write_kv_ref) read and write the
+chunk tensors themselves (`take_pages`, `take_tokens`, `put_tokens`).
 """
 from __future__ import annotations
 
@@ -106,6 +106,18 @@ def take_pages(tensors: tuple, chunk_pages: int, page_ids: torch.Tensor) -> torc
     for c, mask, rows in _pieces(chunk_pages, page_ids):
         assert tensors[c] is not None, f"page in retired chunk {c}"
         out[mask] = tensors[c][rows]
+    return out
+
+
+def take_tokens(tensors: tuple, chunk_pages: int, page: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    """tensors[c][p - c * chunk_pages, off] per token (page, off long, any shape): single tokens
+    gathered across chunks -> [*page.shape, *token shape]."""
+    if len(tensors) == 1:
+        return tensors[0][page, off]
+    out = tensors[0].new_empty(*page.shape, *tensors[0].shape[2:])
+    for c, mask, rows in _pieces(chunk_pages, page):
+        assert tensors[c] is not None, f"page in retired chunk {c}"
+        out[mask] = tensors[c][rows, off[mask]]
     return out
 
 

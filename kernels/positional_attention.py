@@ -9,8 +9,8 @@ function of the positions alone:
   [s * span_tokens, (s + 1) * span_tokens), walked in tiles of BLOCK_N absolute positions (BLOCK_N
   divides span_tokens), so a tile holds the same keys however the sequence is stored;
 - a tile gathers each key's address by position (positional_attention_ref.py: prefix pages, tail
-  pages, inline slots), masked loads from the pool and the arena; nothing about the segments
-  reaches the arithmetic;
+  pages, inline slots), masked loads from the pool (its chunks: kernels/page_chunks.py) and the
+  arena; nothing about the segments or chunks reaches the arithmetic;
 - prefill and decode launch the same kernel with the same constexprs (a prefill token is one more
   query token), so a position's partials are the same bits in both;
 - `merge_in_order` merges a token's spans in position order, then the exact block of the
@@ -24,6 +24,7 @@ base 2; lse in natural log.
 """
 import torch
 
+from edge_runtime.kernels import page_chunks as _chunks
 from edge_runtime.kernels import paged_decode as _pd
 from edge_runtime.kernels.positional_attention_ref import (PositionIndex, check_index,
                                                            merge_in_order_ref, positional_attention_ref)
@@ -75,17 +76,19 @@ if triton is not None:
             x = tl.where(in_arena, tl.load(aptr + arena_at, mask=in_arena, other=0.0), x)
         return x.to(tl.float32)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["chunk_pages"])
     def _positional_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, ak_ptr, av_ptr, aks_ptr, avs_ptr,
                            mean_ptr, bt_ptr, at_ptr, seq_ptr, end_ptr, bounds_ptr, out_ptr, lse_ptr,
-                           qk_scale, page_tokens, slot_tokens, span_tokens,
+                           chunk_ptr, chunk_pages, qk_scale, page_tokens, slot_tokens, span_tokens,
                            s_qt, s_qh, s_n, s_p, s_h, s_sn, s_sp, s_sh,
                            s_an, s_ap, s_asn, s_asp, s_bt, s_at, s_ot, s_oh, s_os, s_lt, s_lh,
                            H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, QUANT: tl.constexpr, MAGIC: tl.constexpr,
                            IDOT: tl.constexpr, CENTRED: tl.constexpr, INLINE: tl.constexpr):
         # program: query token t, query head h, span; K/V strides (s_n, s_p, s_h) shared by K and
-        # V, scales (s_sn, s_sp, s_sh) by both scales; the arena's the same but its block strides
+        # V, scales (s_sn, s_sp, s_sh) by both scales; the arena's the same but its block strides.
+        # The pool's pages are chunked (chunk_ptr: its offsets table, kernels/page_chunks.py), the
+        # arena is one tensor.
         pid = tl.program_id(0)
         t = pid // H
         h = pid % H
@@ -114,17 +117,19 @@ if triton is not None:
             page, off, in_pool, slot, slot_off, in_arena = _key_slots(
                 n, nmask, row, prefix, gap, inline_from, bt_ptr, s_bt, at_ptr, s_at,
                 page_tokens, slot_tokens, INLINE)
-            kv_at = page * s_n + off * s_p + kvh * s_h
+            kv_in_page = off * s_p + kvh * s_h
+            k_at = _chunks.page_start(page, chunk_ptr, chunk_pages, s_n) + kv_in_page
             akv_at = slot * s_an + slot_off * s_ap + kvh * s_h
-            k = _load_rows(k_ptr, ak_ptr, kv_at, in_pool, akv_at, in_arena, d, dmask, INLINE)
+            k = _load_rows(k_ptr, ak_ptr, k_at, in_pool, akv_at, in_arena, d, dmask, INLINE)
             if IDOT:
                 s = rows01(tl.dot(q8, tl.trans(k)), q_step)  # [BLOCK_N]
             else:
                 s = tl.sum(to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
-            sc_at = page * s_sn + off * s_sp + kvh * s_sh
+            sc_in_page = off * s_sp + kvh * s_sh
             asc_at = slot * s_asn + slot_off * s_asp + kvh * s_sh
             if QUANT:
-                ks = _load_scales(ks_ptr, aks_ptr, sc_at, in_pool, asc_at, in_arena, INLINE)
+                ks_at = _chunks.page_start(page, chunk_ptr + 1, chunk_pages, s_sn) + sc_in_page
+                ks = _load_scales(ks_ptr, aks_ptr, ks_at, in_pool, asc_at, in_arena, INLINE)
                 if CENTRED:  # a negative scale marks a centred key: |ks| q.k + q.m
                     s = s * tl.abs(ks) + tl.where(ks < 0, qm, 0.0)
                 else:
@@ -135,8 +140,10 @@ if triton is not None:
             p = tl.exp2(s - m_new)  # [BLOCK_N]
             l_i = l_i * alpha + tl.sum(p, axis=0)
             if QUANT:
-                p = p * _load_scales(vs_ptr, avs_ptr, sc_at, in_pool, asc_at, in_arena, INLINE)
-            v = _load_rows(v_ptr, av_ptr, kv_at, in_pool, akv_at, in_arena, d, dmask, INLINE)
+                vs_at = _chunks.page_start(page, chunk_ptr + 3, chunk_pages, s_sn) + sc_in_page
+                p = p * _load_scales(vs_ptr, avs_ptr, vs_at, in_pool, asc_at, in_arena, INLINE)
+            v_at = _chunks.page_start(page, chunk_ptr + 2, chunk_pages, s_n) + kv_in_page
+            v = _load_rows(v_ptr, av_ptr, v_at, in_pool, akv_at, in_arena, d, dmask, INLINE)
             if IDOT:
                 p8, p_step = split16(p)  # [16, BLOCK_N] int8
                 acc = acc * alpha + rows01(tl.dot(p8, v), p_step)  # [BLOCK_D]
@@ -196,8 +203,9 @@ def _store_args(store):
 
 
 def positional_attention_triton(q, pool, arena, index: PositionIndex, sm_scale, *, k_mean=None,
-                                tune=None):
-    """Triton kernel with positional_attention_ref's signature -> (out [T, H, S, D], lse [T, H, S])."""
+                                chunks=None, tune=None):
+    """Triton kernel with positional_attention_ref's signature -> (out [T, H, S, D], lse [T, H, S]).
+    chunks: the pool's PageChunks when it is chunked (pool: chunk 0's views; kernels/page_chunks.py)."""
     check_index(q, pool, arena, index)
     assert triton is not None, "triton is not installed"
     tune = {**TUNE, **(tune or {})}
@@ -214,12 +222,14 @@ def positional_attention_triton(q, pool, arena, index: PositionIndex, sm_scale, 
     ak, av, aks, avs = _store_args(arena) if arena is not None else (k, v, ks, vs)
     quant = k.dtype == torch.int8
     mean = q if k_mean is None else k_mean.contiguous()  # any pointer when not CENTRED
+    offsets, chunk_pages = _chunks.table_of(k, chunks)
     _positional_kernel[(t * h, s_count)](
         q, k, v, ks, vs, ak, av, aks, avs, mean, index.pool_table, index.arena_table, index.seq_idx,
-        index.key_end, index.row_bounds, out, lse, float(sm_scale) * LOG2E, k.shape[1], ak.shape[1],
-        index.span_tokens, q.stride(0), q.stride(1), *k.stride()[:3], *ks.stride()[:3],
-        *ak.stride()[:2], *aks.stride()[:2], index.pool_table.stride(0), index.arena_table.stride(0),
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        index.key_end, index.row_bounds, out, lse, offsets, chunk_pages, float(sm_scale) * LOG2E,
+        k.shape[1], ak.shape[1], index.span_tokens, q.stride(0), q.stride(1), *k.stride()[:3],
+        *ks.stride()[:3], *ak.stride()[:2], *aks.stride()[:2], index.pool_table.stride(0),
+        index.arena_table.stride(0), out.stride(0), out.stride(1), out.stride(2), lse.stride(0),
+        lse.stride(1),
         H=h, GROUP=h // k.shape[2], D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n,
         QUANT=quant, MAGIC=quant and bool(tune["magic"]), IDOT=quant and bool(tune["idot"]) and block_n >= 32,
         CENTRED=k_mean is not None, INLINE=arena is not None,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edge_runtime.kernels import page_chunks as _chunks
 from edge_runtime.kernels.quantize import dequantize_int8_keys
 
 NO_INLINE = 1 << 30  # inline_from of a row without inline slots
@@ -75,7 +76,7 @@ def check_index(q, pool, arena, index: PositionIndex) -> None:
 
 
 def _addresses(index: PositionIndex, rows, length: int, page_tokens: int, slot_tokens: int):
-    """-> (in_arena bool [t, L], pool flat slot long [t, L], arena flat slot long [t, L])."""
+    """-> (in_arena bool [t, L], (pool page, offset), (arena slot, offset)), each long [t, L]."""
     n = torch.arange(length, device=rows.device).unsqueeze(0)  # [1, L]
     p, gap, b = index.row_bounds.long()[rows].unbind(-1)  # [t] each
     vpos = torch.where(n < p[:, None], n, n + gap[:, None])
@@ -84,32 +85,47 @@ def _addresses(index: PositionIndex, rows, length: int, page_tokens: int, slot_t
     apos = (n - b[:, None]).clamp(min=0)
     arena_row = index.arena_table.long()[rows]
     slot = arena_row.gather(1, (apos // slot_tokens).clamp(max=arena_row.shape[1] - 1))
-    return n >= b[:, None], page * page_tokens + vpos % page_tokens, slot * slot_tokens + apos % slot_tokens
+    return (n >= b[:, None], (page, vpos % page_tokens), (slot, apos % slot_tokens))
 
 
-def _read(store, flat, is_key, k_mean):
-    """The float32 keys or values [t, L, Hkv, D] at flat slots `flat` of a (k, v, ks, vs) store."""
-    cache, scale = (store[0], store[2]) if is_key else (store[1], store[3])
-    x = cache.reshape(-1, *cache.shape[2:])[flat.clamp(0, cache.shape[0] * cache.shape[1] - 1)]
+def _columns(store, chunks=None):
+    """A (k, v, k_scale, v_scale) store -> ([each as (chunk tensors, chunk_pages) or None], pages):
+    a plain store is one chunk; a chunked one's tensors are `chunks`' (kernels/page_chunks.py)."""
+    if chunks is None:
+        n = store[0].shape[0]
+        return [None if t is None else ((t,), max(1, n)) for t in store], n
+    tensors = (chunks.k, chunks.v, chunks.k_scale, chunks.v_scale)
+    return [None if t is None else (t, chunks.chunk_pages) for t in tensors], chunks.num_pages
+
+
+def _read(store, at, is_key, k_mean):
+    """The float32 keys or values [t, L, Hkv, D] at (page, offset) `at` of a _columns store."""
+    columns, pages = store
+    cache, scale = (columns[0], columns[2]) if is_key else (columns[1], columns[3])
+    page, off = at[0].clamp(0, pages - 1), at[1]
+    x = _chunks.take_tokens(*cache, page, off)
     if scale is None:
         return x.float()
-    s = scale.reshape(-1, scale.shape[2])[flat.clamp(0, scale.shape[0] * scale.shape[1] - 1)]
-    return dequantize_int8_keys(x, s, k_mean if is_key else None)
+    return dequantize_int8_keys(x, _chunks.take_tokens(*scale, page, off), k_mean if is_key else None)
 
 
-def _gather(pool, arena, index, rows, length, is_key, k_mean):
-    in_arena, pool_flat, arena_flat = _addresses(
-        index, rows, length, pool[0].shape[1], arena[0].shape[1] if arena is not None else 1)
-    x = _read(pool, pool_flat, is_key, k_mean)
+def _gather(pool, arena, addresses, is_key, k_mean):
+    """pool, arena: _columns stores (arena None); addresses: _addresses'
+    -> float32 keys or values [t, L, Hkv, D]."""
+    in_arena, pool_at, arena_at = addresses
+    x = _read(pool, pool_at, is_key, k_mean)
     if arena is not None:
-        x = torch.where(in_arena[..., None, None], _read(arena, arena_flat, is_key, k_mean), x)
+        x = torch.where(in_arena[..., None, None], _read(arena, arena_at, is_key, k_mean), x)
     return x
 
 
-def positional_attention_ref(q, pool, arena, index: PositionIndex, sm_scale, k_mean=None):
-    """q [T, H, D]; pool, arena: (k, v, k_scale, v_scale) stores [N, P, Hkv, D] (arena may be None)
+def positional_attention_ref(q, pool, arena, index: PositionIndex, sm_scale, k_mean=None, chunks=None):
+    """q [T, H, D]; pool, arena: (k, v, k_scale, v_scale) stores [N, P, Hkv, D] (arena may be None);
+    chunks: the pool's PageChunks when it is chunked (pool: chunk 0's views; kernels/page_chunks.py)
     -> (out float32 [T, H, S, D], lse float32 [T, H, S]), S = index.num_spans."""
     check_index(q, pool, arena, index)
+    pool_cols, arena_cols = _columns(pool, chunks), None if arena is None else _columns(arena)
+    slot_tokens = arena[0].shape[1] if arena is not None else 1
     t_all, h, d = q.shape
     s_count, span = index.num_spans, index.span_tokens
     out = torch.zeros(t_all, h, s_count, d, dtype=torch.float32, device=q.device)
@@ -119,8 +135,9 @@ def positional_attention_ref(q, pool, arena, index: PositionIndex, sm_scale, k_m
     chunk = max(1, _MAX_GATHERED // (length * pool[0].shape[2] * d))
     for a in range(0, t_all, chunk):
         rows = index.seq_idx[a:a + chunk].long()
-        k = _gather(pool, arena, index, rows, length, True, k_mean).repeat_interleave(g, dim=2)
-        v = _gather(pool, arena, index, rows, length, False, None).repeat_interleave(g, dim=2)
+        at = _addresses(index, rows, length, pool[0].shape[1], slot_tokens)
+        k = _gather(pool_cols, arena_cols, at, True, k_mean).repeat_interleave(g, dim=2)
+        v = _gather(pool_cols, arena_cols, at, False, None).repeat_interleave(g, dim=2)
         scores = torch.einsum("thd,tlhd->thl", q[a:a + chunk].float(), k) * sm_scale  # [t, H, L]
         valid = torch.arange(length, device=q.device) < index.key_end[a:a + chunk, None].long()
         scores = scores.masked_fill(~valid[:, None, :], float("-inf")).view(-1, h, s_count, span)

@@ -1,4 +1,5 @@
-"""The pool-touching kernels (write_kv, paged_attention, paged_decode) and their torch references on
+"""The pool-touching kernels (write_kv, paged_attention, paged_decode, positional attention) and their
+torch references on
 a pool split into chunks (kernels/page_chunks.py), under TRITON_INTERPRET=1: the same results as on
 the one-tensor pool the chunks were copied from. The chunks lie in one buffer in shuffled order
 with garbage between them (so chunk offsets are positive and negative, and a read of the wrong
@@ -10,6 +11,7 @@ from kernel_helpers import HAVE_TRITON, default_scale, key_mean, make_cache
 from edge_runtime.kernels import page_chunks
 from edge_runtime.kernels.kv_write import write_kv_ref
 from edge_runtime.kernels.paged_attention import paged_attention_ref
+from edge_runtime.kernels.positional_attention_ref import PositionIndex, positional_attention_ref
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 
@@ -17,19 +19,20 @@ if HAVE_TRITON:
     from edge_runtime.kernels.kv_write import write_kv_triton
     from edge_runtime.kernels.paged_attention import paged_attention_triton
     from edge_runtime.kernels.paged_decode import paged_decode
+    from edge_runtime.kernels.positional_attention import positional_attention_triton
 
 NUM_PAGES, CHUNK_PAGES, RETIRED = 11, 3, 2  # chunks of 3, 3, 3 and 2 pages; chunk 2 retired
 LAYERS, LAYER = 2, 1
 ORDER = (3, 0, 2, 1)  # where each chunk lies in the shared buffer: chunk 3 first, ...
 
 
-def _split(tensor, buffer_fill):
+def _split(tensor, buffer_fill, gap):
     """One layer's view [N, ...] of a [N, LAYERS, ...] pool -> per-chunk views of copies of its
-    chunks, laid in one buffer in ORDER with `buffer_fill` between them (chunk RETIRED: None)."""
+    chunks, laid in one buffer in ORDER with `gap` elements of `buffer_fill` before each (chunk
+    RETIRED: None)."""
     full = tensor._base if tensor._base is not None else tensor  # [N, LAYERS, ...]
     sizes = [min(CHUNK_PAGES, NUM_PAGES - c * CHUNK_PAGES) for c in range(len(ORDER))]
     row = full[0].numel()
-    gap = 40  # elements of garbage before each chunk
     buffer = torch.full((sum(sizes) * row + gap * len(ORDER),), buffer_fill, dtype=full.dtype)
     start, chunks = 0, [None] * len(ORDER)
     for c in ORDER:
@@ -44,11 +47,14 @@ def _split(tensor, buffer_fill):
 
 def _chunked(pool):
     """(chunk 0's views, PageChunks) of a make_cache pool split by _split."""
-    k, v, ks, vs = (None if t is None else _split(t, 99 if t.dtype == torch.int8 else 7.0) for t in pool)
+    # a different gap per tensor: K, V and their scales sit at different offsets in every chunk
+    k, v, ks, vs = (None if t is None else _split(t, 99 if t.dtype == torch.int8 else 7.0, gap)
+                    for t, gap in zip(pool, (40, 56, 24, 72)))
     cols = [(k[c], ks[c] if ks else None, v[c], vs[c] if vs else None) for c in range(len(ORDER))]
     offsets = torch.tensor(page_chunks.element_offsets(cols), dtype=torch.int64)
     chunks = page_chunks.PageChunks(CHUNK_PAGES, NUM_PAGES, offsets, k, ks, v, vs)
     assert (offsets[:, 0] < 0).any() and (offsets[:, 0] > 0).any()  # chunks on both sides of 0
+    assert not torch.equal(offsets[:, 0], offsets[:, 2])  # a V read through K's column shows
     return (k[0], v[0], ks[0] if ks else None, vs[0] if vs else None), chunks
 
 
@@ -118,3 +124,41 @@ def test_write_kv_into_chunks_matches_the_flat_pool(dtype, centred):
                 if part is not None:  # bit-exact, and nothing outside the written rows moved
                     rows = t[c * CHUNK_PAGES:c * CHUNK_PAGES + part.shape[0]]
                     assert torch.equal(part, rows), (write, name, c)
+
+
+def _position_index(gen, page_tokens):
+    """Rows of live pages: a 5-token prefix + tail pages; a 9-token prefix, one full tail page, then
+    inline slots from 9 + page_tokens; tail pages only. Spans of 16 positions."""
+    pages = _live_pages(gen, 3 * 4).view(3, 4)
+    assert len(set((pages // CHUNK_PAGES).flatten().tolist())) == 3  # every live chunk is read
+    arena_table = torch.tensor([[0, 0, 0], [2, 0, 3], [0, 0, 0]], dtype=torch.int32)
+    bounds = torch.tensor([[5, -5 % page_tokens, 1 << 30], [9, -9 % page_tokens, 16 + page_tokens],
+                           [0, 0, 1 << 30]], dtype=torch.int32)
+    seq_idx = torch.tensor([0, 1, 1, 2, 0], dtype=torch.int32)
+    key_end = torch.tensor([27, 18, 35, 30, 6], dtype=torch.int32)
+    return PositionIndex(pages, arena_table, seq_idx, key_end, bounds, 16, 3)
+
+
+@pytest.mark.parametrize("dtype,centred", [(torch.int8, False), (torch.int8, True), (torch.float16, False)])
+def test_positional_attention_reads_chunked_pages_bit_for_bit(dtype, centred):
+    """Keys found by position in a chunked pool (and a one-tensor arena): the same bits as from the
+    one-tensor pool, in the reference and in the Triton kernel (its reduction order is untouched)."""
+    gen = torch.Generator().manual_seed(11)
+    d, heads, kv_heads, page_tokens = 16, 6, 2, 8
+    mean = key_mean(kv_heads, d, gen) if centred else None
+    flat = make_cache(NUM_PAGES, page_tokens, kv_heads, d, dtype, gen, layers=LAYERS, layer=LAYER,
+                      k_mean=mean)
+    arena = make_cache(4, 4, kv_heads, d, dtype, gen, k_mean=mean)
+    base, chunks = _chunked(flat)
+    index = _position_index(gen, page_tokens)
+    q = torch.randn(5, heads, d, generator=gen)
+    args, sc = (arena, index, default_scale(d)), dict(k_mean=mean)
+    want = positional_attention_ref(q, flat, *args, **sc)
+    got = positional_attention_ref(q, base, *args, **sc, chunks=chunks)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    tune = dict(tune={"block_n": 8})
+    want_t = positional_attention_triton(q, flat, *args, **sc, **tune)
+    got_t = positional_attention_triton(q, base, *args, **sc, **tune, chunks=chunks)
+    assert torch.equal(got_t[0], want_t[0]) and torch.equal(got_t[1], want_t[1])
+    assert torch.allclose(got_t[0], want[0], atol=2e-2, rtol=2e-2)  # and it is attention
+    assert torch.equal(torch.isfinite(got_t[1]), torch.isfinite(want[1]))

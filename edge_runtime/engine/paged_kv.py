@@ -252,7 +252,7 @@ class PagedKVContext(StepKVContext):
         p_out, p_lse = read_by_position(
             q, (pool.k_cache, pool.v_cache, pool.k_scale, pool.v_scale),
             None if arena is None else (arena.k_cache, arena.v_cache, arena.k_scale, arena.v_scale),
-            self.index, self.sm_scale, k_mean=pool.k_mean)
+            self.index, self.sm_scale, k_mean=pool.k_mean, chunks=pool.chunks)
         extra = None
         if exact is not None:
             extra = exact_block_attention(q, *exact, *self.exact[6:], self.sm_scale)
