@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 CASES = [
     ("turn off the kitchen lights", "set_light", {"device": "kitchen lights", "state": "off"}),
@@ -43,7 +42,9 @@ def main() -> None:
     from edge_runtime.voice.loop import action_params
     from edge_runtime.voice.prompting import encode_text, load_system_prompt, render
 
-    torch.set_num_threads(1)
+    from edge_runtime.kernels.cpu_threads import configure
+
+    configure(pinned=1)
     system = load_system_prompt(Path(sys.argv[1]))
     loaded = load_model(DEFAULT_MODEL)
     prepare_model(loaded.model, select_backend("cpu", "cpu"))

@@ -98,7 +98,9 @@ def run(args) -> int:
     batches = parse_int_list(args.batch, "--batch")
     check_min(args, prompt_tokens=1, gen_tokens=1, repeat=1, threads=1)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from edge_runtime.kernels.cpu_threads import configure
+
+        configure(pinned=args.threads)
     models = {"fp32": load_model(args.model, weights="fp32"), "awq": load_model(args.awq)}
     if models["awq"].quantization == "none":
         raise ConfigError(f"{args.awq} is not an AWQ checkpoint; make one with `edge-runtime quantize`")
