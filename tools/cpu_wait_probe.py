@@ -6,7 +6,7 @@ when the OpenMP runtime loads); cells are interleaved round by round so a drifti
 them alike, and the table shows medians over rounds. `--busy N` spawns N processes that spin on a
 core each for the busy cells. `threads auto` is the policy's own choice (kernels/cpu_threads.py).
 
-    .venv/bin/python tools/cpu_wait_probe.py [--rounds 3 --policies active,passive
+    .venv/bin/python tools/cpu_wait_probe.py [--rounds 3 --policies default,passive,spin=10000
         --threads 1,2,auto --busy 0,1 --batch 1,5 --prompt-tokens 128 --gen-tokens 32] [--json F]
 """
 import argparse
@@ -21,9 +21,20 @@ from itertools import product
 from edge_runtime.bench.busy import BusyLoad
 
 
+def policy_env(policy: str) -> dict:
+    """The environment of a cell: `default` (libgomp's: spin a while, then sleep), `active` (spin
+    only), `passive` (sleep at once) or `spin=N` (GOMP_SPINCOUNT=N spins, then sleep)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if policy.startswith("spin="):
+        env["GOMP_SPINCOUNT"] = policy[len("spin="):]
+    elif policy != "default":
+        env["OMP_WAIT_POLICY"] = policy
+    return env
+
+
 def run_cell(policy: str, threads: str, args) -> list[dict]:
     """One bench engine run; its rows (per batch)."""
-    env = dict(os.environ, OMP_WAIT_POLICY=policy)
+    env = policy_env(policy)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, "-m", "edge_runtime", "bench", "engine", "--weights", args.weights,
                "--batch", args.batch, "--prompt-tokens", str(args.prompt_tokens),
@@ -38,7 +49,8 @@ def run_cell(policy: str, threads: str, args) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--policies", default="active,passive")
+    ap.add_argument("--policies", default="default,passive,spin=10000",
+                    help="comma-separated: default, active, passive, spin=N")
     ap.add_argument("--threads", default="1,2,auto")
     ap.add_argument("--busy", default="0,1")
     ap.add_argument("--weights", default="gguf")
