@@ -20,6 +20,7 @@ MINIMAL = {
     "grammar": ["--model", NO_MODEL],
     "linear": ["--model", NO_MODEL, "--bandwidth-mib", "1"],
     "logits": ["--model", NO_MODEL],
+    "peer": ["--llama-server", "/nonexistent-llama-server"],
     "service": ["--model", NO_MODEL],
     "startup": ["--model", NO_MODEL],
     "step": ["--model", NO_MODEL],
@@ -110,6 +111,10 @@ BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
     ("grammar", ["--batch", "1,,5"], "--batch"),
     ("grammar", ["--gen-tokens", "1"], "--gen-tokens"),
     ("grammar", ["--repeat", "0"], "--repeat"),
+    ("peer", ["--busy", "0,x"], "--busy"),
+    ("peer", ["--rounds", "0"], "--rounds"),
+    ("peer", ["--slot-context", "8"], "--slot-context"),
+    ("peer", [], "--llama-server"),
 ]
 
 

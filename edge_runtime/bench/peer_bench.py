@@ -170,10 +170,10 @@ def report(summary: list[dict], cmp_rows: list[dict]) -> None:
 
 
 def run(args) -> int:
-    binary, gguf, traces = check_paths(args)
     busy = parse_busy(args.busy)
     if args.rounds < 1 or args.np < 1 or args.slot_context < 64:
         raise InputError("--rounds and --np must be at least 1, --slot-context at least 64")
+    binary, gguf, traces = check_paths(args)
     workdir = Path(tempfile.mkdtemp(prefix="edge-bench-peer-"))
     specs = _specs(args, binary, gguf, workdir)
     meta = {"bench": "peer", "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
