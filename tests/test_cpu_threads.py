@@ -142,3 +142,42 @@ def test_before_step_applies_the_choice_to_torch(monkeypatch):
     finally:
         cpu_threads.configure()
         torch.set_num_threads(before)
+
+
+def test_thread_count_changing_between_steps_changes_no_logit(monkeypatch):
+    """The policy may change the count between any two steps; the logits of every position stay
+    the same bit for bit (C kernels and the BLAS prefill of the 60-token prompt alike)."""
+    import itertools
+
+    import torch
+
+    from edge_runtime.engine import engine as engine_module
+    from engine_helpers import engine_for, greedy, tiny, tiny_prompts
+
+    prompts = tiny_prompts([9, 60, 37], seed=81)
+    seen: dict[str, dict] = {}
+    threads_seen: dict[str, set] = {}
+    real = engine_module.sample
+
+    def sample(logits, rows):
+        threads_seen.setdefault(name, set()).add(torch.get_num_threads())
+        for i, row in enumerate(rows):
+            seen[name][tuple(row.seen_ids)] = logits[i].clone()
+        return real(logits, rows)
+
+    monkeypatch.setattr(engine_module, "sample", sample)
+    try:
+        for name, counts in (("one", [1]), ("two", [2]), ("alternating", [2, 1, 1, 2])):
+            seen[name] = {}
+            gov = cpu_threads.configure(pinned=1)
+            sizes = itertools.cycle(counts)
+            monkeypatch.setattr(gov, "update", lambda: next(sizes))
+            eng = engine_for(tiny(), kv_dtype="int8", page_tokens=16, num_pages=64)
+            eng.generate(prompts, greedy(8, ignore_eos=True))
+    finally:
+        cpu_threads.configure(pinned=1)  # as engine_helpers set it for the other tests
+    assert threads_seen == {"one": {1}, "two": {2}, "alternating": {1, 2}}
+    assert seen["one"].keys() == seen["two"].keys() == seen["alternating"].keys()
+    for name in ("two", "alternating"):
+        differ = [len(c) for c, row in seen[name].items() if not torch.equal(row, seen["one"][c])]
+        assert not differ, f"{name}: logits differ at context lengths {differ}"
