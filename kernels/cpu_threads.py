@@ -4,9 +4,9 @@ Why: a step is one OpenMP region whose phases end in barriers (kernels/csrc/deco
 torch op is a region of its own. When another program takes one of the cores the team runs on, every
 barrier waits for the thread that shares its core with that program: the step runs at the speed of
 the slowest time slice, and the other threads wait (spinning: burning the core the descheduled
-thread needs). Measured on a 2-vCPU VM with one spinning process (tools/cpu_wait_probe.py, docs/perf.md
-"Co-located load"): two threads lose far more than the half of the CPU they lost, one thread
-keeps close to all the speed one free core gives. So the team is sized to the cores actually free:
+thread needs). On a 2-vCPU VM with busy cores two spinning threads decoded ~1 token/s where one
+thread decoded 10-16 (tools/cpu_wait_probe.py, docs/perf.md "The CPU thread team under co-located
+load"). So the team is sized to the cores actually free:
 
     threads = clamp(round(allowed - taken_by_others), 1, cap)
 
