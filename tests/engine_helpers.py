@@ -15,13 +15,14 @@ from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.backend import prepare_model, select_backend
 from edge_runtime.engine.config import EngineConfig
 from edge_runtime.engine.engine import Engine
+from edge_runtime.kernels import cpu_threads
 from edge_runtime.model.loader import load_model
 
 TINY_VOCAB = 49152  # SmolLM2's tokenizer size, so text prompts work on the tiny model too
 # On a loaded 2-core machine torch's 2-thread pool spins against other processes: a 64x64 linear
 # took 10 ms with 2 threads vs 12 us with 1 (measured under load average 11). One thread keeps
 # these tests' run time stable.
-torch.set_num_threads(1)
+cpu_threads.configure(pinned=1)  # the CPU back end re-applies it before every step
 _TMP = tempfile.TemporaryDirectory(prefix="edge-engine-tests-")
 
 

@@ -21,6 +21,7 @@ MINIMAL = {
     "linear": ["--model", NO_MODEL, "--bandwidth-mib", "1"],
     "linear-rows": ["--rows", "1", "--k", "16", "--n", "16", "--copies", "1", "--repeat", "1"],
     "logits": ["--model", NO_MODEL],
+    "peer": ["--llama-server", "/nonexistent-llama-server"],
     "service": ["--model", NO_MODEL],
     "startup": ["--model", NO_MODEL],
     "step": ["--model", NO_MODEL],
@@ -117,6 +118,10 @@ BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
     ("grammar", ["--batch", "1,,5"], "--batch"),
     ("grammar", ["--gen-tokens", "1"], "--gen-tokens"),
     ("grammar", ["--repeat", "0"], "--repeat"),
+    ("peer", ["--busy", "0,x"], "--busy"),
+    ("peer", ["--rounds", "0"], "--rounds"),
+    ("peer", ["--slot-context", "8"], "--slot-context"),
+    ("peer", [], "--llama-server"),
 ]
 
 

@@ -15,7 +15,7 @@ from edge_runtime.engine.kv_storage import KVStorage
 from edge_runtime.engine.backend import CpuBackend
 from edge_runtime.engine.flat_kv import FlatKVContext
 from edge_runtime.engine.paged_kv import SeqStep
-from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native, hadamard
+from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native, cpu_threads, hadamard
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
 from edge_runtime.model.linear_packing import pack_linears
 from edge_runtime.model.loader import load_model
@@ -79,15 +79,15 @@ def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0,
     ctx = FlatKVContext(st, steps, sm_scale=cfg.head_dim ** -0.5)
     ids = torch.tensor([5 + 7 * i for i in range(len(steps))])
     positions = torch.tensor([s.start for s in steps])
-    keep, before = model.fused_decoder, torch.get_num_threads()
+    keep = model.fused_decoder
     try:
-        torch.set_num_threads(threads)
         if not fused:
             model.fused_decoder = None
-        logits = CpuBackend(torch.device("cpu")).forward(model, ids, positions, ctx, None)
+        with cpu_threads.pinned_threads(threads):  # the back end applies the policy's count
+            logits = CpuBackend(torch.device("cpu")).forward(model, ids, positions, ctx, None)
+            assert torch.get_num_threads() == threads
     finally:
         model.fused_decoder = keep
-        torch.set_num_threads(before)
     return logits, st
 
 

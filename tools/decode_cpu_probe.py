@@ -14,8 +14,6 @@ import random
 import statistics
 import time
 
-import torch
-
 
 def decode_rates(engine, vocab: int, rng: random.Random, gen_tokens: int) -> tuple[float, float]:
     from edge_runtime.bench.engine_runs import random_prompts
@@ -38,7 +36,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--gen-tokens", type=int, default=64)
     args = p.parse_args()
-    torch.set_num_threads(1)
+    from edge_runtime.kernels.cpu_threads import configure
+
+    configure(pinned=1)
     forms = {f: load(args.model, f) for f in ("gguf", "fp32")}
     engines = {f: build_engine(lm, "edge", max_batch=1, max_tokens=64 + args.gen_tokens)
                for f, lm in forms.items()}

@@ -106,15 +106,13 @@ def format_ratios(ratios: list[dict]) -> list[str]:
 
 
 def set_threads(threads: int | None) -> None:
-    """Pin torch's intra-op threads; on a busy machine fewer threads than cores avoids OpenMP
-    barrier stalls (each parallel op waits for a descheduled worker: milliseconds per op)."""
-    if threads is None:
-        return
-    if threads < 1:
+    """Pin the CPU team to `threads` (None: the default policy, sized to the cores other programs
+    leave free, kernels/cpu_threads.py), for this process's CPU back end and torch."""
+    if threads is not None and threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}")
-    import torch
+    from edge_runtime.kernels import cpu_threads
 
-    torch.set_num_threads(threads)
+    cpu_threads.configure(pinned=threads)
 
 
 def _progress(msg: str) -> None:
@@ -220,6 +218,7 @@ def register_subcommand(subparsers) -> None:
                    help="tensor size for the read-bandwidth roofline (>> last-level cache)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice, usually the core count)")
+                   help="CPU threads, fixed (default: the cores other programs leave free, "
+                        "re-checked every second)")
     p.add_argument("--json", help="write all rows and the machine description here")
     p.set_defaults(func=run)

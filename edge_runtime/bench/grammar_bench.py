@@ -173,6 +173,6 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--batch", default="1,5", help="comma-separated batch sizes")
     p.add_argument("--gen-tokens", type=int, default=48)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads, fixed (default: the free cores)")
     p.add_argument("--json", help="write all rows and the machine description here")
     p.set_defaults(func=run)

@@ -112,7 +112,11 @@ class OpenAIChatBackend:
         import aiohttp
 
         if self._session is None:
-            connector = aiohttp.UnixConnector(path=self.socket_path) if self.socket_path else None
+            # one connection per request: llama-server (cpp-httplib) closes an idle keep-alive
+            # connection after 5 s, and a POST sent on such a pooled connection fails ("Can not
+            # write request body") where a closed-loop replay's think time exceeds that
+            connector = (aiohttp.UnixConnector(path=self.socket_path, force_close=True)
+                         if self.socket_path else aiohttp.TCPConnector(force_close=True))
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=aiohttp.ClientTimeout(
                     total=self.timeout_s, sock_connect=self.connect_timeout_s)

@@ -332,7 +332,8 @@ def register_subcommand(subparsers) -> None:
                    help="int8 systems: positions per sequence read exact (default: the engine's; "
                         "0: off; engine/recent_window.py)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads in every system (default: torch's choice)")
+                   help="CPU threads in every edge system, fixed (default: the cores other "
+                        "programs leave free, re-checked every second)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run every system in this process (faster; peak RSS then accumulates)")
     p.add_argument("--from-json", help="comma-separated --json files of earlier runs: report them "

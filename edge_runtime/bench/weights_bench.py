@@ -21,7 +21,7 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads, fixed (default: the free cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write all rows and the machine description here")
     p.set_defaults(func=run)
@@ -98,7 +98,9 @@ def run(args) -> int:
     batches = parse_int_list(args.batch, "--batch")
     check_min(args, prompt_tokens=1, gen_tokens=1, repeat=1, threads=1)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from edge_runtime.kernels.cpu_threads import configure
+
+        configure(pinned=args.threads)
     models = {"fp32": load_model(args.model, weights="fp32"), "awq": load_model(args.awq)}
     if models["awq"].quantization == "none":
         raise ConfigError(f"{args.awq} is not an AWQ checkpoint; make one with `edge-runtime quantize`")

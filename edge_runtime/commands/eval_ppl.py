@@ -67,7 +67,8 @@ def register(subparsers) -> None:
                    help="also compare greedy continuations on N built-in chat prompts")
     p.add_argument("--agreement-tokens", type=int, default=32, help="tokens per continuation")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (0: torch's default; 1 is fastest on a busy 2-core box)")
+                   help="CPU threads, fixed (0: the cores other programs leave free, re-checked every "
+                        "second)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--out", help="also write the JSON report to this file")
     add_placement_arguments(p)
@@ -226,7 +227,9 @@ def run(args) -> int:
 
     dtypes = _dtypes(args.kv_dtype)
     if args.threads > 0:
-        torch.set_num_threads(args.threads)
+        from edge_runtime.kernels.cpu_threads import configure
+
+        configure(pinned=args.threads)
     if args.window < 2 or args.page_tokens < 1 or args.chunk < 0:
         raise RequestError("--window must be >= 2, --page-tokens >= 1 and --chunk >= 0")
     if args.recent_window is not None and args.recent_window < 0:

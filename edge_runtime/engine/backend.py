@@ -61,6 +61,9 @@ class CpuBackend:
         return HostSampler(transfers)
 
     def forward(self, model, ids, positions, ctx, last_rows, num_positions=None) -> torch.Tensor:
+        from edge_runtime.kernels.cpu_threads import before_step
+
+        before_step()  # the team sized to the cores other programs leave free (cpu_threads.py)
         fused_args = None
         if model.fused_decoder is not None:
             fused_args = ctx.native_decode_args(model.config.num_heads, model.config.head_dim)

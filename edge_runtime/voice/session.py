@@ -54,10 +54,21 @@ def engine_config(num_streams: int, budget, loaded, placement):
     return EngineConfig(**overrides)
 
 
+def _engine_threads(config: VoiceConfig) -> str:
+    """Set the engine's CPU team policy: cpu.engine_threads pins it; 0 adapts it to the cores
+    other programs leave free, at most the cores left after ASR (kernels/cpu_threads.py)."""
+    from edge_runtime.kernels import cpu_threads
+
+    cap = config.resolved_engine_threads()
+    if config.engine_threads:
+        cpu_threads.configure(pinned=cap)
+        return f"{cap} thread(s)"
+    cpu_threads.configure(cap=cap)
+    return f"up to {cap} thread(s), fewer while other programs take cores"
+
+
 def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str | None,
                   device: str, progress: Callable[[str], None], backend: str | None = None):
-    import torch
-
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
     from edge_runtime.engine.placement import load_for, resolve
@@ -66,9 +77,8 @@ def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str
         from edge_runtime.budget import load_budget
 
         budget = load_budget(budget)
-    threads = config.resolved_engine_threads()
-    torch.set_num_threads(threads)
-    progress(f"CPU split: engine {threads} torch thread(s); ASR {config.asr_workers} worker(s) x "
+    threads = _engine_threads(config)
+    progress(f"CPU split: engine {threads}; ASR {config.asr_workers} worker(s) x "
              f"{config.asr_threads} thread(s)")
     placement = resolve(device, backend, budget or None)
     progress(f"loading model {model} on the {placement.backend} back end ({placement.device}) ...")
