@@ -151,13 +151,13 @@ def test_thread_count_changing_between_steps_changes_no_logit(monkeypatch):
 
     import torch
 
-    from edge_runtime.engine import engine as engine_module
+    from edge_runtime.engine import sampler as sampler_module
     from engine_helpers import engine_for, greedy, tiny, tiny_prompts
 
     prompts = tiny_prompts([9, 60, 37], seed=81)
     seen: dict[str, dict] = {}
     threads_seen: dict[str, set] = {}
-    real = engine_module.sample
+    real = sampler_module.sample
 
     def sample(logits, rows):
         threads_seen.setdefault(name, set()).add(torch.get_num_threads())
@@ -165,7 +165,7 @@ def test_thread_count_changing_between_steps_changes_no_logit(monkeypatch):
             seen[name][tuple(row.seen_ids)] = logits[i].clone()
         return real(logits, rows)
 
-    monkeypatch.setattr(engine_module, "sample", sample)
+    monkeypatch.setattr(sampler_module, "sample", sample)  # HostSampler's
     try:
         for name, counts in (("one", [1]), ("two", [2]), ("alternating", [2, 1, 1, 2])):
             seen[name] = {}
