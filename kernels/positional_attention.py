@@ -32,7 +32,8 @@ triton = _pd.triton
 if triton is not None:
     import triton.language as tl
 
-    from edge_runtime.kernels.paged_decode import rows01 as _rows01, split16 as _split16, to_f32 as _to_f32
+    from edge_runtime.kernels.paged_decode import (rows01 as _rows01, split16 as _split16,
+                                                   to_f32 as _to_f32)
 
 LOG2E = 1.4426950408889634
 # span_tokens: fixed, never derived from the device (it is part of the reduction order). Not yet

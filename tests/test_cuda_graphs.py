@@ -60,11 +60,15 @@ def test_padded_context_has_the_shapes_fixed_and_padding_rows_read_and_write_not
     shape = DecodeShape.for_storage(st, 8, max_positions=100)
     padded, empty = PagedKVContext(st, steps, 1.0, shape), PagedKVContext(st, [], 1.0, shape)
     got, static = padded.metadata(), empty.metadata()
-    assert {k: (v.dtype, v.shape) for k, v in got.items()} == {k: (v.dtype, v.shape) for k, v in static.items()}
+    def layout(parts):
+        return {name: (t.dtype, t.shape) for name, t in parts.items()}
+
+    assert layout(got) == layout(static)
     eager = PagedKVContext(st, steps, 1.0)
     idx, n = padded.index, len(steps)
     assert padded.num_tokens == 8 and idx.num_spans == shape.num_spans == empty.index.num_spans
-    assert idx.pool_table.shape == (8, shape.pool_pages) and idx.arena_table.shape == (8, shape.arena_slots)
+    assert idx.pool_table.shape == (8, shape.pool_pages)
+    assert idx.arena_table.shape == (8, shape.arena_slots)
     assert idx.key_end.tolist() == eager.index.key_end.tolist() + [0] * 4
     assert idx.seq_idx.tolist() == list(range(8))
     assert idx.row_bounds[n:].tolist() == [[0, 0, NO_INLINE]] * 4
@@ -91,7 +95,8 @@ def test_padded_context_gives_the_real_rows_the_eager_attention_bits():
         t.copy_(torch.randint(-127, 128, t.shape, generator=g, dtype=torch.int8))
     st.window.k.copy_(torch.randn(st.window.k.shape, generator=g))
     st.window.v.copy_(torch.randn(st.window.v.shape, generator=g))
-    q, k, v = torch.randn(8, H, D, generator=g), torch.randn(8, HKV, D, generator=g), torch.randn(8, HKV, D, generator=g)
+    q = torch.randn(8, H, D, generator=g)
+    k, v = torch.randn(8, HKV, D, generator=g), torch.randn(8, HKV, D, generator=g)
     shape = DecodeShape.for_storage(st, 8, max_positions=100)
     with dispatch.prefer_triton():
         eager = PagedKVContext(st, steps, D ** -0.5).attend(0, q[:4], k[:4], v[:4])
@@ -110,7 +115,8 @@ def _eager_and_padded_logits(engine, prompts):
         if len(ids) != len(steps):  # a prefill: once, eagerly
             return forward(ids, steps, rows)
         engine.graphs = None
-        engine.backend.context = lambda *a: engine.decode_contexts.append(context(*a)) or engine.decode_contexts[-1]
+        engine.backend.context = lambda *a: engine.decode_contexts.append(context(*a)) or \
+            engine.decode_contexts[-1]
         eager = forward(ids, steps, rows).clone()
         engine.graphs, engine.backend.context = graphs, context
         pairs.append((eager, forward(ids, steps, rows).clone()))
