@@ -87,7 +87,7 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple] = {}  # bucket -> (CUDAGraph, static logits)
         self.counters = dict(graph_steps=0, padded_eager_steps=0, eager_steps=0,
                              capture_s=0.0, capture_bytes=0)
-        no_rows = {"ids": torch.zeros(0, dtype=torch.long), "positions": torch.zeros(0, dtype=torch.long)}
+        no_rows = {name: torch.zeros(0, dtype=torch.long) for name in ("ids", "positions")}
         for b in self.buckets:
             # an all-padding step: the bucket's names and shapes (sizes the buffer; captured)
             ctx = PagedKVContext(storage, [], sm_scale, shapes[b])
