@@ -5,7 +5,8 @@
   included), the one-call C layer stack (kernels/cpu_decoder.py).
 - CUDA back end: the paged store read per segment (engine/paged_kv.py) by the Triton kernels of
   kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), AWQ
-  layers through the W4A16 Triton kernel. On a CPU device (`--device cpu --backend cuda`) it runs
+  layers through the W4A16 Triton kernel, a GGUF's own int4/int8 blocks (QuantLinear) through
+  the blocked W4A16 Triton kernel (kernels/blocked_w4a16.py) on the bytes the CPU kernels read. On a CPU device (`--device cpu --backend cuda`) it runs
   the same code on CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for
   tests; CI shows with it that the two back ends agree.
 
@@ -80,13 +81,17 @@ class CudaBackend:
 
     def prepare_model(self, model) -> None:
         """Nothing to convert: the loader already placed the weights in the back end's dtype
-        (placement.load_for) and AWQ layers in the W4A16 kernel's layout. A model packed for
-        the CPU kernels (a GGUF served from its int4 blocks, fp32 c-blocked linears) is refused:
-        this back end does not run that format."""
-        if getattr(model, "linears_packed", 0):
-            raise ConfigError("this model's linears are packed for the CPU kernels (a GGUF served "
-                              "from its int4 blocks, or c-blocked fp32); the CUDA back end loads "
-                              "a GGUF's float conversion: load it with --weights fp32 (or auto)")
+        (placement.load_for), AWQ layers in the W4A16 kernel's layout, and a GGUF's own blocks
+        as QuantLinear modules, which run the blocked W4A16 Triton kernel on this back end
+        (kernels/cpu_int4.py). fp32 linears packed for the CPU kernels (c-blocked / oneDNN
+        PackedLinear) are refused: this back end does not run that format."""
+        from edge_runtime.kernels.cpu_linear import PackedLinear
+
+        if any(isinstance(m, PackedLinear) for m in model.modules()):
+            raise ConfigError("this model's float linears are packed for the CPU kernels (c-blocked "
+                              "or oneDNN); load the model again for the CUDA back end "
+                              "(placement.load_for)")
+        model.fused_decoder = None  # the CPU back end's C layer stack
 
     def context(self, storage, steps, sm_scale: float):
         from edge_runtime.engine.paged_kv import PagedKVContext
@@ -108,6 +113,7 @@ class CudaBackend:
             "merge_attention": "triton merge_attention",
             "decode_step": "torch-layers",
             "awq_gemm": "triton awq_gemm_prepared",
+            "quant_linear": "triton blocked_gemm",  # a GGUF's own blocks (QuantLinear)
         }
         mode = "triton-interpreter" if self.interpreted else "compiled"
         return {"backend": self.name, "device": str(self.device), "triton": mode, "kernels": kernels}

@@ -213,8 +213,10 @@ def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
 
 def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, device: str) -> bool:
     """Whether to serve a GGUF from its own quantized blocks (model/gguf_int4.py) rather than
-    its float32 conversion. auto: yes on the CPU back end with float32 activations and the C
-    kernels built (without them the blocks would be dequantized per call)."""
+    its float conversion. gguf: yes, in any activation dtype on any device (the CPU back end
+    runs float32 through the C kernels, the CUDA back end any dtype through the Triton kernel).
+    auto: yes on a CUDA device; on the CPU with float32 activations when the C kernels build
+    (without them the blocks would be dequantized per call)."""
     if weights not in WEIGHTS:
         raise ModelLoadError(f"unknown --weights {weights!r}; use one of {', '.join(WEIGHTS)}")
     if weights == "fp32":
@@ -223,18 +225,35 @@ def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, dev
         if weights == "gguf":
             raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
         return False
-    if str(device) != "cpu" or dtype != torch.float32:
-        if weights == "gguf":
-            raise ModelLoadError("--weights gguf runs on the CPU back end with float32 activations "
-                                 "only; use --weights fp32 on cuda or with --dtype")
-        return False
+    if weights == "gguf" or str(device) != "cpu":
+        return True
     from edge_runtime.kernels import cpu_native
 
-    return weights == "gguf" or cpu_native.library() is not None
+    return dtype == torch.float32 and cpu_native.library() is not None
 
 
-def load_from_blocks(source: Path, progress: Callable[[str], None] | None):
-    """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache)."""
+def place(model: nn.Module, dtype: torch.dtype, device: str) -> None:
+    """Put a model built on the CPU in float32 onto `device` with `dtype` activations: the
+    quantized bytes move as they are, norms (and float embeddings / heads) take `dtype`, the
+    quantized embedding returns `dtype` rows, and the C layer stack (CPU float32 only) goes."""
+    if dtype == torch.float32 and str(device) == "cpu":
+        return
+    placed: dict[int, nn.Parameter] = {}  # a tied head keeps sharing its embedding's parameter
+    for module in model.modules():
+        if isinstance(module, QuantEmbedding):
+            module.dtype = dtype
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in placed:
+                placed[id(param)] = nn.Parameter(param.data.to(device, dtype), False)
+            setattr(module, name, placed[id(param)])
+    model.to(device)  # buffers: quantized bytes and parameters keep their dtypes, rope tables too
+    model.fused_decoder = None
+
+
+def load_from_blocks(source: Path, progress: Callable[[str], None] | None,
+                     dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache),
+    on `device` with `dtype` activations (`place`)."""
     from edge_runtime.model.gguf_convert import gguf_architecture
     from edge_runtime.model.loader import (LoadedModel, load_tokenizer, read_model_config,
                                            resolve_model_folder, weight_bytes_of)
@@ -243,5 +262,6 @@ def load_from_blocks(source: Path, progress: Callable[[str], None] | None):
     config = read_model_config(folder)
     tokenizer = load_tokenizer(folder)
     model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
+    place(model, dtype, device)
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
                        weight_bytes=weight_bytes_of(model), quantization=quantization)

@@ -302,7 +302,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     check_device(device)
     source = gguf_source(name_or_path)
     if serve_from_blocks(weights, source, dtype, device):
-        return load_from_blocks(source, progress)
+        return load_from_blocks(source, progress, dtype, device)
     folder = fp32_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)
