@@ -40,10 +40,11 @@ def blocked_gemm_ref(x: torch.Tensor, weight: BlockedQuantWeight) -> torch.Tenso
 
 if triton is not None:
     @triton.jit
-    def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, y_ptr, M, N, NB, K, KG, group_size,
+    def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, y_ptr, M, N, K, group_size,
                              s_xm, s_ym, BITS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_NT: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        NB, KG = (N + 15) // 16, K // group_size  # derived here: fewer arguments to specialise on
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
         cols = pid_n * BLOCK_NT + tl.arange(0, BLOCK_NT)  # [BN]: output rows of W
         block, lane = cols // 16, cols % 16
@@ -96,7 +97,7 @@ def blocked_gemm_triton(x: torch.Tensor, weight: BlockedQuantWeight, *, block_m:
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     offsets = weight.offsets if weight.offsets is not None else weight.scales  # unread then
     grid = (triton.cdiv(m, block_m), triton.cdiv(nb * BLOCK_N, block_n))
-    _blocked_gemm_kernel[grid](x, weight.data, weight.scales, offsets, y, m, n, nb, k, k // g, g,
+    _blocked_gemm_kernel[grid](x, weight.data, weight.scales, offsets, y, m, n, k, g,
                                x.stride(0), y.stride(0), BITS=weight.bits,
                                HAS_OFFSETS=weight.offsets is not None, BLOCK_M=block_m,
                                BLOCK_NT=block_n, BLOCK_K=block_k)

@@ -25,10 +25,7 @@ ARCHES = (87, 90)
 # launched by a wrapper the engine never calls: its W4A16 is awq_gemm_prepared
 # (quant/awq_linear.py); awq_gemm.py's kernels serve the GPU sweeps and cross-checks
 NOT_LAUNCHED_BY_ENGINE = {"awq_gemm._awq_gemm_kernel", "awq_gemm._sum_splits_kernel",
-                          "awq_gemm._awq_dequant_kernel",
-                          # the W4A16 kernel on the CPU back end's blocked int4 layout: tested under
-                          # the interpreter, not yet launched by the CUDA back end
-                          "blocked_w4a16._blocked_gemm_kernel"}
+                          "awq_gemm._awq_dequant_kernel"}
 
 triton = pytest.importorskip("triton", reason="the gpu extra (triton) is not installed")
 
