@@ -59,10 +59,12 @@ def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
     return total
 
 
-def model_for_plan(name: str, weight_dtype: str, weights: str = "auto"):
+def model_for_plan(name: str, weight_dtype: str, weights: str = "auto", device: str = "cpu"):
     """(model config or shape, weight bytes, display name). A GGUF model counts what serving it
-    holds: its blocks in the runtime's int4/int8 form (model/gguf_int4.py; `weights` "auto" or
-    "gguf"), or with "fp32" every tensor at `weight_dtype`; neither converts the file."""
+    on `device` with `weight_dtype` activations holds (the loader's own choice,
+    gguf_int4.serve_from_blocks): its blocks in the runtime's int4/int8 form with float tensors at
+    `weight_dtype` (model/gguf_int4.py), or its float conversion, every tensor at `weight_dtype`;
+    neither converts the file."""
     from edge_runtime.plan import DTYPE_BYTES, REFERENCE_MODELS, estimate_weight_bytes
 
     if name in REFERENCE_MODELS:
@@ -75,7 +77,8 @@ def model_for_plan(name: str, weight_dtype: str, weights: str = "auto"):
     config = read_model_config(folder)
     source = gguf_source(name)
     if source is not None:
-        return config, gguf_weight_bytes(source, weights, DTYPE_BYTES[weight_dtype]), name
+        blocks = gguf_blocks_served(source, weights, weight_dtype, device)
+        return config, gguf_weight_bytes(source, blocks, DTYPE_BYTES[weight_dtype]), name
     return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name
 
 
@@ -112,12 +115,23 @@ def format_unit_limits(u: dict) -> str:
     return "\n".join(f"{k:<48}  {v}" for k, v in rows)
 
 
-def gguf_weight_bytes(source: Path, weights: str, float_bytes: int) -> int:
+def gguf_blocks_served(source: Path | None, weights: str, weight_dtype: str, device: str) -> bool:
+    """Whether loading `source` with `weights` on `device` serves its own blocks (the loader's
+    rule; planning needs no GPU: a cuda device is not opened)."""
+    import torch
+
+    from edge_runtime.engine.placement import TORCH_DTYPES
+    from edge_runtime.model.gguf_int4 import serve_from_blocks
+
+    return serve_from_blocks(weights, source, getattr(torch, TORCH_DTYPES[weight_dtype]), device)
+
+
+def gguf_weight_bytes(source: Path, blocks: bool, float_bytes: int) -> int:
     from edge_runtime.model.gguf_int4 import planned_weight_bytes
     from edge_runtime.model.gguf_tensors import GGUFTensors
 
-    if weights != "fp32":
-        return planned_weight_bytes(source)
+    if blocks:
+        return planned_weight_bytes(source, float_bytes)
     return sum(float_bytes * math.prod(i.shape) for i in GGUFTensors(source).infos.values())
 
 
@@ -160,7 +174,8 @@ def run(args) -> int:
     placement = resolve(args.device, args.backend, budget, need_device=False)
     weights = model_weights(placement, args.weights)
     print(f"reading model {args.model} ...", file=sys.stderr)
-    config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype, weights)
+    config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype, weights,
+                                                placement.device)
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
     unit = unit_limits_for(budget, plan, args.memory_high, args.memory_max)
     backend = describe_backend(placement)
@@ -168,22 +183,23 @@ def run(args) -> int:
         print(json.dumps({**plan.as_dict(), **placement.describe(), "unit_limits": unit,
                           "kernel_backends": backend}, indent=2))
     else:
-        print(format_plan(plan, placement, weights_form(args.model, weights)))
+        print(format_plan(plan, placement, weights_form(args.model, weights, placement)))
         print(format_unit_limits(unit))
         print(f"kernels of the {backend['backend']} back end: "
               + ", ".join(f"{op}={b}" for op, b in backend["kernels"].items()))
     return 0
 
 
-def weights_form(name: str, weights: str) -> str | None:
+def weights_form(name: str, weights: str, placement) -> str | None:
     """"gguf blocks" when the plan counts a GGUF's own blocks, else None (the weight dtype)."""
     from edge_runtime.plan import REFERENCE_MODELS
 
-    if weights == "fp32" or name in REFERENCE_MODELS:
+    if name in REFERENCE_MODELS:
         return None
     from edge_runtime.model.loader import gguf_source
 
-    return "gguf blocks" if gguf_source(name) is not None else None
+    served = gguf_blocks_served(gguf_source(name), weights, placement.weight_dtype, placement.device)
+    return "gguf blocks" if served else None
 
 
 def describe_backend(placement) -> dict:

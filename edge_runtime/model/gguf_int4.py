@@ -153,17 +153,18 @@ def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
-def planned_weight_bytes(gguf_path: Path) -> int:
-    """The bytes `build_gguf_model` will hold for this file, from its tensor table alone (plan and
-    the budgets): blocked integers and parameters per fused linear, floats as float32. A type
-    the loader refuses counts as float32 (it is refused at load, with its name)."""
+def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
+    """The bytes `build_gguf_model` + `place` will hold for this file, from its tensor table alone
+    (plan and the budgets): blocked integers and parameters per fused linear, float tensors (norms)
+    at `float_bytes` (the activation dtype's: 4 on the CPU back end, 2 for fp16 on CUDA). A type
+    the loader refuses counts as floats too (it is refused at load, with its name)."""
     from edge_runtime.quant.int4_format import blocked_nbytes
 
     groups: dict[str, list] = {}
     total = 0
     for info in GGUFTensors(gguf_path).infos.values():
         if info.type_name not in _RUNTIME_FORM or len(info.shape) != 2:
-            total += 4 * int(np.prod(info.shape))
+            total += float_bytes * int(np.prod(info.shape))
             continue
         parts = info.name.split(".")
         key = ".".join(_FUSED.get(p, p) for p in parts)
