@@ -184,7 +184,8 @@ def test_plan_cli_reference_model(capsys):
     assert out["kv_bytes_per_token"] == 266240 and out["num_pages"] > 100
     if not torch.cuda.is_available():  # --device auto: the CPU back end, fp32 weights
         assert (out["backend"], out["weight_dtype"]) == ("cpu", "fp32")
-        assert out["kernel_backends"]["kernels"]["awq_gemm"] in ("torch-int4pack-cpu", "torch-reference")
+        kernels = out["kernel_backends"]["kernels"]
+        assert kernels["awq_gemm"] == kernels["quant_linear"] in ("c-int4-blocked", "torch-reference")
     assert main(["plan", "--config", "orin-nano-8gb", "--model", "llama-2-7b"]) == 2
     assert "no room for one KV page" in capsys.readouterr().err
 

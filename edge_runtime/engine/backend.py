@@ -4,9 +4,9 @@
   packed for kernels/cpu_linear.py and, for every step with int8 or fp16 KV (prefill chunks
   included), the one-call C layer stack (kernels/cpu_decoder.py).
 - CUDA back end: the paged store read per segment (engine/paged_kv.py) by the Triton kernels of
-  kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), AWQ
-  layers through the W4A16 Triton kernel, a GGUF's own int4/int8 blocks (QuantLinear) through
-  the blocked W4A16 Triton kernel (kernels/blocked_w4a16.py) on the bytes the CPU kernels read. On a CPU device (`--device cpu --backend cuda`) it runs
+  kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), a
+  GGUF's own int4/int8 blocks and AWQ layers (QuantLinear) through the blocked W4A16 Triton kernel
+  (kernels/blocked_w4a16.py) on the bytes the CPU kernels read. On a CPU device (`--device cpu --backend cuda`) it runs
   the same code on CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for
   tests; CI shows with it that the two back ends agree.
 
@@ -55,8 +55,6 @@ class CpuBackend:
 
     def describe(self) -> dict:
         from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
-        from edge_runtime.kernels.dispatch import cpu_int4pack_available
-
         linear = cpu_linear.backend()
         native = cpu_native.library() is not None
         fused = native and linear == "c-blocked" and env.cpu_fused_decoder()
@@ -67,8 +65,10 @@ class CpuBackend:
             "prefill_attention": "torch-sdpa-rows",
             # steps of an fp32 model with int8 or fp16 KV: the whole layer stack in one C call
             "decode_step": "c-fused-layers" if fused else "torch-layers",
-            "awq_gemm": "torch-int4pack-cpu" if cpu_int4pack_available() else "torch-reference",
+            # a GGUF's own blocks and AWQ layers (QuantLinear, kernels/cpu_int4.py)
+            "quant_linear": "c-int4-blocked" if native else "torch-reference",
         }
+        kernels["awq_gemm"] = _awq_kernel(kernels["quant_linear"], "torch-reference")
         return {"backend": self.name, "device": str(self.device), "kernels": kernels}
 
 
@@ -112,11 +112,22 @@ class CudaBackend:
             "prefill_attention": "triton paged_attention",
             "merge_attention": "triton merge_attention",
             "decode_step": "torch-layers",
-            "awq_gemm": "triton awq_gemm_prepared",
-            "quant_linear": "triton blocked_gemm",  # a GGUF's own blocks (QuantLinear)
+            "quant_linear": "triton blocked_gemm",  # a GGUF's own blocks and AWQ layers
         }
+        kernels["awq_gemm"] = _awq_kernel(kernels["quant_linear"], "triton awq_gemm_prepared")
         mode = "triton-interpreter" if self.interpreted else "compiled"
         return {"backend": self.name, "device": str(self.device), "triton": mode, "kernels": kernels}
+
+
+def _awq_kernel(blocked: str, awq_gemm: str) -> str:
+    """What AWQ layers run: the blocked format's kernel, unless $EDGE_RUNTIME_AWQ_BACKEND picks
+    one of AWQLinear's own backends (quant/awq_model.py)."""
+    from edge_runtime.kernels.dispatch import cpu_int4pack_available
+
+    choice = env.awq_backend(("auto", "blocked", "cpu-int4pack", "awq-gemm", "reference"))
+    return {"awq-gemm": awq_gemm, "reference": "torch-reference",
+            "cpu-int4pack": "torch-int4pack-cpu" if cpu_int4pack_available() else "torch-reference",
+            }.get(choice, blocked)
 
 
 def select_backend(name: str | None, device: str | torch.device):
