@@ -170,9 +170,13 @@ class QuantEmbedding(nn.Module):
     [..., embedding_dim], the dequantized table's values (rounded to `dtype`, as a float
     embedding in that dtype would hold them)."""
 
-    def __init__(self, head: QuantLinear, dtype: torch.dtype = torch.float32):
+    def __init__(self, head: QuantLinear, dtype: torch.dtype = torch.float32, owns: bool = False):
+        """owns: the table is this embedding's own (an untied head), a submodule, so its bytes
+        are counted and moved with the model; else the tied LM head owns it."""
         super().__init__()
-        self.head = [head]  # not a submodule: the head owns the tensors, this only reads them
+        self.head = [head]  # a tied head owns the tensors; this only reads them
+        if owns:
+            self.table = head
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
         self.dtype = dtype
 
@@ -181,4 +185,5 @@ class QuantEmbedding(nn.Module):
         return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, shared with the quantized LM head"
+        shared = "" if hasattr(self, "table") else ", shared with the quantized LM head"
+        return f"{self.num_embeddings}, {self.embedding_dim}{shared}"

@@ -74,14 +74,15 @@ def _llama_cpp_order(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w[torch.arange(rows).view(heads, 2, rows // heads // 2).transpose(1, 2).reshape(-1)]
 
 
-@functools.lru_cache(maxsize=1)
-def tiny_gguf_file(layer_type: str = GGUF_LAYER_TYPE) -> Path:
+@functools.lru_cache(maxsize=2)
+def tiny_gguf_file(layer_type: str = GGUF_LAYER_TYPE, v_down_type: str | None = None) -> Path:
+    """v_down_type: attn_v and ffn_down in another type (as a Q4_K_M file keeps some in Q6_K)."""
     import gguf
     from safetensors.torch import load_file
 
     cfg = gguf_config()
     state = load_file(str(tiny_folder() / "model.safetensors"))
-    path = Path(_TMP.name) / f"tiny-{layer_type}.gguf"
+    path = Path(_TMP.name) / f"tiny-{layer_type}-{v_down_type}.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
 
     def add(name: str, w: torch.Tensor, kind: str) -> None:
@@ -97,7 +98,8 @@ def tiny_gguf_file(layer_type: str = GGUF_LAYER_TYPE) -> Path:
             w = state[f"model.layers.{i}.{hf}.weight"]
             if hf in ("self_attn.q_proj", "self_attn.k_proj"):
                 w = _llama_cpp_order(w, cfg.num_heads if "q_proj" in hf else cfg.num_kv_heads)
-            add(f"blk.{i}.{name}.weight", w, "F32" if "norm" in hf else layer_type)
+            kind = v_down_type if v_down_type and name in ("attn_v", "ffn_down") else layer_type
+            add(f"blk.{i}.{name}.weight", w, "F32" if "norm" in hf else kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,8 +4,8 @@ The file is mapped (model/gguf_tensors.py: the tensor table, without gguf.GGUFRe
 every metadata value); each quantized tensor's bytes become the
 runtime's blocked int4/int8 format (quant/gguf_blocks.py -> quant/int4_format.py) and the map is
 dropped, so what stays resident is the file's tensor bytes in another order (plus 16-row block
-padding). Per layer q/k/v rows are fused into one `QuantLinear` (kernels/cpu_int4.py), gate/up
-into another, o_proj and down_proj are their own; `model.fused_decoder` runs decode steps in one C
+padding). Per layer q/k/v rows are fused into one `QuantLinear` (kernels/cpu_int4.py) when they
+share a type, gate/up into another, o_proj and down_proj are their own; `model.fused_decoder` runs decode steps in one C
 call (kernels/cpu_decoder.py). A tied LM head stays in the file's type (Q8_0 for SmolLM2) and the
 embedding reads its rows (`QuantEmbedding`). Norms (F32 in the file) are float32 parameters.
 
@@ -13,8 +13,9 @@ Invariants:
 - The model computes what the fp32 folder that gguf_convert.py writes from the same file computes:
   every weight dequantizes to the same float (tests/test_int4_format.py), q/k rows are put back in
   Hugging Face's rope order as transformers does for `llama` GGUFs (a row permutation, exact).
-- A layer whose tensors cannot be served quantized (another type, or q/k/v of different types)
-  is a ModelLoadError naming the tensor and type, with `--weights fp32` as the way out.
+- A tensor that cannot be served quantized (a type other than Q4_0/Q4_1/Q4_K/Q6_K/Q8_0) is a
+  ModelLoadError naming the tensor and type, with `--weights fp32` as the way out. Parts of
+  different types (Q4_K_M: attn_v / ffn_down in Q6_K) are not fused: one QuantLinear each.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, comp
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF type -> (bits, group size, parameter bytes, offsets) of its runtime form (quant/gguf_blocks.py)
 _RUNTIME_FORM = {"Q4_0": (4, 32, 2, True), "Q4_1": (4, 32, 2, True), "Q4_K": (4, 32, 4, True),
-                 "Q8_0": (8, 32, 2, False)}
+                 "Q6_K": (8, 16, 4, False), "Q8_0": (8, 32, 2, False)}
 _FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up",
           "ffn_up": "ffn_gate_up"}
 
@@ -88,19 +89,29 @@ class _Tensors:
 
 
 def _linear(parts: list[GroupedRows], names: list[str], bias: torch.Tensor | None) -> QuantLinear:
-    if not all(compatible(parts[0], p) for p in parts):
-        kinds = ", ".join(f"{n} {describe(p)}" for n, p in zip(names, parts))
-        raise ModelLoadError(f"{kinds}: fused linears need one quantized type; run with "
-                             "--weights fp32")
+    assert all(compatible(parts[0], p) for p in parts), [describe(p) for p in parts]
     rows = GroupedRows.cat(parts) if len(parts) > 1 else parts[0]
     return QuantLinear(BlockedQuantWeight.from_rows(rows), bias, tuple(p.shape[0] for p in parts))
 
 
-def _bias(tensors: _Tensors, names: list[str]) -> torch.Tensor | None:
-    present = [tensors.has(n) for n in names]
-    if not any(present):
-        return None
-    return torch.cat([tensors.floats(n) for n in names])
+def _set_linears(owner: nn.Module, fused_name: str, hf_names: tuple[str, ...],
+                 parts: list[GroupedRows], names: list[str], biases: list) -> None:
+    """One fused QuantLinear when the parts share a form, else one per part under its Hugging
+    Face name (a Q4_K_M file keeps attn_v in Q6_K next to Q4_K q and k: the model runs them
+    one by one, without the CPU's one-call layer stack)."""
+    if all(compatible(parts[0], p) for p in parts):
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [torch.zeros(p.shape[0]) if b is None else b for p, b in zip(parts, biases)])
+        setattr(owner, fused_name, _linear(parts, names, bias))
+        for name in hf_names:
+            delattr(owner, name)
+        return
+    for name, part, bias, tensor in zip(hf_names, parts, biases, names):
+        setattr(owner, name, _linear([part], [tensor], bias))
+
+
+def _bias(tensors: _Tensors, name: str) -> torch.Tensor | None:
+    return tensors.floats(name) if tensors.has(name) else None
 
 
 def _layer(tensors: _Tensors, cfg: ModelConfig, i: int, layer: nn.Module, permute: bool) -> None:
@@ -112,20 +123,17 @@ def _layer(tensors: _Tensors, cfg: ModelConfig, i: int, layer: nn.Module, permut
     if permute:
         q, k = q.permute_rows(rope_order(heads * d, heads)), k.permute_rows(rope_order(kv_heads * d, kv_heads))
     attn, mlp = layer.self_attn, layer.mlp
-    names = [p + f"attn_{n}.weight" for n in "qkv"]
-    attn.qkv_proj = _linear([q, k, v], names, _bias(tensors, [p + f"attn_{n}.bias" for n in "qkv"]))
+    _set_linears(attn, "qkv_proj", ("q_proj", "k_proj", "v_proj"), [q, k, v],
+                 [p + f"attn_{n}.weight" for n in "qkv"],
+                 [_bias(tensors, p + f"attn_{n}.bias") for n in "qkv"])
     attn.o_proj = _linear([tensors.rows(p + "attn_output.weight", (h, heads * d))],
-                          [p + "attn_output.weight"], _bias(tensors, [p + "attn_output.bias"]))
+                          [p + "attn_output.weight"], _bias(tensors, p + "attn_output.bias"))
     inter = cfg.intermediate_size
-    mlp.gate_up_proj = _linear([tensors.rows(p + "ffn_gate.weight", (inter, h)),
-                                tensors.rows(p + "ffn_up.weight", (inter, h))],
-                               [p + "ffn_gate.weight", p + "ffn_up.weight"], None)
+    gate_up = [p + "ffn_gate.weight", p + "ffn_up.weight"]
+    _set_linears(mlp, "gate_up_proj", ("gate_proj", "up_proj"),
+                 [tensors.rows(n, (inter, h)) for n in gate_up], gate_up, [None, None])
     mlp.down_proj = _linear([tensors.rows(p + "ffn_down.weight", (h, inter))],
                             [p + "ffn_down.weight"], None)
-    for name in ("q_proj", "k_proj", "v_proj"):
-        delattr(attn, name)
-    for name in ("gate_proj", "up_proj"):
-        delattr(mlp, name)
     layer.input_layernorm.weight = nn.Parameter(tensors.floats(p + "attn_norm.weight"), False)
     layer.post_attention_layernorm.weight = nn.Parameter(tensors.floats(p + "ffn_norm.weight"), False)
 
@@ -139,7 +147,7 @@ def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -
         head = None
     else:
         head = QuantLinear(BlockedQuantWeight.from_rows(tensors.rows("token_embd.weight", shape)))
-        model.model.embed_tokens = QuantEmbedding(head)
+        model.model.embed_tokens = QuantEmbedding(head, owns=not tied)
     if not tied:
         if tensors.type_name("output.weight") in _FLOAT_TYPES:
             model.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -170,9 +178,14 @@ def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
         key = ".".join(_FUSED.get(p, p) for p in parts)
         groups.setdefault(key, []).append(info)
     for infos in groups.values():
-        rows = sum(i.shape[0] for i in infos)
-        total += blocked_nbytes(*_RUNTIME_FORM[infos[0].type_name][:1], rows, infos[0].shape[1],
-                                *_RUNTIME_FORM[infos[0].type_name][1:])
+        if len({i.type_name for i in infos}) > 1:  # not fused: one blocked weight each
+            parts = [[i] for i in infos]
+        else:
+            parts = [infos]
+        for part in parts:
+            form = _RUNTIME_FORM[part[0].type_name]
+            total += blocked_nbytes(form[0], sum(i.shape[0] for i in part), part[0].shape[1],
+                                    *form[1:])
     return total
 
 
