@@ -104,3 +104,31 @@ def test_mixed_types_in_a_layer_load_unfused_and_compute_the_reference():
         if isinstance(m, QuantLinear):
             m._lib = None  # the plain-torch reference: dequantize, then matmul
     torch.testing.assert_close(our_logits(model, ids), got, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_builtin_model_for_the_cuda_back_end_serves_its_blocks_through_the_triton_kernel():
+    """`load_for` on the CUDA back end (here on CPU tensors, the interpreter) serves the built-in
+    file's own blocks, the bytes the CPU back end holds, the Q8_0 head included; its layers'
+    Triton results are the C kernels' (fp32 summation order). Whole forwards are the tiny model's
+    test (tests/test_engine_backends.py): the interpreter takes ~17 s per call of this head."""
+    from edge_runtime.engine.placement import load_for, resolve
+    from edge_runtime.kernels import dispatch
+
+    if not dispatch.triton_importable():
+        pytest.skip("needs triton (the interpreter)")
+    loaded = load_for(DEFAULT_MODEL, resolve("cpu", "cuda"), progress=None)
+    model = loaded.model
+    assert model.prepared_for == "cuda" and model.fused_decoder is None
+    assert loaded.quantization == "gguf-Q4_1" and loaded.weight_bytes == smollm2_gguf().weight_bytes
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.bits == 8
+    assert isinstance(model.model.embed_tokens, QuantEmbedding)
+    gen = torch.Generator().manual_seed(0)
+    layer = model.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
+        x = torch.randn(5, linear.in_features, generator=gen)
+        before = dispatch.TRITON_LAUNCHES["blocked_gemm"]
+        with dispatch.prefer_triton():
+            got = linear(x)
+        assert dispatch.TRITON_LAUNCHES["blocked_gemm"] == before + 1
+        torch.testing.assert_close(got, linear.c_kernel(x), rtol=1e-5, atol=1e-4)
