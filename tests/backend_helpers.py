@@ -115,15 +115,17 @@ def gguf_config():
     return dataclasses.replace(read_model_config(tiny_folder()), vocab_size=GGUF_VOCAB)
 
 
-def loaded_gguf_for(backend: str, layer_type: str = GGUF_LAYER_TYPE):
+def loaded_gguf_for(backend: str, layer_type: str = GGUF_LAYER_TYPE, dtype=torch.float32):
     """The tiny GGUF served from its blocks (model/gguf_int4.py), prepared for `backend` on the
-    CPU: a LoadedModel with the tiny folder's config and tokenizer."""
+    CPU with `dtype` activations (as the loader places it for a GPU): a LoadedModel with the tiny
+    folder's config and tokenizer."""
     from edge_runtime.engine.backend import prepare_model, select_backend
-    from edge_runtime.model.gguf_int4 import build_gguf_model
+    from edge_runtime.model.gguf_int4 import build_gguf_model, place
     from edge_runtime.model.loader import LoadedModel, load_tokenizer, weight_bytes_of
 
     cfg = gguf_config()
     model, quantization = build_gguf_model(tiny_gguf_file(layer_type), cfg, "llama")
+    place(model, dtype, "cpu")
     prepare_model(model, select_backend(backend, "cpu"))
     return LoadedModel(config=cfg, model=model, tokenizer=load_tokenizer(tiny_folder()),
                        path=tiny_folder(), weight_bytes=weight_bytes_of(model),
