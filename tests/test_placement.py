@@ -69,7 +69,7 @@ def test_weights_option_per_back_end_and_a_model_packed_for_the_cpu_kernels():
         model_weights(cuda, "int4")
     # a GGUF served from its blocks arrives packed: the CPU back end takes it as it is ...
     packed = SimpleNamespace(prepared_for=None, linears_packed=30, fused_decoder=None,
-                             modules=lambda: [])
+                             modules=lambda: [], dtype=torch.float32)
     prepare_model(packed, CpuBackend(torch.device("cpu")))
     assert (packed.prepared_for, packed.linears_packed) == ("cpu", 30)
     # ... and so does the CUDA back end (QuantLinear runs the Triton kernel there), without the
@@ -83,3 +83,12 @@ def test_weights_option_per_back_end_and_a_model_packed_for_the_cpu_kernels():
     with pytest.raises(ConfigError, match="packed for the CPU kernels"):
         prepare_model(fp32_packed, CudaBackend(torch.device("cpu")))
     assert fp32_packed.prepared_for is None
+
+
+def test_cpu_back_end_refuses_quantized_weights_with_half_activations():
+    """`generate --weights gguf --dtype fp16` on the CPU back end: one ConfigError at load, not
+    an assertion inside the first step."""
+    from backend_helpers import loaded_gguf_for
+
+    with pytest.raises(ConfigError, match="float32 activations, not float16"):
+        loaded_gguf_for("cpu", dtype=torch.float16)

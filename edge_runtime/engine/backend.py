@@ -38,8 +38,13 @@ class CpuBackend:
         self.device = device
 
     def prepare_model(self, model) -> None:
+        from edge_runtime.kernels.cpu_int4 import QuantLinear
         from edge_runtime.model.linear_packing import pack_linears
 
+        if model.dtype != torch.float32 and any(isinstance(m, QuantLinear) for m in model.modules()):
+            raise ConfigError(f"the CPU back end runs quantized weights (a GGUF's blocks, AWQ) with "
+                              f"float32 activations, not {str(model.dtype).removeprefix('torch.')}: "
+                              "drop --dtype, or use --weights fp32 for float weights in that dtype")
         pack_linears(model)  # fp32 on CPU: blocked/oneDNN packed weights (model/linear_packing.py)
 
     def context(self, storage, steps, sm_scale: float):
