@@ -136,7 +136,9 @@ FP16_LOGIT_TOLERANCE = 5e-3
 def test_gguf_blocks_with_fp16_activations_on_the_cuda_back_end():
     """What the loader gives a GPU (`gguf_int4.place`: fp16 norms, fp16 embedding rows, the
     quantized bytes as they are) runs the fp16 kernels end to end: logits within
-    FP16_LOGIT_TOLERANCE of the CPU back end's fp32, the same argmax."""
+    FP16_LOGIT_TOLERANCE of the CPU back end's fp32. No argmax check: where the bound holds it
+    implies the argmax wherever the top two differ by more than twice it, and a closer pair may
+    flip (this prompt has one: its top two 2.3e-4 of the largest logit apart)."""
     from backend_helpers import loaded_gguf_for
 
     from edge_runtime.engine.config import EngineConfig
@@ -153,4 +155,3 @@ def test_gguf_blocks_with_fp16_activations_on_the_cuda_back_end():
         logits[backend] = torch.cat([chunk for _, chunk in score_logits(eng, ids)])
     diff = (logits["cuda"] - logits["cpu"]).abs().max() / logits["cpu"].abs().max()
     assert diff < FP16_LOGIT_TOLERANCE, float(diff)
-    assert torch.equal(logits["cuda"].argmax(-1), logits["cpu"].argmax(-1))
