@@ -40,7 +40,7 @@ TUNE = {"block_n": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 16, 
 if triton is not None:
 
     @triton.jit
-    def _to_f32(x, MAGIC: tl.constexpr):
+    def to_f32(x, MAGIC: tl.constexpr):
         # int8 -> exact fp32; float caches pass through
         if MAGIC:
             u = x.to(tl.int32) + 0x4B000080
@@ -48,7 +48,7 @@ if triton is not None:
         return x.to(tl.float32)
 
     @triton.jit
-    def _split16(x):
+    def split16(x):
         # fp32 [N] -> (int8 [16, N]: row 0 = hi, row 1 = lo, other rows 0; step) with
         # x ~= (256 hi + lo) * step, |error| <= step / 2, step = max|x| / 32512 (15-bit fixed point)
         amax = tl.max(tl.abs(x), axis=0)
@@ -60,7 +60,7 @@ if triton is not None:
         return tl.where(r == 0, hi[None, :], tl.where(r == 1, lo[None, :], 0)).to(tl.int8), step
 
     @triton.jit
-    def _rows01(acc, step):
+    def rows01(acc, step):
         # int32 [16, N] -> fp32 [N] = (256 row0 + row1) * step
         r = tl.arange(0, 16)[:, None]
         w = tl.where(r == 0, 256.0, tl.where(r == 1, 1.0, 0.0))
@@ -102,7 +102,7 @@ if triton is not None:
         if CENTRED:  # q.m (mean_ptr: [Hkv, D] contiguous), added to the scores of centred keys
             qm = tl.sum(q * tl.load(mean_ptr + kvh * D + d), axis=0)
         if IDOT:
-            q8, q_step = _split16(q)  # [16, D] int8
+            q8, q_step = split16(q)  # [16, D] int8
         m_i = float("-inf")
         l_i = 0.0
         acc = tl.zeros([D], tl.float32)
@@ -114,9 +114,9 @@ if triton is not None:
             k = tl.load(k_ptr + k_at + kvh * s_kh + off[:, None] * s_kp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
             if IDOT:  # int8 tensor cores on the raw K bytes: hi and lo rows of q in one dot
-                s = _rows01(tl.dot(q8, tl.trans(k)), q_step)  # [BLOCK_N]
+                s = rows01(tl.dot(q8, tl.trans(k)), q_step)  # [BLOCK_N]
             else:
-                s = tl.sum(_to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
+                s = tl.sum(to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
             if QUANT:
                 ks_at = _chunks.page_start(page, chunk_ptr + 1, chunk_pages, s_ksn)
                 ks = tl.load(ks_ptr + ks_at + kvh * s_ksh + off * s_ksp, mask=nmask, other=0.0)
@@ -138,10 +138,10 @@ if triton is not None:
             v = tl.load(v_ptr + v_at + kvh * s_vh + off[:, None] * s_vp + d[None, :],
                         mask=nmask[:, None], other=0)  # [BLOCK_N, D]
             if IDOT:
-                p8, p_step = _split16(p)  # [16, BLOCK_N] int8
-                acc = acc * alpha + _rows01(tl.dot(p8, v), p_step)  # [D]
+                p8, p_step = split16(p)  # [16, BLOCK_N] int8
+                acc = acc * alpha + rows01(tl.dot(p8, v), p_step)  # [D]
             else:
-                acc = acc * alpha + tl.sum(p[:, None] * _to_f32(v, MAGIC), axis=0)  # [D]
+                acc = acc * alpha + tl.sum(p[:, None] * to_f32(v, MAGIC), axis=0)  # [D]
             m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)

@@ -32,7 +32,7 @@ triton = _pd.triton
 if triton is not None:
     import triton.language as tl
 
-    from edge_runtime.kernels.paged_decode import _rows01, _split16, _to_f32
+    from edge_runtime.kernels.paged_decode import rows01, split16, to_f32
 
 LOG2E = 1.4426950408889634
 # span_tokens: fixed, never derived from the device (it is part of the reduction order). Not yet
@@ -104,7 +104,7 @@ if triton is not None:
         if CENTRED:  # q.m (mean_ptr: [Hkv, D] contiguous), added to the scores of centred keys
             qm = tl.sum(q * tl.load(mean_ptr + kvh * D + d, mask=dmask, other=0.0), axis=0)
         if IDOT:
-            q8, q_step = _split16(q)  # [16, BLOCK_D] int8
+            q8, q_step = split16(q)  # [16, BLOCK_D] int8
         m_i = float("-inf")
         l_i = 0.0
         acc = tl.zeros([BLOCK_D], tl.float32)
@@ -118,9 +118,9 @@ if triton is not None:
             akv_at = slot * s_an + slot_off * s_ap + kvh * s_h
             k = _load_rows(k_ptr, ak_ptr, kv_at, in_pool, akv_at, in_arena, d, dmask, INLINE)
             if IDOT:
-                s = _rows01(tl.dot(q8, tl.trans(k)), q_step)  # [BLOCK_N]
+                s = rows01(tl.dot(q8, tl.trans(k)), q_step)  # [BLOCK_N]
             else:
-                s = tl.sum(_to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
+                s = tl.sum(to_f32(k, MAGIC) * q[None, :], axis=1)  # [BLOCK_N]
             sc_at = page * s_sn + off * s_sp + kvh * s_sh
             asc_at = slot * s_asn + slot_off * s_asp + kvh * s_sh
             if QUANT:
@@ -138,10 +138,10 @@ if triton is not None:
                 p = p * _load_scales(vs_ptr, avs_ptr, sc_at, in_pool, asc_at, in_arena, INLINE)
             v = _load_rows(v_ptr, av_ptr, kv_at, in_pool, akv_at, in_arena, d, dmask, INLINE)
             if IDOT:
-                p8, p_step = _split16(p)  # [16, BLOCK_N] int8
-                acc = acc * alpha + _rows01(tl.dot(p8, v), p_step)  # [BLOCK_D]
+                p8, p_step = split16(p)  # [16, BLOCK_N] int8
+                acc = acc * alpha + rows01(tl.dot(p8, v), p_step)  # [BLOCK_D]
             else:
-                acc = acc * alpha + tl.sum(p[:, None] * _to_f32(v, MAGIC), axis=0)
+                acc = acc * alpha + tl.sum(p[:, None] * to_f32(v, MAGIC), axis=0)
             m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)

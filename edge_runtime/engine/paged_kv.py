@@ -1,7 +1,7 @@
 """The CUDA back end's KVContext (edge_runtime/model/kv_interface.py): attention over the paged
 storage for one engine step, in one canonical order over absolute positions.
 
-A sequence's KV is two segments (design.md): the shared prefix `[0, p)` in pool pages (read-only,
+A sequence's KV is two segments (docs/pool.md, "Design"): the shared prefix `[0, p)` in pool pages (read-only,
 the last may be partial) and the private tail `[p, L)` starting at slot 0 of its first tail page;
 an "inline" tail is F full tail pages followed by inline slots holding `[b, L)`, b = p + F * P
 (F = 0: the slots start at p). Per layer, `attend` writes the new tokens' K/V into the tail
