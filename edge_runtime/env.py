@@ -19,7 +19,7 @@ CPU_MARCH = PREFIX + "CPU_MARCH"  # -march for kernels/csrc (default native)
 CPU_PHASE_TIMES = PREFIX + "CPU_PHASE_TIMES"  # 1: build the C decode step with phase timers
 CPU_LINEAR = PREFIX + "CPU_LINEAR"  # auto | c-blocked | onednn | dense (fp32 linears on CPU)
 CPU_FUSED = PREFIX + "CPU_FUSED"  # 0: no one-call C layer stack for decode steps
-AWQ_BACKEND = PREFIX + "AWQ_BACKEND"  # auto | cpu-int4pack | awq-gemm | reference
+AWQ_BACKEND = PREFIX + "AWQ_BACKEND"  # auto (= blocked) | blocked | cpu-int4pack | awq-gemm | reference
 TRITON_INTERPRET = "TRITON_INTERPRET"  # Triton's: 1 runs the kernels in its interpreter
 SWITCHES = (KV_DEBUG, CPU_NATIVE, CPU_MARCH, CPU_PHASE_TIMES, CPU_LINEAR, CPU_FUSED, AWQ_BACKEND,
             TRITON_INTERPRET)

@@ -11,8 +11,13 @@ bytes. y = x @ W^T, x [M, K] -> y [M, N] in x's dtype, fp32 accumulation.
 the kernel: a tile of BLOCK_M rows x BLOCK_N outputs (a whole number of 16-row blocks) walks K in
 steps of BLOCK_K, expands each weight tile from its bytes (each byte is read for its two nibbles),
 applies the tile's group parameters (BLOCK_K divides the group size) and multiplies with tl.dot.
-Status: tested under TRITON_INTERPRET=1 against the reference on tiny shapes; not tuned or timed on
-a GPU yet (docs/perf-gpu.md holds the GPU figures).
+`tile_plan(m, group_size)` picks the tile: 16 rows for decode steps (up to 16 sequences), 64 for
+prefill chunks, so the weights are read once per 64 prompt tokens; outputs in tiles of 64
+(4 blocks). The CUDA back end runs every QuantLinear through it (kernels/cpu_int4.py,
+kernels/dispatch.py `blocked_gemm`); kernels/launch_variants.py lists the variants it launches.
+Status: tested under TRITON_INTERPRET=1 against the reference on tiny shapes and through the CUDA
+back end on a tiny model; not tuned or timed on a GPU yet (docs/perf-gpu.md holds the
+GPU figures).
 """
 from __future__ import annotations
 
@@ -36,13 +41,15 @@ def blocked_gemm_ref(x: torch.Tensor, weight: BlockedQuantWeight) -> torch.Tenso
 
 if triton is not None:
     @triton.jit
-    def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, y_ptr, M, N, K, KG, group_size,
+    def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, y_ptr, M, N, K, group_size,
                              s_xm, s_ym, BITS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_NT: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        NB, KG = (N + 15) // 16, K // group_size  # derived here: fewer arguments to specialise on
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
         cols = pid_n * BLOCK_NT + tl.arange(0, BLOCK_NT)  # [BN]: output rows of W
         block, lane = cols // 16, cols % 16
+        in_blocks = block < NB  # the last tile may reach past the last block: read nothing there
         ks = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_NT), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -51,16 +58,16 @@ if triton is not None:
                         mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
             if BITS == 4:  # [BK, BN] bytes, each holding two rows' nibbles
                 byte = tl.load(data_ptr + block[None, :] * K * 8 + k[:, None] * 8 + lane[None, :] % 8,
-                               mask=k[:, None] < K, other=0)
+                               mask=(k[:, None] < K) & in_blocks[None, :], other=0)
                 q = ((byte.to(tl.int32) >> ((lane[None, :] // 8) * 4)) & 0xF).to(tl.float32)
             else:
                 q = tl.load(data_ptr + block[None, :] * K * 16 + k[:, None] * 16 + lane[None, :],
-                            mask=k[:, None] < K, other=0).to(tl.float32)
+                            mask=(k[:, None] < K) & in_blocks[None, :], other=0).to(tl.float32)
             g = k0 // group_size  # BLOCK_K divides the group size: one group per step
             param = block * KG * 16 + g * 16 + lane  # [BN]
-            w = q * tl.load(sc_ptr + param).to(tl.float32)[None, :]
+            w = q * tl.load(sc_ptr + param, mask=in_blocks, other=0).to(tl.float32)[None, :]
             if HAS_OFFSETS:
-                w = w + tl.load(off_ptr + param).to(tl.float32)[None, :]
+                w = w + tl.load(off_ptr + param, mask=in_blocks, other=0).to(tl.float32)[None, :]
             if x.dtype == tl.float32:
                 acc += tl.dot(x, w, input_precision="ieee")
             else:
@@ -69,18 +76,29 @@ if triton is not None:
                  mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-def blocked_gemm_triton(x: torch.Tensor, weight: BlockedQuantWeight, *, block_m: int = 16,
-                        block_n: int = 32, block_k: int = 32) -> torch.Tensor:
-    """x [M, K] (fp16 / bf16 / fp32, contiguous rows) -> [M, N] in x's dtype."""
+def tile_plan(m: int, group_size: int) -> dict:
+    """Tile sizes for `m` rows of x: BLOCK_M 16 (decode) or 64 (prefill), BLOCK_N 64, BLOCK_K the
+    largest of 32 / 16 that divides the group size."""
+    block_k = 32 if group_size % 32 == 0 else 16
+    assert group_size % block_k == 0, group_size
+    return {"block_m": 16 if m <= 16 else 64, "block_n": 64, "block_k": block_k}
+
+
+def blocked_gemm_triton(x: torch.Tensor, weight: BlockedQuantWeight, *, block_m: int | None = None,
+                        block_n: int | None = None, block_k: int | None = None) -> torch.Tensor:
+    """x [M, K] (fp16 / bf16 / fp32, contiguous rows) -> [M, N] in x's dtype; tiles from
+    `tile_plan` unless given."""
     m, k = x.shape
     g = weight.group_size
+    plan = tile_plan(m, g)
+    block_m, block_n, block_k = block_m or plan["block_m"], block_n or plan["block_n"], block_k or plan["block_k"]
     assert k == weight.in_features and x.stride(1) == 1, (tuple(x.shape), weight.in_features)
     assert block_n % BLOCK_N == 0 and g % block_k == 0, (block_n, block_k, g)
-    n = weight.out_features
+    n, nb = weight.out_features, weight.data.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     offsets = weight.offsets if weight.offsets is not None else weight.scales  # unread then
-    grid = (triton.cdiv(m, block_m), triton.cdiv(weight.data.shape[0] * BLOCK_N, block_n))
-    _blocked_gemm_kernel[grid](x, weight.data, weight.scales, offsets, y, m, n, k, k // g, g,
+    grid = (triton.cdiv(m, block_m), triton.cdiv(nb * BLOCK_N, block_n))
+    _blocked_gemm_kernel[grid](x, weight.data, weight.scales, offsets, y, m, n, k, g,
                                x.stride(0), y.stride(0), BITS=weight.bits,
                                HAS_OFFSETS=weight.offsets is not None, BLOCK_M=block_m,
                                BLOCK_NT=block_n, BLOCK_K=block_k)

@@ -1,7 +1,11 @@
-"""Linears and embeddings over quantized weights on the CPU (kernels/csrc/linear_int4.c).
+"""Linears and embeddings over quantized weights: C kernels on the CPU (kernels/csrc/linear_int4.c),
+the Triton W4A16 kernel on the CUDA back end (kernels/blocked_w4a16.py).
 
 `QuantLinear` holds one `BlockedQuantWeight` (quant/int4_format.py: 4-bit or 8-bit integers,
-per-group scale and offset, blocks of 16 output rows) and computes y = x W^T + b:
+per-group scale and offset, blocks of 16 output rows) and computes y = x W^T + b. On the CUDA back
+end (a CUDA tensor, or CPU tensors inside dispatch.prefer_triton: the interpreter) every call runs
+dispatch.blocked_gemm on the same bytes, in the activations' dtype (fp16 on the Orin budgets) with
+fp32 accumulation. On the CPU back end (float32 activations):
 - up to GEMM_MIN_ROWS rows (decode steps, short prefills): linear_int4.c's kernel reads the 4-bit
   weights directly, 12 (AVX-512) or 6 rows a pass. Its outputs equal the fp32 kernel's
   (linear_f32.c) over the dequantized weights bit for bit: the same multiply-adds in the same order.
@@ -10,7 +14,7 @@ per-group scale and offset, blocks of 16 output rows) and computes y = x W^T + b
   summation order is BLAS's.
 - no C library: the plain-torch reference (`reference_forward`), dequantizing per call.
 `QuantEmbedding` reads token rows from the same blocked weight (a tied LM head and its embedding
-share it, as cpu_linear.BlockedEmbedding does for fp32).
+share it, as cpu_linear.BlockedEmbedding does for fp32), in the model's activation dtype.
 `blocked_weight_struct(module)` is what decoder.c gets for a QuantLinear or a c-blocked PackedLinear.
 
 Invariant: the module's buffers are exactly the weight bytes it holds (loader.weight_bytes_of
@@ -23,6 +27,7 @@ import ctypes
 import torch
 from torch import nn
 
+from edge_runtime.kernels import dispatch
 from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
 
 GEMM_MIN_ROWS = 32  # as cpu_linear.GEMM_MIN_ROWS: from here on BLAS over dequantized tiles
@@ -96,9 +101,15 @@ class QuantLinear(nn.Module):
                              self.group_size, int(self.scales.dtype == torch.float32), 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., in_features] float32 -> [..., out_features] float32."""
-        assert x.dtype == torch.float32 and x.shape[-1] == self.in_features, (x.dtype, x.shape)
+        """x: [..., in_features] -> [..., out_features] in x's dtype (float32 on the CPU back end)."""
+        assert x.shape[-1] == self.in_features, (x.dtype, x.shape)
         rows = x.reshape(-1, self.in_features)
+        if dispatch.device_kernels(rows):
+            out = dispatch.blocked_gemm(rows if rows.stride(1) == 1 else rows.contiguous(), self.weight)
+            if self.bias is not None:
+                out = out + self.bias.to(out.dtype)
+            return out.view(*x.shape[:-1], self.out_features)
+        assert x.dtype == torch.float32, x.dtype
         if self._lib is None:
             out = self.reference_forward(rows)
         elif rows.shape[0] >= GEMM_MIN_ROWS:
@@ -155,17 +166,24 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Token rows of a QuantLinear's weight (a tied LM head): ids long [...] -> float32
-    [..., embedding_dim], the same values as the dequantized table."""
+    """Token rows of a QuantLinear's weight (a tied LM head): ids long [...] -> `dtype`
+    [..., embedding_dim], the dequantized table's values (rounded to `dtype`, as a float
+    embedding in that dtype would hold them)."""
 
-    def __init__(self, head: QuantLinear):
+    def __init__(self, head: QuantLinear, dtype: torch.dtype = torch.float32, owns: bool = False):
+        """owns: the table is this embedding's own (an untied head), a submodule, so its bytes
+        are counted and moved with the model; else the tied LM head owns it."""
         super().__init__()
-        self.head = [head]  # not a submodule: the head owns the tensors, this only reads them
+        self.head = [head]  # a tied head owns the tensors; this only reads them
+        if owns:
+            self.table = head
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.head[0].weight.rows_of(ids.reshape(-1))
-        return rows.view(*ids.shape, self.embedding_dim)
+        return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, shared with the quantized LM head"
+        shared = "" if hasattr(self, "table") else ", shared with the quantized LM head"
+        return f"{self.num_embeddings}, {self.embedding_dim}{shared}"

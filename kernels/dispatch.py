@@ -21,13 +21,14 @@ import torch
 
 from edge_runtime.kernels import awq_gemm as _awq
 from edge_runtime.kernels import awq_prepared as _awp
+from edge_runtime.kernels import blocked_w4a16 as _bq
 from edge_runtime.kernels import kv_write as _kv
 from edge_runtime.kernels import paged_attention as _pa
 from edge_runtime.kernels import paged_decode as _pd
 from edge_runtime.kernels import positional_attention as _pos
 
 OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm", "awq_gemm_prepared", "paged_decode",
-       "positional_attention", "exact_block_attention", "merge_in_order")
+       "positional_attention", "exact_block_attention", "merge_in_order", "blocked_gemm")
 
 
 TRITON_LAUNCHES: Counter = Counter()
@@ -51,6 +52,13 @@ def prefer_triton():
         yield
     finally:
         _TRITON_ON_CPU.reset(token)
+
+
+def device_kernels(t: torch.Tensor) -> bool:
+    """Whether a call on `t` takes the CUDA back end's kernels: a CUDA tensor, or any tensor
+    inside `prefer_triton()` (the interpreter). Modules with a CPU kernel of their own (the
+    quantized linears, kernels/cpu_int4.py) ask this to choose between the two."""
+    return t.is_cuda or _TRITON_ON_CPU.get()
 
 
 def _use_triton(t: torch.Tensor, op: str) -> bool:
@@ -93,6 +101,8 @@ _IMPLS = {
                                    _exact_block_triton if _pa.triton is not None else None),
     "merge_in_order": _Impl("merge_in_order", _pos.merge_in_order_ref,
                             _pos.merge_in_order_triton if _pos.triton is not None else None),
+    "blocked_gemm": _Impl("blocked_gemm", _bq.blocked_gemm_ref,
+                          _bq.blocked_gemm_triton if _bq.triton is not None else None),
 }
 
 
@@ -164,6 +174,12 @@ def prepare_awq(qweight, qzeros, scales, group_size):
 
 def awq_gemm_prepared(x, packed):
     return _pick("awq_gemm_prepared", x)(x, packed)
+
+
+def blocked_gemm(x, weight):
+    """x [M, K] @ W^T for a BlockedQuantWeight W (quant/int4_format.py) -> [M, N] in x's dtype:
+    the W4A16 / W8A16 Triton kernel of kernels/blocked_w4a16.py, or its reference."""
+    return _pick("blocked_gemm", x)(x, weight)
 
 
 def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, k_mean=None, chunks=None):

@@ -2,9 +2,9 @@
 
 A variant is what Triton compiles a kernel for: its constexprs, its arguments' types, num_warps and
 num_stages. Each entry of ENGINE_LAUNCHES calls a real launch wrapper (kernels/kv_write.py,
-positional_attention.py, dispatch.py's exact-block call, awq_prepared.py) on small CPU tensors
-with the parameters the engine passes on the GPU, while `record_launches` catches each
-`kernel[grid](...)` instead of running it. So the variants are the wrappers' own choices, never a
+positional_attention.py, dispatch.py's exact-block call, awq_prepared.py, blocked_w4a16.py) on
+small CPU tensors with the parameters the engine passes on the GPU, while `record_launches` catches
+each `kernel[grid](...)` instead of running it. So the variants are the wrappers' own choices, never a
 copy of them: a wrapper that changes a constexpr changes what is recorded. What a wrapper derives
 from the GPU (its SM count: SPLIT_K) is derived with the wrappers' own planning functions for
 Orin's SM counts (ORIN_SMS). Attention's variants do not depend on the SM count: its spans are a
@@ -25,8 +25,19 @@ from unittest import mock
 import torch
 
 MODELS = {  # geometry of the models the Orin budgets serve (config.json)
-    "smollm2-135m": dict(heads=9, kv_heads=3, head_dim=64, hidden=576, intermediate=1536, group=64),
-    "llama-2-7b": dict(heads=32, kv_heads=32, head_dim=128, hidden=4096, intermediate=11008, group=128),
+    "smollm2-135m": dict(heads=9, kv_heads=3, head_dim=64, hidden=576, intermediate=1536, group=64,
+                         vocab=49152),
+    "llama-2-7b": dict(heads=32, kv_heads=32, head_dim=128, hidden=4096, intermediate=11008, group=128,
+                       vocab=32000),
+}
+# the blocked int4/int8 forms QuantLinear holds (quant/int4_format.py, docs/weights.md):
+# (bits, group size or None for the model's AWQ group, parameter dtype, offsets)
+BLOCKED_FORMS = {
+    "gguf-q4_0-q4_1": (4, 32, "fp16", True),  # the built-in SmolLM2's layers
+    "gguf-q8_0": (8, 32, "fp16", False),  # its embedding / LM head
+    "gguf-q4_k": (4, 32, "fp32", True),
+    "gguf-q6_k": (8, 16, "fp32", False),
+    "awq": (4, None, "fp32", True),
 }
 ACT_DTYPES = ("fp16", "fp32")  # the model's dtype on CUDA: the budget's weight_dtype
 KV_FORMATS = (("int8", False), ("int8", True), ("fp16", False))  # KV dtype, centred keys
@@ -44,6 +55,8 @@ ENGINE_LAUNCHES = [
     *[("merge_in_order", dict(model=m, extra=e)) for m in MODELS for e in (False, True)],
     *[("awq_gemm_prepared", dict(model=m, rows=r, sms=sms))
       for m in MODELS for r in (*DECODE_ROWS, *PREFILL_ROWS) for sms in ORIN_SMS],
+    *[("blocked_gemm", dict(model=m, act=a, form=f, rows=r))
+      for m in MODELS for a in ACT_DTYPES for f in BLOCKED_FORMS for r in (*DECODE_ROWS, *PREFILL_ROWS)],
 ]
 
 
@@ -204,9 +217,27 @@ def _awq_gemm_prepared(model, rows, sms):
                                      tune={"split_k": split})
 
 
+def _blocked_gemm(model, act, form, rows):
+    from edge_runtime.kernels.blocked_w4a16 import blocked_gemm_triton
+    from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
+
+    m = MODELS[model]
+    bits, group, params, offsets = BLOCKED_FORMS[form]
+    group = group or m["group"]
+    meta = dict(device="meta")
+    for n, k in sorted(_linear_shapes(m) | {(m["vocab"], m["hidden"])}):  # the head too
+        nb = -(-n // BLOCK_N)
+        data = (torch.empty(nb, k, 8, dtype=torch.uint8, **meta) if bits == 4
+                else torch.empty(nb, k, 16, dtype=torch.int8, **meta))
+        scales = torch.empty(nb, k // group, 16, dtype=_dtype(params), **meta)
+        weight = BlockedQuantWeight(data, scales, torch.empty_like(scales) if offsets else None,
+                                    bits, group, n, k)
+        blocked_gemm_triton(torch.empty(rows, k, dtype=_dtype(act), **meta), weight)
+
+
 RUNNERS = {"write_kv": _write_kv, "positional_attention": _positional_attention,
            "exact_block_attention": _exact_block_attention, "merge_in_order": _merge_in_order,
-           "awq_gemm_prepared": _awq_gemm_prepared}
+           "awq_gemm_prepared": _awq_gemm_prepared, "blocked_gemm": _blocked_gemm}
 
 
 def engine_variants() -> list[Launch]:

@@ -2,9 +2,11 @@
 
 Reading (`quantize_linears_from_checkpoint`, called by edge_runtime.model.loader.build_model on a
 model built on the meta device, BEFORE the float weights are assigned):
-- every `<path>.qweight` in the state dict turns the nn.Linear at `<path>` into an `AWQLinear`;
-  its qweight/qzeros/scales(/bias) are popped from the state dict (consumed). AWQLinear keeps its
-  tensors as non-persistent buffers, so the loader's "expected keys" do not list them.
+- every `<path>.qweight` in the state dict turns the nn.Linear at `<path>` into a `QuantLinear` on
+  the runtime's blocked int4 format (quant/awq_blocked.py, exact; q/k/v and gate/up fused), or,
+  with another AWQ backend, an `AWQLinear`; its qweight/qzeros/scales(/bias) are popped from the
+  state dict (consumed). Both keep their tensors as non-persistent buffers, so the loader's
+  "expected keys" do not list them.
 - the token embedding and LM head are stored in fp16 (quant/half_embed.py): their state-dict
   tensors are converted to fp16 in place so the loader's `assign=True` keeps that dtype, and a
   tied head shares the embedding's fp16 tensor after the loader's `tie_weights()`.
@@ -28,9 +30,11 @@ from torch import nn
 
 from edge_runtime import env
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.quant.awq_blocked import awq_quant_linear, fuse_layers
 from edge_runtime.quant.awq_linear import BACKENDS, AWQLinear
 from edge_runtime.quant.half_embed import HalfEmbedding, HalfLinear, set_module
 
+LOAD_BACKENDS = (*BACKENDS, "blocked")  # "auto" loads "blocked"
 _SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja",
                "added_tokens.json")
@@ -111,6 +115,7 @@ def _check_dtypes(path: str, qweight, qzeros, scales, bias) -> None:
 
 def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
                      backend: str) -> None:
+    """backend "blocked": a QuantLinear (quant/awq_blocked.py); else an AWQLinear with it."""
     try:
         old = model.get_submodule(path)
     except AttributeError as exc:
@@ -136,8 +141,11 @@ def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
                  f"{what} with group_size {group_size}; the checkpoint is corrupt: re-export it")
     if bias is not None:
         _check_shape(f"{path}.bias", bias, (old.out_features,), what)
-    new = AWQLinear.from_tensors(qweight, qzeros, scales.to(torch.float16), group_size, bias,
-                                 backend)
+    if backend == "blocked":
+        new = awq_quant_linear(qweight, qzeros, scales.to(torch.float16), group_size, bias)
+    else:
+        new = AWQLinear.from_tensors(qweight, qzeros, scales.to(torch.float16), group_size, bias,
+                                     backend)
     set_module(model, path, new)
 
 
@@ -170,20 +178,27 @@ def _halve_embeddings(model: nn.Module, state: dict) -> None:
 def quantize_linears_from_checkpoint(model: nn.Module, state: dict, quant_config: dict,
                                      backend: str | None = None, half_embeddings: bool = True
                                      ) -> list[str]:
-    """Swap nn.Linear -> AWQLinear for every `<path>.qweight` in `state` (consumed); returns paths.
+    """Swap nn.Linear -> a quantized linear for every `<path>.qweight` in `state` (consumed);
+    returns paths.
 
-    backend: see AWQLinear; default from $EDGE_RUNTIME_AWQ_BACKEND (edge_runtime/env.py), else "auto" (`reference` gives exact
-    fp32 activations on CPU, for quality checks; `cpu-int4pack` is the fast CPU path).
+    backend: default from $EDGE_RUNTIME_AWQ_BACKEND (edge_runtime/env.py), else "auto", which is
+    "blocked": QuantLinear on the runtime's blocked format (quant/awq_blocked.py; both back ends,
+    q/k/v and gate/up fused). The others keep AWQLinear's own paths (quant/awq_linear.py), for
+    comparison: `reference` (exact, slow), `cpu-int4pack` (torch's bf16 op), `awq-gemm` (the
+    tuned prepared-layout Triton kernel, docs/perf-gpu.md).
     """
-    backend = backend or env.awq_backend(BACKENDS)
-    if backend not in BACKENDS:
-        raise ModelLoadError(f"AWQ backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    backend = backend or env.awq_backend(LOAD_BACKENDS)
+    if backend not in LOAD_BACKENDS:
+        raise ModelLoadError(f"AWQ backend {backend!r} is not one of {', '.join(LOAD_BACKENDS)}")
+    backend = "blocked" if backend == "auto" else backend
     group_size = _check_config(quant_config)
     paths = sorted(k[: -len(".qweight")] for k in state if k.endswith(".qweight"))
     if not paths:
         raise ModelLoadError("config.json says AWQ but the checkpoint has no *.qweight tensors")
     for path in paths:
         _make_awq_linear(model, path, state, group_size, backend)
+    if backend == "blocked":
+        fuse_layers(model)
     if half_embeddings:
         _halve_embeddings(model, state)
     return paths

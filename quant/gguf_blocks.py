@@ -10,7 +10,11 @@ in between). Block layouts (ggml-common.h; gguf.quants is the reference the test
   32, then 128 bytes: byte j of 32-byte chunk c holds weight j of group 2c (low nibble) and of group
   2c + 1 (high). W = d sc q - dmin mn.
 - Q8_0, 34 bytes per 32: fp16 d, 32 int8. W = d q (8-bit rows, no offset).
-Other quantized types (Q5_*, Q6_K, Q2_K, Q3_K, IQ*) are refused with their name: `UnsupportedType`.
+- Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales
+  (one per 16 weights), fp16 d. Per half of 128: weight l < 32 and 64 + l take byte l's low / high
+  nibble, 32 + l and 96 + l byte 32 + l's, with bits 0-1 / 4-5 and 2-3 / 6-7 of qh byte l on top.
+  W = (d sc) (q - 32): 8-bit rows holding q - 32, scale d sc (exact in fp32), group 16, no offset.
+Other quantized types (Q5_*, Q2_K, Q3_K, IQ*) are refused with their name: `UnsupportedType`.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import torch
 
 from edge_runtime.quant.int4_format import GroupedRows
 
-SUPPORTED = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
+SUPPORTED = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0")
 
 
 class UnsupportedType(ValueError):
@@ -86,7 +90,20 @@ def q8_0(raw: np.ndarray) -> GroupedRows:
     return GroupedRows(q, _f16(b[..., 0:2]), None, 8, 32)
 
 
-_CONVERTERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q4_K": q4_k, "Q8_0": q8_0}
+def q6_k(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 210)
+    n, nsb = b.shape[:2]
+    ql = b[..., 0:128].reshape(n, nsb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    ql = (ql & 0x0F).reshape(n, nsb, 2, 4, 32)  # per half: bytes 0-31, 32-63 low, then high
+    qh = b[..., 128:192].reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    q = (ql | ((qh & 0x03) << 4)).astype(np.int8) - np.int8(32)  # [N, S, 2, 4, 32]
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)  # [N, S, 16]
+    d = _f16(b[..., 208:210]).float()  # [N, S]
+    scales = (d[..., None] * torch.from_numpy(sc)).reshape(n, nsb * 16)  # d sc: 11 x 8 bits, exact
+    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), scales, None, 8, 16)
+
+
+_CONVERTERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q4_K": q4_k, "Q6_K": q6_k, "Q8_0": q8_0}
 
 
 def grouped_rows(raw: np.ndarray, type_name: str, name: str = "tensor") -> GroupedRows:
@@ -97,5 +114,5 @@ def grouped_rows(raw: np.ndarray, type_name: str, name: str = "tensor") -> Group
         raise UnsupportedType(
             f"{name} is stored as GGUF type {type_name}, which the runtime cannot serve quantized "
             f"(supported: {', '.join(SUPPORTED)}); run with --weights fp32, or use a "
-            "Q4_0/Q4_1/Q4_K_S/Q8_0 file")
+            "Q4_0/Q4_1/Q4_K_S/Q4_K_M/Q8_0 file")
     return convert(np.asarray(raw, dtype=np.uint8))

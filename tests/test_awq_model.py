@@ -17,6 +17,7 @@ from edge_runtime.model.contiguous_kv import ContiguousKVCache
 from edge_runtime.model.loader import build_model, weight_bytes_of
 from edge_runtime.model.safetensors_io import load_state_dict
 from edge_runtime.quant import awq_algo, awq_blocks, awq_model, awq_pack
+from edge_runtime.kernels.cpu_int4 import QuantLinear
 from edge_runtime.quant.awq_linear import AWQLinear
 
 
@@ -69,11 +70,15 @@ def _compare(folder, hf_model, group_size, ids):
     exact, _ = _load_ours(folder, backend="reference")
     got = _our_logits(exact, ids)
     assert torch.allclose(got, want, atol=2e-3, rtol=1e-3), (got - want).abs().max()
-    fast, quantization = _load_ours(folder)
+    fast, quantization = _load_ours(folder)  # the default: the blocked format, exact weights
     assert quantization == f"awq-g{group_size}"
-    assert all(m.backend == "cpu-int4pack" for m in fast.modules() if isinstance(m, AWQLinear))
-    got_fast = _our_logits(fast, ids)
-    rel = (got_fast - want).norm() / want.norm()
+    assert not any(isinstance(m, AWQLinear) for m in fast.modules())
+    assert isinstance(fast.model.layers[0].self_attn.qkv_proj, QuantLinear)
+    torch.testing.assert_close(_our_logits(fast, ids), got, rtol=1e-4, atol=1e-4)  # summation order
+    int4pack, _ = _load_ours(folder, backend="cpu-int4pack")
+    assert all(m.backend == "cpu-int4pack" for m in int4pack.modules() if isinstance(m, AWQLinear))
+    got_int4pack = _our_logits(int4pack, ids)
+    rel = (got_int4pack - want).norm() / want.norm()
     assert rel < 2e-2, float(rel)  # bf16 activations/scales in torch's int4 matmul
     return fast
 
@@ -226,8 +231,32 @@ def test_legacy_group_size_key_names_the_quantization():
 
 def test_rtn_checkpoint_helper_builds():
     config, state, qc = _rtn_checkpoint()
-    model, quantization = build_model(config, state, qc)
+    model, quantization = build_model(config, state, qc, awq_backend="reference")
     assert quantization == "awq-g32" and isinstance(model.get_submodule(_Q), AWQLinear)
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_blocked_awq_weights_are_the_awq_dequantization_bit_for_bit(group_size):
+    """The default AWQ load: every linear a QuantLinear on the blocked format (q/k/v and gate/up
+    fused), dequantizing to exactly AutoAWQ's (q - z) s."""
+    config, state, qc = _rtn_checkpoint(group_size)
+    tensors = {k: v.clone() for k, v in state.items()}
+    model, _ = build_model(config, state, qc)
+
+    def awq(path):
+        return awq_pack.dequantize(tensors[f"{path}.qweight"], tensors[f"{path}.qzeros"],
+                                   tensors[f"{path}.scales"], group_size).t()
+
+    for i, layer in enumerate(model.model.layers):
+        p = f"model.layers.{i}."
+        for module, parts in ((layer.self_attn.qkv_proj, ["self_attn.q_proj", "self_attn.k_proj",
+                                                          "self_attn.v_proj"]),
+                              (layer.self_attn.o_proj, ["self_attn.o_proj"]),
+                              (layer.mlp.gate_up_proj, ["mlp.gate_proj", "mlp.up_proj"]),
+                              (layer.mlp.down_proj, ["mlp.down_proj"])):
+            assert isinstance(module, QuantLinear), type(module)
+            want = torch.cat([awq(p + part) for part in parts])
+            assert torch.equal(module.weight.dequantize(), want), (i, parts)
 
 
 @pytest.mark.parametrize("fail_in", ["save_file", "copyfile"])

@@ -75,3 +75,60 @@ def test_builtin_model_from_its_blocks_computes_the_fp32_model():
         got, want = our_logits(model, ids), our_logits(ref.model, ids)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_mixed_types_in_a_layer_load_unfused_and_compute_the_reference():
+    """A layer whose q/k/v (or gate/up) parts differ in type (Q4_K_M keeps attn_v in Q6_K): one
+    QuantLinear per part under its Hugging Face name; the C kernels and the Triton kernel (the
+    CUDA back end's, interpreted) compute the plain-torch dequantized reference; plan's byte
+    count is still exact."""
+    from backend_helpers import gguf_config, tiny_gguf_file
+
+    from edge_runtime.kernels import dispatch
+    from edge_runtime.model.gguf_int4 import build_gguf_model
+
+    path = tiny_gguf_file("Q4_1", "Q8_0")
+    model, _ = build_gguf_model(path, gguf_config(), "llama")
+    attn = model.model.layers[0].self_attn
+    assert attn.qkv_proj is None and attn.v_proj.bits == 8 and attn.q_proj.bits == 4
+    assert isinstance(model.model.layers[0].mlp.gate_up_proj, QuantLinear)  # same type: fused
+    assert model.fused_decoder is None  # the one-call C step needs fused q/k/v
+    rope = weight_bytes_of(model.model.rotary_emb)
+    assert planned_weight_bytes(path) == weight_bytes_of(model) - rope
+    ids = random_ids(12, 500, seed=3)
+    got = our_logits(model, ids)
+    if dispatch.triton_importable():
+        with dispatch.prefer_triton():
+            torch.testing.assert_close(our_logits(model, ids), got, rtol=0, atol=1e-5)
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            m._lib = None  # the plain-torch reference: dequantize, then matmul
+    torch.testing.assert_close(our_logits(model, ids), got, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_builtin_model_for_the_cuda_back_end_serves_its_blocks_through_the_triton_kernel():
+    """`load_for` on the CUDA back end (here on CPU tensors, the interpreter) serves the built-in
+    file's own blocks, the bytes the CPU back end holds, the Q8_0 head included; its layers'
+    Triton results are the C kernels' (fp32 summation order). Whole forwards are the tiny model's
+    test (tests/test_engine_backends.py): the interpreter takes ~17 s per call of this head."""
+    from edge_runtime.engine.placement import load_for, resolve
+    from edge_runtime.kernels import dispatch
+
+    if not dispatch.triton_importable():
+        pytest.skip("needs triton (the interpreter)")
+    loaded = load_for(DEFAULT_MODEL, resolve("cpu", "cuda"), progress=None)
+    model = loaded.model
+    assert model.prepared_for == "cuda" and model.fused_decoder is None
+    assert loaded.quantization == "gguf-Q4_1" and loaded.weight_bytes == smollm2_gguf().weight_bytes
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.bits == 8
+    assert isinstance(model.model.embed_tokens, QuantEmbedding)
+    gen = torch.Generator().manual_seed(0)
+    layer = model.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
+        x = torch.randn(5, linear.in_features, generator=gen)
+        before = dispatch.TRITON_LAUNCHES["blocked_gemm"]
+        with dispatch.prefer_triton():
+            got = linear(x)
+        assert dispatch.TRITON_LAUNCHES["blocked_gemm"] == before + 1
+        torch.testing.assert_close(got, linear.c_kernel(x), rtol=1e-5, atol=1e-4)

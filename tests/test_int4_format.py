@@ -20,14 +20,16 @@ from gguf import quants  # noqa: E402
 
 def _random_raw(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
     """Random blocks of `qtype`: quantized from random floats where gguf can quantize, else
-    random bytes with finite fp16 parameters (Q4_K)."""
+    random bytes with finite fp16 parameters (Q4_K: d, dmin first; Q6_K: d last)."""
     rng = np.random.default_rng(seed)
-    if qtype == QT.Q4_K:
+    if qtype in (QT.Q4_K, QT.Q6_K):
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
         nb = cols // block_size
         raw = rng.integers(0, 256, (rows, nb, type_size), dtype=np.uint8)
-        params = rng.uniform(0.001, 0.05, (rows, nb, 2)).astype(np.float16)
-        raw[..., 0:4] = params.view(np.uint8).reshape(rows, nb, 4)
+        count = 2 if qtype == QT.Q4_K else 1
+        params = rng.uniform(0.001, 0.05, (rows, nb, count)).astype(np.float16)
+        where = slice(0, 4) if qtype == QT.Q4_K else slice(type_size - 2, type_size)
+        raw[..., where] = params.view(np.uint8).reshape(rows, nb, 2 * count)
         return raw.reshape(rows, -1)
     w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
     w[0, :] += 0.5  # rows of one sign: Q4_1's offset positive
@@ -43,12 +45,12 @@ def _exact(rows: GroupedRows, raw: np.ndarray, qtype: QT) -> None:
     assert torch.equal(blocked.dequantize(), want)
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K])
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K])
 @pytest.mark.parametrize("rows,cols", [(16, 256), (37, 512), (5, 768)])
 def test_gguf_blocks_dequantize_exactly_as_gguf(qtype, rows, cols):
     raw = _random_raw(qtype, rows, cols, seed=rows * 7 + cols + int(qtype))
     grouped = gguf_blocks.grouped_rows(raw, qtype.name)
-    assert grouped.bits == (8 if qtype == QT.Q8_0 else 4)
+    assert grouped.bits == (8 if qtype in (QT.Q8_0, QT.Q6_K) else 4)
     _exact(grouped, raw, qtype)
 
 
@@ -59,7 +61,7 @@ def test_q4_0_and_q4_1_keep_fp16_parameters():
         assert grouped.scales.dtype == torch.float16 and grouped.offsets.dtype == torch.float16
 
 
-@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q6_K, QT.Q2_K, QT.BF16])
+@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q5_K, QT.Q2_K, QT.BF16])
 def test_unsupported_types_are_refused_by_name(qtype):
     with pytest.raises(gguf_blocks.UnsupportedType, match=qtype.name):
         gguf_blocks.grouped_rows(np.zeros((1, 210), dtype=np.uint8), qtype.name, "blk.0.ffn_down")

@@ -1,6 +1,7 @@
 """The W4A16 Triton kernel on the runtime's blocked format (kernels/blocked_w4a16.py) under
 TRITON_INTERPRET=1, against its plain-torch reference, on tiny shapes: ragged N, rows past a
-BLOCK_M, 4- and 8-bit, fp16 and fp32 parameters, with and without offsets."""
+BLOCK_M, 4- and 8-bit, fp16 and fp32 parameters, with and without offsets, groups of 16 to 64,
+output tiles that reach past the last block (nothing read there), tiles from `tile_plan`."""
 import pytest
 import torch
 
@@ -28,6 +29,7 @@ def _weight(n, k, bits, group, pdtype, offsets, gen) -> BlockedQuantWeight:
     (5, 48, 128, 4, 64, torch.float32, True, torch.float16),   # AWQ / Q4_K parameters
     (17, 32, 64, 8, 32, torch.float16, False, torch.float32),  # Q8_0, rows past BLOCK_M
     (3, 20, 96, 4, 32, torch.float16, True, torch.float16),
+    (20, 80, 64, 8, 16, torch.float32, False, torch.float16),  # Q6_K's form; a tile past the blocks
 ])
 def test_matches_reference(m, n, k, bits, group, pdtype, offsets, xdtype):
     gen = torch.Generator().manual_seed(m * 7 + n)

@@ -60,6 +60,7 @@ CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
     (72, 256, 4, 128, torch.float16, True, True),
     (51, 128, 8, 32, torch.float16, False, False),  # Q8_0
     (24, 64, 8, 16, torch.float32, True, True),
+    (40, 256, 8, 16, torch.float32, False, False),  # Q6_K
 ]
 
 

@@ -1,7 +1,8 @@
 """kernels/csrc on the Jetson's CPU (Arm Cortex-A78AE), from this x86 machine: every .c file of
 kernels/csrc cross-compiled for aarch64 with the product's flags and -Wall -Wextra -Werror, and the
 kernel tests' cases (tests/csrc_harness, a C harness of test_kernel_flat_kv_cpu.py,
-test_kernel_cpu_linear.py, test_kernel_argmax_cpu.py and test_kernel_cpu_decoder.py) run under
+test_kernel_cpu_linear.py, test_kernel_cpu_int4.py, test_kernel_argmax_cpu.py and
+test_kernel_cpu_decoder.py) run under
 qemu-user: the harness's own checks pass there, and every result equals the x86 build's (bit for
 bit where the Python tests ask it of torch, within their tolerances elsewhere); the Python tests
 check the x86 build against the torch references.

@@ -60,18 +60,35 @@ def test_weights_option_per_back_end_and_a_model_packed_for_the_cpu_kernels():
 
     from edge_runtime.engine.backend import CudaBackend
     from edge_runtime.engine.placement import Placement, model_weights
+    from edge_runtime.kernels.cpu_linear import PackedLinear
 
     cpu, cuda = Placement("cpu", "cpu", "fp32"), Placement("cuda", "cuda", "fp16")
-    assert [model_weights(cpu, w) for w in ("auto", "gguf", "fp32")] == ["auto", "gguf", "fp32"]
-    assert model_weights(cuda, "auto") == model_weights(cuda, "fp32") == "fp32"  # float conversion
-    with pytest.raises(ConfigError, match="CPU back end only"):
-        model_weights(cuda, "gguf")
+    for placement in (cpu, cuda):  # both back ends serve a GGUF's own blocks
+        assert [model_weights(placement, w) for w in ("auto", "gguf", "fp32")] == ["auto", "gguf", "fp32"]
+    with pytest.raises(ConfigError, match="use one of"):
+        model_weights(cuda, "int4")
     # a GGUF served from its blocks arrives packed: the CPU back end takes it as it is ...
-    packed = SimpleNamespace(prepared_for=None, linears_packed=30, fused_decoder=None)
+    packed = SimpleNamespace(prepared_for=None, linears_packed=30, fused_decoder=None,
+                             modules=lambda: [], dtype=torch.float32)
     prepare_model(packed, CpuBackend(torch.device("cpu")))
     assert (packed.prepared_for, packed.linears_packed) == ("cpu", 30)
-    # ... the CUDA back end, which does not run that format, refuses it
-    packed = SimpleNamespace(prepared_for=None, linears_packed=30, fused_decoder=None)
+    # ... and so does the CUDA back end (QuantLinear runs the Triton kernel there), without the
+    # CPU's C layer stack; fp32 linears packed for the CPU kernels it refuses
+    packed = SimpleNamespace(prepared_for=None, linears_packed=30, fused_decoder=object(),
+                             modules=lambda: [])
+    prepare_model(packed, CudaBackend(torch.device("cpu")))
+    assert (packed.prepared_for, packed.fused_decoder) == ("cuda", None)
+    fp32_packed = SimpleNamespace(prepared_for=None, fused_decoder=None,
+                                  modules=lambda: [PackedLinear.__new__(PackedLinear)])
     with pytest.raises(ConfigError, match="packed for the CPU kernels"):
-        prepare_model(packed, CudaBackend(torch.device("cpu")))
-    assert packed.prepared_for is None
+        prepare_model(fp32_packed, CudaBackend(torch.device("cpu")))
+    assert fp32_packed.prepared_for is None
+
+
+def test_cpu_back_end_refuses_quantized_weights_with_half_activations():
+    """`generate --weights gguf --dtype fp16` on the CPU back end: one ConfigError at load, not
+    an assertion inside the first step."""
+    from backend_helpers import loaded_gguf_for
+
+    with pytest.raises(ConfigError, match="float32 activations, not float16"):
+        loaded_gguf_for("cpu", dtype=torch.float16)

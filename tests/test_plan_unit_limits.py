@@ -77,3 +77,30 @@ def test_plan_command_refuses_and_shows_the_limits(capsys):
     rc = main(["plan", "--config", "orin-nx-16gb", "--model", "llama-3.1-8b-awq",
                "--memory-high", "11274142336", "--memory-max", "13233699142"])
     assert rc != 0 and "85.2% of MemoryMax" in capsys.readouterr().err
+
+
+def test_unit_limits_count_the_weights_the_budget_device_loads(tmp_path, capsys):
+    """The unit's limits come from what serve loads on the budget's device: the GGUF's blocks
+    with float32 norms on the CPU back end, fp16 norms on CUDA, the fp16 conversion with
+    --weights fp32 on CUDA (plan --json says the same)."""
+    import json
+    from pathlib import Path
+
+    from edge_runtime.cli import main as cli_main
+    from edge_runtime.service.unit_limits import main
+
+    base = (Path(__file__).resolve().parent.parent / "configs/orin/orin-nano-8gb.yaml").read_text()
+    limits = {}
+    for device, weights in (("cpu", "auto"), ("cuda", "auto"), ("cuda", "fp32")):
+        config = tmp_path / f"{device}-{weights}.yaml"
+        config.write_text(base + f"\ndevice: {device}\n")
+        assert main(["--config", str(config), "--weights", weights]) == 0
+        high, hard = map(int, capsys.readouterr().out.split())
+        assert cli_main(["plan", "--config", str(config), "--weights", weights, "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert plan["device"] == device
+        assert (high, hard) == (plan["unit_limits"]["memory_high_bytes"],
+                                plan["unit_limits"]["memory_max_bytes"])
+        limits[device, weights] = plan["weight_bytes"]
+    blocks_cpu, blocks_cuda, fp16 = limits["cpu", "auto"], limits["cuda", "auto"], limits["cuda", "fp32"]
+    assert blocks_cuda < blocks_cpu < 100 * 2**20 < 200 * 2**20 < fp16  # norms at 2 bytes, not 4

@@ -74,6 +74,7 @@ def test_socket_unit_hands_over_a_0660_listening_socket():
 
 def test_memory_limits_come_from_the_budget_plan(tmp_path):
     from edge_runtime.budget import load_budget
+    from edge_runtime.engine.placement import resolve
     from edge_runtime.model.weight_bytes import model_for_plan
     from edge_runtime.plan import make_plan
     from edge_runtime.guard.config import GuardConfig
@@ -83,7 +84,9 @@ def test_memory_limits_come_from_the_budget_plan(tmp_path):
     _render(tmp_path, "--config", str(config))
     budget = load_budget(config)
     guard = GuardConfig.from_dict(dict(budget.guard))
-    model, weight_bytes, name = model_for_plan("smollm2-135m-instruct", budget.weight_dtype)
+    placement = resolve("auto", None, budget, need_device=False)  # what serve will load here
+    model, weight_bytes, name = model_for_plan("smollm2-135m-instruct", placement.weight_dtype,
+                                               "auto", placement.device)
     plan = make_plan(budget, model, weight_bytes, model_name=name)
     high, hard = unit_memory_limits(budget, plan, guard)
     planned = (plan.weight_bytes + plan.pool_bytes + plan.inline_arena_bytes

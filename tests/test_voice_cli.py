@@ -296,3 +296,26 @@ def test_ctrl_c_prints_the_turns_answered_so_far(capsys, tmp_path, fake_model):
     assert code == 130
     assert "turn on the radio" in out and '"answered": 1' in out
     assert "interrupted" in err and "Traceback" not in err
+
+
+def test_weights_option_reaches_the_model_load(capsys, monkeypatch, texts):
+    """`voice --weights` as generate/serve: passed to the load; a wrong value is a usage error."""
+    from edge_runtime.voice import session
+    from voice_helpers import smollm2_tokenizer
+
+    engine = ScriptedEngine(smollm2_tokenizer())
+    seen = {}
+
+    def load_runtime(*args, **kwargs):
+        seen.update(kwargs)
+        return session.Runtime(engine.tokenizer, (2,), engine, None)
+
+    monkeypatch.setattr(session, "load_runtime", load_runtime)
+    assert main(["voice", "--quiet", "--input", texts[0], "--weights", "fp32"]) == 0
+    assert seen["weights"] == "fp32"
+    assert main(["voice", "--quiet", "--input", texts[0]]) == 0
+    assert seen["weights"] == "auto"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["voice", "--quiet", "--input", texts[0], "--weights", "int3"])
+    assert "invalid choice: 'int3'" in capsys.readouterr().err

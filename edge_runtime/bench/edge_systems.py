@@ -41,9 +41,9 @@ def _progress(msg: str) -> None:
 
 def load(model: str, weights: str | None = None, device: str = "auto", backend: str | None = None):
     """The model loaded and prepared for its back end (engine/placement.py). weights: "auto" or
-    "gguf" (a GGUF's own blocks on the CPU back end, model/gguf_int4.py; auto is the float
-    conversion in the back end's dtype on the CUDA back end), "fp32" | "fp16" | "bf16" (float
-    weights in that dtype; a GGUF converted first), None: float weights in the back end's dtype."""
+    "gguf" (a GGUF's own blocks on either back end, model/gguf_int4.py), "fp32" | "fp16" | "bf16"
+    (float weights in that dtype; a GGUF converted first), None: float weights in the back end's
+    dtype."""
     from edge_runtime.engine.placement import load_for, resolve
 
     if weights in ("auto", "gguf"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from edge_runtime.model.weight_bytes import model_for_plan
+from edge_runtime.model.weight_bytes import gguf_blocks_served, model_for_plan
 from edge_runtime.model.weights_option import add_weights_option
 
 
@@ -110,7 +110,8 @@ def run(args) -> int:
     placement = resolve(args.device, args.backend, budget, need_device=False)
     weights = model_weights(placement, args.weights)
     print(f"reading model {args.model} ...", file=sys.stderr)
-    config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype, weights)
+    config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype, weights,
+                                                placement.device)
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
     unit = unit_limits_for(budget, plan, args.memory_high, args.memory_max)
     backend = describe_backend(placement)
@@ -118,22 +119,23 @@ def run(args) -> int:
         print(json.dumps({**plan.as_dict(), **placement.describe(), "unit_limits": unit,
                           "kernel_backends": backend}, indent=2))
     else:
-        print(format_plan(plan, placement, weights_form(args.model, weights)))
+        print(format_plan(plan, placement, weights_form(args.model, weights, placement)))
         print(format_unit_limits(unit))
         print(f"kernels of the {backend['backend']} back end: "
               + ", ".join(f"{op}={b}" for op, b in backend["kernels"].items()))
     return 0
 
 
-def weights_form(name: str, weights: str) -> str | None:
+def weights_form(name: str, weights: str, placement) -> str | None:
     """"gguf blocks" when the plan counts a GGUF's own blocks, else None (the weight dtype)."""
     from edge_runtime.plan import REFERENCE_MODELS
 
-    if weights == "fp32" or name in REFERENCE_MODELS:
+    if name in REFERENCE_MODELS:
         return None
     from edge_runtime.model.loader import gguf_source
 
-    return "gguf blocks" if gguf_source(name) is not None else None
+    served = gguf_blocks_served(gguf_source(name), weights, placement.weight_dtype, placement.device)
+    return "gguf blocks" if served else None
 
 
 def describe_backend(placement) -> dict:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
+from edge_runtime.model.weights_option import add_weights_option
 from edge_runtime.voice.usage import check_pipes_unshared as _check_pipes_unshared
 
 
@@ -63,6 +64,7 @@ def register(subparsers) -> None:
                    help="use a running `edge-runtime serve` on this Unix socket instead of loading "
                         "the model here (--model then only picks the tokenizer)")
     add_placement_arguments(p)
+    add_weights_option(p)
     p.add_argument("--quiet", action="store_true", help="no per-utterance progress lines")
     p.set_defaults(func=run)
 
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     need_asr = any(s.spec.kind != "text" for s in sources)
     runtime = load_runtime(config, args.model or DEFAULT_MODEL, len(sources), args.config,
                            args.device, need_asr, progress=print_stderr, server=args.server,
-                           backend=args.backend)
+                           backend=args.backend, weights=args.weights)
     out, events_failed = _Stdout(), []
     reports, engine_stats, interrupted = _serve(args, runtime, config, sources, out,
                                                 events_failed)

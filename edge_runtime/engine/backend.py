@@ -4,10 +4,11 @@
   packed for kernels/cpu_linear.py and, for every step with int8 or fp16 KV (prefill chunks
   included), the one-call C layer stack (kernels/cpu_decoder.py).
 - CUDA back end: the paged store read by position (engine/paged_kv.py) by the Triton kernels of
-  kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), AWQ
-  layers through the W4A16 Triton kernel. On a CPU device (`--device cpu --backend cuda`) it runs
-  the same code on CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for
-  tests; CI shows with it that the two back ends agree.
+  kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), a
+  GGUF's own int4/int8 blocks and AWQ layers (QuantLinear) through the blocked W4A16 Triton kernel
+  (kernels/blocked_w4a16.py) on the bytes the CPU kernels read. On a CPU device
+  (`--device cpu --backend cuda`) it runs the same code on CPU tensors through the Triton
+  interpreter (TRITON_INTERPRET=1): slow, for tests; CI shows with it that the two back ends agree.
 
 A back end offers what the engine needs and nothing on the hot path asks which one it is:
 `context(storage, steps, sm_scale)` (the step's KVContext, built on the host), `transfers()` (the
@@ -41,8 +42,13 @@ class CpuBackend:
         self.device = device
 
     def prepare_model(self, model) -> None:
+        from edge_runtime.kernels.cpu_int4 import QuantLinear
         from edge_runtime.model.linear_packing import pack_linears
 
+        if model.dtype != torch.float32 and any(isinstance(m, QuantLinear) for m in model.modules()):
+            raise ConfigError(f"the CPU back end runs quantized weights (a GGUF's blocks, AWQ) with "
+                              f"float32 activations, not {str(model.dtype).removeprefix('torch.')}: "
+                              "drop --dtype, or use --weights fp32 for float weights in that dtype")
         pack_linears(model)  # fp32 on CPU: blocked/oneDNN packed weights (model/linear_packing.py)
 
     def context(self, storage, steps, sm_scale: float):
@@ -71,8 +77,6 @@ class CpuBackend:
 
     def describe(self) -> dict:
         from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
-        from edge_runtime.kernels.dispatch import cpu_int4pack_available
-
         linear = cpu_linear.backend()
         native = cpu_native.library() is not None
         fused = native and linear == "c-blocked" and env.cpu_fused_decoder()
@@ -83,8 +87,10 @@ class CpuBackend:
             "prefill_attention": "torch-sdpa-rows",
             # steps of an fp32 model with int8 or fp16 KV: the whole layer stack in one C call
             "decode_step": "c-fused-layers" if fused else "torch-layers",
-            "awq_gemm": "torch-int4pack-cpu" if cpu_int4pack_available() else "torch-reference",
+            # a GGUF's own blocks and AWQ layers (QuantLinear, kernels/cpu_int4.py)
+            "quant_linear": "c-int4-blocked" if native else "torch-reference",
         }
+        kernels["awq_gemm"] = _awq_kernel(kernels["quant_linear"], "torch-reference")
         return {"backend": self.name, "device": str(self.device), "kernels": kernels}
 
 
@@ -99,13 +105,17 @@ class CudaBackend:
 
     def prepare_model(self, model) -> None:
         """Nothing to convert: the loader already placed the weights in the back end's dtype
-        (placement.load_for) and AWQ layers in the W4A16 kernel's layout. A model packed for
-        the CPU kernels (a GGUF served from its int4 blocks, fp32 c-blocked linears) is refused:
-        this back end does not run that format."""
-        if getattr(model, "linears_packed", 0):
-            raise ConfigError("this model's linears are packed for the CPU kernels (a GGUF served "
-                              "from its int4 blocks, or c-blocked fp32); the CUDA back end loads "
-                              "a GGUF's float conversion: load it with --weights fp32 (or auto)")
+        (placement.load_for), AWQ layers in the W4A16 kernel's layout, and a GGUF's own blocks
+        as QuantLinear modules, which run the blocked W4A16 Triton kernel on this back end
+        (kernels/cpu_int4.py). fp32 linears packed for the CPU kernels (c-blocked / oneDNN
+        PackedLinear) are refused: this back end does not run that format."""
+        from edge_runtime.kernels.cpu_linear import PackedLinear
+
+        if any(isinstance(m, PackedLinear) for m in model.modules()):
+            raise ConfigError("this model's float linears are packed for the CPU kernels (c-blocked "
+                              "or oneDNN); load the model again for the CUDA back end "
+                              "(placement.load_for)")
+        model.fused_decoder = None  # the CPU back end's C layer stack
 
     def context(self, storage, steps, sm_scale: float):
         from edge_runtime.engine.paged_kv import PagedKVContext
@@ -138,10 +148,22 @@ class CudaBackend:
             "exact_block_attention": "triton paged_attention per token",
             "merge_attention": "triton merge_in_order",
             "decode_step": "torch-layers",
-            "awq_gemm": "triton awq_gemm_prepared",
+            "quant_linear": "triton blocked_gemm",  # a GGUF's own blocks and AWQ layers
         }
+        kernels["awq_gemm"] = _awq_kernel(kernels["quant_linear"], "triton awq_gemm_prepared")
         mode = "triton-interpreter" if self.interpreted else "compiled"
         return {"backend": self.name, "device": str(self.device), "triton": mode, "kernels": kernels}
+
+
+def _awq_kernel(blocked: str, awq_gemm: str) -> str:
+    """What AWQ layers run: the blocked format's kernel, unless $EDGE_RUNTIME_AWQ_BACKEND picks
+    one of AWQLinear's own backends (quant/awq_model.py)."""
+    from edge_runtime.kernels.dispatch import cpu_int4pack_available
+
+    choice = env.awq_backend(("auto", "blocked", "cpu-int4pack", "awq-gemm", "reference"))
+    return {"awq-gemm": awq_gemm, "reference": "torch-reference",
+            "cpu-int4pack": "torch-int4pack-cpu" if cpu_int4pack_available() else "torch-reference",
+            }.get(choice, blocked)
 
 
 def select_backend(name: str | None, device: str | torch.device):

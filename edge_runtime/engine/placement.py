@@ -8,10 +8,11 @@ Every command that runs the model takes `--device auto|cpu|cuda[:N]` and `--back
 - back end: the device's unless `--backend` names one (engine/backend.py says which pairs run);
 - weight dtype: the CUDA back end on a GPU loads the budget's `weight_dtype` (fp16 on the Orin
   budgets; fp16 without a budget); the CPU back end, and the CUDA back end on CPU tensors (the
-  Triton interpreter, for tests), load fp32. AWQ layers stay int4 either way.
+  Triton interpreter, for tests), load fp32. AWQ layers stay int4 either way (the blocked format
+  both back ends read, quant/awq_blocked.py).
 `load_for` loads a model for a placement and prepares it for its back end. `--weights` (a GGUF's
-own int4 blocks or its float conversion) is separate: auto means the blocks on the CPU back end and
-the float conversion in the weight dtype on the CUDA back end (`model_weights`).
+own int4 blocks or its float conversion) is separate: auto means the blocks on both back ends (in
+the weight dtype's activations on CUDA), fp32 the float conversion in the weight dtype.
 """
 
 from __future__ import annotations
@@ -101,16 +102,15 @@ def _cuda_count() -> int:
 
 
 def model_weights(placement: Placement, weights: str = "auto") -> str:
-    """`--weights` for this placement (model/weights_option.py): auto is a GGUF's own blocks on
-    the CPU back end and its float conversion (in the placement's weight dtype) on the CUDA back
-    end, which does not run the int4 CPU format; gguf on the CUDA back end is refused."""
-    if placement.backend != "cuda":
-        return weights
-    if weights == "gguf":
-        raise ConfigError("--weights gguf runs on the CPU back end only (the CUDA back end loads "
-                          "a GGUF's float conversion); use --weights auto or fp32 with --backend "
-                          "cuda, or --backend cpu")
-    return "fp32"
+    """`--weights` for this placement (model/weights_option.py): the same on both back ends now
+    that both run a GGUF's own blocks (the C kernels on the CPU back end, the blocked W4A16
+    Triton kernel on the CUDA back end); auto on the CPU back end needs the C kernels built
+    (model/gguf_int4.serve_from_blocks). Kept as the one place a back end could narrow it."""
+    from edge_runtime.model.weights_option import WEIGHTS
+
+    if weights not in WEIGHTS:
+        raise ConfigError(f"--weights {weights!r}: use one of {', '.join(WEIGHTS)}")
+    return weights
 
 
 def load_for(model: str, placement: Placement, progress=None, weights: str = "auto"):
@@ -120,8 +120,9 @@ def load_for(model: str, placement: Placement, progress=None, weights: str = "au
     from edge_runtime.model.loader import load_model
 
     kwargs = {} if progress is None else {"progress": progress}
-    awq = "awq-gemm" if placement.backend == "cuda" else None  # the W4A16 kernel's layout
+    # AWQ layers: the blocked format (QuantLinear) on both back ends unless the environment picks
+    # one of AWQLinear's backends (quant/awq_model.py)
     loaded = load_model(model, dtype=placement.torch_dtype, device=placement.device,
-                        awq_backend=awq, weights=model_weights(placement, weights), **kwargs)
+                        weights=model_weights(placement, weights), **kwargs)
     prepare_model(loaded.model, select_backend(placement.backend, placement.device))
     return loaded

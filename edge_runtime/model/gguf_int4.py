@@ -4,8 +4,8 @@ The file is mapped (model/gguf_tensors.py: the tensor table, without gguf.GGUFRe
 every metadata value); each quantized tensor's bytes become the
 runtime's blocked int4/int8 format (quant/gguf_blocks.py -> quant/int4_format.py) and the map is
 dropped, so what stays resident is the file's tensor bytes in another order (plus 16-row block
-padding). Per layer q/k/v rows are fused into one `QuantLinear` (kernels/cpu_int4.py), gate/up
-into another, o_proj and down_proj are their own; `model.fused_decoder` runs decode steps in one C
+padding). Per layer q/k/v rows are fused into one `QuantLinear` (kernels/cpu_int4.py) when they
+share a type, gate/up into another, o_proj and down_proj are their own; `model.fused_decoder` runs decode steps in one C
 call (kernels/cpu_decoder.py). A tied LM head stays in the file's type (Q8_0 for SmolLM2) and the
 embedding reads its rows (`QuantEmbedding`). Norms (F32 in the file) are float32 parameters.
 
@@ -13,8 +13,9 @@ Invariants:
 - The model computes what the fp32 folder that gguf_convert.py writes from the same file computes:
   every weight dequantizes to the same float (tests/test_int4_format.py), q/k rows are put back in
   Hugging Face's rope order as transformers does for `llama` GGUFs (a row permutation, exact).
-- A layer whose tensors cannot be served quantized (another type, or q/k/v of different types)
-  is a ModelLoadError naming the tensor and type, with `--weights fp32` as the way out.
+- A tensor that cannot be served quantized (a type other than Q4_0/Q4_1/Q4_K/Q6_K/Q8_0) is a
+  ModelLoadError naming the tensor and type, with `--weights fp32` as the way out. Parts of
+  different types (Q4_K_M: attn_v / ffn_down in Q6_K) are not fused: one QuantLinear each.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, comp
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF type -> (bits, group size, parameter bytes, offsets) of its runtime form (quant/gguf_blocks.py)
 _RUNTIME_FORM = {"Q4_0": (4, 32, 2, True), "Q4_1": (4, 32, 2, True), "Q4_K": (4, 32, 4, True),
-                 "Q8_0": (8, 32, 2, False)}
+                 "Q6_K": (8, 16, 4, False), "Q8_0": (8, 32, 2, False)}
 _FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up",
           "ffn_up": "ffn_gate_up"}
 
@@ -89,19 +90,29 @@ class _Tensors:
 
 
 def _linear(parts: list[GroupedRows], names: list[str], bias: torch.Tensor | None) -> QuantLinear:
-    if not all(compatible(parts[0], p) for p in parts):
-        kinds = ", ".join(f"{n} {describe(p)}" for n, p in zip(names, parts))
-        raise ModelLoadError(f"{kinds}: fused linears need one quantized type; run with "
-                             "--weights fp32")
+    assert all(compatible(parts[0], p) for p in parts), [describe(p) for p in parts]
     rows = GroupedRows.cat(parts) if len(parts) > 1 else parts[0]
     return QuantLinear(BlockedQuantWeight.from_rows(rows), bias, tuple(p.shape[0] for p in parts))
 
 
-def _bias(tensors: _Tensors, names: list[str]) -> torch.Tensor | None:
-    present = [tensors.has(n) for n in names]
-    if not any(present):
-        return None
-    return torch.cat([tensors.floats(n) for n in names])
+def _set_linears(owner: nn.Module, fused_name: str, hf_names: tuple[str, ...],
+                 parts: list[GroupedRows], names: list[str], biases: list) -> None:
+    """One fused QuantLinear when the parts share a form, else one per part under its Hugging
+    Face name (a Q4_K_M file keeps attn_v in Q6_K next to Q4_K q and k: the model runs them
+    one by one, without the CPU's one-call layer stack)."""
+    if all(compatible(parts[0], p) for p in parts):
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [torch.zeros(p.shape[0]) if b is None else b for p, b in zip(parts, biases)])
+        setattr(owner, fused_name, _linear(parts, names, bias))
+        for name in hf_names:
+            delattr(owner, name)
+        return
+    for name, part, bias, tensor in zip(hf_names, parts, biases, names):
+        setattr(owner, name, _linear([part], [tensor], bias))
+
+
+def _bias(tensors: _Tensors, name: str) -> torch.Tensor | None:
+    return tensors.floats(name) if tensors.has(name) else None
 
 
 def _layer(tensors: _Tensors, cfg: ModelConfig, i: int, layer: nn.Module, permute: bool) -> None:
@@ -113,20 +124,17 @@ def _layer(tensors: _Tensors, cfg: ModelConfig, i: int, layer: nn.Module, permut
     if permute:
         q, k = q.permute_rows(rope_order(heads * d, heads)), k.permute_rows(rope_order(kv_heads * d, kv_heads))
     attn, mlp = layer.self_attn, layer.mlp
-    names = [p + f"attn_{n}.weight" for n in "qkv"]
-    attn.qkv_proj = _linear([q, k, v], names, _bias(tensors, [p + f"attn_{n}.bias" for n in "qkv"]))
+    _set_linears(attn, "qkv_proj", ("q_proj", "k_proj", "v_proj"), [q, k, v],
+                 [p + f"attn_{n}.weight" for n in "qkv"],
+                 [_bias(tensors, p + f"attn_{n}.bias") for n in "qkv"])
     attn.o_proj = _linear([tensors.rows(p + "attn_output.weight", (h, heads * d))],
-                          [p + "attn_output.weight"], _bias(tensors, [p + "attn_output.bias"]))
+                          [p + "attn_output.weight"], _bias(tensors, p + "attn_output.bias"))
     inter = cfg.intermediate_size
-    mlp.gate_up_proj = _linear([tensors.rows(p + "ffn_gate.weight", (inter, h)),
-                                tensors.rows(p + "ffn_up.weight", (inter, h))],
-                               [p + "ffn_gate.weight", p + "ffn_up.weight"], None)
+    gate_up = [p + "ffn_gate.weight", p + "ffn_up.weight"]
+    _set_linears(mlp, "gate_up_proj", ("gate_proj", "up_proj"),
+                 [tensors.rows(n, (inter, h)) for n in gate_up], gate_up, [None, None])
     mlp.down_proj = _linear([tensors.rows(p + "ffn_down.weight", (h, inter))],
                             [p + "ffn_down.weight"], None)
-    for name in ("q_proj", "k_proj", "v_proj"):
-        delattr(attn, name)
-    for name in ("gate_proj", "up_proj"):
-        delattr(mlp, name)
     layer.input_layernorm.weight = nn.Parameter(tensors.floats(p + "attn_norm.weight"), False)
     layer.post_attention_layernorm.weight = nn.Parameter(tensors.floats(p + "ffn_norm.weight"), False)
 
@@ -140,7 +148,7 @@ def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -
         head = None
     else:
         head = QuantLinear(BlockedQuantWeight.from_rows(tensors.rows("token_embd.weight", shape)))
-        model.model.embed_tokens = QuantEmbedding(head)
+        model.model.embed_tokens = QuantEmbedding(head, owns=not tied)
     if not tied:
         if tensors.type_name("output.weight") in _FLOAT_TYPES:
             model.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -154,25 +162,31 @@ def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
-def planned_weight_bytes(gguf_path: Path) -> int:
-    """The bytes `build_gguf_model` will hold for this file, from its tensor table alone (plan and
-    the budgets): blocked integers and parameters per fused linear, floats as float32. A type
-    the loader refuses counts as float32 (it is refused at load, with its name)."""
+def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
+    """The bytes `build_gguf_model` + `place` will hold for this file, from its tensor table alone
+    (plan and the budgets): blocked integers and parameters per fused linear, float tensors (norms)
+    at `float_bytes` (the activation dtype's: 4 on the CPU back end, 2 for fp16 on CUDA). A type
+    the loader refuses counts as floats too (it is refused at load, with its name)."""
     from edge_runtime.quant.int4_format import blocked_nbytes
 
     groups: dict[str, list] = {}
     total = 0
     for info in GGUFTensors(gguf_path).infos.values():
         if info.type_name not in _RUNTIME_FORM or len(info.shape) != 2:
-            total += 4 * int(np.prod(info.shape))
+            total += float_bytes * int(np.prod(info.shape))
             continue
         parts = info.name.split(".")
         key = ".".join(_FUSED.get(p, p) for p in parts)
         groups.setdefault(key, []).append(info)
     for infos in groups.values():
-        rows = sum(i.shape[0] for i in infos)
-        total += blocked_nbytes(*_RUNTIME_FORM[infos[0].type_name][:1], rows, infos[0].shape[1],
-                                *_RUNTIME_FORM[infos[0].type_name][1:])
+        if len({i.type_name for i in infos}) > 1:  # not fused: one blocked weight each
+            parts = [[i] for i in infos]
+        else:
+            parts = [infos]
+        for part in parts:
+            form = _RUNTIME_FORM[part[0].type_name]
+            total += blocked_nbytes(form[0], sum(i.shape[0] for i in part), part[0].shape[1],
+                                    *form[1:])
     return total
 
 
@@ -213,8 +227,10 @@ def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
 
 def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, device: str) -> bool:
     """Whether to serve a GGUF from its own quantized blocks (model/gguf_int4.py) rather than
-    its float32 conversion. auto: yes on the CPU back end with float32 activations and the C
-    kernels built (without them the blocks would be dequantized per call)."""
+    its float conversion. gguf: yes, in any activation dtype on any device (the CPU back end
+    runs float32 through the C kernels, the CUDA back end any dtype through the Triton kernel).
+    auto: yes on a CUDA device; on the CPU with float32 activations when the C kernels build
+    (without them the blocks would be dequantized per call)."""
     if weights not in WEIGHTS:
         raise ModelLoadError(f"unknown --weights {weights!r}; use one of {', '.join(WEIGHTS)}")
     if weights == "fp32":
@@ -223,11 +239,26 @@ def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, dev
         if weights == "gguf":
             raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
         return False
-    if str(device) != "cpu" or dtype != torch.float32:
-        if weights == "gguf":
-            raise ModelLoadError("--weights gguf runs on the CPU back end with float32 activations "
-                                 "only; use --weights fp32 on cuda or with --dtype")
-        return False
+    if weights == "gguf" or str(device) != "cpu":
+        return True
     from edge_runtime.kernels import cpu_native
 
-    return weights == "gguf" or cpu_native.library() is not None
+    return dtype == torch.float32 and cpu_native.library() is not None
+
+
+def place(model: nn.Module, dtype: torch.dtype, device: str) -> None:
+    """Put a model built on the CPU in float32 onto `device` with `dtype` activations: the
+    quantized bytes move as they are, norms (and float embeddings / heads) take `dtype`, the
+    quantized embedding returns `dtype` rows, and the C layer stack (CPU float32 only) goes."""
+    if dtype == torch.float32 and str(device) == "cpu":
+        return
+    placed: dict[int, nn.Parameter] = {}  # a tied head keeps sharing its embedding's parameter
+    for module in model.modules():
+        if isinstance(module, QuantEmbedding):
+            module.dtype = dtype
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in placed:
+                placed[id(param)] = nn.Parameter(param.data.to(device, dtype), False)
+            setattr(module, name, placed[id(param)])
+    model.to(device)  # buffers: quantized bytes and parameters keep their dtypes, rope tables too
+    model.fused_decoder = None

@@ -9,7 +9,8 @@ What changes (only when `kernels/cpu_linear.available()` and the model is fp32 o
   embedding becomes a `BlockedEmbedding` reading the head's blocked tensor, with oneDNN the head
   runs on the embedding's dense weight (~20% slower than reordered).
 When every layer got the c-blocked backend, `model.fused_decoder` runs all-decode CPU steps in one
-C call (kernels/cpu_decoder.py). AWQ (AWQLinear) and non-fp32 linears are left alone. Loading and quantizing work on the HF names,
+C call (kernels/cpu_decoder.py). Quantized (QuantLinear: a GGUF's blocks, AWQ layers fused at
+load; AWQLinear) and non-fp32 linears are left alone. Loading and quantizing work on the HF names,
 so this runs after loading, when an Engine takes the model (`Engine.__init__`), and only once.
 
 Invariant: the packed model computes the same function (fp32, summation order aside: tests compare
@@ -69,8 +70,8 @@ def linear_groups(model: nn.Module) -> list:
                                        (attn, ("o_proj",), "o_proj"),
                                        (mlp, ("gate_proj", "up_proj"), "gate_up_proj"),
                                        (mlp, ("down_proj",), "down_proj")):
-            parts = [getattr(owner, n) for n in names]
-            if all(packable(m) for m in parts):
+            parts = [getattr(owner, n, None) for n in names]  # fused already (AWQ): gone
+            if all(m is not None and packable(m) for m in parts):
                 out.append((owner, (names, new_name), parts))
     if packable(model.lm_head):
         out.append((model, (("lm_head",), "lm_head"), [model.lm_head]))

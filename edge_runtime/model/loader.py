@@ -276,15 +276,18 @@ def _model_config(folder: Path, cfg_dict: dict) -> ModelConfig:
     return ModelConfig.from_hf(cfg_dict, _read_json(gen_path) if gen_path.is_file() else None)
 
 
-def _load_from_blocks(source: Path, progress: Callable[[str], None] | None):
-    """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache)."""
+def _load_from_blocks(source: Path, progress: Callable[[str], None] | None,
+                      dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache),
+    on `device` with `dtype` activations (gguf_int4.place)."""
     from edge_runtime.model.gguf_convert import gguf_architecture
-    from edge_runtime.model.gguf_int4 import build_gguf_model
+    from edge_runtime.model.gguf_int4 import build_gguf_model, place
 
     folder = resolve_model_folder(str(source), progress)
     config = read_model_config(folder)
     tokenizer = load_tokenizer(folder)
     model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
+    place(model, dtype, device)
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
                        weight_bytes=weight_bytes_of(model), quantization=quantization)
 
@@ -302,7 +305,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     check_device(device)
     source = gguf_source(name_or_path)
     if serve_from_blocks(weights, source, dtype, device):
-        return _load_from_blocks(source, progress)
+        return _load_from_blocks(source, progress, dtype, device)
     folder = fp32_folder(name_or_path, progress)
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)

@@ -32,19 +32,32 @@ def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
     return total
 
 
-def gguf_weight_bytes(source: Path, weights: str, float_bytes: int) -> int:
+def gguf_blocks_served(source: Path | None, weights: str, weight_dtype: str, device: str) -> bool:
+    """Whether loading `source` with `weights` on `device` serves its own blocks (the loader's
+    rule; planning needs no GPU: a cuda device is not opened)."""
+    import torch
+
+    from edge_runtime.engine.placement import TORCH_DTYPES
+    from edge_runtime.model.gguf_int4 import serve_from_blocks
+
+    return serve_from_blocks(weights, source, getattr(torch, TORCH_DTYPES[weight_dtype]), device)
+
+
+def gguf_weight_bytes(source: Path, blocks: bool, float_bytes: int) -> int:
     from edge_runtime.model.gguf_int4 import planned_weight_bytes
     from edge_runtime.model.gguf_tensors import GGUFTensors
 
-    if weights != "fp32":
-        return planned_weight_bytes(source)
+    if blocks:
+        return planned_weight_bytes(source, float_bytes)
     return sum(float_bytes * math.prod(i.shape) for i in GGUFTensors(source).infos.values())
 
 
-def model_for_plan(name: str, weight_dtype: str, weights: str = "auto"):
+def model_for_plan(name: str, weight_dtype: str, weights: str = "auto", device: str = "cpu"):
     """(model config or shape, weight bytes, display name). A GGUF model counts what serving it
-    holds: its blocks in the runtime's int4/int8 form (model/gguf_int4.py; `weights` "auto" or
-    "gguf"), or with "fp32" every tensor at `weight_dtype`; neither converts the file."""
+    on `device` with `weight_dtype` activations holds (the loader's own choice,
+    gguf_int4.serve_from_blocks): its blocks in the runtime's int4/int8 form with float tensors at
+    `weight_dtype` (model/gguf_int4.py), or its float conversion, every tensor at `weight_dtype`;
+    neither converts the file."""
     from edge_runtime.plan import DTYPE_BYTES, REFERENCE_MODELS, estimate_weight_bytes
 
     if name in REFERENCE_MODELS:
@@ -57,5 +70,6 @@ def model_for_plan(name: str, weight_dtype: str, weights: str = "auto"):
     config = read_model_config(folder)
     source = gguf_source(name)
     if source is not None:
-        return config, gguf_weight_bytes(source, weights, DTYPE_BYTES[weight_dtype]), name
+        blocks = gguf_blocks_served(source, weights, weight_dtype, device)
+        return config, gguf_weight_bytes(source, blocks, DTYPE_BYTES[weight_dtype]), name
     return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name

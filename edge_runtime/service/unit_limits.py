@@ -101,9 +101,11 @@ def _gib(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from edge_runtime.budget import load_budget
-    from edge_runtime.model.weight_bytes import model_for_plan
+    from edge_runtime.engine.placement import resolve
     from edge_runtime.errors import EdgeError
     from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.model.weight_bytes import model_for_plan
+    from edge_runtime.model.weights_option import add_weights_option
     from edge_runtime.plan import make_plan
 
     p = argparse.ArgumentParser(prog="python -m edge_runtime.service.unit_limits")
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--memory-high", help="check this MemoryHigh= instead of deriving it")
     p.add_argument("--memory-max", help="check this MemoryMax= instead of deriving it")
+    add_weights_option(p)
     p.add_argument("--no-plan", action="store_true",
                    help="with both limits given: check them against the guard without the model")
     args = p.parse_args(argv)
@@ -121,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         high = hard = None
         planned = 0  # --no-plan: nothing planned to compare with MemoryHigh
         if not (args.no_plan and all(given)):
-            config, weight_bytes, name = model_for_plan(args.model, budget.weight_dtype)
+            placement = resolve("auto", None, budget, need_device=False)  # the budget's device:
+            config, weight_bytes, name = model_for_plan(args.model, placement.weight_dtype,
+                                                        args.weights, placement.device)
             plan = make_plan(budget, config, weight_bytes, model_name=name)
             high, hard = unit_memory_limits(budget, plan, guard)
             planned = planned_total(budget, plan)

@@ -68,7 +68,8 @@ def _engine_threads(config: VoiceConfig) -> str:
 
 
 def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str | None,
-                  device: str, progress: Callable[[str], None], backend: str | None = None):
+                  device: str, progress: Callable[[str], None], backend: str | None = None,
+                  weights: str = "auto"):
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
     from edge_runtime.engine.placement import load_for, resolve
@@ -81,8 +82,9 @@ def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str
     progress(f"CPU split: engine {threads}; ASR {config.asr_workers} worker(s) x "
              f"{config.asr_threads} thread(s)")
     placement = resolve(device, backend, budget or None)
-    progress(f"loading model {model} on the {placement.backend} back end ({placement.device}) ...")
-    loaded = load_for(model, placement)
+    progress(f"loading model {model} on the {placement.backend} back end ({placement.device}, "
+             f"--weights {weights}) ...")
+    loaded = load_for(model, placement, weights=weights)
     aengine = AsyncEngine(Engine(loaded, engine_config(num_streams, budget, loaded, placement)))
     return loaded.tokenizer, tuple(loaded.config.eos_token_ids), aengine
 
@@ -100,16 +102,16 @@ def _remote_engine(model: str, server: str, progress: Callable[[str], None], ret
 def load_runtime(config: VoiceConfig, model: str, num_streams: int, budget: str | None = None,
                  device: str = "auto", need_asr: bool = True,
                  progress: Callable[[str], None] = print_stderr, server: str | None = None,
-                 backend: str | None = None) -> Runtime:
+                 backend: str | None = None, weights: str = "auto") -> Runtime:
     """`server`: the Unix socket of a running `edge-runtime serve` (then no model is loaded here:
-    only its tokenizer, to build the prompts)."""
+    only its tokenizer, to build the prompts); `weights`: `--weights` (model/weights_option.py)."""
     times = {}
     t0 = time.perf_counter()
     if server:
         tokenizer, eos, aengine = _remote_engine(model, server, progress, config.server_retry_s)
     else:
         tokenizer, eos, aengine = _local_engine(config, model, num_streams, budget, device, progress,
-                                                backend)
+                                                backend, weights)
     times["model_s"] = time.perf_counter() - t0
     recognizer = None
     if need_asr:

@@ -1,7 +1,7 @@
 /* The C harness of kernels/csrc's kernel tests, for builds this machine cannot load into Python
  * (the aarch64 cross-build, run under qemu-user; tests/test_kernel_csrc_aarch64.py builds and runs
  * it). It runs the cases of tests/test_kernel_flat_kv_cpu.py, test_kernel_cpu_linear.py,
- * test_kernel_argmax_cpu.py and test_kernel_cpu_decoder.py on inputs it makes itself (the same on
+ * test_kernel_cpu_int4.py, test_kernel_argmax_cpu.py and test_kernel_cpu_decoder.py on inputs it makes itself (the same on
  * every machine: integer-derived values, no libm), and
  *   - checks what it can know alone (bit-exact fp16 rounding against the compiler's _Float16
  *     where the target has it, argmax against a plain scan, spans that cover every task once,
@@ -49,6 +49,7 @@ void cases_write_kv(void);
 void cases_attention(void);
 void cases_spans(void);
 void cases_linear(void);
+void cases_linear_q(void);
 void cases_argmax(void);
 void cases_read_ahead(void);
 void cases_decoder(void);
@@ -56,5 +57,9 @@ void cases_decoder(void);
 /* kernels/csrc entry points without a declaration in edge_runtime_cpu.h */
 int64_t read_ahead_walk(const char *const *begin, const char *const *end, int n, int per_step,
                         int64_t left, int steps, int *lines);
+int linear_blocked_q(const blocked_weight *wt, const float *bias, const float *X, int64_t ldx,
+                     float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R, int nthreads);
+int dequant_blocks_q(const blocked_weight *wt, int64_t K, int64_t b0, int64_t b1, float *out,
+                     int nthreads);
 
 #endif

@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
     cases_attention();
     cases_spans();
     cases_linear();
+    cases_linear_q();
     cases_argmax();
     cases_read_ahead();
     cases_decoder();

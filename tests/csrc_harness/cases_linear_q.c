@@ -1,0 +1,107 @@
+/* linear_int4.c's cases: test_kernel_cpu_int4.py's (4- and 8-bit weights, fp16 and fp32
+ * parameters, with and without offsets, groups of 16 to 128, ragged N, bias, every row count of a
+ * pass, thread counts): the quantized kernel's outputs must equal linear_f32.c's over the
+ * dequantized weights bit for bit (s q is exact, so s q + o rounds once wherever it is computed),
+ * each row alone and in any pass, and dequant_blocks_q must give the dequantized values exactly. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+typedef struct {
+    int64_t n, k;
+    int bits, group, params_f32, offsets, bias;
+} q_case;
+
+/* random integers and parameters in the blocked layout; `dequant` gets the fp32 blocked values */
+static blocked_weight make_weight(rng *g, const q_case *c, float *dequant) {
+    const int64_t nb = (c->n + LINEAR_BLOCK_N - 1) / LINEAR_BLOCK_N, kg = c->k / c->group;
+    const int64_t params = nb * kg * LINEAR_BLOCK_N, psize = c->params_f32 ? 4 : 2;
+    uint8_t *data = xcalloc(nb * c->k * c->bits * 2, 1);
+    char *scales = xcalloc(params, psize), *offsets = c->offsets ? xcalloc(params, psize) : NULL;
+    float *s = xcalloc(params, 4), *o = xcalloc(params, 4);
+    for (int64_t p = 0; p < params; p++) {
+        const int row = (int)(p % LINEAR_BLOCK_N), past = (p / (kg * LINEAR_BLOCK_N)) * 16 + row >= c->n;
+        /* the sources' values: fp16 scales (fp32 ones are AWQ's fp16 s or Q4_K's d sc, with
+         * offsets -s z), so s q and s z are exact and s q + o rounds once, FMA or not */
+        float sv = past ? 0.0f : f16_value(f16_bits(uniform(g) * 0.02f + 0.001f));
+        float ov = past || !offsets ? 0.0f
+                   : c->params_f32 ? -(sv * (float)(int)(next_u64(g) % 16)) : normal(g) * 0.05f;
+        if (c->params_f32) {
+            ((float *)scales)[p] = sv, s[p] = sv;
+            if (offsets) ((float *)offsets)[p] = ov, o[p] = ov;
+        } else {
+            ((uint16_t *)scales)[p] = f16_bits(sv), s[p] = f16_value(f16_bits(sv));
+            if (offsets) ((uint16_t *)offsets)[p] = f16_bits(ov), o[p] = f16_value(f16_bits(ov));
+        }
+    }
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t i = 0; i < c->k; i++)
+            for (int lane = 0; lane < LINEAR_BLOCK_N; lane++) {
+                const int past = b * 16 + lane >= c->n;
+                int q;
+                if (c->bits == 4) {
+                    q = past ? 0 : (int)(next_u64(g) % 16);
+                    data[(b * c->k + i) * 8 + lane % 8] |= (uint8_t)(q << (lane / 8 * 4));
+                } else {
+                    q = past ? 0 : (int)(next_u64(g) % 256) - 128;
+                    ((int8_t *)data)[(b * c->k + i) * 16 + lane] = (int8_t)q;
+                }
+                const int64_t p = (b * kg + i / c->group) * LINEAR_BLOCK_N + lane;
+                dequant[(b * c->k + i) * LINEAR_BLOCK_N + lane] = s[p] * (float)q + o[p];
+            }
+    free(s), free(o);
+    return (blocked_weight){data, scales, offsets, c->bits, c->group, c->params_f32, 0};
+}
+
+static void linear_q_case(const q_case *c) {
+    static const int row_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 25, 40};
+    enum { MOST = 40 };
+    const int64_t n = c->n, k = c->k, nb = (n + LINEAR_BLOCK_N - 1) / LINEAR_BLOCK_N;
+    rng g = {(uint64_t)(n * 977 + k * 13 + c->bits * 5 + c->group + c->params_f32)};
+    float *wb = xcalloc(nb * k * LINEAR_BLOCK_N, 4), *tiles = xcalloc(nb * k * LINEAR_BLOCK_N, 4);
+    blocked_weight wt = make_weight(&g, c, wb);
+    float *b = c->bias ? xcalloc(n, 4) : NULL;
+    if (b) fill_normal(&g, b, n, 1.0f);
+    const int64_t ldx = k + 3;
+    float *x = xcalloc(MOST * ldx, 4), *want = xcalloc(MOST * n, 4), *y = xcalloc(MOST * n, 4);
+    fill_normal(&g, x, MOST * ldx, 1.0f);
+    char name[64];
+    snprintf(name, sizeof name, "linear_q/n%lld/k%lld/int%d/g%d/%s%s%s", (long long)n, (long long)k,
+             c->bits, c->group, c->params_f32 ? "f32" : "f16", c->offsets ? "/off" : "",
+             c->bias ? "/bias" : "");
+    if (dequant_blocks_q(&wt, k, 0, nb, tiles, 2) || memcmp(tiles, wb, sizeof(float) * nb * k * 16))
+        fail("%s: dequant_blocks_q is not the dequantized weight", name);
+    for (int r = 0; r < MOST; r++) /* the fp32 kernel over the dequantized weight, row by row */
+        if (linear_blocked_f32(wb, b, x + r * ldx, ldx, want + r * n, n, n, k, 1, 1))
+            fail("%s: fp32 kernel refused a row", name);
+    for (size_t rc = 0; rc < sizeof row_counts / sizeof row_counts[0]; rc++)
+        for (int threads = 1; threads <= 2; threads++) {
+            const int rows = row_counts[rc];
+            memset(y, 0, sizeof(float) * MOST * n);
+            if (linear_blocked_q(&wt, b, x, ldx, y, n, n, k, rows, threads))
+                fail("%s: refused %d rows", name, rows);
+            if (memcmp(y, want, sizeof(float) * rows * n))
+                fail("%s, %d rows, %d threads: not the fp32 kernel's result on the dequantized "
+                     "weight", name, rows, threads);
+        }
+    record(name, F32_CLOSE, 1e-6f, 1e-5f, y, MOST * n * 4);
+    blocked_weight bad = wt;
+    bad.group = (int)k + 1; /* K not a multiple of it */
+    if (linear_blocked_q(&bad, b, x, ldx, y, n, n, k, 1, 1) != -1)
+        fail("%s: a group that does not divide K accepted", name);
+    free((void *)wt.data), free((void *)wt.scales), free((void *)wt.offsets);
+    free(wb), free(tiles), free(b), free(x), free(want), free(y);
+}
+
+void cases_linear_q(void) {
+    static const q_case cases[] = {
+        {16, 64, 4, 32, 0, 1, 0},    /* GGUF Q4_0 / Q4_1 */
+        {37, 96, 4, 32, 0, 1, 1},    /* ragged N: a partial last block */
+        {200, 256, 4, 64, 1, 1, 0},  /* AWQ / Q4_K parameters */
+        {72, 256, 4, 128, 0, 1, 1},
+        {51, 128, 8, 32, 0, 0, 0},   /* Q8_0 */
+        {40, 256, 8, 16, 1, 0, 0},   /* Q6_K */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) linear_q_case(&cases[c]);
+}
