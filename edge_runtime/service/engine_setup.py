@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from edge_runtime.errors import ConfigError
 from edge_runtime.guard.config import GuardConfig
 from edge_runtime.service.limits import ServiceLimits
 from edge_runtime.service.server import Loaded
@@ -26,10 +27,33 @@ def engine_config(config_path: str | None, limits: ServiceLimits, loaded, placem
     overrides = dict(max_num_seqs=limits.max_concurrent_sequences, **placement.engine_settings())
     if not config_path:
         return EngineConfig(**overrides)
-    config, plan = budget_engine_config(load_budget(config_path), loaded, overrides,
-                                        runtime_bytes=runtime_bytes)
+    budget = load_budget(config_path)
+    config, plan = budget_engine_config(budget, loaded, overrides, runtime_bytes=runtime_bytes)
     _check_free_memory(plan, str(loaded.model.device))
     return config
+
+
+def check_graph_memory(engine, config_path: str | None) -> None:
+    """The decode graphs' memory (captured at start on a GPU, engine/cuda_graphs.py) is counted in
+    the budget's activation_reserve: the activations, logits and sampler buffers a decode step
+    needs are what a graph's memory pool holds. Log what capture took, and refuse to start when it
+    exceeds that reserve, with the numbers and what to change."""
+    graphs = engine.stats().get("decode_graphs") or {}
+    taken = int(graphs.get("capture_bytes") or 0)
+    if not taken:
+        return
+    log.info("CUDA graphs: %d buckets captured in %.1f s, %.0f MiB (counted in activation_reserve)",
+             len(graphs.get("captured", [])), graphs.get("capture_s", 0.0), taken / 2**20)
+    if not config_path:
+        return
+    from edge_runtime.budget import load_budget
+
+    reserve = load_budget(config_path).activation_reserve
+    if taken > reserve:
+        raise ConfigError(
+            f"{config_path}: the decode graphs captured at start took {taken / 2**20:.0f} MiB, "
+            f"more than activation_reserve ({reserve / 2**20:.0f} MiB), which counts them: raise "
+            f"activation_reserve to at least {-(-taken // 2**20)} MiB")
 
 
 def _check_free_memory(plan, device: str) -> None:
@@ -91,6 +115,7 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
         log.info("CUDA context and workspace: %.0f MiB (counted in the budget)", runtime_bytes / 2**20)
     loaded = load_for(model_name, placement, weights=weights)
     engine = Engine(loaded, engine_config(config_path, limits, loaded, placement, runtime_bytes))
+    check_graph_memory(engine, config_path)
     aengine = AsyncEngine(engine)
     guard = None
     if guard_config.enabled:
