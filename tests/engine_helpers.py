@@ -36,6 +36,15 @@ def tiny():
 
 
 @functools.lru_cache(maxsize=1)
+def tinier():
+    """2 layers (the second's K/V come from the first's attention) and 2 query heads on 1 KV
+    head: for the Triton interpreter, which runs one program per query head and layer."""
+    config = tiny_hf_config("llama", num_hidden_layers=2,
+                            vocab_size=TINY_VOCAB)
+    return load_model(str(save_random_model(config, Path(_TMP.name) / "tinier")))
+
+
+@functools.lru_cache(maxsize=1)
 def tiny_hf():
     from transformers import AutoModelForCausalLM
 
