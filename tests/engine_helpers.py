@@ -37,8 +37,8 @@ def tiny():
 
 @functools.lru_cache(maxsize=1)
 def tinier():
-    """2 layers (the second's K/V come from the first's attention) and 2 query heads on 1 KV
-    head: for the Triton interpreter, which runs one program per query head and layer."""
+    """tiny() with 2 layers instead of 3 (the second's K/V still come from the first's attention):
+    for the Triton interpreter, which runs every kernel once per layer."""
     config = tiny_hf_config("llama", num_hidden_layers=2,
                             vocab_size=TINY_VOCAB)
     return load_model(str(save_random_model(config, Path(_TMP.name) / "tinier")))
