@@ -9,8 +9,9 @@ fp16 and fp32 KV, on the CPU flat path and on the CUDA back end's context (engin
 with the torch reference kernels. The logits of every position are the same bit for bit on the
 CPU flat path with int8 or fp16 KV (the C attention and the one-call C layer stack for every
 step), and on the CUDA back end's context with its Triton kernels (under the interpreter, on a
-smaller case with chunks of 1 and 5 tokens, small spans and tiles so that tiny sequences cross
-several) with int8, fp16 and fp32 KV.
+smaller case and a 2-layer model with chunks of 1 and 5 tokens, small spans and tiles so that tiny
+sequences cross several): every way with int8 KV, from the cache and in chunks of 1 with fp16 and
+fp32 KV, each way one test against a cold run computed once per KV dtype.
 """
 
 from dataclasses import dataclass
