@@ -37,6 +37,15 @@ def tiny():
 
 
 @functools.lru_cache(maxsize=1)
+def tinier():
+    """tiny() with 2 layers instead of 3 (the second's K/V still come from the first's attention):
+    for the Triton interpreter, which runs every kernel once per layer."""
+    config = tiny_hf_config("llama", num_hidden_layers=2,
+                            vocab_size=TINY_VOCAB)
+    return load_model(str(save_random_model(config, Path(_TMP.name) / "tinier")))
+
+
+@functools.lru_cache(maxsize=1)
 def tiny_hf():
     from transformers import AutoModelForCausalLM
 

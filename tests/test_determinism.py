@@ -9,8 +9,9 @@ fp16 and fp32 KV, on the CPU flat path and on the CUDA back end's context (engin
 with the torch reference kernels. The logits of every position are the same bit for bit on the
 CPU flat path with int8 or fp16 KV (the C attention and the one-call C layer stack for every
 step), and on the CUDA back end's context with its Triton kernels (under the interpreter, on a
-smaller case with chunks of 1 and 5 tokens, small spans and tiles so that tiny sequences cross
-several) with int8, fp16 and fp32 KV.
+smaller case and a 2-layer model with chunks of 1 and 5 tokens, small spans and tiles so that tiny
+sequences cross several): every way with int8 KV, from the cache and in chunks of 1 with fp16 and
+fp32 KV, each way one test against a cold run computed once per KV dtype.
 """
 
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import torch
 from edge_runtime.engine import sampler as sampler_module
 from edge_runtime.engine.paged_kv import PagedKVContext
 from edge_runtime.kernels import cpu_native
-from engine_helpers import engine_for, greedy, tiny, tiny_prompts
+from engine_helpers import engine_for, greedy, tinier, tiny, tiny_prompts
 from paged_kv_helpers import use_triton_kernels
 
 
@@ -96,38 +97,82 @@ def _preempted(eng, params, case: Case) -> list[list[int]]:
     return [done[i].token_ids for i in ids]
 
 
+class Serving:
+    """A case's requests on fresh engines of one config; each run's logits recorded by name."""
+
+    def __init__(self, case: Case, rec: LogitsByContext, kv_dtype: str, model=None):
+        self.case, self.rec, self.model = case, rec, model or tiny()
+        self.config = dict(kv_dtype=kv_dtype, **case.config)
+        self.params = greedy(case.tokens, ignore_eos=True)
+
+    def engine(self, **cfg):
+        return engine_for(self.model, **{**self.config, **cfg})
+
+    def generate(self, name: str, eng, prompts, n: int = 1, tokens: int | None = None):
+        self.rec.name = name
+        results = eng.generate(prompts, greedy(tokens or self.case.tokens, ignore_eos=True, n=n))
+        eng.kv.check_leaks()
+        return results
+
+
+def _cold(s: Serving) -> list[list[int]]:
+    return [_tokens(s.generate("cold", s.engine(), [t]))[0] for t in s.case.targets]
+
+
+def _cached(s: Serving) -> list[list[int]]:
+    eng = s.engine()
+    s.generate("first", eng, s.case.targets, tokens=1)  # caches the prompts' pages
+    results = s.generate("cached", eng, s.case.targets)
+    assert all(r.cached_prompt_tokens > 0 for r in results)
+    return _tokens(results)
+
+
+def _other_prefix(s: Serving) -> list[list[int]]:
+    """After another request cached the system prompt."""
+    eng = s.engine()
+    s.generate("first", eng, [s.case.system + [5, 6, 7]], tokens=1)
+    return _tokens(s.generate("other_prefix", eng, s.case.targets))
+
+
+def _chunks_of(size: int):
+    def serve(s: Serving) -> list[list[int]]:
+        eng = s.engine(max_batch_tokens=size, max_num_seqs=min(size, 4))
+        return _tokens(s.generate(f"chunks_of_{size}", eng, s.case.targets))
+    return serve
+
+
+def _batched(s: Serving) -> list[list[int]]:
+    return _tokens(s.generate("batched", s.engine(), s.case.others + s.case.targets))[len(s.case.others):]
+
+
+def _staggered_run(s: Serving) -> list[list[int]]:
+    s.rec.name = "staggered"
+    return _staggered(s.engine(), s.params, s.case)
+
+
+def _preempted_run(s: Serving) -> list[list[int]]:
+    s.rec.name = "preempted"
+    return _preempted(s.engine(), s.params, s.case)
+
+
+def _forked(s: Serving) -> list[list[int]]:
+    """Both children of n=2 (the second asserted equal to the first)."""
+    results = [s.generate("forked", s.engine(), [t], n=2)[0] for t in s.case.targets]
+    children = [[c.token_ids for c in r.completions] for r in results]
+    assert all(second == first for first, second in children), children
+    return [first for first, _ in children]
+
+
+SERVING = {"one_step": lambda s: _tokens(s.generate("one_step", s.engine(), s.case.targets)),
+           "cached": _cached, "other_prefix": _other_prefix, "batched": _batched,
+           "staggered": _staggered_run, "preempted": _preempted_run, "forked": _forked}
+
+
 def _runs(kv_dtype: str, rec: LogitsByContext, case: Case) -> dict[str, list[list[int]]]:
-    base = dict(kv_dtype=kv_dtype, **case.config)
-    params = greedy(case.tokens, ignore_eos=True)
-    targets, out = case.targets, {}
-
-    def run(name, prompts, n=1, **cfg):
-        rec.name = name
-        eng = engine_for(tiny(), **{**base, **cfg})
-        return eng, eng.generate(prompts, greedy(case.tokens, ignore_eos=True, n=n))
-
-    out["cold"] = [_tokens(run("cold", [t])[1])[0] for t in targets]
-    eng, _ = run("first", targets)
-    rec.name = "cached"
-    out["cached"] = _tokens(eng.generate(targets, params))
-    assert all(r.cached_prompt_tokens > 0 for r in eng.generate(targets, params))
-    eng, _ = run("first", [case.system + [5, 6, 7]])
-    rec.name = "other_prefix"
-    out["other_prefix"] = _tokens(eng.generate(targets, params))
-    out["one_step"] = _tokens(run("one_step", targets)[1])
-    for chunk in case.chunks:
-        out[f"chunks_of_{chunk}"] = _tokens(run(f"chunks_of_{chunk}", targets, max_batch_tokens=chunk,
-                                                max_num_seqs=min(chunk, 4))[1])
-    out["batched"] = _tokens(run("batched", case.others + targets)[1])[len(case.others):]
-    rec.name = "staggered"
-    out["staggered"] = _staggered(engine_for(tiny(), **base), params, case)
-    rec.name = "preempted"
-    out["preempted"] = _preempted(engine_for(tiny(), **base), params, case)
-    forks = [run("forked", [t], n=2)[1][0] for t in targets]
-    out["forked_0"] = [r.completions[0].token_ids for r in forks]
-    out["forked_1"] = [r.completions[1].token_ids for r in forks]
-    eng.kv.check_leaks()
-    return out
+    """The case's targets served cold and every other way -> way -> their tokens."""
+    s = Serving(case, rec, kv_dtype)
+    ways = {**SERVING, **{f"chunks_of_{c}": _chunks_of(c) for c in case.chunks}}
+    return {"cold": _cold(s), **{name: serve(s) for name, serve in ways.items()}}
 
 
 def _assert_logits_equal(rec: LogitsByContext, tokens: int) -> None:
@@ -162,16 +207,51 @@ def test_greedy_tokens_do_not_depend_on_how_a_request_was_served(path, kv_dtype,
         _assert_logits_equal(rec, FULL.tokens)
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "fp16", "fp32"])
-def test_cuda_backend_kernels_give_bit_identical_logits_however_served(kv_dtype, monkeypatch):
+def _on_triton_kernels(monkeypatch) -> None:
     """The CUDA back end's context on its Triton kernels (TRITON_INTERPRET=1 on CPU tensors):
-    spans of 8 and tiles of 4 positions (the sequences cross several), every way of serving."""
+    spans of 8 and tiles of 4 positions, so that SMALL's sequences cross several."""
     _per_segment(monkeypatch)
     use_triton_kernels(monkeypatch, span_tokens=8, block_n=4)
+
+
+# Under the interpreter every launch costs: int8 KV (the default, with the recent-key window's
+# exact block) is served every way; fp16 and fp32 KV the ways that move where a position's keys
+# are split most (the prefix cache's shared and partial pages, prefill one token per step).
+# "batched" admits the targets in one step with the others, so it also shares the system prompt
+# in one step ("one_step", served on the CPU paths).
+TRITON_WAYS = {"int8": ("cached", "other_prefix", "chunks_of_1", "chunks_of_5", "batched",
+                        "staggered", "preempted", "forked"),
+               "fp16": ("cached", "chunks_of_1"), "fp32": ("cached", "chunks_of_1")}
+
+
+@pytest.fixture(scope="module")
+def triton_cold():
+    """kv_dtype -> (tokens, logits by context) of SMALL's cold runs on the Triton kernels, each
+    computed once for the module (the patches are undone before any test runs)."""
+    done = {}
+
+    def cold(kv_dtype: str):
+        if kv_dtype not in done:
+            with pytest.MonkeyPatch.context() as mp:
+                _on_triton_kernels(mp)
+                rec = LogitsByContext(mp)
+                done[kv_dtype] = _cold(Serving(SMALL, rec, kv_dtype, tinier())), rec.runs["cold"]
+        return done[kv_dtype]
+
+    return cold
+
+
+@pytest.mark.parametrize("kv_dtype,way", [(d, w) for d, ways in TRITON_WAYS.items() for w in ways])
+def test_cuda_backend_kernels_give_bit_identical_logits_however_served(kv_dtype, way, triton_cold,
+                                                                       monkeypatch):
+    """SMALL served `way` on the Triton kernels: the cold run's tokens and logits, bit for bit."""
+    cold_tokens, cold_logits = triton_cold(kv_dtype)
+    _on_triton_kernels(monkeypatch)
     rec = LogitsByContext(monkeypatch)
-    runs = _runs(kv_dtype, rec, SMALL)
-    for name, tokens in runs.items():
-        assert tokens == runs["cold"], name
+    serving = Serving(SMALL, rec, kv_dtype, tinier())
+    serve = _chunks_of(int(way.rsplit("_", 1)[1])) if way.startswith("chunks_of_") else SERVING[way]
+    assert serve(serving) == cold_tokens
+    rec.runs["cold"] = cold_logits
     _assert_logits_equal(rec, SMALL.tokens)
 
 
