@@ -9,9 +9,14 @@ softmax(...) . (Hv) = H (softmax(...) . v), so rotating the attention output bac
 Measured on SmolLM2-135M (docs/engine.md, "int8 KV quality"): the int8-vs-fp32 perplexity excess
 halves.
 
-`rotate(x)` multiplies the last dimension (a power of two) by the matrix: one matmul, where a
-butterfly transform in torch would be ~20 small ops per tensor and layer (kernels/csrc/decoder.c
-uses the butterflies). Both agree to rounding; the C step's test bounds the int8 K/V differences.
+`rotate(x)` applies the matrix to the last dimension (a power of two) as the butterfly transform
+(log2 D stages of a + b, a - b, then one scale), elementwise ops only, so each row's result is the
+same bits however many rows the call holds. A matmul (`x @ H`) is not: BLAS and cuBLAS pick their
+kernel and summation order by the row count (with head_dim 32 on the CPU, 1, 2 and 16 rows gave
+three different roundings of one row), so a decode token's q/k/v differed alone and batched
+(tests/test_determinism.py, the 2-head model). Cost: 3 ops per stage per tensor (18 for head_dim
+64) where the matmul was one; not measured on a GPU. kernels/csrc/decoder.c uses its own
+butterflies; both agree to rounding, and the C step's test bounds the int8 K/V differences.
 Applied by engine/kv_context.py (both back ends' contexts) and the C decode step exactly when the
 KV storage says `rotated` (int8 stores, power-of-two head_dim); float stores are not rotated.
 """
@@ -25,17 +30,18 @@ def applies(head_dim: int) -> bool:
 
 
 def rotate(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] (D a power of two) -> x @ H, H the normalized Sylvester Hadamard matrix."""
+    """x [..., D] (D a power of two) -> x @ H, H the normalized Sylvester Hadamard matrix, by the
+    butterfly transform (half precision in float32): every row's bits independent of the others."""
     d = x.shape[-1]
     assert applies(d), f"Hadamard rotation needs a power-of-two head_dim, got {d}"
-    key = (d, x.dtype, x.device)
-    h = _MATRICES.get(key)
-    if h is None:
-        h = _MATRICES[key] = matrix(d, x.dtype).to(x.device)
-    return x @ h
-
-
-_MATRICES: dict = {}
+    y = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    lead, half = y.shape[:-1], 1
+    while half < d:  # pairs (j, j + half) in each block of 2 * half: (a + b, a - b)
+        pairs = y.reshape(*lead, d // (2 * half), 2, half)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2)
+        half *= 2
+    return (y.reshape(x.shape) * d ** -0.5).to(x.dtype)
 
 
 def matrix(d: int, dtype=torch.float32) -> torch.Tensor:

@@ -14,7 +14,9 @@ sequences cross several): every way with int8 KV, from the cache and in chunks o
 fp32 KV, each way one test against a cold run computed once per KV dtype.
 """
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +24,10 @@ import torch
 from edge_runtime.engine import sampler as sampler_module
 from edge_runtime.engine.paged_kv import PagedKVContext
 from edge_runtime.kernels import cpu_native
-from engine_helpers import engine_for, greedy, tinier, tiny, tiny_prompts
+from edge_runtime.model.loader import load_model
+from engine_helpers import (_TMP, TINY_VOCAB, engine_for, greedy, tinier, tiny,
+                            tiny_prompts)
+from model_helpers import save_random_model, tiny_hf_config
 from paged_kv_helpers import use_triton_kernels
 
 
@@ -252,6 +257,38 @@ def test_cuda_backend_kernels_give_bit_identical_logits_however_served(kv_dtype,
     serve = _chunks_of(int(way.rsplit("_", 1)[1])) if way.startswith("chunks_of_") else SERVING[way]
     assert serve(serving) == cold_tokens
     rec.runs["cold"] = cold_logits
+    _assert_logits_equal(rec, SMALL.tokens)
+
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64])
+def test_hadamard_rotation_of_a_row_does_not_depend_on_the_rows_beside_it(head_dim):
+    """A decode token's q/k/v are rotated alone or with a batch's: the same bits (a matmul's were
+    not with head_dim 32 on the CPU: its kernel depends on the row count)."""
+    from edge_runtime.kernels import hadamard
+
+    x = torch.randn(16, 2, head_dim, generator=torch.Generator().manual_seed(head_dim))
+    together = hadamard.rotate(x)
+    for rows in (1, 2, 3, 8):
+        assert torch.equal(hadamard.rotate(x[:rows]), together[:rows]), rows
+        assert torch.equal(hadamard.rotate(x[:rows, :1]), together[:rows, :1]), rows
+
+
+@functools.lru_cache(maxsize=1)
+def _two_heads_one_kv_head():
+    """tinier() with 2 query heads on 1 KV head (head_dim 32, GQA group 2)."""
+    config = tiny_hf_config("llama", num_hidden_layers=2, vocab_size=TINY_VOCAB,
+                            num_attention_heads=2, num_key_value_heads=1)
+    return load_model(str(save_random_model(config, Path(_TMP.name) / "two-heads")))
+
+
+def test_cuda_backend_kernels_give_bit_identical_logits_batched_with_head_dim_32(monkeypatch):
+    """SMALL on the 2-head model, int8 KV, cold and batched (decode tokens alone, then several
+    in one step): the same logits bit for bit."""
+    _on_triton_kernels(monkeypatch)
+    rec = LogitsByContext(monkeypatch)
+    serving = Serving(SMALL, rec, "int8", _two_heads_one_kv_head())
+    assert _batched(serving) == _cold(serving)
     _assert_logits_equal(rec, SMALL.tokens)
 
 
