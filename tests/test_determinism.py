@@ -11,7 +11,9 @@ CPU flat path with int8 or fp16 KV (the C attention and the one-call C layer sta
 step), and on the CUDA back end's context with its Triton kernels (under the interpreter, on a
 smaller case and a 2-layer model with chunks of 1 and 5 tokens, small spans and tiles so that tiny
 sequences cross several): every way with int8 KV, from the cache and in chunks of 1 with fp16 and
-fp32 KV, each way one test against a cold run computed once per KV dtype.
+fp32 KV, each way one test against a cold run computed once per KV dtype; and batched on a
+model of 2 query heads on 1 KV head of 32 dims, where the Hadamard rotation of a lone decode
+token's heads once rounded otherwise than in a batch (kernels/hadamard.py).
 """
 
 import functools
@@ -283,11 +285,13 @@ def _two_heads_one_kv_head():
 
 
 def test_cuda_backend_kernels_give_bit_identical_logits_batched_with_head_dim_32(monkeypatch):
-    """SMALL on the 2-head model, int8 KV, cold and batched (decode tokens alone, then several
-    in one step): the same logits bit for bit."""
+    """SMALL's first target on the 2-head model, int8 KV, cold and batched with one other request
+    (its decode tokens alone, then two in a step): the same logits bit for bit."""
     _on_triton_kernels(monkeypatch)
     rec = LogitsByContext(monkeypatch)
-    serving = Serving(SMALL, rec, "int8", _two_heads_one_kv_head())
+    case = Case(SMALL.system, SMALL.targets[:1], SMALL.others[:1], SMALL.tokens, SMALL.config,
+                SMALL.chunks, SMALL.preempt_at)
+    serving = Serving(case, rec, "int8", _two_heads_one_kv_head())
     assert _batched(serving) == _cold(serving)
     _assert_logits_equal(rec, SMALL.tokens)
 
