@@ -14,9 +14,11 @@ halves.
 same bits however many rows the call holds. A matmul (`x @ H`) is not: BLAS and cuBLAS pick their
 kernel and summation order by the row count (with head_dim 32 on the CPU, 1, 2 and 16 rows gave
 three different roundings of one row), so a decode token's q/k/v differed alone and batched
-(tests/test_determinism.py, the 2-head model). Cost: 3 ops per stage per tensor (18 for head_dim
-64) where the matmul was one; not measured on a GPU. kernels/csrc/decoder.c uses its own
-butterflies; both agree to rounding, and the C step's test bounds the int8 K/V differences.
+(tests/test_determinism.py, the 2-head model). Cost: one op per stage (an addcmul a + b * (+-1),
+bit-equal to a +- b) and the scale, 7 ops per tensor for head_dim 64 where the matmul was one;
+on the CPU (torch, 1 thread, 9 heads of 64) ~80 us for one token against ~4 us; not measured on a
+GPU. kernels/csrc/decoder.c uses its own butterflies; both agree to rounding, and the C step's
+test bounds the int8 K/V differences.
 Applied by engine/kv_context.py (both back ends' contexts) and the C decode step exactly when the
 KV storage says `rotated` (int8 stores, power-of-two head_dim); float stores are not rotated.
 """
@@ -35,13 +37,19 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1]
     assert applies(d), f"Hadamard rotation needs a power-of-two head_dim, got {d}"
     y = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    key = (y.dtype, y.device)
+    signs = _SIGNS.get(key)  # made once per device (first use, before any CUDA graph capture)
+    if signs is None:
+        signs = _SIGNS[key] = torch.tensor([[1.0], [-1.0]], dtype=y.dtype, device=y.device)
     lead, half = y.shape[:-1], 1
-    while half < d:  # pairs (j, j + half) in each block of 2 * half: (a + b, a - b)
+    while half < d:  # pairs (a, b) = (j, j + half) in each block of 2 * half -> (a + b, a - b)
         pairs = y.reshape(*lead, d // (2 * half), 2, half)
-        a, b = pairs[..., 0, :], pairs[..., 1, :]
-        y = torch.stack((a + b, a - b), dim=-2)
+        y = torch.addcmul(pairs[..., :1, :], pairs[..., 1:, :], signs)  # a + b * (+-1): exact sign
         half *= 2
     return (y.reshape(x.shape) * d ** -0.5).to(x.dtype)
+
+
+_SIGNS: dict = {}
 
 
 def matrix(d: int, dtype=torch.float32) -> torch.Tensor:
