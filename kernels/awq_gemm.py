@@ -156,7 +156,8 @@ if triton is not None:
         tl.store(w_ptr + k[:, None] * s_wk + n[None, :], w.to(tl.float16), mask=nmask[None, :])
 
 # Launch defaults per M class: "gemv1" (M = 1), "gemv" (M = 2..16), "gemm" (M > 16). gemv1 and gemv
-# are the best configs of the H200 sweep in docs/perf-gpu.md (run 2); gemm is unswept.
+# are the best configs of an H200 sweep (docs/perf-gpu.md, "Launch defaults: the H200 sweep");
+# gemm is unswept.
 # unpack: "gather" | "interleave" | "perm" (see _unpack_tile); fma: CUDA-core inner product.
 TUNE = {"gemv1": {"block_n": 256, "block_k": 64, "programs_per_sm": 2, "num_warps": 4, "num_stages": 3,
                   "unpack": "interleave", "fma": True},

@@ -216,8 +216,8 @@ def dequantize_prepared_triton(packed: PreparedAWQ, *, block_k=32, block_n=128) 
 
 
 # Launch defaults per M class: the configs with the least total time over 4096x4096 and 4096x11008
-# in the H200 sweep of docs/perf-gpu.md (run 4). "gemv1" (M = 1) the FMA path; "gemv" (M = 2..16)
-# the dot path, whose cost does not grow with M; "gemm" (M > 16) unswept.
+# in the H200 sweep (docs/perf-gpu.md, "Launch defaults: the H200 sweep"). "gemv1" (M = 1) the
+# FMA path; "gemv" (M = 2..16) the dot path, whose cost does not grow with M; "gemm" (M > 16) unswept.
 TUNE = {"gemv1": {"block_n": 128, "block_k": 64, "programs_per_sm": 4, "num_warps": 8, "num_stages": 3,
                   "dot": False, "max_split": 32},
         "gemv": {"block_n": 64, "block_k": 128, "programs_per_sm": 8, "num_warps": 4, "num_stages": 3,

@@ -5,7 +5,7 @@ at a quarter to a third of the machine's read bandwidth; oneDNN's inner product 
 for it reaches about half. Decode reads every weight once per step, so this is the decode speed.
 Two backends, chosen once per process (`backend()`):
 - "c-blocked" (default where kernels/csrc builds): kernels/csrc/linear_f32.c over weights blocked
-  as [ceil(N/16)][K][16]; one row reads the weights at the machine's read bandwidth (docs/kernels.md,
+  as [ceil(N/16)][K][16]; one row reads the weights at the machine's read bandwidth (docs/cpu-backend.md,
   "CPU linears"). A tied LM head and its embedding share the blocked tensor (`BlockedEmbedding`).
 - "onednn": oneDNN's inner product on weights reordered for it (`_reorder_linear_weight`); used
   where no C compiler is found, or with EDGE_RUNTIME_CPU_LINEAR=onednn. A tied head there runs on

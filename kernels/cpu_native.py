@@ -2,9 +2,9 @@
 
 Why C: decode attention over int8 KV in torch ops materializes float copies of every gathered
 key and value and runs M=3 matmuls; per (row, kv head) one pass over int8 keys and one over int8
-values reads each byte once (docs/kernels.md, "CPU decode attention"). And torch's fp32 GEMV (MKL,
+values reads each byte once (docs/cpu-backend.md, "CPU decode attention"). And torch's fp32 GEMV (MKL,
 oneDNN) reads weights at 40-55% of the machine's bandwidth, linear_f32.c's blocked layout at
-~100% (docs/kernels.md, "CPU linears"): decode speed is weight-read speed.
+~100% (docs/cpu-backend.md, "CPU linears"): decode speed is weight-read speed.
 
 - The shared library is cached under $XDG_CACHE_HOME (default ~/.cache)/edge-runtime/native/, keyed
   by the sources, the compiler's version and the machine (it is built with -march=native), and
@@ -34,7 +34,7 @@ SOURCES = [Path(__file__).with_name("csrc") / name
                         "decoder_ops.h", "decoder.c", "argmax.c")]
 ENV_SWITCH = env.CPU_NATIVE
 # build for another target than this machine, e.g. `haswell` or `x86-64-v3` to measure here what
-# an AVX2-only machine gets (docs/kernels.md, "AVX2 builds"); default: native
+# an AVX2-only machine gets (docs/cpu-backend.md, "AVX2 builds"); default: native
 ENV_MARCH = env.CPU_MARCH
 # "1": build decoder.c with per-phase timers (`bench step --decoder-phases`; own cache entry)
 ENV_PHASE_TIMES = env.CPU_PHASE_TIMES

@@ -5,7 +5,7 @@ torch op is a region of its own. When another program takes one of the cores the
 barrier waits for the thread that shares its core with that program: the step runs at the speed of
 the slowest time slice, and the other threads wait (spinning: burning the core the descheduled
 thread needs). On a 2-vCPU VM with busy cores two spinning threads decoded ~1 token/s where one
-thread decoded 10-16 (tools/cpu_wait_probe.py, docs/kernels.md "The CPU thread team under co-located
+thread decoded 10-16 (tools/cpu_wait_probe.py, docs/cpu-backend.md "The CPU thread team under co-located
 load"). So the team is sized to the cores actually free:
 
     threads = clamp(round(allowed - taken_by_others), 1, cap)

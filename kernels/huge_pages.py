@@ -2,7 +2,7 @@
 
 Why: decode streams every weight once per step. With 4 KiB pages the CPU's hardware prefetchers
 stop at every page boundary and the TLB misses every 4 KiB; with transparent huge pages (2 MiB) the
-same blocked GEMV read 30-40% faster here (docs/kernels.md, "CPU linears"). Linux backs a region
+same blocked GEMV read 30-40% faster here (docs/cpu-backend.md, "CPU linears"). Linux backs a region
 with huge pages on first touch when it was `madvise(MADV_HUGEPAGE)`d before (THP mode "madvise",
 the default of many distributions, or "always"); elsewhere, or if the call fails, the arena is
 ordinary memory and everything works the same, only slower.

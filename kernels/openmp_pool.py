@@ -7,7 +7,7 @@ before it sleeps (libgomp's documented GOMP_SPINCOUNT rule), so every parallel r
 wake-up. Loading the model in one thread (the main thread, the service's loader thread) and
 stepping the engine in another crosses that line on any machine where torch uses every core (a
 Jetson too). Measured on a 2-vCPU VM: a step with short prefills ~1.8x slower, a decode step ~1.2x
-(`edge-runtime bench threads`, docs/kernels.md "Threads and OpenMP").
+(`edge-runtime bench threads`, docs/cpu-backend.md "Threads and OpenMP").
 
 `omp_pause_resource_all(omp_pause_soft)` (OpenMP 5.0) frees the calling thread's pool and drops it
 from the count; a later parallel region in that thread builds a new pool, so releasing is always

@@ -26,7 +26,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 LOG2E = 1.4426950408889634
-# Launch defaults: the best configs of the H200 sweep in docs/perf-gpu.md (run 2); gpu_check.py
+# Launch defaults: the best configs of an H200 sweep (docs/perf-gpu.md, "Launch defaults: the H200
+# sweep"); gpu_check.py
 # sweeps tools/gpu_lab/tune_space.py again on any other card (an Orin should be re-swept).
 # fma: decode tiles with fewer than 16 query rows use FMA + reductions instead of a padded tl.dot.
 TUNE = {"block_n": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 8, "fma": False,

@@ -33,8 +33,8 @@ LOG2E = 1.4426950408889634
 # Launch defaults (decode v2). programs_per_sm sets the number of splits (never below one tile each).
 # idot: q.k and p.v on int8 tensor cores (q and p*v_scale as 15-bit fixed point split into two int8
 # rows; needs block_n >= 32), no per-byte conversion of K/V at all.
-# Defaults: the best config of the H200 sweep in docs/perf-gpu.md (run 4, 39.4 us, 50% of copy
-# bandwidth); the FMA path's best (block_n 64, 2 warps) was 41.2 us.
+# Defaults: the best config of the H200 sweep (39.4 us, 50% of copy bandwidth; docs/perf-gpu.md,
+# "Launch defaults: the H200 sweep"); the FMA path's best (block_n 64, 2 warps) was 41.2 us.
 TUNE = {"block_n": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 16, "magic": True, "idot": True}
 
 if triton is not None:

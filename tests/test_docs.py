@@ -1,7 +1,7 @@
 """The docs are reference: every link and cited heading resolves, nothing dates the work.
 
 Checked over README.md and docs/*.md (links, anchors, repository paths) and over every tracked
-text file (citations of a doc's heading such as `docs/kernels.md, "CPU linears"`, and words that
+text file (citations of a doc's heading such as `docs/cpu-backend.md, "CPU linears"`, and words that
 name the order or dates of the work, people's roles or issue numbers). Pure text checks: no model,
 no torch.
 """
@@ -20,7 +20,7 @@ MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 REPO_PATH = re.compile(
     r"(?<![\w./-])((?:edge_runtime|kernels|quant|tools|configs|tests|docs|systemd)/[\w./-]*\w)"
 )
-# `docs/kernels.md, "CPU linears"` or `kernels.md "CPU linears"`; the quote may wrap over comment lines.
+# `docs/cpu-backend.md, "CPU linears"` or `cpu-backend.md "CPU linears"`; the quote may wrap over comment lines.
 HEADING_CITATION = re.compile(r"((?:docs/)?[\w-]+\.md),?\s+\"([^\"]+)\"")
 MD_FILE_MENTION = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.md)\b")
 ORDINAL_SESSION = re.compile(

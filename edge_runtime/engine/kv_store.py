@@ -29,7 +29,7 @@ class StoreView:
 def touched_zeros(shape, dtype, device) -> torch.Tensor:
     """Zeros; on the CPU in memory advised to be backed by 2 MiB pages (kernels/huge_pages.py):
     decode attention reads each row's keys at a 192-byte stride across a whole page of the pool,
-    and with 4 KiB pages it took TLB misses all along (docs/kernels.md, "CPU decode attention")."""
+    and with 4 KiB pages it took TLB misses all along (docs/cpu-backend.md, "CPU decode attention")."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     numel = math.prod(shape)

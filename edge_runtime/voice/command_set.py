@@ -22,11 +22,10 @@ from typing import Callable
 
 import numpy as np
 
-from edge_runtime.errors import InputError
 from edge_runtime.paths import cache_dir
 from edge_runtime.voice.config import CONFIG_DIR
-from edge_runtime.voice.tts import espeak_version, synthesize, write_wav
-from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
+from edge_runtime.voice.tts import cached_wav, espeak_version, synthesize
+from edge_runtime.voice.wav_file import SAMPLE_RATE
 
 HOMES = {"home": CONFIG_DIR / "home-actions.yaml", "flat": CONFIG_DIR / "flat-actions.yaml"}
 VOICES = ("en-us", "en", "en-us+m3", "en+f3", "en-us+m7")  # the demo's five, in turn
@@ -123,18 +122,9 @@ def build_command_wavs(commands=COMMANDS, folder: Path | None = None,
     paths = []
     for i, (text, voice) in enumerate(plan):
         wav = folder / f"command{i:02d}.wav"
-        if not _usable(wav):
-            if progress:
-                progress(f"synthesizing command {i + 1}/{len(plan)} ({voice}): {text}")
-            tmp = wav.with_suffix(".tmp.wav")
-            write_wav(tmp, np.concatenate([pad, synthesize(text, voice, SPEED), pad]))
-            tmp.replace(wav)  # atomic: a half-written file never looks finished
+        if progress and not wav.exists():
+            progress(f"synthesizing command {i + 1}/{len(plan)} ({voice}): {text}")
+        cached_wav(wav, lambda: np.concatenate([pad, synthesize(text, voice, SPEED), pad]))
         paths.append(wav)
     return paths
 
-
-def _usable(wav: Path) -> bool:
-    try:
-        return wav.exists() and len(read_wav(wav)) > 0
-    except InputError:
-        return False

@@ -16,9 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from edge_runtime.errors import InputError
-from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
-from edge_runtime.voice.tts import espeak_version, synthesize, write_wav
+from edge_runtime.voice.wav_file import SAMPLE_RATE
+from edge_runtime.voice.tts import cached_wav, espeak_version, synthesize
 from edge_runtime.paths import cache_dir
 
 DEMO_COMMANDS = (
@@ -65,21 +64,11 @@ def build_demo_inputs(streams: int = 5, turns: int = 4, folder: Path | None = No
     out = []
     for i, (commands, voice) in enumerate(plan):
         wav = folder / f"stream{i}.wav"
-        if not _usable(wav):
-            if progress:
-                progress(f"synthesizing stream {i} ({voice}): {len(commands)} commands")
-            tmp = wav.with_suffix(".tmp.wav")
-            write_wav(tmp, stream_audio(commands, voice))
-            tmp.replace(wav)  # atomic: a half-written file never looks finished
+        if progress and not wav.exists():
+            progress(f"synthesizing stream {i} ({voice}): {len(commands)} commands")
+        cached_wav(wav, lambda: stream_audio(commands, voice))
         out.append((wav, commands))
     (folder / "commands.json").write_text(json.dumps(
         [{"wav": str(w), "voice": v, "commands": c} for (w, c), (_, v) in zip(out, plan)],
         indent=1))
     return out
-
-
-def _usable(wav: Path) -> bool:
-    try:
-        return wav.exists() and len(read_wav(wav)) > 0
-    except InputError:
-        return False

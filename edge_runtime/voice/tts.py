@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_runtime.errors import ConfigError
+from edge_runtime.errors import ConfigError, InputError
 from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
 
 ESPEAK = "espeak-ng"
@@ -101,3 +101,16 @@ def write_wav(path: Path, audio: np.ndarray, rate: int = SAMPLE_RATE, channels: 
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(pcm.tobytes())
+
+
+def cached_wav(path: Path, make_audio) -> None:
+    """Write `make_audio()` to `path` unless a readable WAV with samples is already there; written
+    to a temporary name and renamed, so a half-written file never looks finished."""
+    try:
+        if path.exists() and len(read_wav(path)) > 0:
+            return
+    except InputError:
+        pass
+    tmp = path.with_suffix(".tmp.wav")
+    write_wav(tmp, make_audio())
+    tmp.replace(path)

@@ -177,7 +177,7 @@ static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) 
  * batch 5 at 512 tokens in the VM's high-bandwidth mode, step 15.7 vs 16.5 ms (medians of 7 runs
  * each: o_proj and gate/up faster, attention ~0.2 ms slower); 2 MiB or 8 lines slowed the
  * attention more than they sped the linears, prefetching into L1 too; the low mode and batch 1
- * unchanged within the spread (docs/kernels.md, "CPU decoder layers"). */
+ * unchanged within the spread (docs/cpu-backend.md, "CPU decoder layers"). */
 #define READ_AHEAD_BYTES (1 << 20)
 #define READ_AHEAD_MAX_STEP 4
 /* append output blocks [b0, b1) of a blocked matrix with K inputs */

@@ -156,7 +156,7 @@ typedef int32_t v8i __attribute__((vector_size(32)));
  * (-march=haswell, skylake, znver2/3, x86-64-v3) gcc 12 lowers a 32-byte memcpy into two 16-byte
  * moves bounced through the stack, and every vector load then waits on a failed store-to-load
  * forward: the linears and the attention ran ~10x slower there than on AVX-512 targets
- * (docs/kernels.md, "AVX2 builds"). A dereference is one vmovups (or its two halves) everywhere. */
+ * (docs/cpu-backend.md, "AVX2 builds"). A dereference is one vmovups (or its two halves) everywhere. */
 typedef float v8f_unaligned __attribute__((vector_size(32), aligned(4), may_alias));
 
 static inline v8f load_v8(const float *p) { return *(const v8f_unaligned *)p; }

@@ -170,7 +170,7 @@ void write_kv_f16(const float *k, const float *v, int64_t k_stride_t, int64_t v_
 /* Keys ahead that the passes prefetch. 40 rather than 16: with the VM's two vCPUs on two chiplets
  * (the high-bandwidth mode, tools/vcpu_probe.c) the rows come from farther away, and in an
  * alternated `bench engine` A/B the batch-5/batch-1 ratio's steady high-mode pairs had median
- * 3.57 with 40 against 3.48 with 16 (docs/kernels.md, "CPU decode attention"); the low mode is unchanged. */
+ * 3.57 with 40 against 3.48 with 16 (docs/cpu-backend.md, "CPU decode attention"); the low mode is unchanged. */
 #ifndef KV_PREFETCH
 #define KV_PREFETCH 40
 #endif
@@ -352,7 +352,7 @@ decode_task_v8(const float *q, const flat_part *parts, int num_parts, int r, int
          * last read): ask for the first KV_PREFETCH keys' K and V rows at once, then each pass
          * keeps KV_PREFETCH rows ahead; V is fetched into L2 here, a pass before the values read
          * it. Measured in the step: attention 2.73 -> 2.48 ms per batch-5 step in the VM's
-         * low-bandwidth mode (docs/kernels.md, "CPU decode attention"). */
+         * low-bandwidth mode (docs/cpu-backend.md, "CPU decode attention"). */
         for (int64_t b = 0; b < KV_PREFETCH && b < n; b++) {
             __builtin_prefetch(pt->k + (idx[b] + off) * D, 0, 0);
             __builtin_prefetch(pt->v + (idx[b] + off) * D, 0, 2);
@@ -562,7 +562,7 @@ int64_t decode_attention_keys(const flat_part *parts, int num_parts, int Hkv, in
  * cache), and it reuses one scratch region. In an
  * alternated `bench engine` A/B this beat handing tasks out one at a time (dynamic): batch-5 decode
  * at 512-token prompts, median of steady pairs, 288 vs 282 tok/s in the VM's high-bandwidth mode,
- * 245 vs 239 in the low one (docs/kernels.md, "CPU decode attention").
+ * 245 vs 239 in the low one (docs/cpu-backend.md, "CPU decode attention").
  * head_dim 64 or 128 with 1-8 query heads per kv head: decode_task_v8, head_dim and group size
  * compile-time constants; any other shape: decode_task.
  * Returns 0; -1 when a row has no key (the caller guarantees one), -2 when D > MAX_HEAD_DIM. */

@@ -4,7 +4,7 @@
  * the 16 weights of every input column k are adjacent (rows past N are zero). A decode step reads
  * each weight once as one 64-byte line per k and multiplies it by x[r, k] broadcast, for every row r
  * of the batch: no horizontal sums, R x 16 accumulators in registers, one sequential stream per
- * thread. That is what lets one row run at the machine's read bandwidth (docs/kernels.md, "CPU
+ * thread. That is what lets one row run at the machine's read bandwidth (docs/cpu-backend.md, "CPU
  * linears"); torch's MKL GEMV and oneDNN's inner product reached 40-55% of it here.
  *
  * linear_blocked_f32: Y[r, n] = sum_k X[r, k] * W[n, k] (+ bias[n]) for r < R, n < N.
@@ -30,15 +30,15 @@
 #endif
 #define ROW_BLOCK 48
 /* Software prefetch 4 KiB ahead in the weight stream, for 3+ rows only: measured on huge pages
- * (docs/kernels.md, "CPU linears"), it helps 5 rows and costs 1-2 rows (-4 to -8% when the
+ * (docs/cpu-backend.md, "CPU linears"), it helps 5 rows and costs 1-2 rows (-4 to -8% when the
  * machine's bandwidth is high): with one row the hardware prefetcher keeps up on its own. 4 KiB
  * ahead: five-row passes over the model's linears 9.0 ms vs 9.7 ms at 1 KiB (2 and 8 KiB
- * slower) in the high-bandwidth mode, equal in the low one (docs/kernels.md, "CPU linears"). */
+ * slower) in the high-bandwidth mode, equal in the low one (docs/cpu-backend.md, "CPU linears"). */
 #define PREFETCH_FLOATS 1024
 /* Its locality hint. NTA (0) is what the AMD EPYC (Zen 4) VM was tuned with; on an Intel Xeon
  * VM NTA-prefetched weight lines cost the batch-5 step 33 ms against 27 ms
  * with T0 (3), batch 1 unchanged (`bench step --batch 1,5 --prompt-tokens 512`, alternated,
- * docs/kernels.md "CPU linears"); no prefetch at all: 33-34 ms. */
+ * docs/cpu-backend.md "CPU linears"); no prefetch at all: 33-34 ms. */
 #if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || \
     defined(__znver5__)
 #define PREFETCH_LOCALITY 0
