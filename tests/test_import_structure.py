@@ -5,6 +5,9 @@
   to dodge a cycle still makes the two modules depend on each other.
 - No private name (`_x`) imported from another module of the package: what a module shares is
   public.
+- In edge_runtime/cache/ (the KV bookkeeping, where objects share a pool, a tree and block
+  tables), no `x._name` on anything but `self` or `cls`: each object is used through its public
+  methods and attributes, so what one may touch of another is written down in that one.
 """
 
 import ast
@@ -14,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # installed package -> source folder (pyproject.toml's package-dir)
 PACKAGE_DIRS = {"edge_runtime": ROOT / "edge_runtime", "edge_runtime.kernels": ROOT / "kernels",
                 "edge_runtime.quant": ROOT / "quant"}
+CACHE_DIR = ROOT / "edge_runtime" / "cache"
 
 
 def package_modules() -> dict[str, Path]:
@@ -117,3 +121,33 @@ def test_no_private_names_imported_across_modules():
              for importer, imported, names, line in imports(modules)
              for name in names if name.startswith("_") and not name.startswith("__")]
     assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
+def private_attributes_of_others(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of every `x._name` (not a dunder) whose x is not `self` or `cls`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_private_attribute_finder_finds_another_objects_private_attribute():
+    source = ("class Holder:\n"
+              "    def total(self, other):\n"
+              "        return self._own + other.count + len(other.__dict__)\n"
+              "    def reach(self, other):\n"
+              "        return other._hidden + self.pool._free()\n")
+    assert private_attributes_of_others(source) == [(5, "other._hidden"), (5, "self.pool._free")]
+
+
+def test_cache_objects_use_only_each_others_public_surface():
+    paths = sorted(CACHE_DIR.glob("*.py"))
+    assert CACHE_DIR / "kv_manager.py" in paths, paths  # it looks where the code is
+    found = [f"{path.relative_to(ROOT)}:{line}: {expression}" for path in paths
+             for line, expression in private_attributes_of_others(path.read_text())]
+    assert not found, "private attributes of another object used in edge_runtime/cache/ (add " \
+                      "a public method or attribute to its class and document it):\n" + \
+                      "\n".join(found)

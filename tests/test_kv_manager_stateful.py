@@ -39,7 +39,7 @@ class KVMachine(RuleBasedStateMachine):
                 slots_per_page=st.sampled_from([1, 2, 4]))
     def setup(self, page_tokens, num_pages, slots, cache, slots_per_page):
         # a slot as large as a page: short requests use it often; smaller: page tails continue
-        # in slots (kv_tail.py) and inline ends spill into pages
+        # in slots (cache/tail_allocator.py) and inline ends spill into pages
         inline = max(1, page_tokens // slots_per_page)
         self.mgr = KVManager(num_pages, page_tokens, slots, inline, enable_prefix_cache=cache,
                              enable_inline=slots > 0)

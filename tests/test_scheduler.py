@@ -170,7 +170,7 @@ def test_a_sharer_that_needs_a_copy_waits_and_leaves_the_counters(monkeypatch):
     def reserve_with_a_copy(seq_id, n):
         ops = reserve(seq_id, n)
         if seq_id == "b/0":
-            ops = ops + [kv._copied(CopyOp(PAGES, 0, PAGES, 8, 4))]
+            ops = ops + [kv.tail_allocator.count_copy(CopyOp(PAGES, 0, PAGES, 8, 4))]
         return ops
 
     monkeypatch.setattr(kv, "reserve", reserve_with_a_copy)

@@ -2,6 +2,7 @@
 
 `check_manager` is the leak/consistency check run after every step in tests and whenever the
 engine is idle. It raises AssertionError with the offending values (and a pool dump) on failure.
+Both read only KVManager's public state (the class docstring lists it) and change nothing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Life of a sequence: `admit` maps the longest cached prefix (ref += 1 on each pag
 tail storage (an idle cached tail page taken over, an inline slot, or pages later); `reserve` gives
 storage for the tokens about to be written and returns the CopyOps the engine must run first
 (copy-on-write of a page or slot it does not own, an inline end that outgrows its slots, a page
-tail whose end continues in slots: kv_tail.py says when);
+tail whose end continues in slots: cache/tail_allocator.py says when);
 `commit` records the written tokens (first token of a page indexes it in the prefix cache, so a
 concurrent request can already share it); `finish` moves an inline tail into a page (CopyOp) so the
 next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
@@ -19,6 +19,12 @@ Invariants (`check_invariants`, after every step in tests, `check_leaks` when id
   equals that page's tokens over the positions it uses (what attention reads is what was written).
 - prefix pages are aligned and all but the last fully used; the tail starts at prefix_len.
 - a failed admit/reserve (OutOfPages) changes nothing.
+
+Structure: the manager owns the page pool, the prefix cache, the inline arena, the recent-key
+windows and the block tables (`seqs`); tail growth (pages, slots, copy-on-write) is its
+TailAllocator's (cache/tail_allocator.py), built on the same pool, prefix cache, arena, counters
+and log. The memory guard's retire runs cache/pool_shrink.py on those collaborators; the checks
+and stats (cache/kv_checks.py) read the manager's public state, listed in the class docstring.
 """
 
 from __future__ import annotations
@@ -26,16 +32,21 @@ from __future__ import annotations
 from edge_runtime.cache import pool_shrink
 from edge_runtime.cache.inline_arena import InlineArena
 from edge_runtime.cache.kv_checks import check_manager, manager_stats
-from edge_runtime.cache.kv_tail import TailStorage, ceil_div
 from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
-from edge_runtime.cache.observability import EventLog, KVCounters, dump_state
+from edge_runtime.cache.observability import EventLog, KVCounters, LowFreePagesDump, dump_state
 from edge_runtime.cache.page_pool import CACHED, PagePool
 from edge_runtime.cache.prefix_cache import Match, PrefixCache
 from edge_runtime.cache.recent_windows import RecentWindows, aligned_cached
+from edge_runtime.cache.tail_allocator import TailAllocator, ceil_div
 from edge_runtime.errors import OutOfPages, RequestError
 
 
-class KVManager(TailStorage):
+class KVManager:
+    """Public state, read by kv_checks.py, the simulator and tests, and changed only through the
+    methods below: `pool`, `prefix`, `arena`, `windows`, `seqs` (seq id -> SeqKV), `counters`,
+    `log`, `tail_allocator`, and the settings `page_tokens`, `inline_tokens`,
+    `enable_prefix_cache`, `enable_inline`."""
+
     def __init__(self, num_pages: int, page_tokens: int, num_inline_slots: int = 0,
                  inline_tokens: int = 0, enable_prefix_cache: bool = True,
                  enable_inline: bool = True, debug: bool | None = None,
@@ -52,8 +63,10 @@ class KVManager(TailStorage):
         self.windows = RecentWindows(num_windows, window_tokens)
         self.seqs: dict[object, SeqKV] = {}
         self.counters = KVCounters()
-        self.dump_below_free = dump_below_free
-        self._dumped = False
+        self.tail_allocator = TailAllocator(
+            self.pool, self.prefix, self.arena, self.counters, self.log,
+            LowFreePagesDump(dump_below_free, self.dump), page_tokens,
+            enable_prefix_cache=enable_prefix_cache, enable_inline=self.enable_inline)
 
     def _on_evict(self, page) -> None:
         self.prefix.unregister(page)
@@ -74,13 +87,14 @@ class KVManager(TailStorage):
                       and uncached + max_new_tokens <= self.inline_tokens)
         # an idle cached last page is taken over (appended in place) unless the rest of this
         # turn fits in fewer slots than a page: then it is copied into slots by reserve
-        slots = self._slot_plan(seq, len(prompt), owns_last=False)
+        tails = self.tail_allocator
+        slots = tails.slot_plan(seq, len(prompt), owns_last=False)
         take_over = m.take_over and slots is None
         if take_over:  # taken over, the last page is ours: slots only past its end
-            slots = self._slot_plan(seq, len(prompt), owns_last=True)
+            slots = tails.slot_plan(seq, len(prompt), owns_last=True)
         if not use_inline and slots is None:
             pinned = sum(self.pool.pages[p].state == CACHED for p in seq.all_pages())
-            n_new, _ = self._pages_needed(seq, len(prompt), owns_last=take_over)
+            n_new, _ = tails.pages_needed(seq, len(prompt), owns_last=take_over)
             if n_new > self.pool.num_available - pinned:
                 self.counters.failed_allocations += 1
                 raise OutOfPages(f"prompt of {len(prompt)} tokens ({m.num_cached} cached) needs "
@@ -97,7 +111,7 @@ class KVManager(TailStorage):
             seq.tail_kind, seq.inline_slots = INLINE, [self.arena.allocate(seq_id)]
         seq.window, seq.window_start = self.windows.allocate(seq_id), m.num_cached
         self.seqs[seq_id] = seq
-        self._update_capacity(seq)
+        tails.update_capacity(seq)
         self.counters.admitted += 1
         self.counters.prompt_tokens += len(prompt)
         self.counters.cached_prompt_tokens += m.num_cached
@@ -121,9 +135,7 @@ class KVManager(TailStorage):
         target = seq.num_tokens + num_new_tokens
         if target <= seq.capacity:
             return []
-        if seq.tail_kind == INLINE:
-            return self._grow_inline(seq, target)
-        return self._grow_pages(seq, target)
+        return self.tail_allocator.grow(seq, target)
 
     def commit(self, seq_id, token_ids) -> None:
         """The K/V of these tokens (positions num_tokens...) are now written."""
@@ -165,7 +177,7 @@ class KVManager(TailStorage):
         child.window = self.windows.allocate(child_id) if par.window is not None else None
         child.window_start = par.window_start
         self.seqs[child_id] = child
-        self._update_capacity(child)
+        self.tail_allocator.update_capacity(child)
         self.log("fork", child_id, parent=parent_id)
         return child
 
@@ -180,14 +192,8 @@ class KVManager(TailStorage):
     def finish(self, seq_id) -> list[CopyOp]:
         """Done: keep the K/V cached for the next turn; returns copies to run now (an inline
         tail moved into a page), then drops every reference."""
-        seq, copies = self.seqs[seq_id], []
-        if (seq.tail_kind == INLINE and self.enable_prefix_cache
-                and seq.num_tokens > seq.inline_start(self.page_tokens)
-                and self.arena.owner[seq.inline_slots[-1]] in (seq_id, None)):
-            if self._page_to_take_back(seq):
-                copies = self._slots_into_page(seq, None)
-            elif self.pool.num_available > 0:
-                copies = self._slots_into_page(seq, self._allocate(1, seq_id)[0])
+        seq = self.seqs[seq_id]
+        copies = self.tail_allocator.inline_end_to_page(seq)
         self.counters.finished += 1
         self._drop(seq)
         return copies
@@ -233,11 +239,17 @@ class KVManager(TailStorage):
     def retire_pages(self, start: int, end: int) -> list[CopyOp]:
         """Take pages [start, end) out of service (memory guard): cached ones evicted, live ones
         relocated (run the returned copies before the next step). OutOfPages changes nothing."""
-        return pool_shrink.retire_pages(self, start, end)
+        copies = pool_shrink.retire_pages(self.pool, self.prefix, self.seqs.values(),
+                                          self.page_tokens, self.log, start, end)
+        for seq in self.seqs.values():
+            self.tail_allocator.update_capacity(seq)
+        self.counters.copies += len(copies)
+        self.counters.copied_tokens += sum(op.num_tokens for op in copies)
+        return copies
 
     def restore_pages(self, start: int, end: int) -> int:
         """Put retired pages in [start, end) back in service; returns how many."""
-        return pool_shrink.restore_pages(self, start, end)
+        return self.pool.restore(range(start, end))
 
     # -- addressing ---------------------------------------------------------------------------
     def segments(self, seq_id) -> Segments:

@@ -77,6 +77,13 @@ class SeqKV:
     def all_pages(self) -> list[int]:
         return self.prefix_pages + self.tail_pages
 
+    def replace_page(self, old_id: int, new_id: int) -> None:
+        """Point the block table at `new_id` where it held `old_id` (a page relocated by
+        cache/pool_shrink.py: same content, same positions)."""
+        for table in (self.prefix_pages, self.tail_pages):
+            if old_id in table:
+                table[table.index(old_id)] = new_id
+
     def segments(self) -> Segments:
         full = tuple(self.tail_pages) if self.tail_kind == INLINE else ()
         return Segments(tuple(self.prefix_pages), self.prefix_len, self.tail_kind,

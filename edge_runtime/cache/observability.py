@@ -6,7 +6,8 @@ line each: `t=<seconds since start> req=<seq id> <event> page=<id> ref=<n>`. The
 kept in `events` (bounded) so tests and post-mortems can read them without a logging setup.
 
 The dump (`dump_state`) is a multi-line text of every non-free page and every sequence's block
-table; KVManager logs it at WARNING once each time free pages fall under `dump_below_free`.
+table; `LowFreePagesDump` logs it at WARNING once each time free pages fall under `dump_below_free`
+(KVManager's constructor argument), checked after every page allocation for a tail.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, fields
+from typing import Callable
 
 from edge_runtime import env
 
@@ -62,6 +64,23 @@ class EventLog:
         if LOG.isEnabledFor(logging.DEBUG):
             extra = " ".join(f"{k}={v}" for k, v in fields_.items())
             LOG.debug("t=%.6f req=%s %s %s", t, seq_id, event, extra)
+
+
+class LowFreePagesDump:
+    """Logs `describe()` at WARNING when free pages fall under `threshold`, once per fall: it
+    re-arms when they are back at or above it (threshold 0: never)."""
+
+    def __init__(self, threshold: int, describe: Callable[[], str]):
+        self.threshold = threshold
+        self.describe = describe
+        self.logged = False  # logged during the current fall below the threshold
+
+    def after_allocation(self, num_free: int) -> None:
+        if num_free < self.threshold and not self.logged:
+            self.logged = True
+            LOG.warning("free KV pages below %d:\n%s", self.threshold, self.describe())
+        elif num_free >= self.threshold:
+            self.logged = False
 
 
 def dump_state(pool, seqs: dict, arena) -> str:

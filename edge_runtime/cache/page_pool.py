@@ -191,6 +191,18 @@ class PagePool:
             self.on_event("retire", None, page=i)
         self.num_retired += len(ids)
 
+    def relocate(self, old_id: int, new_id: int) -> None:
+        """The empty LIVE page `new_id` takes over the bookkeeping of the LIVE page `old_id`
+        (references, owner, tokens, tree position; the prefix cache's index is re-pointed
+        separately, `PrefixCache.move`). `old_id` is left FREE outside the free queue: the
+        caller retires it (`retire_free`), as cache/pool_shrink.py does."""
+        old, new = self.pages[old_id], self.pages[new_id]
+        assert old.state == LIVE and new.state == LIVE and not new.tokens, (old, new)
+        new.ref_count, new.owner, new.tokens = old.ref_count, old.owner, old.tokens
+        new.start, new.parent, new.children = old.start, old.parent, old.children
+        new.indexed = old.indexed
+        old.reset()
+
     def restore(self, page_ids) -> int:
         """RETIRED pages -> FREE (at the back of the free queue); returns how many."""
         ids = [i for i in page_ids if self.pages[i].state == RETIRED]

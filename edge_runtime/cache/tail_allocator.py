@@ -1,27 +1,36 @@
-"""Tail storage growth for KVManager: pages, inline slots, copy-on-write (a mixin, no torch).
+"""TailAllocator: storage for the private tail of each sequence: pages, inline slots,
+copy-on-write (no torch).
 
-Split out of kv_manager.py to keep modules small; these methods use KVManager's fields (pool,
-prefix, arena, counters, log) and are only called by it. Rules: only a page's or slot's owner
-writes into it (at its end); anyone else gets a copy first; a failed allocation raises OutOfPages
-before anything changes.
+KVManager owns one and calls its public methods; the allocator holds no sequence table of its own:
+it works on the SeqKV it is given, with the collaborators passed to its constructor (the page pool,
+the prefix cache, the inline arena, the counters, the event log and the low-free-pages dump), which
+it shares with the manager.
+
+Invariants: only a page's or slot's owner writes into it (at its end); anyone else gets a copy
+first, and every copy it plans is counted (`count_copy`); a failed allocation raises OutOfPages
+before anything changes; after every change to a tail, `update_capacity` has set the sequence's
+capacity (positions it may write without another `grow`).
 
 Where the end of a tail goes. A tail is full pages plus, at its end, either a page being filled
 or up to a page's worth of inline slots. Slots are chosen for the end of a tail that continues
 cached history (`num_cached_tokens > 0`: its new tokens are this stream's own turn, which nobody
 else will match while it runs) when everything the sequence can still write from the last page
 boundary on (`prompt_len + max_new_tokens - boundary`) fits in fewer slots than a page
-(`_slot_plan`): a voice turn whose history just crossed a page boundary then holds one 128-token
+(`slot_plan`): a voice turn whose history just crossed a page boundary then holds one 128-token
 slot for its last ~40 tokens instead of a second 512-token page. A fresh prompt with nothing cached
 keeps pages (its first tokens, e.g. a system prompt, are indexed as they are written, so requests
 arriving together share them), except a short one that fits one slot whole (the original inline
-path). Slots are indexed by nobody: `finish` moves an inline end into a page for the next turn.
+path). Slots are indexed by nobody: at finish `inline_end_to_page` moves an inline end into a page
+for the next turn.
 """
 
 from __future__ import annotations
 
+from edge_runtime.cache.inline_arena import InlineArena
 from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, SeqKV
-from edge_runtime.cache.observability import LOG
-from edge_runtime.cache.page_pool import CACHED, LIVE, ROOT
+from edge_runtime.cache.observability import EventLog, KVCounters, LowFreePagesDump
+from edge_runtime.cache.page_pool import CACHED, LIVE, ROOT, PagePool
+from edge_runtime.cache.prefix_cache import PrefixCache
 from edge_runtime.errors import OutOfPages
 
 
@@ -29,15 +38,33 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class TailStorage:
-    def _pages_needed(self, seq: SeqKV, target: int, owns_last: bool) -> tuple[int, bool]:
+class TailAllocator:
+    """Public methods, all called by KVManager: `pages_needed` and `slot_plan` (planning an
+    admission), `grow` (reserve), `update_capacity` (after admit, fork and a retire),
+    `inline_end_to_page` (finish) and `count_copy`."""
+
+    def __init__(self, pool: PagePool, prefix: PrefixCache, arena: InlineArena,
+                 counters: KVCounters, log: EventLog, low_free_dump: LowFreePagesDump,
+                 page_tokens: int, enable_prefix_cache: bool, enable_inline: bool):
+        self.pool = pool
+        self.prefix = prefix
+        self.arena = arena
+        self.counters = counters
+        self.log = log
+        self.low_free_dump = low_free_dump
+        self.page_tokens = page_tokens
+        self.inline_tokens = arena.slot_tokens  # tokens per inline slot
+        self.enable_prefix_cache = enable_prefix_cache
+        self.enable_inline = enable_inline
+
+    def pages_needed(self, seq: SeqKV, target: int, owns_last: bool) -> tuple[int, bool]:
         """(new pages, copy-on-write of the last tail page) to hold positions [0, target)."""
         P, p, have = self.page_tokens, seq.prefix_len, len(seq.tail_pages)
         used = seq.num_tokens - p  # committed tail tokens
         cow = have > 0 and target > seq.num_tokens and used < have * P and not owns_last
         return max(0, ceil_div(target - p, P) - have) + int(cow), cow
 
-    def _slot_plan(self, seq: SeqKV, target: int, owns_last: bool) -> int | None:
+    def slot_plan(self, seq: SeqKV, target: int, owns_last: bool) -> int | None:
         """Slots to hold a page tail's end [boundary, target) instead of pages, or None.
 
         The boundary is the end of the tail's last page when that page is full or ours (we fill
@@ -59,7 +86,9 @@ class TailStorage:
             return None
         return n
 
-    def _update_capacity(self, seq: SeqKV) -> None:
+    def update_capacity(self, seq: SeqKV) -> None:
+        """Set `seq.capacity` from its tail: the end of what it owns, or where its shared part
+        ends (it copies before writing past that)."""
         p, P, S = seq.prefix_len, self.page_tokens, self.inline_tokens
         if seq.tail_kind == INLINE:
             owns = self.arena.owner[seq.inline_slots[-1]] == seq.seq_id
@@ -80,11 +109,7 @@ class TailStorage:
 
     def _allocate(self, n: int, seq_id) -> list[int]:
         ids = self.pool.allocate(n, seq_id)
-        if self.pool.num_free < self.dump_below_free and not self._dumped:
-            self._dumped = True
-            LOG.warning("free KV pages below %d:\n%s", self.dump_below_free, self.dump())
-        elif self.pool.num_free >= self.dump_below_free:
-            self._dumped = False
+        self.low_free_dump.after_allocation(self.pool.num_free)
         return ids
 
     def _new_tail_page(self, seq: SeqKV, pid: int, tokens: list[int]) -> None:
@@ -99,32 +124,40 @@ class TailStorage:
         if tokens and self.enable_prefix_cache:
             self.prefix.register(page)
 
-    def _copied(self, op: CopyOp) -> CopyOp:
+    def count_copy(self, op: CopyOp) -> CopyOp:
+        """Count a copy the engine will run (counters and event log); returns it unchanged."""
         self.counters.copies += 1
         self.counters.copied_tokens += op.num_tokens
         self.log("copy", None, src=(op.src_store, op.src_slot_start),
                  dst=(op.dst_store, op.dst_slot_start), n=op.num_tokens)
         return op
 
+    def grow(self, seq: SeqKV, target: int) -> list[CopyOp]:
+        """Storage for positions [0, target) when `target > seq.capacity`; returns the copies
+        to run first. OutOfPages (nothing changed) when the pages are not there."""
+        if seq.tail_kind == INLINE:
+            return self._grow_inline(seq, target)
+        return self._grow_pages(seq, target)
+
     def _grow_pages(self, seq: SeqKV, target: int) -> list[CopyOp]:
         P, p = self.page_tokens, seq.prefix_len
         owns = bool(seq.tail_pages) and self.pool.pages[seq.tail_pages[-1]].owner == seq.seq_id
-        n_slots = self._slot_plan(seq, target, owns_last=owns)
+        n_slots = self.slot_plan(seq, target, owns_last=owns)
         if n_slots is not None:
             return self._pages_to_slots(seq, n_slots)
-        n_new, cow = self._pages_needed(seq, target, owns_last=owns)
+        n_new, cow = self.pages_needed(seq, target, owns_last=owns)
         self._check_available(n_new, seq.seq_id)
         new_ids, copies = self._allocate(n_new, seq.seq_id), []
         if cow:
             src = self.pool.pages[seq.tail_pages.pop()]
             used = seq.num_tokens - p - len(seq.tail_pages) * P
             dst = new_ids.pop(0)
-            copies.append(self._copied(CopyOp(PAGES, src.page_id * P, PAGES, dst * P, used)))
+            copies.append(self.count_copy(CopyOp(PAGES, src.page_id * P, PAGES, dst * P, used)))
             self._new_tail_page(seq, dst, src.tokens[:used])
             self.pool.decref(src.page_id, seq.seq_id)
         for pid in new_ids:
             self._new_tail_page(seq, pid, [])
-        self._update_capacity(seq)
+        self.update_capacity(seq)
         return copies
 
     def _pages_to_slots(self, seq: SeqKV, n_slots: int) -> list[CopyOp]:
@@ -140,14 +173,15 @@ class TailStorage:
             used = seq.num_tokens - seq.inline_start(P)
             for i in range(0, used, S):
                 n = min(S, used - i)
-                copies.append(self._copied(CopyOp(PAGES, last * P + i, INLINE, slots[i // S] * S, n)))
+                op = CopyOp(PAGES, last * P + i, INLINE, slots[i // S] * S, n)
+                copies.append(self.count_copy(op))
                 self.arena.num_tokens[slots[i // S]] = n
             # cached meanwhile, it duplicates our slots: the first page to evict under pressure
             self.pool.decref(last, seq.seq_id, evict_first=True)
             seq.copied_from = last
         seq.tail_kind, seq.inline_slots = INLINE, slots
         self.counters.pages_to_slots += 1
-        self._update_capacity(seq)
+        self.update_capacity(seq)
         return copies
 
     def _grow_inline(self, seq: SeqKV, target: int) -> list[CopyOp]:
@@ -163,7 +197,7 @@ class TailStorage:
             return self._inline_to_pages(seq, target)
         copies = self._copy_slot(seq) if cow else []
         seq.inline_slots += [self.arena.allocate(seq.seq_id) for _ in range(more)]
-        self._update_capacity(seq)
+        self.update_capacity(seq)
         return copies
 
     def _copy_slot(self, seq: SeqKV) -> list[CopyOp]:
@@ -174,7 +208,22 @@ class TailStorage:
         self.arena.num_tokens[new] = used
         self.arena.decref(old, seq.seq_id)
         seq.inline_slots[-1] = new
-        return [self._copied(CopyOp(INLINE, old * S, INLINE, new * S, used))] if used else []
+        return [self.count_copy(CopyOp(INLINE, old * S, INLINE, new * S, used))] if used else []
+
+    def inline_end_to_page(self, seq: SeqKV) -> list[CopyOp]:
+        """At finish: move the committed inline end of a sequence into a page so the next turn
+        finds it (the page it was copied from taken back when still there, else a new page);
+        returns the copies, [] when there is nothing to keep or no page to put it in. Only when
+        the prefix cache is on and the last slot is not another sequence's to extend."""
+        if not (seq.tail_kind == INLINE and self.enable_prefix_cache
+                and seq.num_tokens > seq.inline_start(self.page_tokens)
+                and self.arena.owner[seq.inline_slots[-1]] in (seq.seq_id, None)):
+            return []
+        if self._page_to_take_back(seq):
+            return self._slots_into_page(seq, None)
+        if self.pool.num_available > 0:
+            return self._slots_into_page(seq, self._allocate(1, seq.seq_id)[0])
+        return []
 
     def _slots_into_page(self, seq: SeqKV, pid: int | None) -> list[CopyOp]:
         """Copy the committed inline end into a page, drop the slots, and make the page the
@@ -195,7 +244,7 @@ class TailStorage:
         for i, slot in enumerate(seq.inline_slots):
             lo, hi = max(skip, i * S), min(used, (i + 1) * S)
             if hi > lo:
-                copies.append(self._copied(CopyOp(INLINE, slot * S + lo - i * S, PAGES,
+                copies.append(self.count_copy(CopyOp(INLINE, slot * S + lo - i * S, PAGES,
                                                   pid * P + lo, hi - lo)))
             self.arena.decref(slot, seq.seq_id)
         seq.tail_kind, seq.inline_slots = PAGES, []
@@ -230,5 +279,5 @@ class TailStorage:
         copies = self._slots_into_page(seq, ids[0])
         for pid in ids[1:]:
             self._new_tail_page(seq, pid, [])
-        self._update_capacity(seq)
+        self.update_capacity(seq)
         return copies
