@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from edge_runtime.budget import WINDOW_COST, Budget, check_page_tokens
+from edge_runtime.cache.page_math import pages_for_tokens
 from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE, window_bytes
 from edge_runtime.errors import ConfigError
 
@@ -131,7 +132,7 @@ def make_plan(budget: Budget, model_config, weight_bytes: int | None,
     num_pages = max(0, room) // per_page
     if num_pages < 1:
         raise _no_room(budget, parts, per_page, page_tokens, weight_bytes is None)
-    pages_per_stream = -(-budget.stream_context_tokens // page_tokens)
+    pages_per_stream = pages_for_tokens(budget.stream_context_tokens, page_tokens)
     reserved = budget.os_reserve + budget.other_reserve + budget.activation_reserve
     return MemoryPlan(
         budget.name, model_name, kv_dtype, page_tokens, budget.device_memory, reserved,

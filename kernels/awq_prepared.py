@@ -230,7 +230,10 @@ TUNE = {"gemv1": {"block_n": 128, "block_k": 64, "programs_per_sm": 4, "num_warp
 # alone. The crossover (64) lies between these measured points and was not itself measured.
 
 
-def _plan(m, n, k, g, device, tune) -> dict:
+def launch_plan(m, n, k, g, device, tune) -> dict:
+    """The launch configuration for x [M=m, K=k] @ W [K, N=n] in groups of g on `device`:
+    TUNE's entry for the row count with `tune` on top, block_k fitted to the group, block_m to the
+    rows, split_k chosen to fill the device's SMs unless given."""
     kind = "gemv1" if m == 1 else ("gemv" if m <= 16 else "gemm")
     cfg = {**TUNE[kind], **{key: v for key, v in (tune or {}).items() if v is not None}}
     bk = min(cfg["block_k"], g)
@@ -266,7 +269,7 @@ def awq_gemm_prepared_triton(x, packed: PreparedAWQ, *, tune=None):
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    cfg = _plan(m, n, k, g, x.device, tune)
+    cfg = launch_plan(m, n, k, g, x.device, tune)
     if m > cfg.get("dequant_above", m):
         return (x.to(torch.float16) @ dequantize_prepared_triton(packed)).to(x.dtype)
     bm, bn, split = cfg["block_m"], cfg["block_n"], cfg["split_k"]

@@ -42,7 +42,8 @@ BLOCK_N = 16  # output rows per block of kernels/csrc/linear_f32.c
 GEMM_MIN_ROWS = 32
 
 
-def _onednn_available() -> bool:
+def onednn_available() -> bool:
+    """torch has oneDNN with the prepacked linear ops this module's "onednn" kind calls."""
     ops = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
             and hasattr(ops, "_reorder_linear_weight"))
@@ -58,7 +59,7 @@ def backend() -> str | None:
 
         if cpu_native.library() is not None:
             return "c-blocked"
-    if choice in ("auto", "onednn", "c-blocked") and _onednn_available():
+    if choice in ("auto", "onednn", "c-blocked") and onednn_available():
         return "onednn"
     return None
 

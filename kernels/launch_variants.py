@@ -212,7 +212,7 @@ def _awq_gemm_prepared(model, rows, sms):
                                  torch.empty(k // g, n, dtype=torch.float16, **meta),
                                  torch.empty(n // 8 + 1, dtype=torch.int32, **meta), g)
         with orin_device(sms) as device:
-            split = awp._plan(rows, n, k, g, device, None).get("split_k", 1)
+            split = awp.launch_plan(rows, n, k, g, device, None).get("split_k", 1)
         awp.awq_gemm_prepared_triton(torch.empty(rows, k, dtype=torch.float16, **meta), packed,
                                      tune={"split_k": split})
 

@@ -273,7 +273,7 @@ def test_edge_backend_sends_do_not_wait_for_a_running_step(tiny):
     first_step, step = threading.Event(), engine.step
 
     def slow_step():
-        with engine._lock:  # as a long prefill holds it
+        with engine.lock:  # as a long prefill holds it
             if not first_step.is_set():
                 first_step.set()
                 time.sleep(0.6)

@@ -259,7 +259,7 @@ def test_switches_and_backends_that_do_not_qualify(monkeypatch):
     monkeypatch.setenv(cpu_decoder.ENV_SWITCH, "0")
     assert _packed(tiny_folder()).model.fused_decoder is None
     monkeypatch.delenv(cpu_decoder.ENV_SWITCH)
-    if cpu_linear._onednn_available():
+    if cpu_linear.onednn_available():
         monkeypatch.setenv(cpu_linear.ENV_SWITCH, "onednn")
         assert _packed(tiny_folder()).model.fused_decoder is None
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="no packed li
 KINDS = [pytest.param("c-blocked", marks=pytest.mark.skipif(
              cpu_native.library() is None, reason="kernels/csrc not built (no C compiler)")),
          pytest.param("onednn", marks=pytest.mark.skipif(
-             not cpu_linear._onednn_available(), reason="torch without oneDNN linear ops"))]
+             not cpu_linear.onednn_available(), reason="torch without oneDNN linear ops"))]
 
 
 def _linear(k, n, bias, seed):

@@ -27,7 +27,9 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
     """int8 K/V stores with random values and fp16 scales, and each row's index over its pages."""
     import torch
 
-    pages_per_row = -(-keys // page)
+    from edge_runtime.cache.page_math import pages_for_tokens
+
+    pages_per_row = pages_for_tokens(keys, page)
     shape = (rows * pages_per_row, layers, page, kv_heads, head_dim)
     k = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     v = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
@@ -47,7 +49,9 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
 
 def pool_bytes(rows: int, keys: int, args) -> int:
     """Bytes _pool allocates: int8 K and V, their fp16 scales, the int64 index."""
-    pages = rows * -(-keys // args.page_tokens)
+    from edge_runtime.cache.page_math import pages_for_tokens
+
+    pages = rows * pages_for_tokens(keys, args.page_tokens)
     slots = pages * args.layers * args.page_tokens * args.kv_heads
     return slots * (2 * args.head_dim + 2 * 2) + rows * args.kv_heads * keys * 8
 

@@ -99,10 +99,11 @@ def check_pool(max_batch: int, max_tokens: int, num_pages: int = 32,
                page_tokens: int | None = None) -> None:
     """`max_batch` sequences of `max_tokens` tokens fit in the bench's KV pool; cheap, so the
     commands call it before loading the model (build_engine checks it again)."""
+    from edge_runtime.cache.page_math import pages_for_tokens
     from edge_runtime.engine.config import EngineConfig
 
     page_tokens = page_tokens or EngineConfig.page_tokens
-    need = max_batch * -(-max_tokens // page_tokens)
+    need = max_batch * pages_for_tokens(max_tokens, page_tokens)
     if need > num_pages:
         raise InputError(f"{max_batch} sequences of {max_tokens} tokens need {need} KV pages of "
                          f"{page_tokens} tokens, the bench's pool has {num_pages}: lower the batch "

@@ -8,7 +8,6 @@ download, so it is synchronous anyway); random prompt ids from a fixed seed; gre
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -24,6 +23,7 @@ def median_ms(seconds: list[float]) -> float:
 
 
 def _engine(model: str, weights: str, args):
+    from edge_runtime.cache.page_math import pages_for_tokens
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
     from edge_runtime.engine.placement import load_for, resolve
@@ -31,8 +31,9 @@ def _engine(model: str, weights: str, args):
     placement = resolve(DEVICE, "cuda")
     loaded = load_for(model, placement, progress=lambda msg: None)
     batches, prefills = parse_int_list(args.batches, "--batches"), parse_int_list(args.prefill_tokens, "--prefill-tokens")
-    per_seq = math.ceil((args.prompt_tokens + args.decode_steps + 8) / 512)
-    pages = max(batches) * per_seq + math.ceil(max(prefills) / 512) + 4
+    page = EngineConfig.page_tokens  # the engine below keeps the default page size
+    per_seq = pages_for_tokens(args.prompt_tokens + args.decode_steps + 8, page)
+    pages = max(batches) * per_seq + pages_for_tokens(max(prefills), page) + 4
     cfg = EngineConfig(**placement.engine_settings(), num_pages=pages, max_num_seqs=max(batches),
                        max_batch_tokens=max(max(prefills), max(batches)), enable_prefix_cache=False)
     t0 = time.perf_counter()

@@ -43,7 +43,7 @@ def _packed_chain(model, kind: str):
 def packed_kinds() -> list[str]:
     from edge_runtime.kernels import cpu_linear, cpu_native
 
-    kinds = ["onednn"] if cpu_linear._onednn_available() else []
+    kinds = ["onednn"] if cpu_linear.onednn_available() else []
     return kinds + (["c-blocked"] if cpu_native.library() is not None else [])
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from edge_runtime.cache.page_math import pages_for_tokens
 from edge_runtime.cache.page_pool import LIVE, ROOT, Page, PagePool
 
 
@@ -49,8 +50,8 @@ class Match:
         if n == self.num_cached:
             return self
         if n <= self.prefix_len:
-            return Match(self.prefix_pages[:-(-n // page_tokens)], n, [], n)
-        tail = self.tail_pages[:-(-(n - self.prefix_len) // page_tokens)]
+            return Match(self.prefix_pages[:pages_for_tokens(n, page_tokens)], n, [], n)
+        tail = self.tail_pages[:pages_for_tokens(n - self.prefix_len, page_tokens)]
         return Match(list(self.prefix_pages), self.prefix_len, tail, n)
 
 

@@ -105,10 +105,11 @@ def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: 
             chunk: int = 0, settings: dict | None = None):
     """An engine for scoring: it computes `chunk` positions per step (0: `window`, one prefill);
     settings: EngineConfig overrides (recent_window, centred_keys)."""
+    from edge_runtime.cache.page_math import pages_for_sequence_at_most
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
 
-    pages = math.ceil(window / page_tokens) + 1
+    pages = pages_for_sequence_at_most(window, page_tokens)
     chunk = chunk or max(window, 8)
     extra = dict(settings or {})
     cfg = EngineConfig(kv_dtype=kv_dtype, page_tokens=page_tokens, num_pages=max(pages, 2 * 8),

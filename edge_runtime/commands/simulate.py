@@ -70,11 +70,10 @@ def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
 
 def default_pages(streams: dict, page_tokens: int) -> int:
     """Enough pages that nothing is ever evicted, sharing or not."""
-    total = 0
-    for reqs in streams.values():
-        for r in reqs:
-            total += -(-(len(r.prompt_ids) + len(r.answer_ids)) // page_tokens) + 1
-    return total
+    from edge_runtime.cache.page_math import pages_for_sequence_at_most
+
+    return sum(pages_for_sequence_at_most(len(r.prompt_ids) + len(r.answer_ids), page_tokens)
+               for reqs in streams.values() for r in reqs)
 
 
 def simulate_all(streams: dict, page_sizes: list[int], args, bytes_per_token: int) -> list:

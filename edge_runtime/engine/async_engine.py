@@ -59,7 +59,7 @@ class AsyncEngine:
                      request_id: str | None = None, stream_id: str | None = None,
                      priority: int = 0) -> AsyncIterator[TokenEvent]:
         params = params or SamplingParams()
-        self.engine._validate([int(t) for t in prompt_ids], params)
+        self.engine.validate_request([int(t) for t in prompt_ids], params)
         if self._error is not None:
             raise _stopped(self._error) from self._error
         rid = request_id or f"areq-{next(self._ids)}"

@@ -124,14 +124,14 @@ def _advance(engine, req, state: BeamGroup, chosen: list) -> None:
             forks.append((len(new_running), parent, token, score))
             new_running.append(None)
     for slot, parent, token, score in forks:  # fork before any parent gets its new token
-        child = engine._new_seq(req, len(req.seqs), list(parent.token_ids))
+        child = engine.new_seq(req, len(req.seqs), list(parent.token_ids))
         engine.fork_kv(parent, child)
         child.num_computed = parent.num_computed
         engine.scheduler.add_running(child)
         new_running[slot] = (child, token, score)
     for i, seq in enumerate(old):
         if i not in used:
-            engine._drop_seq(seq, cached=False)
+            engine.drop_seq(seq, cached=False)
     state.running = []
     for seq, token, score in new_running:
         seq.token_ids.append(token)
@@ -153,7 +153,7 @@ def cut_short_completions(engine, req, reason: str) -> list[Completion]:
 
 def _finish(engine, req, state: BeamGroup, events: list) -> None:
     for seq in state.running:
-        engine._drop_seq(seq, cached=True)
+        engine.drop_seq(seq, cached=True)
     comps = []
     for index, (_, ids) in enumerate(state.finished):
         text_ids = [t for t in ids if t not in state.stop_ids]
@@ -164,4 +164,4 @@ def _finish(engine, req, state: BeamGroup, events: list) -> None:
     if req.first_token_at is None:
         req.first_token_at = time.perf_counter()
     engine.counters["requests_finished"] += 1
-    engine._finish_request(req, events, completions=comps)
+    engine.finish_request(req, events, completions=comps)

@@ -9,9 +9,9 @@ the command-line flags overriding it.
 
 from __future__ import annotations
 
-import math
 import sys
 
+from edge_runtime.cache.page_math import pages_for_sequence_at_most, pages_for_tokens
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.config import DEFAULT_POOL_TOKENS, EngineConfig, budget_engine_config
 from edge_runtime.engine.engine import Engine
@@ -33,8 +33,9 @@ def engine_config(args, loaded, requests: list[tuple[list[int], int]]) -> Engine
                                     kv_dtype=args.kv_dtype, page_tokens=args.page_tokens)[0]
     page = overrides.get("page_tokens", 512)
     context = loaded.config.max_position_embeddings  # a sequence never grows past it
-    per_req = [width * (math.ceil(min(len(p) + m, context) / page) + 1) for p, m in requests]
-    num_pages = max(max(per_req), min(sum(per_req), math.ceil(DEFAULT_POOL_TOKENS / page)))
+    per_req = [width * pages_for_sequence_at_most(min(len(p) + m, context), page)
+               for p, m in requests]
+    num_pages = max(max(per_req), min(sum(per_req), pages_for_tokens(DEFAULT_POOL_TOKENS, page)))
     max_seqs = max(8, width)
     return EngineConfig(num_pages=num_pages, max_num_seqs=max_seqs,
                         max_batch_tokens=max(1024, max_seqs), **overrides)

@@ -6,9 +6,9 @@ back into the config.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
+from edge_runtime.cache.page_math import pages_for_tokens
 from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
 from edge_runtime.engine.kv_storage import KV_DTYPES
 from edge_runtime.errors import ConfigError
@@ -112,4 +112,4 @@ def budget_engine_config(budget, loaded, overrides: dict, **plan_options):
 def resolve_num_pages(config: EngineConfig) -> int:
     if config.num_pages is not None:
         return config.num_pages
-    return max(2, math.ceil(DEFAULT_POOL_TOKENS / config.page_tokens))
+    return max(2, pages_for_tokens(DEFAULT_POOL_TOKENS, config.page_tokens))

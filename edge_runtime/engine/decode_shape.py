@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edge_runtime.cache.page_math import pages_for_sequence_at_most
 from edge_runtime.kernels import positional_attention
 from edge_runtime.kernels.positional_attention_ref import NO_INLINE, PositionIndex
 
@@ -47,7 +48,7 @@ class DecodeShape:
         if storage.inline is not None:
             slot_tokens = storage.store("inline").block_tokens
             slots = max(1, min(storage.store("inline").num_blocks, math.ceil(page_tokens / slot_tokens)))
-        return cls(rows, math.ceil(max_positions / page_tokens) + 1, slots,
+        return cls(rows, pages_for_sequence_at_most(max_positions, page_tokens), slots,
                    math.ceil(max_positions / positional_attention.TUNE["span_tokens"]))
 
 

@@ -88,12 +88,18 @@ class Engine:
                              pool_bytes_released=0)
 
     # --- public API -------------------------------------------------------------------------
+    @property
+    def lock(self):
+        """The lock `add_request`, `cancel`, `step` and the memory-guard hooks hold: hold it to
+        use `kv` and `storage` directly between steps (engine/scoring.py does)."""
+        return self._lock
+
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream_id: str | None = None,
                     priority: int = 0) -> str:
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
-        self._validate(prompt_ids, params)
+        self.validate_request(prompt_ids, params)
         grammar = self.constraints.compile(params)  # may raise; outside the lock (a compile is ms)
         with self._lock:
             rid = request_id or f"req-{next(self._arrival)}"
@@ -101,7 +107,7 @@ class Engine:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
             req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
             req.compiled_grammar = grammar
-            first = self._new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
+            first = self.new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
             self.requests[rid] = req
             if req.is_beam:
                 beam.start(self, req)
@@ -122,11 +128,11 @@ class Engine:
             for seq in req.seqs:
                 if seq.status is SeqStatus.FINISHED:
                     continue
-                self._drop_seq(seq, cached=False)
+                self.drop_seq(seq, cached=False)
                 delta = seq.stop.finish_cancelled()
                 self._events.append(TokenEvent(request_id, seq.index, [], delta))
             self.counters["requests_cancelled"] += 1
-            self._finish_request(req, self._events, completions=comps)
+            self.finish_request(req, self._events, completions=comps)
 
     def step(self) -> list[TokenEvent]:
         with self._lock:
@@ -294,7 +300,7 @@ class Engine:
             return []
         children = []
         for i in range(1, req.params.n):
-            child = self._new_seq(req, i, list(parent.token_ids), seed_offset=i)
+            child = self.new_seq(req, i, list(parent.token_ids), seed_offset=i)
             self.fork_kv(parent, child)
             child.num_computed = parent.num_computed
             self.scheduler.add_running(child)
@@ -320,10 +326,10 @@ class Engine:
         events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta,
                                  logprobs=None if logprob is None else [logprob]))
         if reason is not None:
-            self._drop_seq(seq, cached=True)
+            self.drop_seq(seq, cached=True)
             if all(s.status is SeqStatus.FINISHED for s in req.seqs):
                 self.counters["requests_finished"] += 1
-                self._finish_request(req, events)
+                self.finish_request(req, events)
 
     # --- bookkeeping helpers ----------------------------------------------------------------
     def fork_kv(self, parent: Sequence, child: Sequence) -> None:
@@ -334,7 +340,10 @@ class Engine:
         if op is not None:
             self.storage.copy(op)
 
-    def _new_seq(self, req: Request, index: int, token_ids: list[int], seed_offset: int = 0):
+    def new_seq(self, req: Request, index: int, token_ids: list[int], seed_offset: int = 0):
+        """A sequence of `req` (choice or beam `index`) over `token_ids`, with its sampler (seed:
+        the request's + `seed_offset`), stop checker and grammar matcher; appended to `req.seqs`,
+        not yet scheduled. Called with the lock held (beam.py forks beams through it)."""
         p = req.params
         seed = None if p.seed is None else p.seed + seed_offset
         seq = Sequence(f"{req.request_id}/{index}", req, index, token_ids, next(self._arrival),
@@ -344,8 +353,9 @@ class Engine:
         req.seqs.append(seq)
         return seq
 
-    def _drop_seq(self, seq: Sequence, cached: bool) -> None:
-        """Take a sequence out of the scheduler and give its KV back (cached or not)."""
+    def drop_seq(self, seq: Sequence, cached: bool) -> None:
+        """Take a sequence out of the scheduler and give its KV back: kept in the prefix cache
+        (`cached`: it finished) or released (cancelled, failed, a beam that lost)."""
         if seq.status is SeqStatus.RUNNING:
             if cached:
                 for op in self.kv.finish(seq.seq_id):  # an inline tail moved into a page
@@ -360,15 +370,17 @@ class Engine:
         comps = beam.cut_short_completions(self, req, "error") if req.is_beam else None
         for s in req.seqs:
             if s.status is not SeqStatus.FINISHED:
-                self._drop_seq(s, cached=False)
+                self.drop_seq(s, cached=False)
                 s.stop.finish_cancelled()
                 s.stop.finish_reason = "error"
         req.error = message
         self.counters["requests_failed"] += 1
-        self._finish_request(req, events, completions=comps)
+        self.finish_request(req, events, completions=comps)
 
-    def _finish_request(self, req: Request, events: list[TokenEvent],
-                        completions: list[Completion] | None = None) -> None:
+    def finish_request(self, req: Request, events: list[TokenEvent],
+                       completions: list[Completion] | None = None) -> None:
+        """End `req` once (later calls do nothing): its result, `completions` or one per choice
+        from its sequences, goes out as a final event appended to `events`."""
         if req.result is not None:
             return
         req.finished_at = time.perf_counter()
@@ -382,7 +394,10 @@ class Engine:
         self.requests.pop(req.request_id, None)  # finished: only the event holds it now
         events.append(TokenEvent(req.request_id, 0, [], "", result=req.result))
 
-    def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def validate_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """RequestError for a request this engine can never run: an empty prompt, one past the
+        model's context or the whole KV pool, ids outside the vocabulary. add_request checks it;
+        AsyncEngine too, before the request is queued for the loop thread."""
         if not prompt_ids:
             raise RequestError("the prompt is empty; give at least one token")
         limit = self.model_config.max_position_embeddings

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import tempfile
+import weakref
 from importlib import resources
 from pathlib import Path
 
@@ -42,6 +43,9 @@ CALIBRATION_FILE = "key_calibration.txt"
 MAX_CALIBRATION_TOKENS = 1024
 _RANDOM_TOKENS = 256
 _RANDOM_SEED = 20261130
+# model object -> its unrotated means: engines of one model in a process measure once; the entry
+# goes with the model
+_means_by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _KeyRecorder:
@@ -90,7 +94,7 @@ def key_means_for(loaded_model, rotated: bool) -> torch.Tensor:
     """measure_key_means on the loaded model's calibration ids, once per model object (engines of
     one model in a process share it) and from the disk cache when it has them."""
     model = loaded_model.model
-    means = getattr(model, "_edge_key_means", None)
+    means = _means_by_model.get(model)
     if means is None:
         path = _cache_file(loaded_model)
         means = _read_cached(path, model.config)
@@ -99,7 +103,7 @@ def key_means_for(loaded_model, rotated: bool) -> torch.Tensor:
                                   model.config.max_position_embeddings)
             means = measure_key_means(model, ids, rotated=False)
             _write_cached(path, means)
-        model._edge_key_means = means
+        _means_by_model[model] = means
     return (hadamard.rotate(means) if rotated else means).float().contiguous()
 
 

@@ -36,7 +36,7 @@ def score_logits(engine, token_ids: list[int]):
     assert len(token_ids) >= 2, "need at least two tokens to score"
     seq_id = f"score-{next(_ids)}"
     kv, chunk = engine.kv, engine.config.max_batch_tokens
-    with engine._lock:
+    with engine.lock:
         plan = kv.admit(seq_id, token_ids, 1)
         try:
             assert plan.num_cached_tokens == 0, \

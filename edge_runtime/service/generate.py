@@ -29,6 +29,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
+from edge_runtime.cache.page_math import request_pages_lenient
 from edge_runtime.engine.async_engine import EngineLoopStopped
 from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestError
 from edge_runtime.service import responses as R
@@ -161,15 +162,10 @@ def _check_pool(state: ServiceState, num_prompt: int, req: ApiRequest) -> None:
 
 
 def _pages_needed(num_prompt: int, max_tokens: int, n: int, cfg) -> int:
-    page = cfg.page_tokens
-    kv_tokens = num_prompt + max_tokens - 1  # the last token sampled is never fed back
-    shared = num_prompt // page if n > 1 else 0  # forks share the prompt's full pages
+    """request_pages_lenient under the engine config's page size and inline storage."""
     slots = cfg.num_inline_slots if cfg.enable_inline else 0
-    inline = min(cfg.inline_tokens, page)
-    own = kv_tokens - shared * page
-    pages, tail = divmod(own, page)
-    with_slot = 0 < tail <= inline
-    return shared + n * pages + (n - min(n, slots) if with_slot else n if tail else 0)
+    return request_pages_lenient(num_prompt, max_tokens, n, cfg.page_tokens, slots,
+                                 cfg.inline_tokens)
 
 
 def _parses_calls(req: ApiRequest) -> bool:
