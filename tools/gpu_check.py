@@ -98,7 +98,7 @@ def parse_args(argv):
                     help="time alternative launch configs (auto: on CUDA only)")
     ap.add_argument("--sweep-budget", type=float, default=300.0,
                     help="seconds the sweep may take, in shares per kernel: "
-                         + ", ".join(f"{stage} {100 * part:.0f}%%" for stage, part in STAGES))
+                         + ", ".join(f"{stage} {100 * part:.0f}%%" for stage, part, _ in STAGES))
     gpu_engine_check.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.engine:

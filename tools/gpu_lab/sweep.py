@@ -22,9 +22,6 @@ from .checks import (DECODE_KERNELS, awq_ctx, check_awq, check_awq_prepared, che
                      decode_err, decode_time, prepared_err, prepared_time, random_awq)
 from .timing import log, n_copies, time_us
 
-# (stage, share of the budget): page-tile decode and prepared W4A16 hold the launch defaults the
-# sweep has changed most; paged attention and awq_gemm serve checks and baselines
-STAGES = (("paged_decode", 0.28), ("awq_prepared", 0.42), ("paged_attention", 0.12), ("awq_gemm", 0.18))
 W4A16_MS = (1, 5)  # a GEMV config is swept per M class: M = 1, and M = 5 for 2..16
 
 
@@ -56,8 +53,20 @@ def _sweep_decode(kernel, space, ctx, cuda, out, deadline):
                     lambda: decode_time(ctx, kernel, one, cuda, tune), deadline, ctx["nbytes"])
 
 
-def _sweep_prefill(cuda, prefill_ctx, out, deadline):
-    args, want = prefill_ctx
+def _sweep_paged_decode(env, state, out, deadline):
+    if "decode" in state:
+        _sweep_decode("paged_decode", tune_space.paged_decode_space(), state["decode"], env["cuda"], out, deadline)
+
+
+def _sweep_paged_attention(env, state, out, deadline):
+    """Decode gets 40% of the stage's time, prefill the rest."""
+    cuda = env["cuda"]
+    if "decode" in state:
+        _sweep_decode("paged_attention decode", tune_space.attention_decode_space(), state["decode"], cuda, out,
+                      time.perf_counter() + 0.4 * (deadline - time.perf_counter()))
+    if "prefill" not in state:
+        return
+    args, want = state["prefill"]
     for tune in _shuffled(tune_space.prefill_space()):
         _try_config(out, "paged_attention prefill", tune,
                     lambda: float((pa.paged_attention_triton(*args, tune=tune)[0] - want).abs().max()) <= 2e-2,
@@ -65,7 +74,8 @@ def _sweep_prefill(cuda, prefill_ctx, out, deadline):
                     deadline)
 
 
-def _sweep_awq_gemm(c, dev, cuda, l2, gen, out, deadline):
+def _sweep_awq_gemm(env, state, out, deadline):
+    c, dev, cuda, l2, gen = (env[k] for k in ("c", "dev", "cuda", "l2", "gen"))
     g = c["group"]
     for k, n in c["awq"]:
         w4 = random_awq(k, n, g, dev, gen)
@@ -83,7 +93,8 @@ def _sweep_awq_gemm(c, dev, cuda, l2, gen, out, deadline):
                                             cuda), deadline)
 
 
-def _sweep_prepared(c, dev, cuda, l2, gen, out, deadline):
+def _sweep_prepared(env, state, out, deadline):
+    c, dev, cuda, l2, gen = (env[k] for k in ("c", "dev", "cuda", "l2", "gen"))
     g = c["group"]
     for k, n in c["awq"]:
         ctx = awq_ctx(k, n, g, dev, l2, gen)
@@ -96,20 +107,10 @@ def _sweep_prepared(c, dev, cuda, l2, gen, out, deadline):
                             lambda: prepared_time(x, ctx, cuda, tune), deadline)
 
 
-def _run_stage(stage, env, state, out, deadline):
-    c, dev, cuda, l2, gen = (env[k] for k in ("c", "dev", "cuda", "l2", "gen"))
-    if stage == "paged_decode" and "decode" in state:
-        _sweep_decode("paged_decode", tune_space.paged_decode_space(), state["decode"], cuda, out, deadline)
-    elif stage == "awq_prepared":
-        _sweep_prepared(c, dev, cuda, l2, gen, out, deadline)
-    elif stage == "paged_attention":
-        if "decode" in state:
-            _sweep_decode("paged_attention decode", tune_space.attention_decode_space(), state["decode"], cuda,
-                          out, time.perf_counter() + 0.4 * (deadline - time.perf_counter()))
-        if "prefill" in state:
-            _sweep_prefill(cuda, state["prefill"], out, deadline)
-    elif stage == "awq_gemm":
-        _sweep_awq_gemm(c, dev, cuda, l2, gen, out, deadline)
+# (stage, share of the budget, sweep): page-tile decode and prepared W4A16 first, the kernels whose
+# launch defaults the H200 sweep set; paged attention and awq_gemm serve checks and baselines
+STAGES = (("paged_decode", 0.28, _sweep_paged_decode), ("awq_prepared", 0.42, _sweep_prepared),
+          ("paged_attention", 0.12, _sweep_paged_attention), ("awq_gemm", 0.18, _sweep_awq_gemm))
 
 
 def best_configs(out, shapes):
@@ -141,9 +142,9 @@ def sweep(env, state, budget_s):
     inputs run_checks kept ("decode": a decode_ctx, "prefill": check_prefill's)."""
     log(f"Sweep: launch configs (budget {budget_s:.0f} s)")
     out, t0, share = [], time.perf_counter(), 0.0
-    for stage, part in STAGES:
+    for _, part, run in STAGES:
         share += part
-        _run_stage(stage, env, state, out, t0 + share * budget_s)
+        run(env, state, out, t0 + share * budget_s)
     best = best_configs(out, env["c"]["awq"])
     for op, rec in sorted(best.items()):
         log(f"  best {op:<34} {rec['us']:8.1f} us  {rec['tune']}")
