@@ -119,8 +119,9 @@ def write_kv(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None
 
 def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
                     k_mean=None, chunks=None):
-    """Decode steps (at most one query per block-table row) on CUDA take decode v2 (1.5x faster than
-    paged_attention_triton on the H200, docs/perf-gpu.md); prefill and other layouts the first kernel.
+    """Decode steps (at most one query per block-table row) on CUDA take paged_decode (1.5x faster
+    than paged_attention_triton on the H200, docs/perf-gpu.md); prefill and other layouts take
+    paged_attention_triton.
     k_mean: the int8 store's mean key [Hkv, D] float32 (centred keys) or None; chunks: a chunked
     store's PageChunks (kernels/page_chunks.py) or None."""
     if (_use_triton(q, "paged_decode") and q.shape[0] <= block_table.shape[0]
@@ -184,8 +185,9 @@ def blocked_gemm(x, weight):
 
 def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, k_mean=None, chunks=None):
     """Decode attention over one or two segments [(block_table, seq_idx, kv_lens), ...] of one pool
-    -> (out, lse) as merge_attention of per-segment paged_attention. Triton decode v2 (one launch +
-    one merge) on CUDA where paged_decode.supported; elsewhere per-segment attention + merge."""
+    -> (out, lse) as merge_attention of per-segment paged_attention. The Triton page-tile decode
+    kernel (one launch + one merge) on CUDA where paged_decode.supported; elsewhere per-segment
+    attention + merge."""
     if _use_triton(q, "paged_decode") and all(_pd.supported(q, k_cache, seg[0]) for seg in segments):
         return _IMPLS["paged_decode"].triton(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale,
                                              k_mean=k_mean, chunks=chunks)

@@ -1,5 +1,5 @@
-"""Decode attention v2: one query token per block-table row, whole-page tiles, many splits, and
-optionally both segments (shared prefix + private tail) in one launch.
+"""Page-tile decode attention: one query token per block-table row, whole-page tiles, many splits,
+and optionally both segments (shared prefix + private tail) in one launch.
 
 Program (pid0 = token * H + query head, pid1 = split) walks `chunk` tokens of its segment in tiles of
 BLOCK_N consecutive tokens (tile_rows: the tuned block_n halved until it divides the page size).
@@ -11,9 +11,10 @@ int8 values become fp32 with the magic-number trick (int32(b) + 0x4B000080 read 
 quarter-rate int->float conversion). Dots are CUDA-core FMA reductions in fp32 over 2-D tiles, so
 q is not rounded to fp16. Variant `idot`: both dots on int8 tensor cores over the raw K/V bytes,
 with q and p * v_scale as 15-bit fixed point (hi and lo int8 rows of one 16-row operand; relative
-error ~3e-5 of the row's max, below v1's fp16 rounding of q and p). One program per query head: with GQA the G heads of a KV head read the
-same tile, from L2 when they run together (group <= 8; Llama-2-7B has 1, SmolLM2 3). The per-token scales factor out of
-q.k and p.v as in paged_attention.py.
+error ~3e-5 of the row's max, below paged_attention_triton's fp16 rounding of q and p). One
+program per query head: with GQA the G heads of a KV head read the same tile, from L2 when they
+run together (group <= 8; Llama-2-7B has 1, SmolLM2 3). The per-token scales factor out of q.k and
+p.v as in paged_attention.py.
 
 Partial results of every (segment, split) go to [T, H, S, D] / [T, H, S] and are merged by
 paged_attention's split-merge kernel, so two segments cost one attention launch + one merge.
@@ -30,7 +31,7 @@ if triton is not None:
     import triton.language as tl
 
 LOG2E = 1.4426950408889634
-# Launch defaults (decode v2). programs_per_sm sets the number of splits (never below one tile each).
+# Launch defaults. programs_per_sm sets the number of splits (never below one tile each).
 # idot: q.k and p.v on int8 tensor cores (q and p*v_scale as 15-bit fixed point split into two int8
 # rows; needs block_n >= 32), no per-byte conversion of K/V at all.
 # Defaults: the best config of the H200 sweep (39.4 us, 50% of copy bandwidth; docs/perf-gpu.md,
@@ -67,16 +68,16 @@ if triton is not None:
         return tl.sum(acc.to(tl.float32) * w, axis=0) * step
 
     @triton.jit(do_not_specialize=["chunk_pages"])
-    def _decode_v2_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, mean_ptr,
-                          bt0_ptr, seq0_ptr, len0_ptr, bt1_ptr, seq1_ptr, len1_ptr,
-                          out_ptr, lse_ptr, chunk_ptr, chunk_pages,
-                          qk_scale, page_tokens, chunk0, splits0, chunk1,
-                          s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
-                          s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt0, s_bt1,
-                          s_ot, s_oh, s_os, s_lt, s_lh,
-                          H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                          QUANT: tl.constexpr, MAGIC: tl.constexpr, TWO: tl.constexpr,
-                          IDOT: tl.constexpr, CENTRED: tl.constexpr):
+    def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, mean_ptr,
+                             bt0_ptr, seq0_ptr, len0_ptr, bt1_ptr, seq1_ptr, len1_ptr,
+                             out_ptr, lse_ptr, chunk_ptr, chunk_pages,
+                             qk_scale, page_tokens, chunk0, splits0, chunk1,
+                             s_qt, s_qh, s_kn, s_kp, s_kh, s_vn, s_vp, s_vh,
+                             s_ksn, s_ksp, s_ksh, s_vsn, s_vsp, s_vsh, s_bt0, s_bt1,
+                             s_ot, s_oh, s_os, s_lt, s_lh,
+                             H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                             QUANT: tl.constexpr, MAGIC: tl.constexpr, TWO: tl.constexpr,
+                             IDOT: tl.constexpr, CENTRED: tl.constexpr):
         # program: query token t, query head h (GQA: heads of one KV head re-read its tile, from L2
         # when they run together), split. 2-D tiles only: [BLOCK_N, D] and vectors.
         pid = tl.program_id(0)
@@ -158,10 +159,10 @@ def tile_rows(page_tokens, block_n) -> int:
 
 
 def supported(q, k_cache, block_table, tune=None) -> bool:
-    """v2 handles a power-of-two head_dim, GQA group <= 8 and pages that are a multiple of 8
-    tokens; anything else goes to paged_attention_triton. Every query token is independent (its own
-    row and kv_len), so prefill is correct too, but it re-reads the cache once per query token:
-    callers use v2 for decode steps (at most one query per block-table row)."""
+    """paged_decode handles a power-of-two head_dim, GQA group <= 8 and pages that are a multiple
+    of 8 tokens; anything else goes to paged_attention_triton. Every query token is independent
+    (its own row and kv_len), so prefill is correct too, but it re-reads the cache once per query
+    token: callers use paged_decode for decode steps (at most one query per block-table row)."""
     t, h, d = q.shape
     block_n = {**TUNE, **(tune or {})}["block_n"]
     return (triton is not None and d >= 16 and d & (d - 1) == 0
@@ -217,7 +218,7 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, t
     group = h // hkv
     mean = q if k_mean is None else k_mean.contiguous()  # any pointer when not CENTRED
     offsets, chunk_pages = _chunks.table_of(k_cache, chunks)
-    _decode_v2_kernel[(t * h, splits)](
+    _paged_decode_kernel[(t * h, splits)](
         q, k_cache, v_cache, ks, vs, mean, *segments[0], *seg1, p_out, p_lse, offsets, chunk_pages,
         float(sm_scale) * LOG2E,
         page_tokens, plan[0][0], plan[0][1], plan[-1][0],

@@ -17,7 +17,7 @@ function of the positions alone:
   recent-key window (engine/paged_kv.py), by one formula; an empty span adds exact zeros, so the
   number of spans in the step does not matter.
 
-Arithmetic (from kernels/paged_decode.py, decode v2): int8 K/V converted in registers with the
+Arithmetic (from kernels/paged_decode.py): int8 K/V converted in registers with the
 magic-number trick, or ('idot') q.k and p.v on int8 tensor cores with q and p * v_scale as 15-bit
 fixed point; per-token scales factor out of q.k and p.v; centred keys add q.m. Online softmax in
 base 2; lse in natural log.

@@ -77,8 +77,8 @@ def test_serve_refuses_a_capped_budget_before_loading_the_weights(tmp_path, monk
     small = _write(tmp_path, {"device_memory": "1GiB", "activation_reserve": "1GiB"}, "s.yaml")
     with pytest.raises(ConfigError, match="no room for one KV page even before the model "
                                           "weights: .*lower activation_reserve"):
-        check_budget(str(model), str(small))
-    check_budget(str(model), str(_write(tmp_path, BASE, "ok.yaml")))  # a budget that fits passes
+        check_budget(str(model), load_budget(small))
+    check_budget(str(model), load_budget(_write(tmp_path, BASE, "ok.yaml")))  # a budget that fits passes
 
 
 def test_from_plan_sizes_the_batch_for_the_service_sequences():

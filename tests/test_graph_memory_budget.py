@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from edge_runtime.budget import load_budget
 from edge_runtime.errors import ConfigError
 from edge_runtime.service.engine_setup import check_graph_memory
 
-BUDGET = Path(__file__).resolve().parents[1] / "configs" / "orin" / "cpu-dev.yaml"  # 1 GiB reserve
+BUDGET = load_budget(Path(__file__).resolve().parents[1] / "configs" / "orin" / "cpu-dev.yaml")  # 1 GiB reserve
 
 
 class _Engine:
@@ -26,19 +27,20 @@ def _graphs(mib):
 
 def test_graphs_within_the_activation_reserve_are_logged(caplog):
     with caplog.at_level(logging.INFO):
-        check_graph_memory(_Engine(_graphs(6)), str(BUDGET))
+        check_graph_memory(_Engine(_graphs(6)), BUDGET)
     assert "6 MiB (counted in activation_reserve)" in caplog.text
 
 
 def test_graphs_past_the_activation_reserve_refuse_the_budget_with_the_numbers():
     with pytest.raises(ConfigError) as exc:
-        check_graph_memory(_Engine(_graphs(1500)), str(BUDGET))
+        check_graph_memory(_Engine(_graphs(1500)), BUDGET)
     message = str(exc.value)
+    assert message.startswith(f"{BUDGET.source}: ")  # the file to edit
     assert "1500 MiB" in message and "activation_reserve (1024 MiB)" in message
     assert "at least 1500 MiB" in message
 
 
 @pytest.mark.parametrize("graphs", [None, {}, {"capture_bytes": 0}])
 def test_no_captured_graphs_count_nothing(graphs):
-    check_graph_memory(_Engine(graphs), str(BUDGET))  # CPU back end, interpreter, capture failed
+    check_graph_memory(_Engine(graphs), BUDGET)  # CPU back end, interpreter, capture failed
     check_graph_memory(_Engine(_graphs(1500)), None)  # no budget: nothing to count against

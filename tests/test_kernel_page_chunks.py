@@ -89,7 +89,7 @@ def test_attention_reads_chunked_pages_as_the_flat_pool(dtype, centred):
     want = paged_attention_ref(qp, *flat, bt, pre_seq, pre_lens, sc, k_mean=mean)
     out, lse = paged_attention_triton(qp, *base, bt, pre_seq, pre_lens, sc, k_mean=mean, chunks=chunks)
     assert torch.allclose(out, want[0], **tol) and torch.allclose(lse, want[1], **tol)
-    # decode v2, two segments in one launch
+    # paged_decode, two segments in one launch
     tail = (_live_pages(gen, 3 * 2).view(3, 2), seq_idx, torch.tensor([5, 0, 16], dtype=torch.int32))
     segs = [(bt, seq_idx, kv_lens), tail]
     out, lse = paged_decode(q, *base, segs, sc, tune={"block_n": 8}, k_mean=mean, chunks=chunks)

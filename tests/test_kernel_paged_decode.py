@@ -1,6 +1,7 @@
-"""Decode attention v2 (kernels/paged_decode.py) under TRITON_INTERPRET=1 against the torch reference.
+"""Page-tile decode attention (kernels/paged_decode.py) under TRITON_INTERPRET=1 against the torch
+reference.
 
-The v2 kernel computes in fp32 (q is not rounded to fp16, int8 values convert exactly), so the
+The kernel computes in fp32 (q is not rounded to fp16, int8 values convert exactly), so the
 tolerance is 1e-4 for every cache dtype; the reference dequantizes the same int8 values.
 """
 import pytest

@@ -17,9 +17,6 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has
 def test_auto_is_the_cpu_here_and_a_budget_may_pin_the_device(tmp_path):
     assert resolve() == resolve("auto", None, load_budget("orin-nano-8gb"))
     assert (resolve().device, resolve().backend, resolve().weight_dtype) == ("cpu", "cpu", "fp32")
-    from edge_runtime.service.engine_setup import placement_for
-
-    assert placement_for("orin-nano-8gb").backend == "cpu"  # serve --device auto on this machine
     text = (load_budget("orin-nano-8gb").source and open(load_budget("orin-nano-8gb").source).read())
     (tmp_path / "pinned.yaml").write_text(text + "\ndevice: cuda\n")
     pinned = resolve("auto", None, load_budget(str(tmp_path / "pinned.yaml")), need_device=False)

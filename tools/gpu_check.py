@@ -46,16 +46,16 @@ from edge_runtime.bench.checks import parse_int_list  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the gpu_lab package
-from gpu_lab.checks import (build_pool, check_awq, check_awq_prepared, check_decode,  # noqa: E402
-                            check_decode_v2, check_kv_write, check_prefill)
-from gpu_lab.sweep import sweep, sweep_v2, tuned_rows  # noqa: E402
+from gpu_lab.checks import (DECODE_KERNELS, build_pool, check_awq, check_awq_prepared,  # noqa: E402
+                            check_decode, check_kv_write, check_prefill, decode_ctx)
+from gpu_lab.sweep import STAGES, sweep, tuned_rows  # noqa: E402
 from gpu_lab.timing import ITERS, REPS, copy_bandwidth, log  # noqa: E402
 
 REAL = dict(heads=32, kv_heads=32, head_dim=128, page=512, seqs=5, seq_len=2000, prefix=300, prefill=256,
             awq=[(4096, 4096), (4096, 11008)], ms=[1, 2, 3, 4, 5, 8, 16, 512], group=128)
 TINY = dict(heads=4, kv_heads=2, head_dim=32, page=16, seqs=3, seq_len=40, prefix=12, prefill=8,
             awq=[(128, 64), (128, 88)], ms=[1, 3, 16, 20], group=32)
-TARGETS = {"paged_decode_pct_copy": 60.0, "gemv_speedup_vs_fp16_m1_5": 2.5}
+TARGETS = {"decode_attention_pct_copy": 60.0, "gemv_speedup_vs_fp16_m1_5": 2.5}
 
 
 def print_table(rows, copy_bw):
@@ -68,13 +68,13 @@ def print_table(rows, copy_bw):
 
 def targets(rows):
     """Per kernel family: decode % of copy bandwidth; W4A16 least speed-up over fp16 at M = 1..5."""
-    dec = [r for r in rows if r["check"].startswith("paged decode") and r.get("pct_copy")]
+    dec = [r for r in rows if r["check"].startswith(tuple(DECODE_KERNELS)) and r.get("pct_copy")]
     gemv = {}
     for r in rows:
         if r["check"] in ("w4a16 gemv", "w4a16 prepared gemv") and r["m"] <= 5:
             gemv.setdefault(r["check"], []).append(r["speedup_vs_dense"])
-    return {"paged_decode_pct_copy": {"target": TARGETS["paged_decode_pct_copy"],
-                                      "measured": {r["check"]: r["pct_copy"] for r in dec}},
+    return {"decode_attention_pct_copy": {"target": TARGETS["decode_attention_pct_copy"],
+                                          "measured": {r["check"]: r["pct_copy"] for r in dec}},
             "gemv_speedup_vs_fp16_m1_5": {"target": TARGETS["gemv_speedup_vs_fp16_m1_5"],
                                           "min_measured": {k: min(v) for k, v in gemv.items()}}}
 
@@ -97,7 +97,8 @@ def parse_args(argv):
     ap.add_argument("--sweep", choices=("auto", "on", "off"), default="auto",
                     help="time alternative launch configs (auto: on CUDA only)")
     ap.add_argument("--sweep-budget", type=float, default=300.0,
-                    help="seconds the sweeps may take: 70%% for the v2 kernels, 30%% for the first ones")
+                    help="seconds the sweep may take, in shares per kernel: "
+                         + ", ".join(f"{stage} {100 * part:.0f}%%" for stage, part, _ in STAGES))
     gpu_engine_check.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.engine:
@@ -122,48 +123,26 @@ def run_checks(env, errors):
     if kv_res:
         rows += kv_res[0]
         state.update(layout=layout, pool=kv_res[1])
-        dec = guarded("decode", lambda: check_decode(c, dev, cuda, layout, kv_res[1], copy_bw, l2, gen), errors)
-        dec2 = guarded("decode_v2", lambda: check_decode_v2(c, dev, cuda, layout, kv_res[1], copy_bw, l2, gen),
-                       errors)
+        ctx = guarded("decode inputs", lambda: decode_ctx(c, dev, cuda, layout, kv_res[1], l2, gen), errors)
+        if ctx:
+            state["decode"] = ctx
+            for kernel in DECODE_KERNELS:
+                rows += guarded(kernel, lambda: check_decode(c, cuda, ctx, copy_bw, kernel), errors) or []
         pre = guarded("prefill", lambda: check_prefill(c, dev, cuda, layout, kv_res[1], gen), errors)
-        for part, key in ((dec, "decode"), (dec2, "decode_v2"), (pre, "prefill")):
-            if part:
-                rows += part[0]
-                state[key] = part[1]
+        if pre:
+            rows += pre[0]
+            state["prefill"] = pre[1]
     rows += guarded("awq", lambda: check_awq(c, dev, cuda, copy_bw, l2, gen), errors) or []
     rows += guarded("awq_prepared", lambda: check_awq_prepared(c, dev, cuda, copy_bw, l2, gen), errors) or []
     return rows, state
 
 
-def run_sweep_v2(env, state, budget_s, result, errors):
-    """Sweep the v2 kernels, then re-run their checks with the best configs found."""
-    c, dev, cuda, copy_bw, l2, gen = (env[k] for k in ("c", "dev", "cuda", "copy_bw", "l2", "gen"))
-    res = guarded("sweep_v2", lambda: sweep_v2(c, dev, cuda, state.get("decode_v2"), l2, gen, budget_s), errors)
-    result["sweep_v2"] = res or []
-    if not res:
-        return
-    best, rows = res["best"], []
-    if "decode_v2" in best and "decode_v2" in state:
-        rows += guarded("tuned_v2", lambda: check_decode_v2(c, dev, cuda, state["layout"], state["pool"], copy_bw,
-                                                            l2, gen, tune=best["decode_v2"]["tune"],
-                                                            ctx=state["decode_v2"])[0], errors) or []
-    if "prepared M=1 all shapes" in best and "prepared M=5 all shapes" in best:
-        tunes = {"m1": best["prepared M=1 all shapes"]["tune"], "m": best["prepared M=5 all shapes"]["tune"]}
-        rows += guarded("tuned_v2", lambda: check_awq_prepared(c, dev, cuda, copy_bw, l2, gen, tunes), errors) or []
-    for r in rows:
-        r["tuned"] = True
-    print_table(rows, copy_bw)
-    result.update(tuned_v2_rows=rows, tuned_v2_targets=targets(rows))
-
-
 def run_sweep(env, state, budget_s, result, errors):
-    c, dev, cuda, copy_bw, l2, gen = (env[k] for k in ("c", "dev", "cuda", "copy_bw", "l2", "gen"))
-    result["sweep"] = guarded("sweep", lambda: sweep(c, dev, cuda, state["decode"], state["prefill"], l2, gen,
-                                                     budget_s), errors) or []
+    """Sweep the launch configs, then re-run the checks with the best configs found."""
+    result["sweep"] = guarded("sweep", lambda: sweep(env, state, budget_s), errors) or []
     if result["sweep"]:
-        tuned = guarded("tuned", lambda: tuned_rows(c, dev, cuda, state["layout"], state["pool"], copy_bw, l2,
-                                                    gen, result["sweep"]["best"]), errors) or []
-        print_table(tuned, copy_bw)
+        tuned = guarded("tuned", lambda: tuned_rows(env, state, result["sweep"]["best"]), errors) or []
+        print_table(tuned, env["copy_bw"])
         result.update(tuned_rows=tuned, tuned_targets=targets(tuned))
 
 
@@ -188,21 +167,17 @@ def main(argv=None):
     print_table(rows, env["copy_bw"])
     result = dict(device=name, torch=torch.__version__, triton=getattr(kvw.triton, "__version__", None),
                   shapes="tiny" if args.tiny else "llama-2-7b", copy_GBps=env["copy_bw"], l2_bytes=env["l2"],
-                  iters=ITERS, reps=REPS, tune_attention=pa.TUNE, tune_awq=awq.TUNE, tune_decode_v2=pd.TUNE,
+                  iters=ITERS, reps=REPS, tune_attention=pa.TUNE, tune_awq=awq.TUNE, tune_paged_decode=pd.TUNE,
                   tune_awq_prepared=awp.TUNE, rows=rows,
                   targets=targets(rows), sweep=[], errors=errors)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))  # written early: a later crash keeps this
     if args.sweep == "on" or (args.sweep == "auto" and cuda):
-        run_sweep_v2(env, state, 0.7 * args.sweep_budget, result, errors)
-        args.json.write_text(json.dumps(result, indent=1))
-        if "decode" in state and "prefill" in state:
-            run_sweep(env, state, 0.3 * args.sweep_budget, result, errors)
+        run_sweep(env, state, args.sweep_budget, result, errors)
     result["all_ok"] = (bool(rows) and not errors and all(
-        r["ok"] for r in rows + result.get("tuned_rows", []) + result.get("tuned_v2_rows", [])))
+        r["ok"] for r in rows + result.get("tuned_rows", [])))
     args.json.write_text(json.dumps(result, indent=1))
     log(f"targets: {json.dumps(result['targets'])}\ntuned targets: {json.dumps(result.get('tuned_targets'))}\n"
-        f"tuned v2 targets: {json.dumps(result.get('tuned_v2_targets'))}\n"
         f"errors: {errors}\nall_ok={result['all_ok']}; wrote {args.json} ({time.perf_counter() - t0:.0f} s)")
     return 0 if result["all_ok"] else 1
 

@@ -18,40 +18,37 @@ from edge_runtime.service.server import Loaded
 log = logging.getLogger(__name__)
 
 
-def engine_config(config_path: str | None, limits: ServiceLimits, loaded, placement,
-                  runtime_bytes: int = 0):
-    """runtime_bytes: the CUDA context and workspace measured at start-up (engine/cuda_memory.py)."""
-    from edge_runtime.budget import load_budget
+def engine_config(budget, limits: ServiceLimits, loaded, placement, runtime_bytes: int = 0):
+    """budget: the loaded Budget, or None without --config. runtime_bytes: the CUDA context and
+    workspace measured at start-up (engine/cuda_memory.py)."""
     from edge_runtime.engine.config import EngineConfig, budget_engine_config
 
     overrides = dict(max_num_seqs=limits.max_concurrent_sequences, **placement.engine_settings())
-    if not config_path:
+    if budget is None:
         return EngineConfig(**overrides)
-    budget = load_budget(config_path)
     config, plan = budget_engine_config(budget, loaded, overrides, runtime_bytes=runtime_bytes)
     _check_free_memory(plan, str(loaded.model.device))
     return config
 
 
-def check_graph_memory(engine, config_path: str | None) -> None:
+def check_graph_memory(engine, budget) -> None:
     """The decode graphs' memory (captured at start on a GPU, engine/cuda_graphs.py) is counted in
     the budget's activation_reserve: the activations, logits and sampler buffers a decode step
     needs are what a graph's memory pool holds. Log what capture took, and refuse to start when it
-    exceeds that reserve, with the numbers and what to change."""
+    exceeds that reserve, with the numbers and what to change. budget: the loaded Budget, or None
+    without --config (nothing to count against)."""
     graphs = engine.stats().get("decode_graphs") or {}
     taken = int(graphs.get("capture_bytes") or 0)
     if not taken:
         return
     log.info("CUDA graphs: %d buckets captured in %.1f s, %.0f MiB (counted in activation_reserve)",
              len(graphs.get("captured", [])), graphs.get("capture_s", 0.0), taken / 2**20)
-    if not config_path:
+    if budget is None:
         return
-    from edge_runtime.budget import load_budget
-
-    reserve = load_budget(config_path).activation_reserve
+    reserve = budget.activation_reserve
     if taken > reserve:
         raise ConfigError(
-            f"{config_path}: the decode graphs captured at start took {taken / 2**20:.0f} MiB, "
+            f"{budget.source}: the decode graphs captured at start took {taken / 2**20:.0f} MiB, "
             f"more than activation_reserve ({reserve / 2**20:.0f} MiB), which counts them: raise "
             f"activation_reserve to at least {-(-taken // 2**20)} MiB")
 
@@ -68,44 +65,35 @@ def _check_free_memory(plan, device: str) -> None:
                     plan.pool_bytes / 2**20, free / 2**20)
 
 
-def check_budget(model_name: str, config_path: str | None) -> None:
-    """Refuse a budget whose plan fails even before the weights count (a pool cap below one page,
-    recent-key windows that fill the device...), reading only the model's config.json: serve
-    can run this before it listens, and load_all runs it before the weights load."""
-    if not config_path:
+def check_budget(model_name: str, budget) -> None:
+    """Refuse a budget (a loaded Budget, or None without --config) whose plan fails even before
+    the weights count (a pool cap below one page, recent-key windows that fill the device...),
+    reading only the model's config.json: serve can run this before it listens, and load_all runs
+    it before the weights load."""
+    if budget is None:
         return
-    from edge_runtime.budget import load_budget
     from edge_runtime.model.loader import read_model_config, resolve_model_folder
     from edge_runtime.plan import make_plan
 
-    budget = load_budget(config_path)
     folder = resolve_model_folder(model_name)
     config = read_model_config(folder)
     make_plan(budget, config, None, model_name=folder.name)
 
 
-def placement_for(config_path: str | None, device: str = "auto", backend: str | None = None):
-    """Device, back end and weight dtype for the service (engine/placement.py): `--device auto`
-    takes the budget's `device:`, else CUDA where torch sees one, else the CPU."""
-    from edge_runtime.engine.placement import resolve
-
-    budget = None
-    if config_path:
-        from edge_runtime.budget import load_budget
-
-        budget = load_budget(config_path)
-    return resolve(device, backend, budget)
-
-
 def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
              guard_config: GuardConfig, device: str = "auto", backend: str | None = None,
              weights: str = "auto") -> Loaded:
+    """The budget YAML is read once here; everything after takes the loaded Budget. Device, back
+    end and weight dtype (engine/placement.py): `--device auto` takes the budget's `device:`, else
+    CUDA where torch sees one, else the CPU."""
+    from edge_runtime.budget import load_budget
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.engine.engine import Engine
-    from edge_runtime.engine.placement import load_for
+    from edge_runtime.engine.placement import load_for, resolve
 
-    check_budget(model_name, config_path)
-    placement = placement_for(config_path, device, backend)
+    budget = load_budget(config_path) if config_path else None
+    check_budget(model_name, budget)
+    placement = resolve(device, backend, budget)
     log.info("model %s on the %s back end, device %s, %s weights", model_name, placement.backend,
              placement.device, placement.weight_dtype)
     from edge_runtime.engine.cuda_memory import runtime_overhead
@@ -114,8 +102,8 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
     if runtime_bytes:
         log.info("CUDA context and workspace: %.0f MiB (counted in the budget)", runtime_bytes / 2**20)
     loaded = load_for(model_name, placement, weights=weights)
-    engine = Engine(loaded, engine_config(config_path, limits, loaded, placement, runtime_bytes))
-    check_graph_memory(engine, config_path)
+    engine = Engine(loaded, engine_config(budget, limits, loaded, placement, runtime_bytes))
+    check_graph_memory(engine, budget)
     aengine = AsyncEngine(engine)
     guard = None
     if guard_config.enabled:

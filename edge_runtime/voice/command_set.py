@@ -28,7 +28,7 @@ from edge_runtime.voice.tts import cached_wav, espeak_version, synthesize
 from edge_runtime.voice.wav_file import SAMPLE_RATE
 
 HOMES = {"home": CONFIG_DIR / "home-actions.yaml", "flat": CONFIG_DIR / "flat-actions.yaml"}
-VOICES = ("en-us", "en", "en-us+m3", "en+f3", "en-us+m7")  # the demo's five, in turn
+VOICES = ("en-us", "en", "en-us+m3", "en+f3", "en-us+m7")  # one per demo stream; commands take them in turn
 SPEED = 150  # espeak-ng words per minute
 PAD_S = 0.3  # silence before and after the command
 
@@ -49,8 +49,8 @@ def _d(device):
     return {"device": device}
 
 
-COMMANDS = (
-    # the demo's own 20 commands (voice/demo.py), to the demo's home
+# The demo's 20 commands (voice/demo.py speaks them as 5 streams of 4, in this order), to its home
+DEMO_HOME_COMMANDS = (
     _c("turn on the kitchen lights", "home", "turn_on", _d("kitchen lights")),
     _c("dim the kitchen lights", "home", "dim", _d("kitchen lights")),
     _c("play the radio", "home", "play", _d("radio")),
@@ -71,6 +71,10 @@ COMMANDS = (
     _c("unlock the front door", "home", "unlock", _d("front door")),
     _c("turn off the living room lights", "home", "turn_off", _d("living room lights")),
     _c("set the thermostat to eighteen degrees", "home", "set_temperature", {"degrees": 18}),
+)
+
+COMMANDS = DEMO_HOME_COMMANDS + (
+    # a device the demo's home lacks
     _c("turn on the porch fountain", "home", "ask_back"),
     # the second home: devices the demo does not have
     _c("turn on the hallway lights", "flat", "turn_on", _d("hallway lights")),

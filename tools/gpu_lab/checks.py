@@ -1,6 +1,7 @@
-"""The correctness + timing checks of tools/gpu_check.py, one function per kernel: KV write,
-paged attention (decode and prefill), the split decode kernel (kernels/paged_decode.py, one and two
-segments in one launch), W4A16 on the AutoAWQ layout and on the prepared one (kernels/awq_prepared.py).
+"""The correctness + timing checks of tools/gpu_check.py, one function per kernel role: KV write;
+decode attention (one check for both decode kernels on the same inputs: paged_attention_triton, a
+launch per segment + merge, and paged_decode, whole-page tiles with both segments in one launch);
+prefill attention; W4A16 on the AutoAWQ layout and on the prepared one (kernels/awq_prepared.py).
 
 Each check compares a Triton kernel with its torch reference on the same random data (pass = max
 error <= tol) and times it against the reference and a dense fp16 equivalent (SDPA / matmul).
@@ -58,7 +59,7 @@ def row(check, shape, err, tol, us, how, ref_us=None, dense_us=None, nbytes=None
     r["speedup_vs_ref"] = ref_us / us if ref_us else None
     r["speedup_vs_dense"] = dense_us / us if dense_us else None
     r.update(extra)
-    log(f"  {check:<26} {shape:<28} err {err:.2e} (tol {tol:.0e}) {'ok' if r['ok'] else 'FAIL'}"
+    log(f"  {check:<34} {shape:<28} err {err:.2e} (tol {tol:.0e}) {'ok' if r['ok'] else 'FAIL'}"
         f"  {us:9.1f} us")
     return r
 
@@ -84,20 +85,16 @@ def check_kv_write(c, dev, cuda, layout, writes, copy_bw):
     return rows, pool_t
 
 
-def decode_args(c, dev, layout, pool, q):
+def decode_segments(c, dev, layout):
+    """(block_table, seq_idx, kv_lens) of the whole sequences, of the shared prefix (page 0), and
+    of the private tails."""
     s, pfx = c["seqs"], c["prefix"]
     idx = torch.arange(s, dtype=torch.int32, device=dev)
     lens = lambda n: torch.full((s,), n, dtype=torch.int32, device=dev)  # noqa: E731
     one = (layout["full_bt"].to(dev), idx, lens(c["seq_len"]))
     prefix = (torch.zeros(s, 1, dtype=torch.int32, device=dev), idx, lens(pfx))
     tail = (layout["tail_bt"].to(dev), idx, lens(c["seq_len"] - pfx))
-    return [(q, *pool, *one), (q, *pool, *prefix), (q, *pool, *tail)]
-
-
-def two_segments(q, pool, prefix, tail, sm, tune=None):
-    o1, l1 = pa.paged_attention_triton(q, *pool, *prefix, sm, tune=tune)
-    o2, l2 = pa.paged_attention_triton(q, *pool, *tail, sm, tune=tune)
-    return pa.merge_attention_triton([o1, o2], [l1, l2])
+    return one, prefix, tail
 
 
 def dense_kv(pool, bt, length, c):
@@ -109,33 +106,69 @@ def dense_kv(pool, bt, length, c):
     return out
 
 
-def check_decode(c, dev, cuda, layout, pool, copy_bw, l2, gen, tune=None):
-    log("Paged int8 decode attention: one segment, and shared prefix + tail + merge")
-    s, h, d, length = c["seqs"], c["heads"], c["head_dim"], c["seq_len"]
-    sm = 1.0 / math.sqrt(d)
-    q = torch.randn(s, h, d, generator=gen).to(dev).half()
-    one, prefix, tail = decode_args(c, dev, layout, pool, q)
-    want, want_lse = pa.paged_attention_ref(*one, sm)
-    got, got_lse = pa.paged_attention_triton(*one, sm, tune=tune)
-    merged = two_segments(q, pool, prefix[5:], tail[5:], sm, tune)
-    err1 = max(float((got - want).abs().max()), float((got_lse - want_lse).abs().max()))
-    err2 = float((merged - want).abs().max())
-    nbytes = s * length * c["kv_heads"] * (d + 2) * 2
+def decode_ctx(c, dev, cuda, layout, pool, l2, gen):
+    """What every decode kernel's check and sweep share: q, the segments (`one`: whole sequences;
+    `two`: shared prefix + private tail), pools rotated past L2, the reference's output and time,
+    and SDPA's time over the same K/V in fp16 (the dense baseline)."""
+    sm = 1.0 / math.sqrt(c["head_dim"])
+    q = torch.randn(c["seqs"], c["heads"], c["head_dim"], generator=gen).to(dev).half()
+    one, prefix, tail = decode_segments(c, dev, layout)
+    want, want_lse = pa.paged_attention_ref(q, *pool, *one, sm)
+    nbytes = c["seqs"] * c["seq_len"] * c["kv_heads"] * (c["head_dim"] + 2) * 2
     pools = [pool] + [[x.clone() for x in pool] for _ in range(n_copies(nbytes, l2) - 1)]
-    args_of = lambda i, a: (q, *pools[i % len(pools)], *a[5:])  # noqa: E731
-    us1, how = time_us(lambda i: pa.paged_attention_triton(*args_of(i, one), sm, tune=tune), cuda)
-    us2, _ = time_us(lambda i: two_segments(q, pools[i % len(pools)], prefix[5:], tail[5:], sm, tune), cuda)
-    ref_us, _ = time_us(lambda i: pa.paged_attention_ref(*args_of(i, one), sm), cuda, graph=False)
-    kd, vd = dense_kv(pool, layout["full_bt"].to(dev), length, c)
+    ref_us, _ = time_us(lambda i: pa.paged_attention_ref(q, *pools[i % len(pools)], *one, sm), cuda, graph=False)
+    kd, vd = dense_kv(pool, one[0], c["seq_len"], c)
     q4 = q.unsqueeze(2)  # [B, H, 1, D]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    dense_us, _ = time_us(lambda i: sdpa(q4, kd, vd, enable_gqa=h != c["kv_heads"]), cuda)
-    shape = f"B={s} L={length} H={h}/{c['kv_heads']} D={d}"
-    dense_gbps = kd.numel() * 4 / dense_us / 1e3  # fp16 K and V
-    return [row("paged decode 1 segment", shape, err1, 2e-2, us1, how, ref_us, dense_us, nbytes, copy_bw,
-                dense_GBps=dense_gbps),
-            row("paged decode prefix+tail", shape + f" p={c['prefix']}", err2, 2e-2, us2, how, ref_us,
-                dense_us, nbytes, copy_bw, dense_GBps=dense_gbps)], (q, one, pools, want, nbytes)
+    dense_us, _ = time_us(lambda i: sdpa(q4, kd, vd, enable_gqa=c["heads"] != c["kv_heads"]), cuda)
+    return dict(q=q, sm=sm, one=one, two=[prefix, tail], pools=pools, want=want, want_lse=want_lse,
+                nbytes=nbytes, ref_us=ref_us, dense_us=dense_us, dense_GBps=kd.numel() * 4 / dense_us / 1e3)
+
+
+def attention_decode(ctx, pool, segs, tune):
+    """paged_attention_triton per segment, merged by merge_attention_triton -> (out, lse or None:
+    the merge returns no lse)."""
+    parts = [pa.paged_attention_triton(ctx["q"], *pool, *seg, ctx["sm"], tune=tune) for seg in segs]
+    if len(parts) == 1:
+        return parts[0]
+    return pa.merge_attention_triton([p[0] for p in parts], [p[1] for p in parts]), None
+
+
+def page_tile_decode(ctx, pool, segs, tune):
+    """paged_decode: every segment in one launch, then the split merge -> (out, lse)."""
+    return pd.paged_decode(ctx["q"], *pool, segs, ctx["sm"], tune=tune)
+
+
+# decode kernel -> (its call on a decode_ctx, its launch defaults); the names are the check rows'
+# prefixes and the sweep's op names
+DECODE_KERNELS = {"paged_attention decode": (attention_decode, pa.TUNE),
+                  "paged_decode": (page_tile_decode, pd.TUNE)}
+
+
+def decode_err(ctx, kernel, segs, tune):
+    out, lse = DECODE_KERNELS[kernel][0](ctx, ctx["pools"][0], segs, tune)
+    err = float((out - ctx["want"]).abs().max())
+    return err if lse is None else max(err, float((lse - ctx["want_lse"]).abs().max()))
+
+
+def decode_time(ctx, kernel, segs, cuda, tune):
+    run, pools = DECODE_KERNELS[kernel][0], ctx["pools"]
+    return time_us(lambda i: run(ctx, pools[i % len(pools)], segs, tune), cuda)
+
+
+def check_decode(c, cuda, ctx, copy_bw, kernel, tune=None):
+    """One decode kernel (a key of DECODE_KERNELS) on ctx's q and pages, as one segment and as
+    shared prefix + private tail; tune: launch config (None: the kernel's TUNE)."""
+    log(f"Paged int8 decode attention, {kernel}: one segment, and shared prefix + private tail")
+    shape = f"B={c['seqs']} L={c['seq_len']} H={c['heads']}/{c['kv_heads']} D={c['head_dim']}"
+    rows = []
+    for label, segs, extra in (("1 segment", [ctx["one"]], ""), ("prefix+tail", ctx["two"], f" p={c['prefix']}")):
+        err = decode_err(ctx, kernel, segs, tune)
+        us, how = decode_time(ctx, kernel, segs, cuda, tune)
+        rows.append(row(f"{kernel} {label}", shape + extra, err, 2e-2, us, how, ctx["ref_us"], ctx["dense_us"],
+                        ctx["nbytes"], copy_bw, dense_GBps=ctx["dense_GBps"],
+                        tune={**DECODE_KERNELS[kernel][1], **(tune or {})}))
+    return rows
 
 
 def check_prefill(c, dev, cuda, layout, pool, gen, tune=None):
@@ -157,7 +190,7 @@ def check_prefill(c, dev, cuda, layout, pool, gen, tune=None):
     qd = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     dense_us, _ = time_us(lambda i: sdpa(qd, kd, vd, attn_mask=mask, enable_gqa=h != c["kv_heads"]), cuda)
-    return [row("paged prefill", f"T={t} L={length} H={h}/{c['kv_heads']}", err, 2e-2, us, how, ref_us,
+    return [row("paged_attention prefill", f"T={t} L={length} H={h}/{c['kv_heads']}", err, 2e-2, us, how, ref_us,
                 dense_us)], (args, want)
 
 
@@ -198,43 +231,6 @@ def check_awq(c, dev, cuda, copy_bw, l2, gen, tunes=None):
                 rows.append(row(check, f"M={m} K={k} N={n} G={g}", err, 1e-2, us, how, ref_us, dense_us,
                                 nbytes + x.numel() * x.element_size(), copy_bw, m=m, k=k, n=n))
     return rows
-
-
-def decode_v2_ctx(c, dev, layout, pool, l2, gen):
-    """Inputs shared by the v2 check and its sweep: q, the segments, rotated pools, references."""
-    sm = 1.0 / math.sqrt(c["head_dim"])
-    q = torch.randn(c["seqs"], c["heads"], c["head_dim"], generator=gen).to(dev).half()
-    one, prefix, tail = decode_args(c, dev, layout, pool, q)
-    want, want_lse = pa.paged_attention_ref(*one, sm)
-    nbytes = c["seqs"] * c["seq_len"] * c["kv_heads"] * (c["head_dim"] + 2) * 2
-    pools = [pool] + [[x.clone() for x in pool] for _ in range(n_copies(nbytes, l2) - 1)]
-    return dict(q=q, sm=sm, one=one[5:], two=[prefix[5:], tail[5:]], pools=pools, want=want,
-                want_lse=want_lse, nbytes=nbytes)
-
-
-def decode_v2_err(ctx, segs, tune):
-    out, lse = pd.paged_decode(ctx["q"], *ctx["pools"][0], segs, ctx["sm"], tune=tune)
-    err = float((out - ctx["want"]).abs().max())
-    return max(err, float((lse - ctx["want_lse"]).abs().max()))
-
-
-def decode_v2_time(ctx, segs, cuda, tune):
-    q, pools, sm = ctx["q"], ctx["pools"], ctx["sm"]
-    return time_us(lambda i: pd.paged_decode(q, *pools[i % len(pools)], segs, sm, tune=tune), cuda)
-
-
-def check_decode_v2(c, dev, cuda, layout, pool, copy_bw, l2, gen, tune=None, ctx=None):
-    log("Paged int8 decode attention v2: one segment, and prefix + tail in one launch")
-    ctx = ctx or decode_v2_ctx(c, dev, layout, pool, l2, gen)
-    shape = f"B={c['seqs']} L={c['seq_len']} H={c['heads']}/{c['kv_heads']} D={c['head_dim']}"
-    rows = []
-    for name, segs, extra in (("paged decode v2 1 segment", [ctx["one"]], ""),
-                              ("paged decode v2 prefix+tail", ctx["two"], f" p={c['prefix']}")):
-        err = decode_v2_err(ctx, segs, tune)
-        us, how = decode_v2_time(ctx, segs, cuda, tune)
-        rows.append(row(name, shape + extra, err, 2e-2, us, how, nbytes=ctx["nbytes"], copy_bw=copy_bw,
-                        tune={**pd.TUNE, **(tune or {})}))
-    return rows, ctx
 
 
 def awq_ctx(k, n, g, dev, l2, gen):

@@ -74,23 +74,23 @@ def loop_stats(cubin: bytes) -> dict:
 
 def cases():
     """(name, kernel, constexprs, warps, stages, work units per thread per loop iteration, unit)."""
-    d1, d2, g1, g5, p1, p5 = pa.TUNE, pd.TUNE, awq.TUNE["gemv1"], awq.TUNE["gemv"], awp.TUNE["gemv1"], awp.TUNE["gemv"]
+    att, dec = pa.TUNE, pd.TUNE
+    g1, g5, p1, p5 = awq.TUNE["gemv1"], awq.TUNE["gemv"], awp.TUNE["gemv1"], awp.TUNE["gemv"]
     thr = lambda w: 32 * w  # noqa: E731
-    yield ("decode v1 (default)", pa._paged_attn_kernel,
-           dict(GROUP=1, BLOCK_R=16, D=128, BLOCK_D=128, BLOCK_N=d1["block_n"], QUANT=True, FP16_DOT=True,
-                FMA=False, USE_QBLK=False), d1["num_warps"], d1["num_stages"],
-           2 * d1["block_n"] * 128 / thr(d1["num_warps"]), "K/V byte")
-    yield ("decode v2 (default)", pd._decode_v2_kernel,
-           dict(H=32, GROUP=1, D=128, BLOCK_N=d2["block_n"], QUANT=True, MAGIC=True, TWO=True, IDOT=d2["idot"]),
-           d2["num_warps"],
-           d2["num_stages"], 2 * d2["block_n"] * 128 / thr(d2["num_warps"]), "K/V byte")
+    yield ("paged_attention decode (default)", pa._paged_attn_kernel,
+           dict(GROUP=1, BLOCK_R=16, D=128, BLOCK_D=128, BLOCK_N=att["block_n"], QUANT=True, FP16_DOT=True,
+                FMA=False, USE_QBLK=False), att["num_warps"], att["num_stages"],
+           2 * att["block_n"] * 128 / thr(att["num_warps"]), "K/V byte")
+    yield ("paged_decode (default)", pd._paged_decode_kernel,
+           dict(H=32, GROUP=1, D=128, BLOCK_N=dec["block_n"], QUANT=True, MAGIC=True, TWO=True, IDOT=dec["idot"]),
+           dec["num_warps"], dec["num_stages"], 2 * dec["block_n"] * 128 / thr(dec["num_warps"]), "K/V byte")
     for bn, w in ((64, 4), (128, 4), (64, 2)):
-        yield (f"decode v2 idot block_n {bn}, {w} warps", pd._decode_v2_kernel,
+        yield (f"paged_decode idot block_n {bn}, {w} warps", pd._paged_decode_kernel,
                dict(H=32, GROUP=1, D=128, BLOCK_N=bn, QUANT=True, MAGIC=True, TWO=True, IDOT=True), w, 2,
                2 * bn * 128 / thr(w), "K/V byte")
     for m, t in ((1, g1), (5, g5)):
         bm = 1 if t["fma"] else 16
-        yield (f"w4a16 v1 M={m} (default)", awq._awq_gemm_kernel,
+        yield (f"awq_gemm M={m} (default)", awq._awq_gemm_kernel,
                dict(BLOCK_M=bm, BLOCK_N=t["block_n"], BLOCK_K=t["block_k"], SPLIT_K=8,
                     UNPACK=awq.UNPACK_MODES[t["unpack"]], FMA=t["fma"]), t["num_warps"], t["num_stages"],
                t["block_n"] * t["block_k"] / thr(t["num_warps"]), "weight")

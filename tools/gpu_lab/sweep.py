@@ -1,14 +1,14 @@
-"""Launch-config sweeps for tools/gpu_check.py over the spaces of tune_space.py.
+"""The launch-config sweep of tools/gpu_check.py over the spaces of tune_space.py.
 
-`sweep`: paged attention and the AutoAWQ-layout W4A16; `sweep_v2`: the split decode kernel and the
-prepared-layout W4A16, each space visited in a fixed shuffled order (seed 0), so a sweep cut short
-by its deadline still samples the whole space.
+One budget, spent in STAGES order (the kernels with the most to gain first); each stage ends at its
+cumulative share of the budget, so time a stage leaves unused goes to the next. Every space is
+visited in a fixed shuffled order (seed 0), so a stage cut short by its deadline still samples its
+whole space.
 
 Every config is checked against the reference before it is timed; a config that fails to compile or
-disagrees is recorded, never raised. `tuned_rows` re-runs the main checks with the best configs.
+disagrees is recorded, never raised. `tuned_rows` re-runs the checks with the best configs.
 """
 import json
-import math
 import random
 import time
 
@@ -18,9 +18,11 @@ from edge_runtime.kernels import awq_gemm as awq
 from edge_runtime.kernels import paged_attention as pa
 
 from . import tune_space
-from .checks import (awq_ctx, check_awq, check_decode, check_prefill, decode_v2_err, decode_v2_time,
-                     prepared_err, prepared_time, random_awq)
+from .checks import (DECODE_KERNELS, awq_ctx, check_awq, check_awq_prepared, check_decode, check_prefill,
+                     decode_err, decode_time, prepared_err, prepared_time, random_awq)
 from .timing import log, n_copies, time_us
+
+W4A16_MS = (1, 5)  # a GEMV config is swept per M class: M = 1, and M = 5 for 2..16
 
 
 def _try_config(out, op, tune, check, timed, deadline, nbytes=None):
@@ -38,99 +40,65 @@ def _try_config(out, op, tune, check, timed, deadline, nbytes=None):
     out.append(rec)
 
 
-def _sweep_attention(c, cuda, ctx, prefill_ctx, out, deadline):
-    q, one, pools, want, nbytes = ctx
-    sm = 1.0 / math.sqrt(c["head_dim"])
-    for tune in tune_space.decode_space():
-        _try_config(out, "paged_decode", tune,
-                    lambda: float((pa.paged_attention_triton(*one, sm, tune=tune)[0] - want).abs().max()) <= 2e-2,
-                    lambda: time_us(lambda i: pa.paged_attention_triton(q, *pools[i % len(pools)], *one[5:], sm,
-                                                                        tune=tune), cuda), deadline, nbytes)
-    args, want_p = prefill_ctx
-    for tune in tune_space.prefill_space():
-        _try_config(out, "paged_prefill", tune,
-                    lambda: float((pa.paged_attention_triton(*args, tune=tune)[0] - want_p).abs().max()) <= 2e-2,
-                    lambda: time_us(lambda i: pa.paged_attention_triton(*args, tune=tune), cuda, graph=False),
-                    deadline)
-
-
-def _sweep_gemv(c, dev, cuda, l2, gen, out, deadline):
-    g = c["group"]
-    for k, n in c["awq"]:
-        w4 = random_awq(k, n, g, dev, gen)
-        w32 = awq.dequantize_awq(*w4, g)
-        w4s = [w4] + [tuple(x.clone() for x in w4) for _ in range(n_copies(k * n // 2, l2) - 1)]
-        for m in (1, 5):
-            x = torch.randn(m, k, generator=gen).to(dev).half()
-            want_y = x.float() @ w32
-            tol = 1e-2 * float(want_y.abs().max())
-            for tune in tune_space.gemv_space(m):
-                _try_config(out, f"gemv M={m} K={k} N={n}", tune,
-                            lambda: float((awq.awq_gemm_triton(x, *w4, g, tune=tune).float() - want_y).abs().max())
-                            <= tol,
-                            lambda: time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tune),
-                                            cuda), deadline)
-
-
-def sweep(c, dev, cuda, ctx, prefill_ctx, l2, gen, budget_s):
-    """Time the search spaces of tune_space.py (each config also checked) within budget_s."""
-    log(f"Sweep: launch configs (budget {budget_s:.0f} s)")
-    out = []
-    _sweep_attention(c, cuda, ctx, prefill_ctx, out, time.perf_counter() + 0.4 * budget_s)
-    _sweep_gemv(c, dev, cuda, l2, gen, out, time.perf_counter() + 0.6 * budget_s)
-    best = {}
-    for rec in out:
-        if rec.get("ok") and (rec["op"] not in best or rec["us"] < best[rec["op"]]["us"]):
-            best[rec["op"]] = rec
-    for op, rec in best.items():
-        log(f"  best {op:<24} {rec['us']:8.1f} us  {rec['tune']}")
-    for m in (1, 5):  # one config per M for every shape: least total time over the shapes
-        totals = {}
-        for rec in out:
-            if rec["op"].startswith(f"gemv M={m} ") and rec.get("ok"):
-                key = json.dumps(rec["tune"], sort_keys=True)
-                totals.setdefault(key, []).append(rec["us"])
-        full = {k: sum(v) for k, v in totals.items() if len(v) == len(c["awq"])}
-        if full:
-            best[f"gemv M={m} all shapes"] = dict(tune=json.loads(min(full, key=full.get)), us=min(full.values()))
-    failed = [r for r in out if not r.get("ok")]
-    log(f"  {len(out)} configs timed, {len(failed)} failed or wrong" + (f"; first: {failed[0]}" if failed else ""))
-    return dict(configs=out, best=best)
-
-
-def tuned_rows(c, dev, cuda, layout, pool, copy_bw, l2, gen, best):
-    """The main checks again with the sweep's best configs (what TUNE defaults become)."""
-    log("Main checks with the best swept configs")
-    rows = []
-    if "paged_decode" in best:
-        rows += check_decode(c, dev, cuda, layout, pool, copy_bw, l2, gen, tune=best["paged_decode"]["tune"])[0]
-    if "paged_prefill" in best:
-        rows += check_prefill(c, dev, cuda, layout, pool, gen, tune=best["paged_prefill"]["tune"])[0]
-    if "gemv M=1 all shapes" in best and "gemv M=5 all shapes" in best:
-        tunes = {"m1": best["gemv M=1 all shapes"]["tune"], "m": best["gemv M=5 all shapes"]["tune"]}
-        rows += check_awq(c, dev, cuda, copy_bw, l2, gen, tunes=tunes)
-    for r in rows:
-        r["tuned"] = True
-    return rows
-
-
 def _shuffled(space):
     space = list(space)
     random.Random(0).shuffle(space)
     return space
 
 
-def _sweep_decode(ctx, cuda, out, deadline):
-    for tune in _shuffled(tune_space.decode_v2_space()):
-        _try_config(out, "decode_v2", tune, lambda: decode_v2_err(ctx, [ctx["one"]], tune) <= 2e-2,
-                    lambda: decode_v2_time(ctx, [ctx["one"]], cuda, tune), deadline, ctx["nbytes"])
+def _sweep_decode(kernel, space, ctx, cuda, out, deadline):
+    one = [ctx["one"]]
+    for tune in _shuffled(space):
+        _try_config(out, kernel, tune, lambda: decode_err(ctx, kernel, one, tune) <= 2e-2,
+                    lambda: decode_time(ctx, kernel, one, cuda, tune), deadline, ctx["nbytes"])
 
 
-def _sweep_prepared(c, dev, cuda, l2, gen, out, deadline):
+def _sweep_paged_decode(env, state, out, deadline):
+    if "decode" in state:
+        _sweep_decode("paged_decode", tune_space.paged_decode_space(), state["decode"], env["cuda"], out, deadline)
+
+
+def _sweep_paged_attention(env, state, out, deadline):
+    """Decode gets 40% of the stage's time, prefill the rest."""
+    cuda = env["cuda"]
+    if "decode" in state:
+        _sweep_decode("paged_attention decode", tune_space.attention_decode_space(), state["decode"], cuda, out,
+                      time.perf_counter() + 0.4 * (deadline - time.perf_counter()))
+    if "prefill" not in state:
+        return
+    args, want = state["prefill"]
+    for tune in _shuffled(tune_space.prefill_space()):
+        _try_config(out, "paged_attention prefill", tune,
+                    lambda: float((pa.paged_attention_triton(*args, tune=tune)[0] - want).abs().max()) <= 2e-2,
+                    lambda: time_us(lambda i: pa.paged_attention_triton(*args, tune=tune), cuda, graph=False),
+                    deadline)
+
+
+def _sweep_awq_gemm(env, state, out, deadline):
+    c, dev, cuda, l2, gen = (env[k] for k in ("c", "dev", "cuda", "l2", "gen"))
+    g = c["group"]
+    for k, n in c["awq"]:
+        w4 = random_awq(k, n, g, dev, gen)
+        w32 = awq.dequantize_awq(*w4, g)
+        w4s = [w4] + [tuple(x.clone() for x in w4) for _ in range(n_copies(k * n // 2, l2) - 1)]
+        for m in W4A16_MS:
+            x = torch.randn(m, k, generator=gen).to(dev).half()
+            want = x.float() @ w32
+            tol = 1e-2 * float(want.abs().max())
+            for tune in _shuffled(tune_space.gemv_space(m)):
+                _try_config(out, f"gemv M={m} K={k} N={n}", tune,
+                            lambda: float((awq.awq_gemm_triton(x, *w4, g, tune=tune).float() - want).abs().max())
+                            <= tol,
+                            lambda: time_us(lambda i: awq.awq_gemm_triton(x, *w4s[i % len(w4s)], g, tune=tune),
+                                            cuda), deadline)
+
+
+def _sweep_prepared(env, state, out, deadline):
+    c, dev, cuda, l2, gen = (env[k] for k in ("c", "dev", "cuda", "l2", "gen"))
     g = c["group"]
     for k, n in c["awq"]:
         ctx = awq_ctx(k, n, g, dev, l2, gen)
-        for m in (1, 5):
+        for m in W4A16_MS:
             x = torch.randn(m, k, generator=gen).to(dev).to(torch.float16 if cuda else torch.float32)
             want = x.float() @ ctx["w32"]
             for tune in _shuffled(tune_space.prepared_space(m)):
@@ -139,38 +107,68 @@ def _sweep_prepared(c, dev, cuda, l2, gen, out, deadline):
                             lambda: prepared_time(x, ctx, cuda, tune), deadline)
 
 
-def _best(out):
+# (stage, share of the budget, sweep): page-tile decode and prepared W4A16 first, the kernels whose
+# launch defaults the H200 sweep set; paged attention and awq_gemm serve checks and baselines
+STAGES = (("paged_decode", 0.28, _sweep_paged_decode), ("awq_prepared", 0.42, _sweep_prepared),
+          ("paged_attention", 0.12, _sweep_paged_attention), ("awq_gemm", 0.18, _sweep_awq_gemm))
+
+
+def best_configs(out, shapes):
+    """op -> its fastest correct record; and per W4A16 kernel and M class the one config with the
+    least total time over every (K, N) in shapes, as "<kernel> M=<m> all shapes"."""
     best = {}
     for rec in out:
         if rec.get("ok") and (rec["op"] not in best or rec["us"] < best[rec["op"]]["us"]):
             best[rec["op"]] = rec
-    for m in (1, 5):  # one config per M over both shapes: least total time
-        totals = {}
-        for rec in out:
-            if rec.get("ok") and rec["op"].startswith(f"prepared M={m} "):
-                key = repr(sorted(rec["tune"].items()))
-                totals.setdefault(key, [rec["tune"], 0.0, set()])
-                totals[key][1] += rec["us"]
-                totals[key][2].add(rec["op"])
-        shapes = {rec["op"] for rec in out if rec["op"].startswith(f"prepared M={m} ")}
-        full = [v for v in totals.values() if v[2] == shapes]
-        if full:
-            tune, us, _ = min(full, key=lambda v: v[1])
-            best[f"prepared M={m} all shapes"] = dict(op=f"prepared M={m} all shapes", tune=tune, us=us, ok=True)
+    for kernel in ("gemv", "prepared"):
+        for m in W4A16_MS:
+            ops = {f"{kernel} M={m} K={k} N={n}" for k, n in shapes}
+            totals = {}  # config -> [tune, total us, ops it passed]
+            for rec in out:
+                if rec.get("ok") and rec["op"] in ops:
+                    total = totals.setdefault(json.dumps(rec["tune"], sort_keys=True), [rec["tune"], 0.0, set()])
+                    total[1] += rec["us"]
+                    total[2].add(rec["op"])
+            full = [v for v in totals.values() if v[2] == ops]
+            if full:
+                tune, us, _ = min(full, key=lambda v: v[1])
+                name = f"{kernel} M={m} all shapes"
+                best[name] = dict(op=name, tune=tune, us=us, ok=True)
     return best
 
 
-def sweep_v2(c, dev, cuda, decode_ctx, l2, gen, budget_s):
-    """Decode v2 gets 40% of budget_s, the prepared W4A16 the rest."""
-    log(f"Sweep v2: decode v2 and prepared W4A16 launch configs (budget {budget_s:.0f} s)")
-    out = []
-    t0 = time.perf_counter()
-    if decode_ctx is not None:
-        _sweep_decode(decode_ctx, cuda, out, t0 + 0.4 * budget_s)
-    _sweep_prepared(c, dev, cuda, l2, gen, out, t0 + budget_s)
-    best = _best(out)
+def sweep(env, state, budget_s):
+    """Check and time the spaces of tune_space.py within budget_s -> {configs, best}. state: the
+    inputs run_checks kept ("decode": a decode_ctx, "prefill": check_prefill's)."""
+    log(f"Sweep: launch configs (budget {budget_s:.0f} s)")
+    out, t0, share = [], time.perf_counter(), 0.0
+    for _, part, run in STAGES:
+        share += part
+        run(env, state, out, t0 + share * budget_s)
+    best = best_configs(out, env["c"]["awq"])
     for op, rec in sorted(best.items()):
         log(f"  best {op:<34} {rec['us']:8.1f} us  {rec['tune']}")
     failed = [r for r in out if not r.get("ok")]
     log(f"  {len(out)} configs timed, {len(failed)} failed or wrong" + (f"; first: {failed[0]}" if failed else ""))
     return dict(configs=out, best=best)
+
+
+def tuned_rows(env, state, best):
+    """The checks again with the sweep's best configs (what TUNE defaults become)."""
+    c, dev, cuda, copy_bw, l2, gen = (env[k] for k in ("c", "dev", "cuda", "copy_bw", "l2", "gen"))
+    log("Checks with the best swept configs")
+    rows = []
+    for kernel in DECODE_KERNELS:
+        if kernel in best and "decode" in state:
+            rows += check_decode(c, cuda, state["decode"], copy_bw, kernel, tune=best[kernel]["tune"])
+    if "paged_attention prefill" in best:
+        rows += check_prefill(c, dev, cuda, state["layout"], state["pool"], gen,
+                              tune=best["paged_attention prefill"]["tune"])[0]
+    for kernel, check in (("gemv", check_awq), ("prepared", check_awq_prepared)):
+        names = [f"{kernel} M={m} all shapes" for m in W4A16_MS]
+        if all(name in best for name in names):
+            rows += check(c, dev, cuda, copy_bw, l2, gen, tunes={"m1": best[names[0]]["tune"],
+                                                                 "m": best[names[1]]["tune"]})
+    for r in rows:
+        r["tuned"] = True
+    return rows

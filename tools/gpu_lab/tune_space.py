@@ -1,14 +1,17 @@
 """Launch-configuration search spaces that tools/gpu_check.py sweeps on a GPU.
 
-Each entry is a `tune=` dict for the matching Triton wrapper (keys of paged_attention.TUNE or
-awq_gemm.TUNE[...]). Configs that only change the grid (programs_per_sm) reuse one compiled
-kernel; the others each cost one compile. The FMA variants keep the 3-D product tile
-(rows x BLOCK_K x BLOCK_N, or rows x BLOCK_N x head_dim) small enough to stay in registers.
+Each entry is a `tune=` dict for the matching Triton wrapper (keys of its module's TUNE:
+paged_attention, paged_decode, awq_gemm[...], awq_prepared[...]). Configs that only change the
+grid (programs_per_sm) reuse one compiled kernel; the others each cost one compile. The FMA
+variants keep the 3-D product tile (rows x BLOCK_K x BLOCK_N, or rows x BLOCK_N x head_dim) small
+enough to stay in registers.
 """
 from itertools import product
 
 
-def decode_space() -> list[dict]:
+def attention_decode_space() -> list[dict]:
+    """kernels/paged_attention.py's decode: tl.dot or FMA x tile rows x warps x programs per SM x
+    stages."""
     space = []
     for fma, block_n, warps, pps, stages in product((False, True), (16, 32, 64, 128), (2, 4, 8), (4, 8, 16, 32),
                                                     (2, 3)):
@@ -37,7 +40,7 @@ def gemv_space(m: int) -> list[dict]:
     return space
 
 
-def decode_v2_space() -> list[dict]:
+def paged_decode_space() -> list[dict]:
     """kernels/paged_decode.py: int8 tensor cores or FMA x tile rows x warps x programs per SM (the
     split count) x stages."""
     return [dict(idot=i, block_n=b, num_warps=w, programs_per_sm=p, num_stages=s)
