@@ -61,6 +61,7 @@ CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
     (51, 128, 8, 32, torch.float16, False, False),  # Q8_0
     (24, 64, 8, 16, torch.float32, True, True),
     (40, 256, 8, 16, torch.float32, False, False),  # Q6_K
+    (56, 128, 4, 32, torch.float16, True, True),  # two block pairs, the second one ragged
 ]
 
 
@@ -137,3 +138,21 @@ def test_other_builds_compute_the_same(build):
         torch.testing.assert_close(other, native, rtol=1e-5, atol=1e-6 * float(native.abs().max()))
         tile = mod.dequantized_blocks(0, mod.data.shape[0])
         assert torch.equal(tile.transpose(1, 2).reshape(-1, k)[:n], mod.weight.dequantize())
+
+
+def test_place_in_arena_keeps_outputs_and_puts_every_tensor_in_one_aligned_allocation():
+    mods = [quant_linear(random_rows(n, k, bits, 32, seed=n), bias=True, seed=n)
+            for n, k, bits in ((40, 64, 4), (16, 128, 8), (72, 96, 4))]
+    xs = [torch.randn(3, m.in_features, generator=torch.Generator().manual_seed(i))
+          for i, m in enumerate(mods)]
+    before = [m.c_kernel(x) for m, x in zip(mods, xs)]
+    want = sum(t.numel() * t.element_size() for m in mods for t in (m.data, m.scales, m.offsets))
+    assert cpu_int4.place_in_arena(mods) == want
+    tensors = [t for m in mods for t in (m.data, m.scales, m.offsets)]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    assert all(t.data_ptr() % cpu_int4.ARENA_ALIGN == 0 for t in tensors)
+    ends = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])), "tensors overlap"
+    for m, x, b in zip(mods, xs, before):
+        assert torch.equal(m.c_kernel(x), b)
+    assert cpu_int4.place_in_arena([]) == 0

@@ -10,7 +10,8 @@ What changes (only when `kernels/cpu_linear.available()` and the model is fp32 o
   runs on the embedding's dense weight (~20% slower than reordered).
 When every layer got the c-blocked backend, `model.fused_decoder` runs all-decode CPU steps in one
 C call (kernels/cpu_decoder.py). Quantized (QuantLinear: a GGUF's blocks, AWQ layers fused at
-load; AWQLinear) and non-fp32 linears are left alone. Loading and quantizing work on the HF names,
+load; AWQLinear) and non-fp32 linears keep their form; QuantLinears' bytes move into a huge-page
+arena of their own (cpu_int4.place_in_arena). Loading and quantizing work on the HF names,
 so this runs after loading, when an Engine takes the model (`Engine.__init__`), and only once.
 
 Invariant: the packed model computes the same function (fp32, summation order aside: tests compare
@@ -22,14 +23,26 @@ from torch import nn
 
 from edge_runtime.kernels import cpu_linear
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
+from edge_runtime.kernels.cpu_int4 import QuantLinear, place_in_arena
 from edge_runtime.kernels.cpu_linear import BlockedEmbedding, PackedLinear, blocked_numel, packable
 from edge_runtime.kernels.huge_pages import HugePageArena
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Pack `model` (a CausalLM) in place; returns the number of PackedLinear modules (0: unchanged)."""
-    if getattr(model, "linears_packed", 0) or not cpu_linear.available():
+    """Pack `model` (a CausalLM) in place; returns the number of PackedLinear modules (0: unchanged).
+    A model with quantized linears (built packed, model/gguf_int4.py) gets its bytes moved into a
+    huge-page arena and its fused decoder rebuilt over them."""
+    if not cpu_linear.available():
         return getattr(model, "linears_packed", 0)
+    if not getattr(model, "linears_packed", 0):
+        model.linears_packed = _pack_float_linears(model)
+        model.fused_decoder = FusedDecoder.for_model(model)
+    if place_in_arena([m for m in model.modules() if isinstance(m, QuantLinear)]):
+        model.fused_decoder = FusedDecoder.for_model(model)  # it holds the weights' addresses
+    return model.linears_packed
+
+
+def _pack_float_linears(model: nn.Module) -> int:
     kind = cpu_linear.backend()
     groups = linear_groups(model)
     arena = blocked_arena(groups) if kind == "c-blocked" else None
@@ -50,8 +63,6 @@ def pack_linears(model: nn.Module) -> int:
         if tied and kind == "c-blocked":
             model.model.embed_tokens = BlockedEmbedding(model.lm_head)
         count += 1
-    model.linears_packed = count
-    model.fused_decoder = FusedDecoder.for_model(model)
     return count
 
 

@@ -11,8 +11,10 @@
  * acc[r] += w * x[r, k] in k order, R rows a pass. So the outputs equal linear_blocked_f32's over
  * the dequantized weights bit for bit, while the bytes read per weight drop from 4 to 0.5 (+ 1 / 8
  * for fp16 parameters at group 32): decode reads weights, so that is the decode speed.
- * Paths: AVX-512 (16-lane vectors, 12 rows a pass), AVX2 (two 8-lane halves, 6 rows), and plain C
- * vector extensions that compile anywhere (aarch64: NEON; the same arithmetic).
+ * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 4-bit weights with 1-4 rows run two blocks a
+ * pass, qkernel4_pair_*, so their add chains do not wait on each other), AVX2 (two 8-lane
+ * halves, 6 rows), and plain C vector extensions that compile anywhere (aarch64: NEON; the same
+ * arithmetic).
  *
  * dequant_blocks_q: blocks [b0, b1) as fp32 [b1 - b0][K][16] (linear_f32.c's layout), for prefill
  * chunks that go to BLAS (kernels/cpu_int4.py).
@@ -29,7 +31,9 @@
 #define MAX_ROWS 6
 #endif
 #define ROW_BLOCK 48
-#define PREFETCH_BYTES 4096
+#ifndef Q_PREFETCH_BYTES
+#define Q_PREFETCH_BYTES 8192
+#endif
 
 /* fp16 bits -> float, exact (subnormals included), for targets without a conversion instruction */
 static inline float half_to_float(uint16_t h) {
@@ -81,7 +85,7 @@ static inline v16f params16(const void *p, int64_t i, int f32) {
             const v16f o = wt->offsets ? params16(wt->offsets, b * KG + g, wt->params_f32)         \
                                        : (v16f){0};                                                \
             for (int64_t k = g * G; k < (g + 1) * G; k++) {                                        \
-                if (RB >= 3) __builtin_prefetch(data + k * bytes + PREFETCH_BYTES, 0, 3);          \
+                __builtin_prefetch(data + k * bytes + Q_PREFETCH_BYTES, 0, 3);                     \
                 const v16f w = (BITS == 4 ? lanes_int4(data + k * bytes)                           \
                                           : lanes_int8((const int8_t *)data + k * bytes)) * s + o; \
                 for (int r = 0; r < RB; r++) acc[r] += w * X[r * ldx + k];                         \
@@ -95,6 +99,76 @@ static inline v16f params16(const void *p, int64_t i, int f32) {
             memcpy(Y + r * ldy, out, sizeof(float) * ncols);                                       \
         }                                                                                          \
     }
+
+/* The 16 weights of k and of k + 1 from one 16-byte load (bytes k * 8 .. k * 8 + 15). */
+static inline void lanes_int4_pair(const uint8_t *p, v16f *w0, v16f *w1) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    *w0 = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+    *w1 = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi)));
+}
+
+/* acc + w x as one fused multiply-add, as the compiler contracts linear_f32.c's `acc += w * x`; an
+ * explicit fma is not reassociated under -fassociative-math, which would otherwise merge the two
+ * adds of a k pair below into one (another summation order than the one-block kernels'). */
+static inline v16f fma16(v16f w, float x, v16f acc) {
+    return (v16f)_mm512_fmadd_ps((__m512)w, _mm512_set1_ps(x), (__m512)acc);
+}
+
+/* 4-bit weights, few rows: PB output blocks a pass. One block's k loop is a chain of dependent
+ * multiply-adds per row (acc += w x), so with 1-4 rows the adds' latency, not the loads, sets the
+ * pace; PB blocks side by side make PB independent chains. Each output still sums its k in order,
+ * so the results equal qkernel4_RB's bit for bit. Two k per 16-byte load (groups are even). */
+#define PAIR_BLOCKS 2
+#define PAIR_MAX_ROWS 4
+#define DEFINE_QKERNEL_PAIR(RB)                                                                    \
+    static void qkernel4_pair_##RB(const blocked_weight *wt, int64_t b, int64_t K, const float *X, \
+                                   int64_t ldx, float *Y, int64_t ldy, const int *ncols,           \
+                                   const float *bias) {                                            \
+        const int64_t G = wt->group, KG = K / G, bytes = 4 * BN / 8;                               \
+        const uint8_t *data[PAIR_BLOCKS];                                                          \
+        v16f acc[PAIR_BLOCKS][RB];                                                                 \
+        for (int j = 0; j < PAIR_BLOCKS; j++) {                                                    \
+            data[j] = (const uint8_t *)wt->data + (b + j) * K * bytes;                             \
+            for (int r = 0; r < RB; r++) acc[j][r] = (v16f){0};                                    \
+        }                                                                                          \
+        for (int64_t g = 0; g < KG; g++) {                                                         \
+            v16f s[PAIR_BLOCKS], o[PAIR_BLOCKS];                                                   \
+            for (int j = 0; j < PAIR_BLOCKS; j++) {                                                \
+                s[j] = params16(wt->scales, (b + j) * KG + g, wt->params_f32);                     \
+                o[j] = wt->offsets ? params16(wt->offsets, (b + j) * KG + g, wt->params_f32)       \
+                                   : (v16f){0};                                                    \
+            }                                                                                      \
+            for (int64_t k = g * G; k < (g + 1) * G; k += 2) {                                     \
+                for (int j = 0; j < PAIR_BLOCKS; j++) {                                            \
+                    __builtin_prefetch(data[j] + k * bytes + Q_PREFETCH_BYTES, 0, 3);      \
+                    v16f w0, w1;                                                                   \
+                    lanes_int4_pair(data[j] + k * bytes, &w0, &w1);                                \
+                    w0 = w0 * s[j] + o[j];                                                         \
+                    w1 = w1 * s[j] + o[j];                                                         \
+                    for (int r = 0; r < RB; r++) acc[j][r] = fma16(w0, X[r * ldx + k], acc[j][r]); \
+                    for (int r = 0; r < RB; r++)                                                   \
+                        acc[j][r] = fma16(w1, X[r * ldx + k + 1], acc[j][r]);                      \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int j = 0; j < PAIR_BLOCKS; j++)                                                      \
+            for (int r = 0; r < RB; r++) {                                                         \
+                float out[BN];                                                                     \
+                *(v16f *)out = acc[j][r];                                                          \
+                if (bias)                                                                          \
+                    for (int c = 0; c < ncols[j]; c++) out[c] += bias[j * BN + c];                 \
+                memcpy(Y + r * ldy + j * BN, out, sizeof(float) * ncols[j]);                       \
+            }                                                                                      \
+    }
+DEFINE_QKERNEL_PAIR(1)
+DEFINE_QKERNEL_PAIR(2)
+DEFINE_QKERNEL_PAIR(3)
+DEFINE_QKERNEL_PAIR(4)
+typedef void (*qkernel_pair_fn)(const blocked_weight *, int64_t, int64_t, const float *, int64_t,
+                                float *, int64_t, const int *, const float *);
+static const qkernel_pair_fn QKERNELS4_PAIR[PAIR_MAX_ROWS + 1] = {
+    0, qkernel4_pair_1, qkernel4_pair_2, qkernel4_pair_3, qkernel4_pair_4};
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
     const int64_t G = wt->group, KG = K / G, bytes = wt->bits * BN / 8;
@@ -169,7 +243,7 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
             params16(wt->scales, b * KG + g, wt->params_f32, &s0, &s1);                            \
             params16(wt->offsets, b * KG + g, wt->params_f32, &o0, &o1);                           \
             for (int64_t k = g * G; k < (g + 1) * G; k++) {                                        \
-                if (RB >= 3) __builtin_prefetch(data + k * bytes + PREFETCH_BYTES, 0, 3);          \
+                __builtin_prefetch(data + k * bytes + Q_PREFETCH_BYTES, 0, 3);                     \
                 v8f w0, w1;                                                                        \
                 if (BITS == 4)                                                                     \
                     lanes_int4(data + k * bytes, &w0, &w1);                                        \
@@ -245,6 +319,18 @@ void linear_blocks_q(const blocked_weight *wt, const float *bias, const float *X
                      float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0,
                      int64_t b1) {
     const qkernel_fn *kernels = wt->bits == 4 ? QKERNELS4 : QKERNELS8;
+#if defined(PAIR_BLOCKS)
+    if (wt->bits == 4 && R >= 1 && R <= PAIR_MAX_ROWS && wt->group % 2 == 0) {
+        int64_t b = b0;
+        for (; b + PAIR_BLOCKS <= b1; b += PAIR_BLOCKS) {
+            int ncols[PAIR_BLOCKS];
+            for (int j = 0; j < PAIR_BLOCKS; j++)
+                ncols[j] = (int)(N - (b + j) * BN < BN ? N - (b + j) * BN : BN);
+            QKERNELS4_PAIR[R](wt, b, K, X, ldx, Y + b * BN, ldy, ncols, bias ? bias + b * BN : 0);
+        }
+        b0 = b; /* an odd block left: the one-block kernel below */
+    }
+#endif
     for (int64_t r0 = 0; r0 < R; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < R ? r0 + ROW_BLOCK : R;
         for (int64_t b = b0; b < b1; b++) {
