@@ -11,8 +11,8 @@
  * acc[r] += w * x[r, k] in k order, R rows a pass. So the outputs equal linear_blocked_f32's over
  * the dequantized weights bit for bit, while the bytes read per weight drop from 4 to 0.5 (+ 1 / 8
  * for fp16 parameters at group 32): decode reads weights, so that is the decode speed.
- * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 4-bit weights with 1-4 rows run two blocks a
- * pass, qkernel4_pair_*, so their add chains do not wait on each other), AVX2 (two 8-lane
+ * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 1-4 rows run two blocks a pass,
+ * qkernel{4,8}_pair_*, so their add chains do not wait on each other), AVX2 (two 8-lane
  * halves, 6 rows), and plain C vector extensions that compile anywhere (aarch64: NEON; the same
  * arithmetic).
  *
@@ -31,9 +31,9 @@
 #define MAX_ROWS 6
 #endif
 #define ROW_BLOCK 48
-#ifndef Q_PREFETCH_BYTES
-#define Q_PREFETCH_BYTES 8192
-#endif
+/* software prefetch this many k ahead in a block's stream (8 KiB of 4-bit data, 16 KiB of 8-bit):
+ * one row reads a block's line every 8 k (4-bit), faster than the hardware prefetchers ramp up */
+#define Q_PREFETCH_K 1024
 
 /* fp16 bits -> float, exact (subnormals included), for targets without a conversion instruction */
 static inline float half_to_float(uint16_t h) {
@@ -85,7 +85,7 @@ static inline v16f params16(const void *p, int64_t i, int f32) {
             const v16f o = wt->offsets ? params16(wt->offsets, b * KG + g, wt->params_f32)         \
                                        : (v16f){0};                                                \
             for (int64_t k = g * G; k < (g + 1) * G; k++) {                                        \
-                __builtin_prefetch(data + k * bytes + Q_PREFETCH_BYTES, 0, 3);                     \
+                __builtin_prefetch(data + (k + Q_PREFETCH_K) * bytes, 0, 3);                       \
                 const v16f w = (BITS == 4 ? lanes_int4(data + k * bytes)                           \
                                           : lanes_int8((const int8_t *)data + k * bytes)) * s + o; \
                 for (int r = 0; r < RB; r++) acc[r] += w * X[r * ldx + k];                         \
@@ -115,17 +115,17 @@ static inline v16f fma16(v16f w, float x, v16f acc) {
     return (v16f)_mm512_fmadd_ps((__m512)w, _mm512_set1_ps(x), (__m512)acc);
 }
 
-/* 4-bit weights, few rows: PB output blocks a pass. One block's k loop is a chain of dependent
+/* Few rows: PAIR_BLOCKS output blocks a pass. One block's k loop is a chain of dependent
  * multiply-adds per row (acc += w x), so with 1-4 rows the adds' latency, not the loads, sets the
- * pace; PB blocks side by side make PB independent chains. Each output still sums its k in order,
- * so the results equal qkernel4_RB's bit for bit. Two k per 16-byte load (groups are even). */
+ * pace; blocks side by side make independent chains. Each output still sums its k in order, so the
+ * results equal qkernel{4,8}_RB's bit for bit. 4 bits: two k per 16-byte load (groups are even). */
 #define PAIR_BLOCKS 2
 #define PAIR_MAX_ROWS 4
-#define DEFINE_QKERNEL_PAIR(RB)                                                                    \
-    static void qkernel4_pair_##RB(const blocked_weight *wt, int64_t b, int64_t K, const float *X, \
-                                   int64_t ldx, float *Y, int64_t ldy, const int *ncols,           \
-                                   const float *bias) {                                            \
-        const int64_t G = wt->group, KG = K / G, bytes = 4 * BN / 8;                               \
+#define DEFINE_QKERNEL_PAIR(BITS, RB)                                                              \
+    static void qkernel##BITS##_pair_##RB(const blocked_weight *wt, int64_t b, int64_t K,          \
+                                          const float *X, int64_t ldx, float *Y, int64_t ldy,      \
+                                          const int *ncols, const float *bias) {                   \
+        const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
         const uint8_t *data[PAIR_BLOCKS];                                                          \
         v16f acc[PAIR_BLOCKS][RB];                                                                 \
         for (int j = 0; j < PAIR_BLOCKS; j++) {                                                    \
@@ -141,9 +141,14 @@ static inline v16f fma16(v16f w, float x, v16f acc) {
             }                                                                                      \
             for (int64_t k = g * G; k < (g + 1) * G; k += 2) {                                     \
                 for (int j = 0; j < PAIR_BLOCKS; j++) {                                            \
-                    __builtin_prefetch(data[j] + k * bytes + Q_PREFETCH_BYTES, 0, 3);      \
+                    __builtin_prefetch(data[j] + (k + Q_PREFETCH_K) * bytes, 0, 3);                \
                     v16f w0, w1;                                                                   \
-                    lanes_int4_pair(data[j] + k * bytes, &w0, &w1);                                \
+                    if (BITS == 4) {                                                               \
+                        lanes_int4_pair(data[j] + k * bytes, &w0, &w1);                            \
+                    } else {                                                                       \
+                        w0 = lanes_int8((const int8_t *)data[j] + k * bytes);                      \
+                        w1 = lanes_int8((const int8_t *)data[j] + (k + 1) * bytes);                \
+                    }                                                                              \
                     w0 = w0 * s[j] + o[j];                                                         \
                     w1 = w1 * s[j] + o[j];                                                         \
                     for (int r = 0; r < RB; r++) acc[j][r] = fma16(w0, X[r * ldx + k], acc[j][r]); \
@@ -161,14 +166,17 @@ static inline v16f fma16(v16f w, float x, v16f acc) {
                 memcpy(Y + r * ldy + j * BN, out, sizeof(float) * ncols[j]);                       \
             }                                                                                      \
     }
-DEFINE_QKERNEL_PAIR(1)
-DEFINE_QKERNEL_PAIR(2)
-DEFINE_QKERNEL_PAIR(3)
-DEFINE_QKERNEL_PAIR(4)
+#define DEFINE_PAIRS(RB) DEFINE_QKERNEL_PAIR(4, RB) DEFINE_QKERNEL_PAIR(8, RB)
+DEFINE_PAIRS(1)
+DEFINE_PAIRS(2)
+DEFINE_PAIRS(3)
+DEFINE_PAIRS(4)
 typedef void (*qkernel_pair_fn)(const blocked_weight *, int64_t, int64_t, const float *, int64_t,
                                 float *, int64_t, const int *, const float *);
 static const qkernel_pair_fn QKERNELS4_PAIR[PAIR_MAX_ROWS + 1] = {
     0, qkernel4_pair_1, qkernel4_pair_2, qkernel4_pair_3, qkernel4_pair_4};
+static const qkernel_pair_fn QKERNELS8_PAIR[PAIR_MAX_ROWS + 1] = {
+    0, qkernel8_pair_1, qkernel8_pair_2, qkernel8_pair_3, qkernel8_pair_4};
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
     const int64_t G = wt->group, KG = K / G, bytes = wt->bits * BN / 8;
@@ -243,7 +251,7 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
             params16(wt->scales, b * KG + g, wt->params_f32, &s0, &s1);                            \
             params16(wt->offsets, b * KG + g, wt->params_f32, &o0, &o1);                           \
             for (int64_t k = g * G; k < (g + 1) * G; k++) {                                        \
-                __builtin_prefetch(data + k * bytes + Q_PREFETCH_BYTES, 0, 3);                     \
+                __builtin_prefetch(data + (k + Q_PREFETCH_K) * bytes, 0, 3);                       \
                 v8f w0, w1;                                                                        \
                 if (BITS == 4)                                                                     \
                     lanes_int4(data + k * bytes, &w0, &w1);                                        \
@@ -320,13 +328,14 @@ void linear_blocks_q(const blocked_weight *wt, const float *bias, const float *X
                      int64_t b1) {
     const qkernel_fn *kernels = wt->bits == 4 ? QKERNELS4 : QKERNELS8;
 #if defined(PAIR_BLOCKS)
-    if (wt->bits == 4 && R >= 1 && R <= PAIR_MAX_ROWS && wt->group % 2 == 0) {
+    if (R >= 1 && R <= PAIR_MAX_ROWS && wt->group % 2 == 0) {
+        const qkernel_pair_fn *pairs = wt->bits == 4 ? QKERNELS4_PAIR : QKERNELS8_PAIR;
         int64_t b = b0;
         for (; b + PAIR_BLOCKS <= b1; b += PAIR_BLOCKS) {
             int ncols[PAIR_BLOCKS];
             for (int j = 0; j < PAIR_BLOCKS; j++)
                 ncols[j] = (int)(N - (b + j) * BN < BN ? N - (b + j) * BN : BN);
-            QKERNELS4_PAIR[R](wt, b, K, X, ldx, Y + b * BN, ldy, ncols, bias ? bias + b * BN : 0);
+            pairs[R](wt, b, K, X, ldx, Y + b * BN, ldy, ncols, bias ? bias + b * BN : 0);
         }
         b0 = b; /* an odd block left: the one-block kernel below */
     }
