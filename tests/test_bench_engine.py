@@ -204,3 +204,34 @@ def test_bench_attention_json(tmp_path, capsys):
     assert "ns per key visit" in capsys.readouterr().out
     assert main(["bench", "attention", "--heads", "8", "--kv-heads", "3"]) != 0
     assert "multiple of --kv-heads" in capsys.readouterr().err
+
+
+def test_bench_linear_quantized_chain_is_the_gguf_s_blocks_as_the_cpu_back_end_holds_them(tmp_path,
+                                                                                          monkeypatch):
+    from edge_runtime.bench.linear_bench import quantized_chain
+    from edge_runtime.kernels import cpu_native
+
+    if cpu_native.library() is None:
+        pytest.skip("kernels/csrc not built (no C compiler)")
+    from types import SimpleNamespace
+
+    from backend_helpers import gguf_config, tiny_gguf_file
+
+    from edge_runtime.model import loader
+    from edge_runtime.model.gguf_int4 import build_gguf_model
+
+    def load_blocks(path, progress=None, weights="auto"):  # the tiny file has no tokenizer
+        assert weights == "gguf"
+        model, quantization = build_gguf_model(Path(path), gguf_config(), "llama")
+        return SimpleNamespace(model=model, quantization=quantization)
+
+    assert quantized_chain(str(make_tiny_llama(tmp_path / "m"))) == ("", [])
+    monkeypatch.setattr(loader, "load_model", load_blocks)
+    quantization, chain = quantized_chain(str(tiny_gguf_file()))
+    assert quantization.startswith("gguf-") and chain
+    storages = {t.untyped_storage().data_ptr() for m in chain for t in (m.data, m.scales)}
+    assert len(storages) == 1  # one huge-page arena, as the engine reads them
+    import torch
+
+    x = torch.randn(2, chain[0].in_features)
+    torch.testing.assert_close(chain[0](x), chain[0].reference_forward(x), rtol=1e-5, atol=1e-5)

@@ -6,6 +6,9 @@ weights) and once per packed backend that exists here (kernels/cpu_linear.py: on
 the C blocked kernel), fused as the engine runs them (q/k/v and gate/up in one call). Reports the
 best of `--repeat` passes (after a warm-up) as ms per pass and weight GB/s (weight bytes / time) next
 to the machine's read bandwidth: how close the weight-bound part of decode is to its limit.
+A GGUF model adds a row for its own quantized blocks (kernels/cpu_int4.py, linear_int4.c), held as
+the CPU back end holds them (in a huge-page arena); its GB/s counts the bytes it reads (integers,
+scales, offsets), its ms per pass compares with the fp32 rows directly.
 """
 from __future__ import annotations
 
@@ -38,6 +41,27 @@ def _packed_chain(model, kind: str):
     groups = linear_groups(model)
     arena = blocked_arena(groups) if kind == "c-blocked" else None
     return [PackedLinear(parts, kind=kind, arena=arena) for _, _, parts in groups]
+
+
+def quantized_chain(model_name: str) -> tuple[str, list]:
+    """The QuantLinears of `model_name`'s GGUF blocks, prepared as the CPU back end prepares them
+    (model/linear_packing.py), layer by layer then the head, and the file's quantization; ("", [])
+    for a model that is not a GGUF or without the C kernels."""
+    from edge_runtime.kernels import cpu_native
+    from edge_runtime.kernels.cpu_int4 import QuantLinear
+    from edge_runtime.model.linear_packing import pack_linears
+    from edge_runtime.model.loader import gguf_source, load_model
+
+    if cpu_native.library() is None or gguf_source(model_name) is None:
+        return "", []
+    loaded = load_model(model_name, progress=None, weights="gguf")
+    pack_linears(loaded.model)
+    return loaded.quantization, [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
+
+
+def _quantized_bytes(chain) -> int:
+    return sum(t.numel() * t.element_size() for m in chain for t in (m.data, m.scales, m.offsets)
+               if t is not None)
 
 
 def packed_kinds() -> list[str]:
@@ -86,6 +110,14 @@ def run(args) -> int:
             gbps = weight_bytes / (ms / 1e3) / 1e9
             results.append({"backend": name, "rows": rows, "ms": ms, "gbps": gbps,
                             "pct_read": 100 * gbps / bw.read_gbps})
+    quantization, quantized = quantized_chain(args.model)
+    if quantized:
+        name = f"c-quantized ({quantization})"
+        for rows in rows_list:
+            ms = _best_ms(quantized, rows, args.repeat)
+            gbps = _quantized_bytes(quantized) / (ms / 1e3) / 1e9
+            results.append({"backend": name, "rows": rows, "ms": ms, "gbps": gbps,
+                            "pct_read": 100 * gbps / bw.read_gbps})
     print(f"model {args.model}: {weight_bytes / 1e6:.0f} MB of fp32 linear weights per pass "
           f"(LM head included); read bandwidth {bw.read_gbps:.2f} GB/s, {bw.threads} threads")
     print(markdown_table(results, COLUMNS))
@@ -96,7 +128,7 @@ def run(args) -> int:
 
 
 def register_subcommand(subparsers) -> None:
-    p = subparsers.add_parser("linear", help="one decode step's fp32 linears: F.linear vs oneDNN vs C blocked")
+    p = subparsers.add_parser("linear", help="one decode step's linears: F.linear vs oneDNN vs C blocked (fp32), and a GGUF's own blocks")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--rows", default="1,2,5,16")
     p.add_argument("--repeat", type=int, default=10)
