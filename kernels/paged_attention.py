@@ -246,11 +246,18 @@ def paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, block_table, s
         FMA=plan["fma"], USE_QBLK=plan["qblk"] is not seq_idx, CENTRED=k_mean is not None,
         num_warps=plan["warps"], num_stages=tune["num_stages"])
     if splits > 1:
-        _merge_splits_kernel[(t, h)](
-            p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),
-            p_lse.stride(0), p_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(d))
+        merge_splits(p_out, p_lse, out, lse)
     return out, lse
+
+
+def merge_splits(p_out, p_lse, out, lse) -> None:
+    """out[t, h], lse[t, h] = the log-sum-exp merge of the S partial results p_out [T, H, S, D]
+    (normalized per split) and p_lse [T, H, S], on the GPU (one program per token and head)."""
+    t, h, splits, d = p_out.shape
+    _merge_splits_kernel[(t, h)](
+        p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),
+        p_lse.stride(0), p_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(d))
 
 
 def merge_attention_triton(outs, lses):
@@ -266,10 +273,7 @@ def merge_attention_triton(outs, lses):
     out = torch.empty(t, h, d, dtype=torch.float32, device=p_out.device)
     lse = torch.empty(t, h, dtype=torch.float32, device=p_out.device)
     if t:
-        _merge_splits_kernel[(t, h)](
-            p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),
-            p_lse.stride(0), p_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(d))
+        merge_splits(p_out, p_lse, out, lse)
     return out
 
 

@@ -229,8 +229,5 @@ def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, *, t
         MAGIC=quant and bool(tune["magic"]), TWO=len(segments) == 2,
         IDOT=quant and bool(tune["idot"]) and bn >= 32, CENTRED=k_mean is not None,
         num_warps=tune["num_warps"], num_stages=tune["num_stages"])
-    _pa._merge_splits_kernel[(t, h)](
-        p_out, p_lse, out, lse, splits, p_out.stride(0), p_out.stride(1), p_out.stride(2),
-        p_lse.stride(0), p_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        D=d, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(d))
+    _pa.merge_splits(p_out, p_lse, out, lse)
     return out, lse
