@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import socket
 from dataclasses import dataclass
 
@@ -152,16 +153,38 @@ def exchange(path: str, request: bytes, leave_after: int | None = None,
             conn.sendall(request[:leave_after])
             return Outcome(None, {}, b"", [])
         conn.sendall(request)
+        unsent_body = _declared_length(request) > len(request.partition(b"\r\n\r\n")[2])
         data = b""
         while chunk := conn.recv(65536):
             data += chunk
             if leave_after is not None and data.count(b"data: ") >= -leave_after:
                 return Outcome(None, {}, data, [])
+            if unsent_body and _whole_answer(data):
+                # answered without the declared body: aiohttp then reads on for its lingering
+                # time (10 s) before it closes, as it would for a client that keeps sending
+                break
     except (BrokenPipeError, ConnectionResetError):  # the server closed first: its right
         return Outcome(None, {}, b"", [])
     finally:
         conn.close()
     return _parse(data)
+
+
+def _declared_length(message: bytes) -> int:
+    """The Content-Length of an HTTP message's head, -1 without one."""
+    head = message.partition(b"\r\n\r\n")[0]
+    found = re.search(rb"\r\ncontent-length: *(-?\d+)\r", head + b"\r", re.IGNORECASE)
+    return int(found.group(1)) if found else -1
+
+
+def _whole_answer(data: bytes) -> bool:
+    """`data` holds an answer's head and all of its body (by Content-Length or the last chunk)."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    if b"transfer-encoding: chunked" in head.lower():
+        return body.endswith(b"0\r\n\r\n")
+    return 0 <= _declared_length(data) <= len(body)
 
 
 def _parse(data: bytes) -> Outcome:

@@ -1,8 +1,9 @@
 """The CUDA back end (paged store, Triton kernels; here on CPU tensors through the Triton
 interpreter) against the CPU back end (flat store, C kernels) on a tiny random Llama with 64-token
 pages: the same greedy tokens on an fp32 model through prefix sharing (a partial shared page),
-inline slots, recent-key windows, centred keys, n = 2, beam search and a preemption, with the
-Triton kernels counted; an AWQ model's logits within a stated tolerance (docs/engine.md)."""
+inline slots, recent-key windows, centred keys, n = 2, beam search and a preemption (on 16-token
+pages), with the Triton kernels counted; an AWQ model's logits within a stated tolerance
+(docs/engine.md)."""
 
 import pytest
 import torch
@@ -55,10 +56,12 @@ def test_cuda_back_end_matches_the_cpu_back_end_greedy():
 
 
 def test_cuda_back_end_preempts_and_matches():
-    prompts = [random_ids(61, 500, seed=40 + i) for i in range(2)]  # one page each, then a second
+    # one 16-token page each, then a second: a pool of 2 preempts one (16-token pages: the
+    # interpreter runs attention once per token, 61-token prompts on 64-token pages took 38 s)
+    prompts = [random_ids(13, 500, seed=40 + i) for i in range(2)]
     results = {}
     for backend in ("cpu", "cuda"):
-        eng = engine_on(backend, num_pages=2, enable_inline=False, max_num_seqs=2)
+        eng = engine_on(backend, num_pages=2, page_tokens=16, enable_inline=False, max_num_seqs=2)
         results[backend] = [r.token_ids for r in eng.generate(prompts, _greedy(5))]
         assert eng.stats()["preemptions"] > 0, backend
         eng.kv.check_leaks()
