@@ -287,11 +287,17 @@ def test_ctrl_c_prints_the_turns_answered_so_far(capsys, tmp_path, fake_model):
     async def interrupt_third(n):  # 1: system prompt, 2: first command, 3: Ctrl-C
         if n == 3:
             signal.raise_signal(signal.SIGINT)
-            await asyncio.sleep(3600)  # cancelled by the interrupt
+            await asyncio.sleep(60)  # cancelled by the interrupt; if it is lost, the asserts fail
 
+    # Ctrl-C as a terminal delivers it: a process started in the background by a shell without
+    # job control inherits SIGINT ignored, and the interrupt would never arrive
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     fake_model.before = interrupt_third
     (tmp_path / "two.txt").write_text("turn on the radio\nlock the door\n")
-    code = main(["voice", "--quiet", "--input", str(tmp_path / "two.txt")])
+    try:
+        code = main(["voice", "--quiet", "--input", str(tmp_path / "two.txt")])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     out, err = capsys.readouterr()
     assert code == 130
     assert "turn on the radio" in out and '"answered": 1' in out
