@@ -178,19 +178,15 @@ def place_in_arena(modules: list[QuantLinear]) -> int:
               if getattr(m, n) is not None and getattr(m, n).device.type == "cpu"]
     if not places:
         return 0
-    arena = HugePageArena(sum(_aligned(_nbytes(getattr(m, n))) for m, n in places), torch.uint8)
+    arena = HugePageArena(sum(_aligned(getattr(m, n).nbytes) for m, n in places), torch.uint8)
     moved = 0
     for module, name in places:
         old = getattr(module, name)
-        new = arena.take(_aligned(_nbytes(old)))[:_nbytes(old)].view(old.dtype).view(old.shape)
+        new = arena.take(_aligned(old.nbytes))[:old.nbytes].view(old.dtype).view(old.shape)
         new.copy_(old)
         setattr(module, name, new)  # a registered buffer: replaced, the old tensor freed
-        moved += _nbytes(old)
+        moved += old.nbytes
     return moved
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _aligned(nbytes: int) -> int:

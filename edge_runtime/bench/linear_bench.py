@@ -59,9 +59,10 @@ def quantized_chain(model_name: str) -> tuple[str, list]:
     return loaded.quantization, [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
 
 
-def _quantized_bytes(chain) -> int:
-    return sum(t.numel() * t.element_size() for m in chain for t in (m.data, m.scales, m.offsets)
-               if t is not None)
+def _row(backend: str, rows: int, ms: float, weight_bytes: int, read_gbps: float) -> dict:
+    gbps = weight_bytes / (ms / 1e3) / 1e9
+    return {"backend": backend, "rows": rows, "ms": ms, "gbps": gbps,
+            "pct_read": 100 * gbps / read_gbps}
 
 
 def packed_kinds() -> list[str]:
@@ -105,19 +106,14 @@ def run(args) -> int:
               "ops, c-blocked a C compiler)", file=sys.stderr)
     for name in ["torch F.linear (MKL)"] + kinds:
         chain = _dense_chain(loaded.model) if name.startswith("torch") else _packed_chain(loaded.model, name)
-        for rows in rows_list:
-            ms = _best_ms(chain, rows, args.repeat)
-            gbps = weight_bytes / (ms / 1e3) / 1e9
-            results.append({"backend": name, "rows": rows, "ms": ms, "gbps": gbps,
-                            "pct_read": 100 * gbps / bw.read_gbps})
+        results += [_row(name, rows, _best_ms(chain, rows, args.repeat), weight_bytes,
+                         bw.read_gbps) for rows in rows_list]
     quantization, quantized = quantized_chain(args.model)
     if quantized:
-        name = f"c-quantized ({quantization})"
-        for rows in rows_list:
-            ms = _best_ms(quantized, rows, args.repeat)
-            gbps = _quantized_bytes(quantized) / (ms / 1e3) / 1e9
-            results.append({"backend": name, "rows": rows, "ms": ms, "gbps": gbps,
-                            "pct_read": 100 * gbps / bw.read_gbps})
+        quantized_bytes = sum(m.weight.nbytes for m in quantized)
+        results += [_row(f"c-quantized ({quantization})", rows,
+                         _best_ms(quantized, rows, args.repeat), quantized_bytes, bw.read_gbps)
+                    for rows in rows_list]
     print(f"model {args.model}: {weight_bytes / 1e6:.0f} MB of fp32 linear weights per pass "
           f"(LM head included); read bandwidth {bw.read_gbps:.2f} GB/s, {bw.threads} threads")
     print(markdown_table(results, COLUMNS))

@@ -34,10 +34,11 @@ from edge_runtime.cache.inline_arena import InlineArena
 from edge_runtime.cache.kv_checks import check_manager, manager_stats
 from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
 from edge_runtime.cache.observability import EventLog, KVCounters, LowFreePagesDump, dump_state
+from edge_runtime.cache.page_math import ceil_div
 from edge_runtime.cache.page_pool import CACHED, PagePool
 from edge_runtime.cache.prefix_cache import Match, PrefixCache
 from edge_runtime.cache.recent_windows import RecentWindows, aligned_cached
-from edge_runtime.cache.tail_allocator import TailAllocator, ceil_div
+from edge_runtime.cache.tail_allocator import TailAllocator
 from edge_runtime.errors import OutOfPages, RequestError
 
 

@@ -13,11 +13,16 @@ pool and counting the pages it holds.
 from __future__ import annotations
 
 
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up (b > 0): blocks of b that hold a items, pages or inline slots alike."""
+    return -(-a // b)
+
+
 def pages_for_tokens(num_tokens: int, page_tokens: int) -> int:
     """Pages that `num_tokens` tokens written from a page boundary cover (a partial last page
     counts): a prefix match, a sequence with nothing shared, a pool of so many tokens."""
     assert num_tokens >= 0 and page_tokens > 0, (num_tokens, page_tokens)
-    return -(-num_tokens // page_tokens)
+    return ceil_div(num_tokens, page_tokens)
 
 
 def pages_for_sequence_at_most(num_tokens: int, page_tokens: int) -> int:

@@ -34,11 +34,12 @@ def pack_linears(model: nn.Module) -> int:
     huge-page arena and its fused decoder rebuilt over them."""
     if not cpu_linear.available():
         return getattr(model, "linears_packed", 0)
-    if not getattr(model, "linears_packed", 0):
+    packed_now = not getattr(model, "linears_packed", 0)
+    if packed_now:
         model.linears_packed = _pack_float_linears(model)
+    moved = place_in_arena([m for m in model.modules() if isinstance(m, QuantLinear)])
+    if packed_now or moved:  # the fused decoder holds the weights' addresses
         model.fused_decoder = FusedDecoder.for_model(model)
-    if place_in_arena([m for m in model.modules() if isinstance(m, QuantLinear)]):
-        model.fused_decoder = FusedDecoder.for_model(model)  # it holds the weights' addresses
     return model.linears_packed
 
 
