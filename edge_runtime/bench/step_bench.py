@@ -30,11 +30,11 @@ from edge_runtime.engine.placement import add_arguments as add_placement_argumen
 from edge_runtime.errors import InputError
 
 
-def _hf_stepper(loaded, prompt_ids):
+def _hf_stepper(hf_folder, prompt_ids):
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    hf = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_folder), dtype=torch.float32).eval()
     cache = DynamicCache(config=hf.config)
     with torch.inference_mode():
         out = hf(torch.tensor([prompt_ids]), cache=cache, use_cache=True)
@@ -55,8 +55,9 @@ def _phase_times(threads: int):
     return read_phase_times(cpu_native.library(), threads)
 
 
-def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None,
+def measure(engine, loaded, hf_folder, batch, prompt_len, steps, rng, profiler=None,
             decoder_phases: bool = False) -> dict:
+    """hf_folder: the float weights transformers runs as the baseline (bench/edge_systems.py)."""
     import torch
 
     from edge_runtime.engine.api import SamplingParams
@@ -67,7 +68,7 @@ def measure(engine, loaded, batch, prompt_len, steps, rng, profiler=None,
     waiting_first = {engine.add_request(p, params) for p in prompts}
     while waiting_first:  # prefill: until every request has its first token
         waiting_first -= {ev.request_id for ev in engine.step() if ev.token_ids}
-    hf_step = _hf_stepper(loaded, prompts[0])
+    hf_step = _hf_stepper(hf_folder, prompts[0])
     t_eng, t_hf, phases = [], [], StepPhases(engine.model)
     threads = torch.get_num_threads()
     if decoder_phases:
@@ -134,6 +135,7 @@ def phase_lines(row: dict) -> list[str]:
 
 def run(args) -> int:
     from edge_runtime.bench.edge_systems import build_engine, check_pool, load
+    from edge_runtime.model.loader import fp32_folder
 
     batches = parse_int_list(args.batch, "--batch")
     check_min(args, steps=3, prompt_tokens=1, profile=0, recent_window=0)
@@ -148,10 +150,12 @@ def run(args) -> int:
                          "entry; without a C compiler there is no C decode step to time)")
     set_threads(args.threads)
     print(f"[bench step] loading {args.model}...", file=sys.stderr, flush=True)
-    loaded = load(args.model, None, args.device, args.backend)
+    loaded = load(args.model, None if args.weights == "float" else args.weights, args.device,
+                  args.backend)
     engine = build_engine(loaded, "edge", kv_dtype=args.kv_dtype, max_batch=max(batches),
                           max_tokens=args.prompt_tokens + args.steps + 8,
                           recent_window=args.recent_window)
+    hf_folder = fp32_folder(args.model)
     rng = random.Random(args.seed)
     profiler = cProfile.Profile() if args.profile else None
     probe = BandwidthProbe(size_mib=256) if args.decoder_phases else None
@@ -159,7 +163,7 @@ def run(args) -> int:
     for b in batches:
         print(f"[bench step] batch {b}...", file=sys.stderr, flush=True)
         before = probe.measure(repeats=3) if probe else None
-        rows.append(measure(engine, loaded, b, args.prompt_tokens, args.steps, rng, profiler,
+        rows.append(measure(engine, loaded, hf_folder, b, args.prompt_tokens, args.steps, rng, profiler,
                             args.decoder_phases))
         if probe:  # which bandwidth the phases saw (a VM's two modes: docs/perf.md, "Machines")
             after = probe.measure(repeats=3)
@@ -186,6 +190,9 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--batch", default="1,5")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--weights", default="float", choices=["float", "gguf", "fp32", "fp16", "bf16"],
+                   help="weight form: float (the default: float weights in the back end's dtype, "
+                        "the reference path), gguf (a GGUF's own 4-bit blocks), or that float dtype")
     p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp16", "fp32"])
     p.add_argument("--recent-window", type=int, default=None, metavar="W",
                    help="int8 KV: positions per sequence read exact (default: the engine's; 0: off)")
