@@ -112,21 +112,31 @@ def test_embedding_reads_the_heads_rows():
 
 
 @functools.lru_cache(maxsize=1)
-def _avx2_library() -> ctypes.CDLL:
+def _library_for(march: str) -> ctypes.CDLL:
     compiler = shutil.which("cc") or shutil.which("gcc")
-    target = Path(tempfile.mkdtemp(prefix="edge-runtime-avx2-")) / "edge_runtime_cpu_avx2.so"
-    flags = [f for f in cpu_native.CFLAGS if f != "-march=native"] + ["-march=haswell"]
+    target = Path(tempfile.mkdtemp(prefix=f"edge-runtime-{march}-")) / f"edge_runtime_cpu_{march}.so"
+    flags = [f for f in cpu_native.CFLAGS if f != "-march=native"] + [f"-march={march}"]
     cpu_native.compile_to(compiler, target, flags)
     return cpu_native.declare(ctypes.CDLL(str(target)))
 
 
-@pytest.mark.parametrize("build", ["avx2", "baseline"])
+def _has_avx512() -> bool:
+    try:
+        return " avx512f " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("build", ["skylake-avx512", "haswell", "baseline"])
 def test_other_builds_compute_the_same(build):
-    """The AVX2 path (two 8-lane halves, F16C) and the plain-C one (no AVX2, no F16C: what other
-    CPUs compile) against the native build."""
+    """AVX-512 without VBMI (integers widened and converted, not looked up), the AVX2 path (two
+    8-lane halves, F16C) and the plain-C one (no AVX2, no F16C: what other CPUs compile) against
+    the native build; the two AVX-512 builds bit for bit."""
     if platform.machine() != "x86_64":
         pytest.skip("x86-64 builds")
-    lib = _avx2_library() if build == "avx2" else portable_library()
+    if build == "skylake-avx512" and not _has_avx512():
+        pytest.skip("this CPU runs no AVX-512 code")
+    lib = portable_library() if build == "baseline" else _library_for(build)
     cpu_int4.declare(lib)
     for n, k, bits, group, pdtype, offsets, bias in CASES:
         mod = quant_linear(random_rows(n, k, bits, group, pdtype, offsets, seed=k), bias)
@@ -136,6 +146,8 @@ def test_other_builds_compute_the_same(build):
         other = mod.c_kernel(x)
         # no FMA there: the same sums rounded twice per term
         torch.testing.assert_close(other, native, rtol=1e-5, atol=1e-6 * float(native.abs().max()))
+        if build == "skylake-avx512":
+            assert torch.equal(other, native)
         tile = mod.dequantized_blocks(0, mod.data.shape[0])
         assert torch.equal(tile.transpose(1, 2).reshape(-1, k)[:n], mod.weight.dequantize())
 

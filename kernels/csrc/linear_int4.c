@@ -11,8 +11,9 @@
  * acc[r] += w * x[r, k] in k order, R rows a pass. So the outputs equal linear_blocked_f32's over
  * the dequantized weights bit for bit, while the bytes read per weight drop from 4 to 0.5 (+ 1 / 8
  * for fp16 parameters at group 32): decode reads weights, so that is the decode speed.
- * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 1-4 rows run two blocks a pass,
- * qkernel{4,8}_pair_*, so their add chains do not wait on each other), AVX2 (two 8-lane
+ * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 1-4 rows run four or two blocks a pass,
+ * qkernel{4,8}_x{4,2}_*, so their add chains do not wait on each other; with VBMI the 4-bit
+ * integers become floats by table lookup), AVX2 (two 8-lane
  * halves, 6 rows), and plain C vector extensions that compile anywhere (aarch64: NEON; the same
  * arithmetic).
  *
@@ -31,9 +32,10 @@
 #define MAX_ROWS 6
 #endif
 #define ROW_BLOCK 48
-/* software prefetch this many k ahead in a block's stream (8 KiB of 4-bit data, 16 KiB of 8-bit):
- * one row reads a block's line every 8 k (4-bit), faster than the hardware prefetchers ramp up */
-#define Q_PREFETCH_K 1024
+/* software prefetch this many k ahead in a block's stream (16 KiB of 4-bit data, 32 KiB of 8-bit):
+ * one row reads a block's line every 8 k (4-bit), faster than the hardware prefetchers ramp up;
+ * with four blocks a pass, 2048 beat 1024 and 4096 (docs/cpu-backend.md, "CPU linears") */
+#define Q_PREFETCH_K 2048
 
 /* fp16 bits -> float, exact (subnormals included), for targets without a conversion instruction */
 static inline float half_to_float(uint16_t h) {
@@ -59,11 +61,26 @@ static inline float half_to_float(uint16_t h) {
 #include <immintrin.h>
 typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
 
+#if defined(__AVX512VBMI__)
+/* Lane j's nibble moved to the low bits of lane j's first byte (one multishift over the 8 bytes
+ * broadcast to every quadword: row j < 8 is byte j's low nibble, row j + 8 its high one), then
+ * read through a 16-entry table of the floats 0..15 (vpermps uses an index's low 4 bits only, so
+ * the other bits need no masking): two shuffles instead of mask, shift, unpack, widen, convert. */
+static inline v16f lanes_int4(const uint8_t *p) {
+    int64_t bytes8;
+    memcpy(&bytes8, p, 8);
+    const __m512i nibble_at = _mm512_set_epi32(60, 52, 44, 36, 28, 20, 12, 4, 56, 48, 40, 32, 24, 16, 8, 0);
+    const __m512 values = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i index = _mm512_multishift_epi64_epi8(nibble_at, _mm512_set1_epi64(bytes8));
+    return (v16f)_mm512_permutexvar_ps(index, values);
+}
+#else
 static inline v16f lanes_int4(const uint8_t *p) {
     const __m128i b = _mm_loadl_epi64((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
     return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
 }
+#endif
 static inline v16f lanes_int8(const int8_t *p) {
     return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
@@ -100,12 +117,17 @@ static inline v16f params16(const void *p, int64_t i, int f32) {
         }                                                                                          \
     }
 
-/* The 16 weights of k and of k + 1 from one 16-byte load (bytes k * 8 .. k * 8 + 15). */
+/* The 16 weights of k and of k + 1 (bytes k * 8 .. k * 8 + 15): one 16-byte load without VBMI. */
 static inline void lanes_int4_pair(const uint8_t *p, v16f *w0, v16f *w1) {
+#if defined(__AVX512VBMI__)
+    *w0 = lanes_int4(p);
+    *w1 = lanes_int4(p + 8);
+#else
     const __m128i b = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
     *w0 = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
     *w1 = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi)));
+#endif
 }
 
 /* acc + w x as one fused multiply-add, as the compiler contracts linear_f32.c's `acc += w * x`; an
@@ -115,32 +137,32 @@ static inline v16f fma16(v16f w, float x, v16f acc) {
     return (v16f)_mm512_fmadd_ps((__m512)w, _mm512_set1_ps(x), (__m512)acc);
 }
 
-/* Few rows: PAIR_BLOCKS output blocks a pass. One block's k loop is a chain of dependent
+/* Few rows: NBLK (4, else 2) output blocks a pass. One block's k loop is a chain of dependent
  * multiply-adds per row (acc += w x), so with 1-4 rows the adds' latency, not the loads, sets the
  * pace; blocks side by side make independent chains. Each output still sums its k in order, so the
- * results equal qkernel{4,8}_RB's bit for bit. 4 bits: two k per 16-byte load (groups are even). */
-#define PAIR_BLOCKS 2
-#define PAIR_MAX_ROWS 4
-#define DEFINE_QKERNEL_PAIR(BITS, RB)                                                              \
-    static void qkernel##BITS##_pair_##RB(const blocked_weight *wt, int64_t b, int64_t K,          \
-                                          const float *X, int64_t ldx, float *Y, int64_t ldy,      \
-                                          const int *ncols, const float *bias) {                   \
+ * results equal qkernel{4,8}_RB's bit for bit. Groups are even: k steps by two. */
+#define MULTI_BLOCKS 4
+#define MULTI_MAX_ROWS 4
+#define DEFINE_QKERNEL_MULTI(BITS, NBLK, RB)                                                       \
+    static void qkernel##BITS##_x##NBLK##_##RB(const blocked_weight *wt, int64_t b, int64_t K,     \
+                                               const float *X, int64_t ldx, float *Y, int64_t ldy, \
+                                               const int *ncols, const float *bias) {              \
         const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
-        const uint8_t *data[PAIR_BLOCKS];                                                          \
-        v16f acc[PAIR_BLOCKS][RB];                                                                 \
-        for (int j = 0; j < PAIR_BLOCKS; j++) {                                                    \
+        const uint8_t *data[NBLK];                                                                 \
+        v16f acc[NBLK][RB];                                                                        \
+        for (int j = 0; j < NBLK; j++) {                                                           \
             data[j] = (const uint8_t *)wt->data + (b + j) * K * bytes;                             \
             for (int r = 0; r < RB; r++) acc[j][r] = (v16f){0};                                    \
         }                                                                                          \
         for (int64_t g = 0; g < KG; g++) {                                                         \
-            v16f s[PAIR_BLOCKS], o[PAIR_BLOCKS];                                                   \
-            for (int j = 0; j < PAIR_BLOCKS; j++) {                                                \
+            v16f s[NBLK], o[NBLK];                                                                 \
+            for (int j = 0; j < NBLK; j++) {                                                       \
                 s[j] = params16(wt->scales, (b + j) * KG + g, wt->params_f32);                     \
                 o[j] = wt->offsets ? params16(wt->offsets, (b + j) * KG + g, wt->params_f32)       \
                                    : (v16f){0};                                                    \
             }                                                                                      \
             for (int64_t k = g * G; k < (g + 1) * G; k += 2) {                                     \
-                for (int j = 0; j < PAIR_BLOCKS; j++) {                                            \
+                for (int j = 0; j < NBLK; j++) {                                                   \
                     __builtin_prefetch(data[j] + (k + Q_PREFETCH_K) * bytes, 0, 3);                \
                     v16f w0, w1;                                                                   \
                     if (BITS == 4) {                                                               \
@@ -157,7 +179,7 @@ static inline v16f fma16(v16f w, float x, v16f acc) {
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        for (int j = 0; j < PAIR_BLOCKS; j++)                                                      \
+        for (int j = 0; j < NBLK; j++)                                                             \
             for (int r = 0; r < RB; r++) {                                                         \
                 float out[BN];                                                                     \
                 *(v16f *)out = acc[j][r];                                                          \
@@ -166,17 +188,19 @@ static inline v16f fma16(v16f w, float x, v16f acc) {
                 memcpy(Y + r * ldy + j * BN, out, sizeof(float) * ncols[j]);                       \
             }                                                                                      \
     }
-#define DEFINE_PAIRS(RB) DEFINE_QKERNEL_PAIR(4, RB) DEFINE_QKERNEL_PAIR(8, RB)
-DEFINE_PAIRS(1)
-DEFINE_PAIRS(2)
-DEFINE_PAIRS(3)
-DEFINE_PAIRS(4)
-typedef void (*qkernel_pair_fn)(const blocked_weight *, int64_t, int64_t, const float *, int64_t,
-                                float *, int64_t, const int *, const float *);
-static const qkernel_pair_fn QKERNELS4_PAIR[PAIR_MAX_ROWS + 1] = {
-    0, qkernel4_pair_1, qkernel4_pair_2, qkernel4_pair_3, qkernel4_pair_4};
-static const qkernel_pair_fn QKERNELS8_PAIR[PAIR_MAX_ROWS + 1] = {
-    0, qkernel8_pair_1, qkernel8_pair_2, qkernel8_pair_3, qkernel8_pair_4};
+#define DEFINE_MULTI(NBLK, RB) DEFINE_QKERNEL_MULTI(4, NBLK, RB) DEFINE_QKERNEL_MULTI(8, NBLK, RB)
+#define DEFINE_MULTI_ROWS(NBLK)                                                                    \
+    DEFINE_MULTI(NBLK, 1) DEFINE_MULTI(NBLK, 2) DEFINE_MULTI(NBLK, 3) DEFINE_MULTI(NBLK, 4)
+DEFINE_MULTI_ROWS(4)
+DEFINE_MULTI_ROWS(2)
+typedef void (*qkernel_multi_fn)(const blocked_weight *, int64_t, int64_t, const float *, int64_t,
+                                 float *, int64_t, const int *, const float *);
+#define MULTI_TABLE(BITS, NBLK)                                                                    \
+    {0, qkernel##BITS##_x##NBLK##_1, qkernel##BITS##_x##NBLK##_2, qkernel##BITS##_x##NBLK##_3,     \
+     qkernel##BITS##_x##NBLK##_4}
+/* [bits == 8][blocks == 2][rows] */
+static const qkernel_multi_fn QKERNELS_MULTI[2][2][MULTI_MAX_ROWS + 1] = {
+    {MULTI_TABLE(4, 4), MULTI_TABLE(4, 2)}, {MULTI_TABLE(8, 4), MULTI_TABLE(8, 2)}};
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
     const int64_t G = wt->group, KG = K / G, bytes = wt->bits * BN / 8;
@@ -323,19 +347,35 @@ typedef void (*qkernel_fn)(const blocked_weight *, int64_t, int64_t, const float
 static const qkernel_fn QKERNELS4[MAX_ROWS + 1] = KERNEL_TABLE(4);
 static const qkernel_fn QKERNELS8[MAX_ROWS + 1] = KERNEL_TABLE(8);
 
+/* Ask for the scales and offsets of blocks [b0, b1) (the next pass's): a block's are only
+ * K / group * 16 values, a short stream of their own that the hardware prefetchers do not catch
+ * in time, so without this every pass begins with two misses to memory (one thread's one-row
+ * stream ran at ~2/3 of its speed with the parameters in cache). */
+static void prefetch_params(const blocked_weight *wt, int64_t K, int64_t b0, int64_t b1) {
+    const int64_t line = 64, bytes = K / wt->group * BN * (wt->params_f32 ? 4 : 2);
+    for (int64_t i = 0; i < (b1 - b0) * bytes; i += line) {
+        __builtin_prefetch((const char *)wt->scales + b0 * bytes + i, 0, 3);
+        if (wt->offsets) __builtin_prefetch((const char *)wt->offsets + b0 * bytes + i, 0, 3);
+        __asm__ volatile("" : : "r"(i)); /* gcc's dead-code pass drops a loop of only prefetches */
+    }
+}
+
 void linear_blocks_q(const blocked_weight *wt, const float *bias, const float *X, int64_t ldx,
                      float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0,
                      int64_t b1) {
     const qkernel_fn *kernels = wt->bits == 4 ? QKERNELS4 : QKERNELS8;
-#if defined(PAIR_BLOCKS)
-    if (R >= 1 && R <= PAIR_MAX_ROWS && wt->group % 2 == 0) {
-        const qkernel_pair_fn *pairs = wt->bits == 4 ? QKERNELS4_PAIR : QKERNELS8_PAIR;
+#if defined(MULTI_BLOCKS)
+    if (R >= 1 && R <= MULTI_MAX_ROWS && wt->group % 2 == 0) {
         int64_t b = b0;
-        for (; b + PAIR_BLOCKS <= b1; b += PAIR_BLOCKS) {
-            int ncols[PAIR_BLOCKS];
-            for (int j = 0; j < PAIR_BLOCKS; j++)
-                ncols[j] = (int)(N - (b + j) * BN < BN ? N - (b + j) * BN : BN);
-            pairs[R](wt, b, K, X, ldx, Y + b * BN, ldy, ncols, bias ? bias + b * BN : 0);
+        for (int nblk = MULTI_BLOCKS; nblk >= 2; nblk /= 2) {
+            const qkernel_multi_fn kernel = QKERNELS_MULTI[wt->bits == 8][nblk == 2][R];
+            for (; b + nblk <= b1; b += nblk) {
+                int ncols[MULTI_BLOCKS];
+                for (int j = 0; j < nblk; j++)
+                    ncols[j] = (int)(N - (b + j) * BN < BN ? N - (b + j) * BN : BN);
+                prefetch_params(wt, K, b + nblk, b + 2 * nblk < b1 ? b + 2 * nblk : b1);
+                kernel(wt, b, K, X, ldx, Y + b * BN, ldy, ncols, bias ? bias + b * BN : 0);
+            }
         }
         b0 = b; /* an odd block left: the one-block kernel below */
     }
@@ -345,6 +385,7 @@ void linear_blocks_q(const blocked_weight *wt, const float *bias, const float *X
         for (int64_t b = b0; b < b1; b++) {
             const int ncols = (int)(N - b * BN < BN ? N - b * BN : BN);
             const float *bb = bias ? bias + b * BN : 0;
+            if (b + 1 < b1) prefetch_params(wt, K, b + 1, b + 2);
             for (int64_t r = r0; r < r1; r += MAX_ROWS) {
                 const int rb = (int)(r1 - r < MAX_ROWS ? r1 - r : MAX_ROWS);
                 kernels[rb](wt, b, K, X + r * ldx, ldx, Y + r * ldy + b * BN, ldy, ncols, bb);
