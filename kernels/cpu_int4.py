@@ -36,6 +36,7 @@ from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
 ARENA_ALIGN = 64  # bytes: each tensor in the arena starts on a cache line
 GEMM_MIN_ROWS = 32  # as cpu_linear.GEMM_MIN_ROWS: from here on BLAS over dequantized tiles
 TILE_FLOATS = 1 << 19  # 2 MiB of fp32 per dequantized tile
+MAX_GROUPS = 8192  # groups per row: the C kernels keep a row's group sums on the stack (GROUP_SUMS)
 
 
 class BlockedWeight(ctypes.Structure):
@@ -83,6 +84,11 @@ class QuantLinear(nn.Module):
     def __init__(self, weight: BlockedQuantWeight, bias: torch.Tensor | None = None,
                  out_splits: tuple[int, ...] | None = None):
         super().__init__()
+        if weight.in_features // weight.group_size > MAX_GROUPS:
+            raise ValueError(f"a quantized linear with {weight.in_features} inputs in groups of "
+                             f"{weight.group_size} has {weight.in_features // weight.group_size} "
+                             f"groups per row; the CPU kernels take at most {MAX_GROUPS} "
+                             "(quantize with a larger group size)")
         self.in_features, self.out_features = weight.in_features, weight.out_features
         self.bits, self.group_size = weight.bits, weight.group_size
         self.out_splits = out_splits or (self.out_features,)

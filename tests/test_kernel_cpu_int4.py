@@ -17,7 +17,6 @@ from torch import nn
 
 from edge_runtime.kernels import cpu_int4, cpu_native
 from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
-from edge_runtime.kernels.cpu_linear import PackedLinear
 from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows
 from native_helpers import portable_library
 
@@ -43,16 +42,6 @@ def quant_linear(rows: GroupedRows, bias: bool = False, seed: int = 0) -> QuantL
     return QuantLinear(BlockedQuantWeight.from_rows(rows), b)
 
 
-def fp32_twin(mod: QuantLinear) -> PackedLinear:
-    """The c-blocked fp32 linear over the dequantized weights."""
-    lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None)
-    with torch.no_grad():
-        lin.weight.copy_(mod.weight.dequantize())
-        if mod.bias is not None:
-            lin.bias.copy_(mod.bias)
-    return PackedLinear([lin], kind="c-blocked")
-
-
 CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
     (16, 64, 4, 32, torch.float16, True, False),
     (37, 96, 4, 32, torch.float16, True, True),  # ragged N: a partial last block
@@ -66,16 +55,20 @@ CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
 
 
 @pytest.mark.parametrize("n,k,bits,group,pdtype,offsets,bias", CASES)
-def test_kernel_matches_reference_and_fp32_kernel_bit_for_bit(n, k, bits, group, pdtype, offsets, bias):
+def test_kernel_matches_reference_and_a_row_does_not_depend_on_its_neighbours(
+        n, k, bits, group, pdtype, offsets, bias):
+    """Against the dequantize-then-matmul reference (the kernel sums per group, scale and offset
+    once per group: another order), and each row equal bit for bit to the same row computed
+    alone, whatever the row count: 1-2 rows run four blocks a pass, 3-4 two, more one (and the
+    ragged last blocks one), 40 rows go past a 12-row pass."""
     mod = quant_linear(random_rows(n, k, bits, group, pdtype, offsets, seed=n + k), bias, seed=n)
-    twin = fp32_twin(mod)
     x = torch.randn(40, k, generator=torch.Generator().manual_seed(k))
-    for m in list(range(1, 13)) + [13, 25, 40]:
+    alone = torch.cat([mod.c_kernel(x[i:i + 1]) for i in range(40)])
+    ref = mod.reference_forward(x)
+    torch.testing.assert_close(alone, ref, rtol=1e-5, atol=2e-6 * float(ref.abs().max()))
+    for m in list(range(2, 13)) + [13, 25, 40]:
         got = mod.c_kernel(x[:m])
-        ref = mod.reference_forward(x[:m])  # summation order differs: tolerance by magnitude
-        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
-        want = twin.c_kernel(x[:m])
-        assert torch.equal(got, want), (m, (got - want).abs().max(), (got != want).sum())
+        assert torch.equal(got, alone[:m]), (m, (got - alone[:m]).abs().max(), (got != alone[:m]).sum())
 
 
 @pytest.mark.parametrize("n,k,bits,group,pdtype,offsets,bias", CASES[:3] + CASES[4:5])
@@ -90,6 +83,12 @@ def test_prefill_tiles_and_forward_dispatch(n, k, bits, group, pdtype, offsets, 
     torch.testing.assert_close(mod(x), nn.functional.linear(x, full, mod.bias), rtol=1e-5, atol=1e-5)
     x = torch.randn(3, k)
     assert torch.equal(mod(x), mod.c_kernel(x))
+
+
+def test_more_groups_per_row_than_the_kernels_take_is_refused():
+    rows = random_rows(16, 16 * (cpu_int4.MAX_GROUPS + 1), group=16)
+    with pytest.raises(ValueError, match="larger group size"):
+        quant_linear(rows)
 
 
 def test_threads_do_not_change_results():
@@ -131,7 +130,8 @@ def _has_avx512() -> bool:
 def test_other_builds_compute_the_same(build):
     """AVX-512 without VBMI (integers widened and converted, not looked up), the AVX2 path (two
     8-lane halves, F16C) and the plain-C one (no AVX2, no F16C: what other CPUs compile) against
-    the native build; the two AVX-512 builds bit for bit."""
+    the native build (a group's input sum is vectorized as each target's compiler tuning chooses,
+    so builds agree to rounding, not bit for bit)."""
     if platform.machine() != "x86_64":
         pytest.skip("x86-64 builds")
     if build == "skylake-avx512" and not _has_avx512():
@@ -146,8 +146,6 @@ def test_other_builds_compute_the_same(build):
         other = mod.c_kernel(x)
         # no FMA there: the same sums rounded twice per term
         torch.testing.assert_close(other, native, rtol=1e-5, atol=1e-6 * float(native.abs().max()))
-        if build == "skylake-avx512":
-            assert torch.equal(other, native)
         tile = mod.dequantized_blocks(0, mod.data.shape[0])
         assert torch.equal(tile.transpose(1, 2).reshape(-1, k)[:n], mod.weight.dequantize())
 

@@ -5,17 +5,19 @@
  * (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high nibble); 8-bit data int8 [NB][K][16];
  * scales and offsets [NB][K / group][16], fp16 or fp32, offsets NULL meaning zero.
  *
- * linear_blocks_q: Y[r, n] = sum_k X[r, k] * (s[n, g] q[n, k] + o[n, g]) (+ bias[n]). The 16 weights
- * of a (block, k) are expanded to floats with one multiply-add (s q is exact in fp32, so this is the
- * reference dequant's value bit for bit) and then used exactly as linear_f32.c uses its fp32 line:
- * acc[r] += w * x[r, k] in k order, R rows a pass. So the outputs equal linear_blocked_f32's over
- * the dequantized weights bit for bit, while the bytes read per weight drop from 4 to 0.5 (+ 1 / 8
- * for fp16 parameters at group 32): decode reads weights, so that is the decode speed.
- * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 1-4 rows run four or two blocks a pass,
- * qkernel{4,8}_x{4,2}_*, so their add chains do not wait on each other; with VBMI the 4-bit
- * integers become floats by table lookup), AVX2 (two 8-lane
- * halves, 6 rows), and plain C vector extensions that compile anywhere (aarch64: NEON; the same
- * arithmetic).
+ * linear_blocks_q: Y[r, n] = sum_k X[r, k] * (s[n, g] q[n, k] + o[n, g]) (+ bias[n]), computed per
+ * group as s[n, g] * (sum_k q[n, k] X[r, k]) + o[n, g] * (sum_k X[r, k]): the integers become floats
+ * and meet the inputs in one multiply-add each, and the scale and offset are applied once per group
+ * instead of once per weight (the same sum in another order: the reference dequantizes first).
+ * Every output is summed the same way whatever the number of rows, the blocks a pass and the
+ * thread that computes it (fused multiply-adds in k order within a group, groups in order, a
+ * group's input sum from one function), so a row's result does not depend on the rows beside it.
+ * The bytes read per weight are 0.5 (+ 1 / 8 for fp16 parameters at group 32) instead of fp32's 4:
+ * decode reads weights, so that is the decode speed.
+ * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 1-2 rows run four blocks a pass and 3-4 rows two,
+ * so their add chains do not wait on each other; with VBMI the 4-bit integers become floats by
+ * table lookup), AVX2 (two 8-lane halves, 4 rows), and plain C vector extensions that compile
+ * anywhere (aarch64: NEON; the same arithmetic).
  *
  * dequant_blocks_q: blocks [b0, b1) as fp32 [b1 - b0][K][16] (linear_f32.c's layout), for prefill
  * chunks that go to BLAS (kernels/cpu_int4.py).
@@ -29,7 +31,7 @@
 #if defined(__AVX512F__)
 #define MAX_ROWS 12
 #else
-#define MAX_ROWS 6
+#define MAX_ROWS 4
 #endif
 #define ROW_BLOCK 48
 /* software prefetch this many k ahead in a block's stream (16 KiB of 4-bit data, 32 KiB of 8-bit):
@@ -55,6 +57,14 @@ static inline float half_to_float(uint16_t h) {
     float out;
     memcpy(&out, &bits, 4);
     return out;
+}
+
+/* The sum of a group's inputs, in k order: the offset's factor. One compiled copy (noinline) so
+ * every kernel gets the same bits whatever the compiler would do with it inlined. */
+__attribute__((noinline)) static float group_sum(const float *x, int64_t G) {
+    float t = 0;
+    for (int64_t k = 0; k < G; k++) t += x[k];
+    return t;
 }
 
 #if defined(__AVX512F__)
@@ -89,118 +99,69 @@ static inline v16f params16(const void *p, int64_t i, int f32) {
     return (v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i * BN)));
 }
 
-#define DEFINE_QKERNEL(BITS, RB)                                                                   \
-    static void qkernel##BITS##_##RB(const blocked_weight *wt, int64_t b, int64_t K,               \
-                                     const float *X, int64_t ldx, float *Y, int64_t ldy,           \
-                                     int ncols, const float *bias) {                               \
-        const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
-        const uint8_t *data = (const uint8_t *)wt->data + b * K * bytes;                           \
-        v16f acc[RB];                                                                              \
-        for (int r = 0; r < RB; r++) acc[r] = (v16f){0};                                           \
-        for (int64_t g = 0; g < KG; g++) {                                                         \
-            const v16f s = params16(wt->scales, b * KG + g, wt->params_f32);                       \
-            const v16f o = wt->offsets ? params16(wt->offsets, b * KG + g, wt->params_f32)         \
-                                       : (v16f){0};                                                \
-            for (int64_t k = g * G; k < (g + 1) * G; k++) {                                        \
-                __builtin_prefetch(data + (k + Q_PREFETCH_K) * bytes, 0, 3);                       \
-                const v16f w = (BITS == 4 ? lanes_int4(data + k * bytes)                           \
-                                          : lanes_int8((const int8_t *)data + k * bytes)) * s + o; \
-                for (int r = 0; r < RB; r++) acc[r] += w * X[r * ldx + k];                         \
-            }                                                                                      \
-        }                                                                                          \
-        for (int r = 0; r < RB; r++) {                                                             \
-            float out[BN];                                                                         \
-            *(v16f *)out = acc[r];                                                                 \
-            if (bias)                                                                              \
-                for (int j = 0; j < ncols; j++) out[j] += bias[j];                                 \
-            memcpy(Y + r * ldy, out, sizeof(float) * ncols);                                       \
-        }                                                                                          \
-    }
-
-/* The 16 weights of k and of k + 1 (bytes k * 8 .. k * 8 + 15): one 16-byte load without VBMI. */
-static inline void lanes_int4_pair(const uint8_t *p, v16f *w0, v16f *w1) {
-#if defined(__AVX512VBMI__)
-    *w0 = lanes_int4(p);
-    *w1 = lanes_int4(p + 8);
-#else
-    const __m128i b = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    *w0 = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
-    *w1 = (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi)));
-#endif
-}
-
-/* acc + w x as one fused multiply-add, as the compiler contracts linear_f32.c's `acc += w * x`; an
- * explicit fma is not reassociated under -fassociative-math, which would otherwise merge the two
- * adds of a k pair below into one (another summation order than the one-block kernels'). */
+/* acc + w x and acc + s a as single fused multiply-adds: explicit, so the compiler neither splits
+ * nor reassociates them (-fassociative-math) and every kernel rounds the same way. */
 static inline v16f fma16(v16f w, float x, v16f acc) {
     return (v16f)_mm512_fmadd_ps((__m512)w, _mm512_set1_ps(x), (__m512)acc);
 }
+static inline v16f fmav16(v16f s, v16f a, v16f acc) {
+    return (v16f)_mm512_fmadd_ps((__m512)s, (__m512)a, (__m512)acc);
+}
 
-/* Few rows: NBLK (4, else 2) output blocks a pass. One block's k loop is a chain of dependent
- * multiply-adds per row (acc += w x), so with 1-4 rows the adds' latency, not the loads, sets the
- * pace; blocks side by side make independent chains. Each output still sums its k in order, so the
- * results equal qkernel{4,8}_RB's bit for bit. Groups are even: k steps by two. */
-#define MULTI_BLOCKS 4
-#define MULTI_MAX_ROWS 4
-#define DEFINE_QKERNEL_MULTI(BITS, NBLK, RB)                                                       \
+/* NBLK output blocks, RB rows a pass. Few rows: one block's k loop is a chain of dependent
+ * multiply-adds per row, so blocks side by side make independent chains (4 blocks for 1-2 rows, 2
+ * for 3-4: what the 32 vector registers hold with each output's group sum and total). */
+#define DEFINE_QKERNEL(BITS, NBLK, RB)                                                             \
     static void qkernel##BITS##_x##NBLK##_##RB(const blocked_weight *wt, int64_t b, int64_t K,     \
-                                               const float *X, int64_t ldx, float *Y, int64_t ldy, \
-                                               const int *ncols, const float *bias) {              \
+                                               const float *X, int64_t ldx, const float *xs,       \
+                                               float *Y, int64_t ldy, const int *ncols,            \
+                                               const float *bias) {                                \
         const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
         const uint8_t *data[NBLK];                                                                 \
-        v16f acc[NBLK][RB];                                                                        \
+        v16f y[NBLK][RB];                                                                          \
         for (int j = 0; j < NBLK; j++) {                                                           \
             data[j] = (const uint8_t *)wt->data + (b + j) * K * bytes;                             \
-            for (int r = 0; r < RB; r++) acc[j][r] = (v16f){0};                                    \
+            for (int r = 0; r < RB; r++) y[j][r] = (v16f){0};                                      \
         }                                                                                          \
         for (int64_t g = 0; g < KG; g++) {                                                         \
-            v16f s[NBLK], o[NBLK];                                                                 \
-            for (int j = 0; j < NBLK; j++) {                                                       \
-                s[j] = params16(wt->scales, (b + j) * KG + g, wt->params_f32);                     \
-                o[j] = wt->offsets ? params16(wt->offsets, (b + j) * KG + g, wt->params_f32)       \
-                                   : (v16f){0};                                                    \
-            }                                                                                      \
-            for (int64_t k = g * G; k < (g + 1) * G; k += 2) {                                     \
+            v16f a[NBLK][RB];                                                                      \
+            for (int j = 0; j < NBLK; j++)                                                         \
+                for (int r = 0; r < RB; r++) a[j][r] = (v16f){0};                                  \
+            for (int64_t k = g * G; k < (g + 1) * G; k++)                                          \
                 for (int j = 0; j < NBLK; j++) {                                                   \
                     __builtin_prefetch(data[j] + (k + Q_PREFETCH_K) * bytes, 0, 3);                \
-                    v16f w0, w1;                                                                   \
-                    if (BITS == 4) {                                                               \
-                        lanes_int4_pair(data[j] + k * bytes, &w0, &w1);                            \
-                    } else {                                                                       \
-                        w0 = lanes_int8((const int8_t *)data[j] + k * bytes);                      \
-                        w1 = lanes_int8((const int8_t *)data[j] + (k + 1) * bytes);                \
-                    }                                                                              \
-                    w0 = w0 * s[j] + o[j];                                                         \
-                    w1 = w1 * s[j] + o[j];                                                         \
-                    for (int r = 0; r < RB; r++) acc[j][r] = fma16(w0, X[r * ldx + k], acc[j][r]); \
-                    for (int r = 0; r < RB; r++)                                                   \
-                        acc[j][r] = fma16(w1, X[r * ldx + k + 1], acc[j][r]);                      \
+                    const v16f w = BITS == 4 ? lanes_int4(data[j] + k * bytes)                     \
+                                             : lanes_int8((const int8_t *)data[j] + k * bytes);    \
+                    for (int r = 0; r < RB; r++) a[j][r] = fma16(w, X[r * ldx + k], a[j][r]);      \
+                }                                                                                  \
+            for (int j = 0; j < NBLK; j++) {                                                       \
+                const v16f s = params16(wt->scales, (b + j) * KG + g, wt->params_f32);             \
+                for (int r = 0; r < RB; r++) y[j][r] = fmav16(s, a[j][r], y[j][r]);                \
+            }                                                                                      \
+            if (wt->offsets) {                                                                     \
+                for (int j = 0; j < NBLK; j++) {                                                   \
+                    const v16f o = params16(wt->offsets, (b + j) * KG + g, wt->params_f32);        \
+                    for (int r = 0; r < RB; r++) y[j][r] = fma16(o, xs[r * KG + g], y[j][r]);      \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
         for (int j = 0; j < NBLK; j++)                                                             \
             for (int r = 0; r < RB; r++) {                                                         \
                 float out[BN];                                                                     \
-                *(v16f *)out = acc[j][r];                                                          \
+                *(v16f *)out = y[j][r];                                                            \
                 if (bias)                                                                          \
                     for (int c = 0; c < ncols[j]; c++) out[c] += bias[j * BN + c];                 \
                 memcpy(Y + r * ldy + j * BN, out, sizeof(float) * ncols[j]);                       \
             }                                                                                      \
     }
-#define DEFINE_MULTI(NBLK, RB) DEFINE_QKERNEL_MULTI(4, NBLK, RB) DEFINE_QKERNEL_MULTI(8, NBLK, RB)
-#define DEFINE_MULTI_ROWS(NBLK)                                                                    \
-    DEFINE_MULTI(NBLK, 1) DEFINE_MULTI(NBLK, 2) DEFINE_MULTI(NBLK, 3) DEFINE_MULTI(NBLK, 4)
-DEFINE_MULTI_ROWS(4)
-DEFINE_MULTI_ROWS(2)
-typedef void (*qkernel_multi_fn)(const blocked_weight *, int64_t, int64_t, const float *, int64_t,
-                                 float *, int64_t, const int *, const float *);
-#define MULTI_TABLE(BITS, NBLK)                                                                    \
-    {0, qkernel##BITS##_x##NBLK##_1, qkernel##BITS##_x##NBLK##_2, qkernel##BITS##_x##NBLK##_3,     \
-     qkernel##BITS##_x##NBLK##_4}
-/* [bits == 8][blocks == 2][rows] */
-static const qkernel_multi_fn QKERNELS_MULTI[2][2][MULTI_MAX_ROWS + 1] = {
-    {MULTI_TABLE(4, 4), MULTI_TABLE(4, 2)}, {MULTI_TABLE(8, 4), MULTI_TABLE(8, 2)}};
+#define MULTI_BLOCKS 4
+#define DEFINE_BOTH(NBLK, RB) DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(8, NBLK, RB)
+DEFINE_BOTH(4, 1)
+DEFINE_BOTH(4, 2)
+DEFINE_BOTH(2, 1)
+DEFINE_BOTH(2, 2)
+DEFINE_BOTH(2, 3)
+DEFINE_BOTH(2, 4)
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
     const int64_t G = wt->group, KG = K / G, bytes = wt->bits * BN / 8;
@@ -262,18 +223,19 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
         lanes_int8((const int8_t *)p, lo, hi);
 }
 
-#define DEFINE_QKERNEL(BITS, RB)                                                                   \
-    static void qkernel##BITS##_##RB(const blocked_weight *wt, int64_t b, int64_t K,               \
-                                     const float *X, int64_t ldx, float *Y, int64_t ldy,           \
-                                     int ncols, const float *bias) {                               \
+/* One output block, RB rows a pass, as the AVX-512 kernels compute it (two 8-lane halves). */
+#define DEFINE_QKERNEL(BITS, NBLK, RB)                                                             \
+    static void qkernel##BITS##_x##NBLK##_##RB(const blocked_weight *wt, int64_t b, int64_t K,     \
+                                               const float *X, int64_t ldx, const float *xs,       \
+                                               float *Y, int64_t ldy, const int *ncols,            \
+                                               const float *bias) {                                \
         const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
         const uint8_t *data = (const uint8_t *)wt->data + b * K * bytes;                           \
-        v8f acc[RB][2];                                                                            \
-        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = (v8f){0};                             \
+        v8f y[RB][2];                                                                              \
+        for (int r = 0; r < RB; r++) y[r][0] = y[r][1] = (v8f){0};                                 \
         for (int64_t g = 0; g < KG; g++) {                                                         \
-            v8f s0, s1, o0, o1;                                                                    \
-            params16(wt->scales, b * KG + g, wt->params_f32, &s0, &s1);                            \
-            params16(wt->offsets, b * KG + g, wt->params_f32, &o0, &o1);                           \
+            v8f a[RB][2], s0, s1;                                                                  \
+            for (int r = 0; r < RB; r++) a[r][0] = a[r][1] = (v8f){0};                             \
             for (int64_t k = g * G; k < (g + 1) * G; k++) {                                        \
                 __builtin_prefetch(data + (k + Q_PREFETCH_K) * bytes, 0, 3);                       \
                 v8f w0, w1;                                                                        \
@@ -281,24 +243,37 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
                     lanes_int4(data + k * bytes, &w0, &w1);                                        \
                 else                                                                               \
                     lanes_int8((const int8_t *)data + k * bytes, &w0, &w1);                        \
-                w0 = w0 * s0 + o0;                                                                 \
-                w1 = w1 * s1 + o1;                                                                 \
                 for (int r = 0; r < RB; r++) {                                                     \
                     const v8f xb = splat_v8(X[r * ldx + k]);                                       \
-                    acc[r][0] += w0 * xb;                                                          \
-                    acc[r][1] += w1 * xb;                                                          \
+                    a[r][0] += w0 * xb;                                                            \
+                    a[r][1] += w1 * xb;                                                            \
+                }                                                                                  \
+            }                                                                                      \
+            params16(wt->scales, b * KG + g, wt->params_f32, &s0, &s1);                            \
+            for (int r = 0; r < RB; r++) {                                                         \
+                y[r][0] += s0 * a[r][0];                                                           \
+                y[r][1] += s1 * a[r][1];                                                           \
+            }                                                                                      \
+            if (wt->offsets) {                                                                     \
+                v8f o0, o1;                                                                        \
+                params16(wt->offsets, b * KG + g, wt->params_f32, &o0, &o1);                       \
+                for (int r = 0; r < RB; r++) {                                                     \
+                    const v8f xsum = splat_v8(xs[r * KG + g]);                                     \
+                    y[r][0] += o0 * xsum;                                                          \
+                    y[r][1] += o1 * xsum;                                                          \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
         for (int r = 0; r < RB; r++) {                                                             \
             float out[BN];                                                                         \
-            store_v8(out, acc[r][0]);                                                              \
-            store_v8(out + 8, acc[r][1]);                                                          \
+            store_v8(out, y[r][0]);                                                                \
+            store_v8(out + 8, y[r][1]);                                                            \
             if (bias)                                                                              \
-                for (int j = 0; j < ncols; j++) out[j] += bias[j];                                 \
-            memcpy(Y + r * ldy, out, sizeof(float) * ncols);                                       \
+                for (int c = 0; c < ncols[0]; c++) out[c] += bias[c];                              \
+            memcpy(Y + r * ldy, out, sizeof(float) * ncols[0]);                                    \
         }                                                                                          \
     }
+#define DEFINE_BOTH(NBLK, RB) DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(8, NBLK, RB)
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
     const int64_t G = wt->group, KG = K / G, bytes = wt->bits * BN / 8;
@@ -316,37 +291,6 @@ static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *
 }
 #endif
 
-#define DEFINE_BOTH(RB) DEFINE_QKERNEL(4, RB) DEFINE_QKERNEL(8, RB)
-DEFINE_BOTH(1)
-DEFINE_BOTH(2)
-DEFINE_BOTH(3)
-DEFINE_BOTH(4)
-DEFINE_BOTH(5)
-DEFINE_BOTH(6)
-#if MAX_ROWS == 12
-DEFINE_BOTH(7)
-DEFINE_BOTH(8)
-DEFINE_BOTH(9)
-DEFINE_BOTH(10)
-DEFINE_BOTH(11)
-DEFINE_BOTH(12)
-#endif
-
-typedef void (*qkernel_fn)(const blocked_weight *, int64_t, int64_t, const float *, int64_t,
-                           float *, int64_t, int, const float *);
-#if MAX_ROWS == 12
-#define KERNEL_TABLE(BITS)                                                                         \
-    {0, qkernel##BITS##_1, qkernel##BITS##_2, qkernel##BITS##_3, qkernel##BITS##_4,                \
-     qkernel##BITS##_5, qkernel##BITS##_6, qkernel##BITS##_7, qkernel##BITS##_8,                   \
-     qkernel##BITS##_9, qkernel##BITS##_10, qkernel##BITS##_11, qkernel##BITS##_12}
-#else
-#define KERNEL_TABLE(BITS)                                                                         \
-    {0, qkernel##BITS##_1, qkernel##BITS##_2, qkernel##BITS##_3, qkernel##BITS##_4,                \
-     qkernel##BITS##_5, qkernel##BITS##_6}
-#endif
-static const qkernel_fn QKERNELS4[MAX_ROWS + 1] = KERNEL_TABLE(4);
-static const qkernel_fn QKERNELS8[MAX_ROWS + 1] = KERNEL_TABLE(8);
-
 /* Ask for the scales and offsets of blocks [b0, b1) (the next pass's): a block's are only
  * K / group * 16 values, a short stream of their own that the hardware prefetchers do not catch
  * in time, so without this every pass begins with two misses to memory (one thread's one-row
@@ -360,25 +304,71 @@ static void prefetch_params(const blocked_weight *wt, int64_t K, int64_t b0, int
     }
 }
 
-void linear_blocks_q(const blocked_weight *wt, const float *bias, const float *X, int64_t ldx,
-                     float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0,
-                     int64_t b1) {
-    const qkernel_fn *kernels = wt->bits == 4 ? QKERNELS4 : QKERNELS8;
+DEFINE_BOTH(1, 1)
+DEFINE_BOTH(1, 2)
+DEFINE_BOTH(1, 3)
+DEFINE_BOTH(1, 4)
+#if MAX_ROWS == 12
+DEFINE_BOTH(1, 5)
+DEFINE_BOTH(1, 6)
+DEFINE_BOTH(1, 7)
+DEFINE_BOTH(1, 8)
+DEFINE_BOTH(1, 9)
+DEFINE_BOTH(1, 10)
+DEFINE_BOTH(1, 11)
+DEFINE_BOTH(1, 12)
+#endif
+
+typedef void (*qkernel_fn)(const blocked_weight *, int64_t, int64_t, const float *, int64_t,
+                           const float *, float *, int64_t, const int *, const float *);
+#if MAX_ROWS == 12
+#define ONE_BLOCK_TABLE(BITS)                                                                      \
+    {0, qkernel##BITS##_x1_1, qkernel##BITS##_x1_2, qkernel##BITS##_x1_3, qkernel##BITS##_x1_4,    \
+     qkernel##BITS##_x1_5, qkernel##BITS##_x1_6, qkernel##BITS##_x1_7, qkernel##BITS##_x1_8,       \
+     qkernel##BITS##_x1_9, qkernel##BITS##_x1_10, qkernel##BITS##_x1_11, qkernel##BITS##_x1_12}
+#else
+#define ONE_BLOCK_TABLE(BITS)                                                                      \
+    {0, qkernel##BITS##_x1_1, qkernel##BITS##_x1_2, qkernel##BITS##_x1_3, qkernel##BITS##_x1_4}
+#endif
+/* [bits == 8][rows] */
+static const qkernel_fn ONE_BLOCK[2][MAX_ROWS + 1] = {ONE_BLOCK_TABLE(4), ONE_BLOCK_TABLE(8)};
+
 #if defined(MULTI_BLOCKS)
-    if (R >= 1 && R <= MULTI_MAX_ROWS && wt->group % 2 == 0) {
-        int64_t b = b0;
-        for (int nblk = MULTI_BLOCKS; nblk >= 2; nblk /= 2) {
-            const qkernel_multi_fn kernel = QKERNELS_MULTI[wt->bits == 8][nblk == 2][R];
-            for (; b + nblk <= b1; b += nblk) {
-                int ncols[MULTI_BLOCKS];
-                for (int j = 0; j < nblk; j++)
-                    ncols[j] = (int)(N - (b + j) * BN < BN ? N - (b + j) * BN : BN);
-                prefetch_params(wt, K, b + nblk, b + 2 * nblk < b1 ? b + 2 * nblk : b1);
-                kernel(wt, b, K, X, ldx, Y + b * BN, ldy, ncols, bias ? bias + b * BN : 0);
-            }
+/* [bits == 8][rows]: the widest pass for 1-4 rows, then two blocks for what is left */
+static const qkernel_fn FOUR_BLOCKS[2][3] = {{0, qkernel4_x4_1, qkernel4_x4_2},
+                                             {0, qkernel8_x4_1, qkernel8_x4_2}};
+static const qkernel_fn TWO_BLOCKS[2][5] = {
+    {0, qkernel4_x2_1, qkernel4_x2_2, qkernel4_x2_3, qkernel4_x2_4},
+    {0, qkernel8_x2_1, qkernel8_x2_2, qkernel8_x2_3, qkernel8_x2_4}};
+
+/* Blocks from *b on in passes of four, then two blocks, for 1-4 rows; *b: the first block left. */
+static void multi_block_passes(const blocked_weight *wt, const float *bias, const float *X,
+                               int64_t ldx, const float *xs, float *Y, int64_t ldy, int64_t N,
+                               int64_t K, int64_t R, int64_t *b, int64_t b1) {
+    const int b8 = wt->bits == 8;
+    for (int nblk = MULTI_BLOCKS; nblk >= 2; nblk /= 2) {
+        const qkernel_fn kernel = nblk == 4 ? (R <= 2 ? FOUR_BLOCKS[b8][R] : 0) : TWO_BLOCKS[b8][R];
+        if (!kernel) continue;
+        for (; *b + nblk <= b1; *b += nblk) {
+            int ncols[MULTI_BLOCKS];
+            for (int j = 0; j < nblk; j++)
+                ncols[j] = (int)(N - (*b + j) * BN < BN ? N - (*b + j) * BN : BN);
+            prefetch_params(wt, K, *b + nblk, *b + 2 * nblk < b1 ? *b + 2 * nblk : b1);
+            kernel(wt, *b, K, X, ldx, xs, Y + *b * BN, ldy, ncols, bias ? bias + *b * BN : 0);
         }
-        b0 = b; /* an odd block left: the one-block kernel below */
     }
+}
+#endif
+
+/* Rows [0, R) of blocks [b0, b1), the rows' group sums in xs [R][K / group] (unread without
+ * offsets). */
+static void rows_of_blocks(const blocked_weight *wt, const float *bias, const float *X, int64_t ldx,
+                           const float *xs, float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R,
+                           int64_t b0, int64_t b1) {
+    const qkernel_fn *kernels = ONE_BLOCK[wt->bits == 8];
+    const int64_t KG = K / wt->group;
+#if defined(MULTI_BLOCKS)
+    if (R >= 1 && R <= 4) multi_block_passes(wt, bias, X, ldx, xs, Y, ldy, N, K, R, &b0, b1);
 #endif
     for (int64_t r0 = 0; r0 < R; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < R ? r0 + ROW_BLOCK : R;
@@ -388,9 +378,29 @@ void linear_blocks_q(const blocked_weight *wt, const float *bias, const float *X
             if (b + 1 < b1) prefetch_params(wt, K, b + 1, b + 2);
             for (int64_t r = r0; r < r1; r += MAX_ROWS) {
                 const int rb = (int)(r1 - r < MAX_ROWS ? r1 - r : MAX_ROWS);
-                kernels[rb](wt, b, K, X + r * ldx, ldx, Y + r * ldy + b * BN, ldy, ncols, bb);
+                kernels[rb](wt, b, K, X + r * ldx, ldx, xs + r * KG, Y + r * ldy + b * BN, ldy,
+                            &ncols, bb);
             }
         }
+    }
+}
+
+/* The group sums one call keeps on the stack: rows go in chunks of GROUP_SUMS / (K / group).
+ * K / group <= GROUP_SUMS: check_weight, and kernels/cpu_int4.py's QuantLinear (MAX_GROUPS). */
+#define GROUP_SUMS 8192
+
+void linear_blocks_q(const blocked_weight *wt, const float *bias, const float *X, int64_t ldx,
+                     float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R, int64_t b0,
+                     int64_t b1) {
+    const int64_t G = wt->group, KG = K / G, chunk = wt->offsets ? GROUP_SUMS / KG : R;
+    float xs[GROUP_SUMS];
+    for (int64_t c0 = 0; c0 < R; c0 += chunk) {
+        const int64_t c1 = c0 + chunk < R ? c0 + chunk : R;
+        if (wt->offsets)
+            for (int64_t r = c0; r < c1; r++)
+                for (int64_t g = 0; g < KG; g++)
+                    xs[(r - c0) * KG + g] = group_sum(X + r * ldx + g * G, G);
+        rows_of_blocks(wt, bias, X + c0 * ldx, ldx, xs, Y + c0 * ldy, ldy, N, K, c1 - c0, b0, b1);
     }
 }
 
@@ -414,7 +424,7 @@ void weight_block_bytes(const blocked_weight *wt, int64_t K, int64_t b0, int64_t
 
 static int check_weight(const blocked_weight *wt, int64_t K) {
     if (wt->bits != 4 && wt->bits != 8) return -1;
-    if (wt->group <= 0 || K % wt->group != 0) return -1;
+    if (wt->group <= 0 || K % wt->group != 0 || K / wt->group > GROUP_SUMS) return -1;
     return 0;
 }
 
