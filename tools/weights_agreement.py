@@ -8,8 +8,8 @@ the Engine as served (int8 KV, packed linears, the C decode step), greedy, one r
 Per prompt: whether the tokens are equal, the first position where they differ, and the float32
 model's top-1 minus top-2 logit margin there (teacher-forced on the float32 output) and the
 smallest margin over its whole output: an int4 run differs from the fp32 one only by summation
-order (every weight dequantizes to the same float), so a difference can only appear where that
-margin is within rounding. Prints a table and writes JSON.
+order (the same dequantized values; the int4 kernel applies a group's scale and offset to the
+group's sums), so a difference can only appear where that margin is within rounding. Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def print_row(r: dict) -> None:
 
 
 def main() -> int:
-    from edge_runtime.bench.edge_systems import build_engine
+    from edge_runtime.bench.edge_systems import build_engine, load
     from edge_runtime.model.loader import load_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -81,8 +81,7 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--json")
     args = p.parse_args()
-    quant = load_model(args.model, weights="gguf")
-    ref = load_model(args.model, weights="fp32")
+    quant, ref = load(args.model, "gguf"), load(args.model, "fp32")  # prepared for the back end
     reference_model = load_model(args.model, weights="fp32", progress=None).model  # unpacked
     engines = {name: build_engine(lm, "edge", max_tokens=2048) for name, lm in
                (("gguf", quant), ("fp32", ref))}
