@@ -7,7 +7,7 @@ end (a CUDA tensor, or CPU tensors inside dispatch.prefer_triton: the interprete
 dispatch.blocked_gemm on the same bytes, in the activations' dtype (fp16 on the Orin budgets) with
 fp32 accumulation. On the CPU back end (float32 activations):
 - up to GEMM_MIN_ROWS rows (decode steps, short prefills): linear_int4.c's kernel reads the 4-bit
-  weights directly, 12 (AVX-512) or 4 rows a pass, and applies a group's scale and offset to the
+  weights directly, 12 (AVX-512) or 6 rows a pass, and applies a group's scale and offset to the
   group's sums (s sum q x + o sum x: the reference's value in another summation order). A row's
   output is the same bits whatever rows and threads compute it.
 - more rows (prefill chunks): blocks are dequantized into an fp32 tile of at most TILE_FLOATS

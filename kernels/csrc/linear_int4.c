@@ -16,7 +16,7 @@
  * decode reads weights, so that is the decode speed.
  * Paths: AVX-512 (16-lane vectors, 12 rows a pass; 1-2 rows run four blocks a pass and 3-4 rows two,
  * so their add chains do not wait on each other; with VBMI the 4-bit integers become floats by
- * table lookup), AVX2 (two 8-lane halves, 4 rows), and plain C vector extensions that compile
+ * table lookup), AVX2 (two 8-lane halves, 6 rows), and plain C vector extensions that compile
  * anywhere (aarch64: NEON; the same arithmetic).
  *
  * dequant_blocks_q: blocks [b0, b1) as fp32 [b1 - b0][K][16] (linear_f32.c's layout), for prefill
@@ -31,7 +31,7 @@
 #if defined(__AVX512F__)
 #define MAX_ROWS 12
 #else
-#define MAX_ROWS 4
+#define MAX_ROWS 6
 #endif
 #define ROW_BLOCK 48
 /* software prefetch this many k ahead in a block's stream (16 KiB of 4-bit data, 32 KiB of 8-bit):
@@ -308,9 +308,9 @@ DEFINE_BOTH(1, 1)
 DEFINE_BOTH(1, 2)
 DEFINE_BOTH(1, 3)
 DEFINE_BOTH(1, 4)
-#if MAX_ROWS == 12
 DEFINE_BOTH(1, 5)
 DEFINE_BOTH(1, 6)
+#if MAX_ROWS == 12
 DEFINE_BOTH(1, 7)
 DEFINE_BOTH(1, 8)
 DEFINE_BOTH(1, 9)
@@ -328,7 +328,8 @@ typedef void (*qkernel_fn)(const blocked_weight *, int64_t, int64_t, const float
      qkernel##BITS##_x1_9, qkernel##BITS##_x1_10, qkernel##BITS##_x1_11, qkernel##BITS##_x1_12}
 #else
 #define ONE_BLOCK_TABLE(BITS)                                                                      \
-    {0, qkernel##BITS##_x1_1, qkernel##BITS##_x1_2, qkernel##BITS##_x1_3, qkernel##BITS##_x1_4}
+    {0, qkernel##BITS##_x1_1, qkernel##BITS##_x1_2, qkernel##BITS##_x1_3, qkernel##BITS##_x1_4,    \
+     qkernel##BITS##_x1_5, qkernel##BITS##_x1_6}
 #endif
 /* [bits == 8][rows] */
 static const qkernel_fn ONE_BLOCK[2][MAX_ROWS + 1] = {ONE_BLOCK_TABLE(4), ONE_BLOCK_TABLE(8)};
