@@ -59,8 +59,10 @@ static inline float half_to_float(uint16_t h) {
     return out;
 }
 
-/* The sum of a group's inputs, in k order: the offset's factor. One compiled copy (noinline) so
- * every kernel gets the same bits whatever the compiler would do with it inlined. */
+/* The sum of a group's inputs: the offset's factor, once per row and group per call. The compiler
+ * may vectorize it (-fassociative-math) as the target's tuning chooses, so builds for different
+ * targets agree to rounding; one compiled copy (noinline) gives every call in a build the same
+ * bits, whichever thread and rows it serves. */
 __attribute__((noinline)) static float group_sum(const float *x, int64_t G) {
     float t = 0;
     for (int64_t k = 0; k < G; k++) t += x[k];
