@@ -198,10 +198,11 @@ class NativeDecodeAttention:
         self.num_rows, self.num_kv_heads = parts[0][4].shape[:2]
         self.head_dim = parts[0][0].shape[-1]
         self.set_layer(0)
-        total = sum(lens for _, lens in self._keep)
-        assert bool((total > 0).all()), "every decode row attends to one key at least"
+        # keys per row, summed over the parts in Python: a few rows, not worth torch ops
+        total = [sum(row) for row in zip(*(lens.tolist() for _, lens in self._keep))]
+        assert min(total) > 0, "every decode row attends to one key at least"
         # one region per (row, kv head) task: its G heads' scores over the row's keys
-        self.scratch_stride = num_heads // self.num_kv_heads * int(total.max())
+        self.scratch_stride = num_heads // self.num_kv_heads * max(total)
         # a region per thread (C: min(nthreads, R * Hkv) of them); threads are capped to it
         self.num_regions = min(self.num_rows * self.num_kv_heads, max(1, torch.get_num_threads()))
         self.scratch = torch.empty(self.num_regions * self.scratch_stride, dtype=torch.float32)

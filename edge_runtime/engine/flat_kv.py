@@ -37,8 +37,11 @@ class FlatKVContext(StepKVContext):
         self._fresh = None  # (k, v) [1, layers, F, Hkv, D] fp16: gathered prefill rows' exact K/V
         if self.flat.num_fresh:
             self._fresh = self._flat_fresh_store(self.flat.num_fresh, *self.flat.fresh_carry)
-        self.slot_mapping = self.flat.slot_mapping
         self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
+
+    @property
+    def slot_mapping(self) -> dict[str, torch.Tensor]:
+        return self.flat.slot_mapping
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         flat = self.flat

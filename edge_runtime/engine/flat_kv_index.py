@@ -36,6 +36,8 @@ Invariants (asserted):
 """
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import torch
 
@@ -124,8 +126,8 @@ class FlatKVIndex:
             offset += s.num_new
         self._build_writes(new_bases)
         self._block["fresh"] = self.num_fresh
-        self.fresh_carry = (torch.from_numpy(np.concatenate(carry_src or [_EMPTY])),
-                            torch.from_numpy(np.concatenate(carry_dst or [_EMPTY])))
+        self.fresh_carry = None if not self.num_fresh else tuple(
+            torch.from_numpy(np.concatenate(x or [_EMPTY])) for x in (carry_src, carry_dst))
         if fresh_writes:
             self.write["fresh"] = (
                 torch.from_numpy(np.concatenate([t for t, _ in fresh_writes])),
@@ -135,10 +137,24 @@ class FlatKVIndex:
             self.write["window"] = (
                 torch.from_numpy(np.concatenate([t for t, _ in window_writes])),
                 torch.from_numpy(np.concatenate([b for _, b in window_writes])[:, None] + self._heads))
-        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)  # the gathered rows' tokens
+        self._gathered_tokens = tokens
         self.all_gathered = len(tokens) == offset
-        self.all_decode = all(s.num_new == 1 for s in seqs)
         self._build_gather(decode_keys)
+
+    @cached_property
+    def decode_tokens(self) -> torch.Tensor:  # long [R]: the gathered rows' tokens (torch path)
+        return torch.tensor(self._gathered_tokens, dtype=torch.long)
+
+    @cached_property
+    def slot_mapping(self) -> dict[str, torch.Tensor]:
+        """Per store written: long [T], each token's flat slot there or -1 (what the per-segment
+        path builds; no kernel here reads it, so it is made when asked)."""
+        out = {}
+        for store, (tokens, bases) in self._new_bases.items():
+            mapping = np.full(self.num_tokens, -1, dtype=np.int64)
+            mapping[tokens] = self._slots(store, bases)
+            out[store] = torch.from_numpy(mapping)
+        return out
 
     def layer_offset(self, store: str, layer: int) -> int:
         return layer * self._block[store] * self.num_kv_heads
@@ -205,16 +221,14 @@ class FlatKVIndex:
         assert left == 0, "tail storage not reserved for every new token"
 
     def _build_writes(self, new_bases) -> None:
-        self.slot_mapping: dict[str, torch.Tensor] = {}
+        self._new_bases: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # tokens, layer-0 bases
         self.write: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for store, pieces in new_bases.items():
             if not pieces:
                 continue
             tokens = np.concatenate([first + np.arange(x.size) for first, x in pieces])
             bases = np.concatenate([x for _, x in pieces])
-            mapping = np.full(self.num_tokens, -1, dtype=np.int64)
-            mapping[tokens] = self._slots(store, bases)
-            self.slot_mapping[store] = torch.from_numpy(mapping)
+            self._new_bases[store] = (tokens, bases)
             self.write[store] = (torch.from_numpy(tokens), torch.from_numpy(bases[:, None] + self._heads))
 
     def _add_prefill(self, s, keys, offset: int, carry) -> None:
@@ -281,14 +295,11 @@ class FlatKVIndex:
             rows = bases[:, None, :] + self._heads[None, :, None]  # [R, Hkv, W]
             self.gather.append((store, torch.from_numpy(rows)))
             self.gather_lens.append(torch.from_numpy(lens))
-        self._mask_bias = None
 
-    @property
+    @cached_property
     def mask_bias(self) -> torch.Tensor:
         """float32 [R, 1, 1, sum W_s]: 0 on a row's valid positions, -inf on its padding (the torch
         decode path's mask; the C path takes `gather_lens`)."""
-        if self._mask_bias is None:
-            valid = torch.cat([torch.arange(rows.shape[2])[None, :] < lens[:, None]
-                               for (_, rows), lens in zip(self.gather, self.gather_lens)], dim=1)
-            self._mask_bias = torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]
-        return self._mask_bias
+        valid = torch.cat([torch.arange(rows.shape[2])[None, :] < lens[:, None]
+                           for (_, rows), lens in zip(self.gather, self.gather_lens)], dim=1)
+        return torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]
