@@ -184,6 +184,9 @@ class NativeDecodeAttention:
         self.lib, self.num_heads, self.sm_scale = lib, num_heads, sm_scale
         assert k_means is None or (k_means.dtype == torch.float32 and k_means.is_contiguous())
         self.k_means = k_means
+        # layer l's mean keys start l * Hkv * D floats in: a pointer sum, not a view per call
+        self.mean_ptr = None if k_means is None else k_means.data_ptr()
+        self.mean_layer_bytes = 0 if k_means is None else k_means[0].nbytes
         self._keep = [(p[4].contiguous(), p[5].to(torch.int32).contiguous()) for p in parts]
         self.layer_strides = [p[6] for p in parts]  # part i, layer l: rows + l * layer_strides[i]
         self.parts = (FlatPart * len(parts))()
@@ -210,9 +213,7 @@ class NativeDecodeAttention:
     def set_layer(self, layer: int) -> None:
         """Point the parts at `layer`'s rows and mean keys (layer 0: what decoder.c, which
         advances them itself, expects)."""
-        mean = None
-        if self.k_means is not None:
-            mean = self.k_means[layer].data_ptr()
+        mean = None if self.mean_ptr is None else self.mean_ptr + layer * self.mean_layer_bytes
         for slot, stride in zip(self.parts, self.layer_strides):
             slot.layer_offset = layer * stride
             slot.kmean = mean if slot.ks else None  # int8 parts only: the window is fp16

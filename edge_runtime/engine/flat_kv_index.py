@@ -55,9 +55,8 @@ def block_bases(block_ids, length: int, block_tokens: int, layer_tokens: int,
         return _EMPTY
     used = -(-length // block_tokens)
     assert used <= len(block_ids), f"{length} tokens need {used} blocks, {len(block_ids)} reserved"
-    blocks = np.fromiter(block_ids[:used], dtype=np.int64, count=used)
-    offsets = np.arange(block_tokens, dtype=np.int64)
-    return ((blocks[:, None] * layer_tokens + offsets) * num_kv_heads).ravel()[:length]
+    blocks = np.array(block_ids[:used], dtype=np.int64) * (layer_tokens * num_kv_heads)
+    return (blocks[:, None] + np.arange(0, block_tokens * num_kv_heads, num_kv_heads)).ravel()[:length]
 
 
 def _first_positions(keys: dict, n: int) -> dict:
