@@ -230,13 +230,12 @@ class Engine:
                    committed: set = frozenset()) -> None:
         """committed: seq_ids whose tokens the scheduler committed ahead (scheduler policy 5)."""
         now = time.perf_counter()
-        ids, positions, steps, last_rows, sampled = [], [], [], [], []
+        ids, steps, last_rows, sampled = [], [], [], []
         for seq, n in scheduled:
             if seq.request.first_scheduled_at is None:
                 seq.request.first_scheduled_at = now
             start = seq.num_computed
             ids += seq.token_ids[start:start + n]
-            positions += range(start, start + n)
             steps.append(SeqStep.from_segments(self.kv.segments(seq.seq_id), start, n))
             if start + n == len(seq.token_ids):
                 last_rows.append(len(ids) - 1)
@@ -244,7 +243,7 @@ class Engine:
             counter = "decode_tokens" if n == 1 and seq.num_generated > 0 else "prefill_tokens"
             self.counters[counter] += n
         masks = self.constraints.start_masks(sampled)  # filled while the forward runs
-        logits = self._forward(ids, positions, steps, last_rows)
+        logits = self._forward(ids, steps, last_rows)
         for seq, n in scheduled:
             start = seq.num_computed
             if seq.seq_id not in committed:
@@ -252,14 +251,13 @@ class Engine:
             seq.num_computed += n
         self._sample_and_emit(sampled, logits, events, masks)
 
-    def _forward(self, ids: list[int], positions: list[int], steps: list[SeqStep],
-                 last_rows: list[int]) -> torch.Tensor:
+    def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
         """-> float32 [B, vocab] logits of rows `last_rows`, on the back end's device. The step's
-        inputs and the KV context's index tensors go up in one upload; nothing inside waits for
-        the device. Rows increase, so as many as `ids` are every row: no selection then."""
+        inputs and the KV context's index tensors go up in one upload; nothing inside waits for it."""
+        positions = [p for s in steps for p in range(s.start, s.start + s.num_new)]
         inputs = {"ids": torch.tensor(ids, dtype=torch.long),
                   "positions": torch.tensor(positions, dtype=torch.long)}
-        if len(last_rows) < len(ids):
+        if len(last_rows) < len(ids):  # rows increase: as many as ids are every row, none to pick
             inputs["last_rows"] = torch.tensor(last_rows, dtype=torch.long)
         if self.graphs is not None and len(ids) == len(steps) == len(last_rows):  # a decode step
             logits = self.graphs.run(steps, inputs)
@@ -281,11 +279,9 @@ class Engine:
             if seq.request.is_beam:
                 beam_groups.setdefault(seq.request.request_id, []).append((seq, logits[i]))
                 continue
-            for s in self._fork_children(seq):  # n > 1: children share the prompt's pages
+            for s in self._fork_children(seq) + [seq]:  # n > 1: children share the prompt's pages
                 plain_rows.append(i)
                 plain_seqs.append(s)
-            plain_rows.append(i)
-            plain_seqs.append(seq)
         if plain_seqs:
             batch = SampleRows(plain_rows,
                                [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)

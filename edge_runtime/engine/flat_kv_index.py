@@ -56,7 +56,8 @@ def block_bases(block_ids, length: int, block_tokens: int, layer_tokens: int,
     used = -(-length // block_tokens)
     assert used <= len(block_ids), f"{length} tokens need {used} blocks, {len(block_ids)} reserved"
     blocks = np.array(block_ids[:used], dtype=np.int64) * (layer_tokens * num_kv_heads)
-    return (blocks[:, None] + np.arange(0, block_tokens * num_kv_heads, num_kv_heads)).ravel()[:length]
+    offsets = np.arange(0, block_tokens * num_kv_heads, num_kv_heads)
+    return (blocks[:, None] + offsets).ravel()[:length]
 
 
 def _first_positions(keys: dict, n: int) -> dict:
@@ -101,16 +102,16 @@ class FlatKVIndex:
         # (`fresh_carry`: window slots, fresh entries), the new tokens' written there ("fresh" in
         # `write`) like any store's
         self.num_fresh = 0
-        carry_src, carry_dst, fresh_writes = [], [], []
-        new_bases: dict[str, list[tuple[int, np.ndarray]]] = {"pages": [], "inline": []}
-        window_writes: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, layer-0 base rows)
+        carry_src, carry_dst = [], []
+        # per store written, in the order the writes run: (tokens, their layer-0 base rows)
+        writes: dict[str, list] = {"pages": [], "inline": [], "fresh": [], "window": []}
         tokens, offset = [], 0
         for s in seqs:
             keys = self._key_bases(s)
-            self._new_tokens(s, keys, offset, new_bases)
+            self._new_tokens(s, keys, offset, writes)
             keys["window"], carry = _EMPTY, None
             if getattr(s, "window", None) is not None:
-                keys, carry = self._window_keys(s, keys, offset, window_writes)
+                keys, carry = self._window_keys(s, keys, offset, writes["window"])
             if s.num_new == 1:
                 tokens.append(offset)
                 keys["fresh"] = _EMPTY
@@ -119,23 +120,14 @@ class FlatKVIndex:
             elif prefill_rows:
                 tokens.extend(range(offset, offset + s.num_new))
                 self._add_prefill_rows(s, keys, offset, decode_keys, carry_src, carry_dst,
-                                       fresh_writes)
+                                       writes["fresh"])
             else:
                 self._add_prefill(s, keys, offset, carry)
             offset += s.num_new
-        self._build_writes(new_bases)
+        self._build_writes(writes)
         self._block["fresh"] = self.num_fresh
         self.fresh_carry = None if not self.num_fresh else tuple(
             torch.from_numpy(np.concatenate(x or [_EMPTY])) for x in (carry_src, carry_dst))
-        if fresh_writes:
-            self.write["fresh"] = (
-                torch.from_numpy(np.concatenate([t for t, _ in fresh_writes])),
-                torch.from_numpy(np.concatenate([f for _, f in fresh_writes])[:, None]
-                                 * self.num_kv_heads + self._heads))
-        if window_writes:
-            self.write["window"] = (
-                torch.from_numpy(np.concatenate([t for t, _ in window_writes])),
-                torch.from_numpy(np.concatenate([b for _, b in window_writes])[:, None] + self._heads))
         self._gathered_tokens = tokens
         self.all_gathered = len(tokens) == offset
         self._build_gather(decode_keys)
@@ -149,7 +141,8 @@ class FlatKVIndex:
         """Per store written: long [T], each token's flat slot there or -1 (what the per-segment
         path builds; no kernel here reads it, so it is made when asked)."""
         out = {}
-        for store, (tokens, bases) in self._new_bases.items():
+        for store in [name for name in ("pages", "inline") if name in self._write_bases]:
+            tokens, bases = self._write_bases[store]
             mapping = np.full(self.num_tokens, -1, dtype=np.int64)
             mapping[tokens] = self._slots(store, bases)
             out[store] = torch.from_numpy(mapping)
@@ -215,19 +208,20 @@ class FlatKVIndex:
             x = keys[store]
             n = min(left, x.size)
             if n:
-                out[store].append((offset + left - n, x[x.size - n:]))
+                out[store].append((offset + left - n + np.arange(n), x[x.size - n:]))
             left -= n
         assert left == 0, "tail storage not reserved for every new token"
 
-    def _build_writes(self, new_bases) -> None:
-        self._new_bases: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # tokens, layer-0 bases
+    def _build_writes(self, writes) -> None:
+        """Per store written: `write` (tokens long [n], their rows long [n, Hkv] in layer 0)."""
+        self._write_bases: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # tokens, layer-0 bases
         self.write: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for store, pieces in new_bases.items():
+        for store, pieces in writes.items():
             if not pieces:
                 continue
-            tokens = np.concatenate([first + np.arange(x.size) for first, x in pieces])
-            bases = np.concatenate([x for _, x in pieces])
-            self._new_bases[store] = (tokens, bases)
+            tokens = np.concatenate([t for t, _ in pieces])
+            bases = np.concatenate([b for _, b in pieces])
+            self._write_bases[store] = (tokens, bases)
             self.write[store] = (torch.from_numpy(tokens), torch.from_numpy(bases[:, None] + self._heads))
 
     def _add_prefill(self, s, keys, offset: int, carry) -> None:
@@ -269,7 +263,8 @@ class FlatKVIndex:
             carried = np.arange(b, s.start)
             carry_src.append(s.window * W + window_offset(carried, W))
             carry_dst.append(f + carried - b)
-            fresh_writes.append((offset + np.arange(s.num_new), f + query - b))
+            entries = f + query - b  # the new tokens' fresh entries
+            fresh_writes.append((offset + np.arange(s.num_new), entries * self.num_kv_heads))
             self.num_fresh += end - b
         in_pages = np.minimum(n_int8, keys["pages"].size)
         out["pages"].append(_rows_of(keys["pages"], zero, in_pages))

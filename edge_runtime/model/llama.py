@@ -230,4 +230,6 @@ class CausalLM(nn.Module):
                 x = layer(x, cos, sin, kv)
         if logits_indices is not None:
             x = x[logits_indices]  # [B, hidden]
-        return self.lm_head(self.model.norm(x)).float()  # [B, vocab]
+        logits = self.lm_head(self.model.norm(x))  # [B, vocab]
+        # already float32 on the CPU back end, where .float() is still a dispatcher trip
+        return logits if logits.dtype == torch.float32 else logits.float()
