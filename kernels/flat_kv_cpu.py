@@ -170,6 +170,12 @@ def _cat(pairs):
 NATIVE_MAX_HEAD_DIM = 256  # MAX_HEAD_DIM of kernels/csrc/flat_kv.c
 
 
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """t as contiguous int32; the flat index builds its lengths so (a no-op .to would still go
+    through the dispatcher, every step)."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
 class NativeDecodeAttention:
     """`gather_decode_attention` for int8 stores in C (kernels/csrc/flat_kv.c), its per-step
     arguments prepared once; a layer call sets the parts' layer offsets and runs one C call.
@@ -187,7 +193,7 @@ class NativeDecodeAttention:
         # layer l's mean keys start l * Hkv * D floats in: a pointer sum, not a view per call
         self.mean_ptr = None if k_means is None else k_means.data_ptr()
         self.mean_layer_bytes = 0 if k_means is None else k_means[0].nbytes
-        self._keep = [(p[4].contiguous(), p[5].to(torch.int32).contiguous()) for p in parts]
+        self._keep = [(p[4].contiguous(), _int32(p[5])) for p in parts]
         self.layer_strides = [p[6] for p in parts]  # part i, layer l: rows + l * layer_strides[i]
         self.parts = (FlatPart * len(parts))()
         for slot, (k, v, ks, vs, *_), (index, lens) in zip(self.parts, parts, self._keep):

@@ -33,7 +33,8 @@ class FlatKVContext(StepKVContext):
     def __init__(self, storage: KVStorage, seqs: list, sm_scale: float):
         super().__init__(storage, seqs, sm_scale)
         assert storage.device.type == "cpu", f"the flat KV paths run on the CPU, not {storage.device}"
-        self.flat = FlatKVIndex(storage, seqs, self._native_fits())
+        self._fits = self._native_fits()
+        self.flat = FlatKVIndex(storage, seqs, self._fits)
         self._fresh = None  # (k, v) [1, layers, F, Hkv, D] fp16: gathered prefill rows' exact K/V
         if self.flat.num_fresh:
             self._fresh = self._flat_fresh_store(self.flat.num_fresh, *self.flat.fresh_carry)
@@ -109,7 +110,7 @@ class FlatKVContext(StepKVContext):
         if self._native is None:
             flat = self.flat
             self._native = False
-            if self._native_fits():
+            if self._fits:
                 lib = cpu_native.library()
                 parts = []
                 for (name, rows), lens in zip(flat.gather, flat.gather_lens):

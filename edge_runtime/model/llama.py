@@ -97,8 +97,10 @@ class Rotary(nn.Module):
             if need > self.cos.shape[0]:
                 assert need <= self.max_positions, (need, self.max_positions)
                 self.build(max(need, 2 * self.cos.shape[0], min(FULL_ROPE_TABLE, self.max_positions)))
-        # cos, sin: [T, 1, D] to broadcast over heads
-        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+        cos, sin = self.cos[positions], self.sin[positions]
+        if cos.dtype != dtype:  # float32 activations keep the table's rows (no no-op .to trips)
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return cos[:, None, :], sin[:, None, :]  # [T, 1, D] to broadcast over heads
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
