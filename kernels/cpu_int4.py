@@ -209,14 +209,16 @@ class QuantEmbedding(nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        head = self.head[0]
+        head, flat = self.head[0], ids if ids.dim() == 1 else ids.reshape(-1)
         if dispatch.device_kernels(head.data):
-            rows = head.weight.rows_of(ids.reshape(-1))
+            rows = head.weight.rows_of(flat)
         else:  # numpy views of the same bytes: the CPU back end's decode step looks up here
             rows = torch.from_numpy(lookup_rows(
-                ids.reshape(-1).numpy(), head.data.numpy(), head.scales.numpy(),
+                flat.numpy(), head.data.numpy(), head.scales.numpy(),
                 None if head.offsets is None else head.offsets.numpy(), head.bits, head.group_size))
-        return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
+        if rows.dtype != self.dtype:  # no no-op .to / .view trips for a step's float32 rows
+            rows = rows.to(self.dtype)
+        return rows if ids.dim() == 1 else rows.view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         shared = "" if hasattr(self, "table") else ", shared with the quantized LM head"
