@@ -97,7 +97,9 @@ class Rotary(nn.Module):
             if need > self.cos.shape[0]:
                 assert need <= self.max_positions, (need, self.max_positions)
                 self.build(max(need, 2 * self.cos.shape[0], min(FULL_ROPE_TABLE, self.max_positions)))
-        cos, sin = self.cos[positions], self.sin[positions]
+        # index_select: a lighter kernel than advanced indexing for the same rows
+        cos = torch.index_select(self.cos, 0, positions)
+        sin = torch.index_select(self.sin, 0, positions)
         if cos.dtype != dtype:  # float32 activations keep the table's rows (no no-op .to trips)
             cos, sin = cos.to(dtype), sin.to(dtype)
         return cos[:, None, :], sin[:, None, :]  # [T, 1, D] to broadcast over heads
