@@ -1,8 +1,8 @@
 """Per-step flat row numbers for the CPU KV paths (kernels/flat_kv_cpu.py), built once per step.
 
 For every store ("pages": the pool, "inline": the arena):
-- slot mapping: the flat slot (block * block_tokens + offset) of every new token stored there, -1
-  for the others (the same `slot_mapping` the per-segment GPU path builds);
+- slot mapping (made when asked; no CPU kernel reads it): the flat slot (block * block_tokens +
+  offset) of every new token stored there, -1 for the others (the per-segment path's `slot_mapping`);
 - write rows: the layer-0 row numbers `[T_s, Hkv]` of the new tokens stored there, and which
   tokens of the flattened batch they are;
 - decode gather: for each decode token (the only new token of its sequence), the layer-0 row
