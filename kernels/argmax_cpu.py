@@ -7,6 +7,8 @@ logits, or no C library go through torch.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 
@@ -18,10 +20,10 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     lib = cpu_native.library() if logits.device.type == "cpu" else None
     if lib is None or logits.dtype != torch.float32 or logits.stride(1) != 1 or logits.shape[1] == 0:
         return logits.argmax(dim=-1).tolist()
-    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    out = (ctypes.c_int64 * logits.shape[0])()  # a few ints: no torch tensor to fill and read
     lib.argmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0),
-                    out.data_ptr())
-    tokens = out.tolist()
+                    ctypes.addressof(out))
+    tokens = list(out)
     for i, t in enumerate(tokens):
         if t < 0:  # a NaN in the row: torch's answer (the NaN's index)
             tokens[i] = int(logits[i].argmax())

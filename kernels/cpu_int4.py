@@ -32,7 +32,7 @@ from torch import nn
 
 from edge_runtime.kernels import dispatch
 from edge_runtime.kernels.huge_pages import HugePageArena
-from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
+from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight, lookup_rows
 
 ARENA_ALIGN = 64  # bytes: each tensor in the arena starts on a cache line
 GEMM_MIN_ROWS = 32  # as cpu_linear.GEMM_MIN_ROWS: from here on BLAS over dequantized tiles
@@ -216,8 +216,16 @@ class QuantEmbedding(nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.head[0].weight.rows_of(ids.reshape(-1))
-        return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
+        head, flat = self.head[0], ids if ids.dim() == 1 else ids.reshape(-1)
+        if dispatch.device_kernels(head.data):
+            rows = head.weight.rows_of(flat)
+        else:  # numpy views of the same bytes: the CPU back end's decode step looks up here
+            rows = torch.from_numpy(lookup_rows(
+                flat.numpy(), head.data.numpy(), head.scales.numpy(),
+                None if head.offsets is None else head.offsets.numpy(), head.bits, head.group_size))
+        if rows.dtype != self.dtype:  # no no-op .to / .view trips for a step's float32 rows
+            rows = rows.to(self.dtype)
+        return rows if ids.dim() == 1 else rows.view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         shared = "" if hasattr(self, "table") else ", shared with the quantized LM head"

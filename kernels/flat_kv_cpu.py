@@ -170,6 +170,12 @@ def _cat(pairs):
 NATIVE_MAX_HEAD_DIM = 256  # MAX_HEAD_DIM of kernels/csrc/flat_kv.c
 
 
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """t as contiguous int32; the flat index builds its lengths so (a no-op .to would still go
+    through the dispatcher, every step)."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
 class NativeDecodeAttention:
     """`gather_decode_attention` for int8 stores in C (kernels/csrc/flat_kv.c), its per-step
     arguments prepared once; a layer call sets the parts' layer offsets and runs one C call.
@@ -184,7 +190,10 @@ class NativeDecodeAttention:
         self.lib, self.num_heads, self.sm_scale = lib, num_heads, sm_scale
         assert k_means is None or (k_means.dtype == torch.float32 and k_means.is_contiguous())
         self.k_means = k_means
-        self._keep = [(p[4].contiguous(), p[5].to(torch.int32).contiguous()) for p in parts]
+        # layer l's mean keys start l * Hkv * D floats in: a pointer sum, not a view per call
+        self.mean_ptr = None if k_means is None else k_means.data_ptr()
+        self.mean_layer_bytes = 0 if k_means is None else k_means[0].nbytes
+        self._keep = [(p[4].contiguous(), _int32(p[5])) for p in parts]
         self.layer_strides = [p[6] for p in parts]  # part i, layer l: rows + l * layer_strides[i]
         self.parts = (FlatPart * len(parts))()
         for slot, (k, v, ks, vs, *_), (index, lens) in zip(self.parts, parts, self._keep):
@@ -198,10 +207,11 @@ class NativeDecodeAttention:
         self.num_rows, self.num_kv_heads = parts[0][4].shape[:2]
         self.head_dim = parts[0][0].shape[-1]
         self.set_layer(0)
-        total = sum(lens for _, lens in self._keep)
-        assert bool((total > 0).all()), "every decode row attends to one key at least"
+        # keys per row, summed over the parts in Python: a few rows, not worth torch ops
+        total = [sum(row) for row in zip(*(lens.tolist() for _, lens in self._keep))]
+        assert min(total) > 0, "every decode row attends to one key at least"
         # one region per (row, kv head) task: its G heads' scores over the row's keys
-        self.scratch_stride = num_heads // self.num_kv_heads * int(total.max())
+        self.scratch_stride = num_heads // self.num_kv_heads * max(total)
         # a region per thread (C: min(nthreads, R * Hkv) of them); threads are capped to it
         self.num_regions = min(self.num_rows * self.num_kv_heads, max(1, torch.get_num_threads()))
         self.scratch = torch.empty(self.num_regions * self.scratch_stride, dtype=torch.float32)
@@ -209,9 +219,7 @@ class NativeDecodeAttention:
     def set_layer(self, layer: int) -> None:
         """Point the parts at `layer`'s rows and mean keys (layer 0: what decoder.c, which
         advances them itself, expects)."""
-        mean = None
-        if self.k_means is not None:
-            mean = self.k_means[layer].data_ptr()
+        mean = None if self.mean_ptr is None else self.mean_ptr + layer * self.mean_layer_bytes
         for slot, stride in zip(self.parts, self.layer_strides):
             slot.layer_offset = layer * stride
             slot.kmean = mean if slot.ks else None  # int8 parts only: the window is fp16

@@ -164,17 +164,7 @@ class BlockedQuantWeight:
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (long [M]) of W as float32 [M, K]: an embedding lookup on a tied head."""
-        block, lane = ids // BLOCK_N, ids % BLOCK_N
-        if self.bits == 8:
-            q = self.data[block, :, lane]
-        else:
-            nib = self.data[block, :, lane % 8]  # [M, K]
-            q = torch.where((lane >= 8)[:, None], nib >> 4, nib & 0xF)
-        g = self.group_size
-        w = q.float() * self.scales[block, :, lane].float().repeat_interleave(g, dim=1)
-        if self.offsets is not None:
-            w = w + self.offsets[block, :, lane].float().repeat_interleave(g, dim=1)
-        return w
+        return lookup_rows(ids, self.data, self.scales, self.offsets, self.bits, self.group_size)
 
     @property
     def nbytes(self) -> int:
@@ -184,3 +174,21 @@ class BlockedQuantWeight:
     def describe(self) -> str:
         dtype = str(self.scales.dtype).removeprefix("torch.")
         return f"int{self.bits} g{self.group_size} {dtype}"
+
+
+def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int):
+    """`BlockedQuantWeight.rows_of` on torch tensors or on numpy arrays (views of a CPU weight's
+    bytes: a decode step's few rows cost several times less in numpy's small-array ops than in
+    torch's, kernels/cpu_int4.py), with the same values either way: each group's scale (and
+    offset) broadcasts over a [M, K / G, G] view, q * scale exact, + offset rounded once."""
+    f32 = (lambda a: a.astype(np.float32)) if isinstance(ids, np.ndarray) else (lambda t: t.float())
+    block, lane = ids // BLOCK_N, ids % BLOCK_N
+    if bits == 8:
+        q = data[block, :, lane]
+    else:  # row 16 b + j: byte j's low nibble, row 16 b + j + 8: its high one
+        q = (data[block, :, lane % 8] >> ((lane >= 8) * 4)[:, None]) & 0xF  # [M, K]
+    m = q.shape[0]
+    w = f32(q).reshape(m, -1, group_size) * f32(scales[block, :, lane])[:, :, None]
+    if offsets is not None:
+        w = w + f32(offsets[block, :, lane])[:, :, None]
+    return w.reshape(m, -1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from edge_runtime.quant import awq_pack, gguf_blocks
-from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, from_awq
+from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, from_awq, lookup_rows
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
@@ -110,3 +110,14 @@ def test_builtin_model_tensors_exactly_as_gguf():
     for name, t in picked.items():
         raw = np.asarray(t.data)[:512]  # the embedding's first 512 rows: enough, and fast
         _exact(gguf_blocks.grouped_rows(raw, name, t.name), raw, t.tensor_type)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_row_lookup_on_numpy_arrays_equals_torch(kind):
+    rows = gguf_blocks.grouped_rows(_random_raw(QT[kind], 37, 128, 6), kind)
+    w = BlockedQuantWeight.from_rows(rows)
+    ids = torch.tensor([36, 0, 9, 17, 8, 31, 9])
+    offsets = None if w.offsets is None else w.offsets.numpy()
+    got = lookup_rows(ids.numpy(), w.data.numpy(), w.scales.numpy(), offsets, w.bits, w.group_size)
+    assert torch.equal(torch.from_numpy(got), w.rows_of(ids))
+    assert torch.equal(w.rows_of(ids), rows.dequantize()[ids])

@@ -252,11 +252,13 @@ class Engine:
         self._sample_and_emit(sampled, logits, events, masks)
 
     def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
-        """-> float32 [B, vocab] logits, on the back end's device. The step's inputs and the KV
-        context's index tensors go up in one upload; nothing inside waits for the device."""
-        positions = torch.cat([torch.arange(s.start, s.start + s.num_new) for s in steps])
-        inputs = {"ids": torch.tensor(ids, dtype=torch.long), "positions": positions,
-                  "last_rows": torch.tensor(last_rows, dtype=torch.long)}
+        """-> float32 [B, vocab] logits of rows `last_rows`, on the back end's device. The step's
+        inputs and the KV context's index tensors go up in one upload; nothing inside waits for it."""
+        positions = [p for s in steps for p in range(s.start, s.start + s.num_new)]
+        inputs = {"ids": torch.tensor(ids, dtype=torch.long),
+                  "positions": torch.tensor(positions, dtype=torch.long)}
+        if len(last_rows) < len(ids):  # rows increase: as many as ids are every row, none to pick
+            inputs["last_rows"] = torch.tensor(last_rows, dtype=torch.long)
         if self.graphs is not None and len(ids) == len(steps) == len(last_rows):  # a decode step
             logits = self.graphs.run(steps, inputs)
             if logits is not None:
@@ -267,7 +269,7 @@ class Engine:
         num_positions = max(s.start + s.num_new for s in steps)
         with torch.inference_mode(), device_region():
             return self.backend.forward(self.model, dev["ids"], dev["positions"], ctx,
-                                        dev["last_rows"], num_positions)
+                                        dev.get("last_rows"), num_positions)
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
                          events: list[TokenEvent], masks=None) -> None:
@@ -277,11 +279,9 @@ class Engine:
             if seq.request.is_beam:
                 beam_groups.setdefault(seq.request.request_id, []).append((seq, logits[i]))
                 continue
-            for s in self._fork_children(seq):  # n > 1: children share the prompt's pages
+            for s in self._fork_children(seq) + [seq]:  # n > 1: children share the prompt's pages
                 plain_rows.append(i)
                 plain_seqs.append(s)
-            plain_rows.append(i)
-            plain_seqs.append(seq)
         if plain_seqs:
             batch = SampleRows(plain_rows,
                                [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)

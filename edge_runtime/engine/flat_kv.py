@@ -33,12 +33,16 @@ class FlatKVContext(StepKVContext):
     def __init__(self, storage: KVStorage, seqs: list, sm_scale: float):
         super().__init__(storage, seqs, sm_scale)
         assert storage.device.type == "cpu", f"the flat KV paths run on the CPU, not {storage.device}"
-        self.flat = FlatKVIndex(storage, seqs, self._native_fits())
+        self._fits = self._native_fits()
+        self.flat = FlatKVIndex(storage, seqs, self._fits)
         self._fresh = None  # (k, v) [1, layers, F, Hkv, D] fp16: gathered prefill rows' exact K/V
         if self.flat.num_fresh:
             self._fresh = self._flat_fresh_store(self.flat.num_fresh, *self.flat.fresh_carry)
-        self.slot_mapping = self.flat.slot_mapping
         self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
+
+    @property
+    def slot_mapping(self) -> dict[str, torch.Tensor]:
+        return self.flat.slot_mapping
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         flat = self.flat
@@ -106,7 +110,7 @@ class FlatKVContext(StepKVContext):
         if self._native is None:
             flat = self.flat
             self._native = False
-            if self._native_fits():
+            if self._fits:
                 lib = cpu_native.library()
                 parts = []
                 for (name, rows), lens in zip(flat.gather, flat.gather_lens):

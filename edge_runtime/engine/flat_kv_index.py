@@ -1,8 +1,8 @@
 """Per-step flat row numbers for the CPU KV paths (kernels/flat_kv_cpu.py), built once per step.
 
 For every store ("pages": the pool, "inline": the arena):
-- slot mapping: the flat slot (block * block_tokens + offset) of every new token stored there, -1
-  for the others (the same `slot_mapping` the per-segment GPU path builds);
+- slot mapping (made when asked; no CPU kernel reads it): the flat slot (block * block_tokens +
+  offset) of every new token stored there, -1 for the others (the per-segment path's `slot_mapping`);
 - write rows: the layer-0 row numbers `[T_s, Hkv]` of the new tokens stored there, and which
   tokens of the flattened batch they are;
 - decode gather: for each decode token (the only new token of its sequence), the layer-0 row
@@ -36,6 +36,8 @@ Invariants (asserted):
 """
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import torch
 
@@ -53,9 +55,9 @@ def block_bases(block_ids, length: int, block_tokens: int, layer_tokens: int,
         return _EMPTY
     used = -(-length // block_tokens)
     assert used <= len(block_ids), f"{length} tokens need {used} blocks, {len(block_ids)} reserved"
-    blocks = np.fromiter(block_ids[:used], dtype=np.int64, count=used)
-    offsets = np.arange(block_tokens, dtype=np.int64)
-    return ((blocks[:, None] * layer_tokens + offsets) * num_kv_heads).ravel()[:length]
+    blocks = np.array(block_ids[:used], dtype=np.int64) * (layer_tokens * num_kv_heads)
+    offsets = np.arange(0, block_tokens * num_kv_heads, num_kv_heads)
+    return (blocks[:, None] + offsets).ravel()[:length]
 
 
 def _first_positions(keys: dict, n: int) -> dict:
@@ -100,16 +102,16 @@ class FlatKVIndex:
         # (`fresh_carry`: window slots, fresh entries), the new tokens' written there ("fresh" in
         # `write`) like any store's
         self.num_fresh = 0
-        carry_src, carry_dst, fresh_writes = [], [], []
-        new_bases: dict[str, list[tuple[int, np.ndarray]]] = {"pages": [], "inline": []}
-        window_writes: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, layer-0 base rows)
+        carry_src, carry_dst = [], []
+        # per store written, in the order the writes run: (tokens, their layer-0 base rows)
+        writes: dict[str, list] = {"pages": [], "inline": [], "fresh": [], "window": []}
         tokens, offset = [], 0
         for s in seqs:
             keys = self._key_bases(s)
-            self._new_tokens(s, keys, offset, new_bases)
+            self._new_tokens(s, keys, offset, writes)
             keys["window"], carry = _EMPTY, None
             if getattr(s, "window", None) is not None:
-                keys, carry = self._window_keys(s, keys, offset, window_writes)
+                keys, carry = self._window_keys(s, keys, offset, writes["window"])
             if s.num_new == 1:
                 tokens.append(offset)
                 keys["fresh"] = _EMPTY
@@ -118,27 +120,33 @@ class FlatKVIndex:
             elif prefill_rows:
                 tokens.extend(range(offset, offset + s.num_new))
                 self._add_prefill_rows(s, keys, offset, decode_keys, carry_src, carry_dst,
-                                       fresh_writes)
+                                       writes["fresh"])
             else:
                 self._add_prefill(s, keys, offset, carry)
             offset += s.num_new
-        self._build_writes(new_bases)
+        self._build_writes(writes)
         self._block["fresh"] = self.num_fresh
-        self.fresh_carry = (torch.from_numpy(np.concatenate(carry_src or [_EMPTY])),
-                            torch.from_numpy(np.concatenate(carry_dst or [_EMPTY])))
-        if fresh_writes:
-            self.write["fresh"] = (
-                torch.from_numpy(np.concatenate([t for t, _ in fresh_writes])),
-                torch.from_numpy(np.concatenate([f for _, f in fresh_writes])[:, None]
-                                 * self.num_kv_heads + self._heads))
-        if window_writes:
-            self.write["window"] = (
-                torch.from_numpy(np.concatenate([t for t, _ in window_writes])),
-                torch.from_numpy(np.concatenate([b for _, b in window_writes])[:, None] + self._heads))
-        self.decode_tokens = torch.tensor(tokens, dtype=torch.long)  # the gathered rows' tokens
+        self.fresh_carry = None if not self.num_fresh else tuple(
+            torch.from_numpy(np.concatenate(x or [_EMPTY])) for x in (carry_src, carry_dst))
+        self._gathered_tokens = tokens
         self.all_gathered = len(tokens) == offset
-        self.all_decode = all(s.num_new == 1 for s in seqs)
         self._build_gather(decode_keys)
+
+    @cached_property
+    def decode_tokens(self) -> torch.Tensor:  # long [R]: the gathered rows' tokens (torch path)
+        return torch.tensor(self._gathered_tokens, dtype=torch.long)
+
+    @cached_property
+    def slot_mapping(self) -> dict[str, torch.Tensor]:
+        """Per store written: long [T], each token's flat slot there or -1 (what the per-segment
+        path builds; no kernel here reads it, so it is made when asked)."""
+        out = {}
+        for store in [name for name in ("pages", "inline") if name in self._write_bases]:
+            tokens, bases = self._write_bases[store]
+            mapping = np.full(self.num_tokens, -1, dtype=np.int64)
+            mapping[tokens] = self._slots(store, bases)
+            out[store] = torch.from_numpy(mapping)
+        return out
 
     def layer_offset(self, store: str, layer: int) -> int:
         return layer * self._block[store] * self.num_kv_heads
@@ -200,21 +208,20 @@ class FlatKVIndex:
             x = keys[store]
             n = min(left, x.size)
             if n:
-                out[store].append((offset + left - n, x[x.size - n:]))
+                out[store].append((offset + left - n + np.arange(n), x[x.size - n:]))
             left -= n
         assert left == 0, "tail storage not reserved for every new token"
 
-    def _build_writes(self, new_bases) -> None:
-        self.slot_mapping: dict[str, torch.Tensor] = {}
+    def _build_writes(self, writes) -> None:
+        """Per store written: `write` (tokens long [n], their rows long [n, Hkv] in layer 0)."""
+        self._write_bases: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # tokens, layer-0 bases
         self.write: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for store, pieces in new_bases.items():
+        for store, pieces in writes.items():
             if not pieces:
                 continue
-            tokens = np.concatenate([first + np.arange(x.size) for first, x in pieces])
-            bases = np.concatenate([x for _, x in pieces])
-            mapping = np.full(self.num_tokens, -1, dtype=np.int64)
-            mapping[tokens] = self._slots(store, bases)
-            self.slot_mapping[store] = torch.from_numpy(mapping)
+            tokens = np.concatenate([t for t, _ in pieces])
+            bases = np.concatenate([b for _, b in pieces])
+            self._write_bases[store] = (tokens, bases)
             self.write[store] = (torch.from_numpy(tokens), torch.from_numpy(bases[:, None] + self._heads))
 
     def _add_prefill(self, s, keys, offset: int, carry) -> None:
@@ -256,7 +263,8 @@ class FlatKVIndex:
             carried = np.arange(b, s.start)
             carry_src.append(s.window * W + window_offset(carried, W))
             carry_dst.append(f + carried - b)
-            fresh_writes.append((offset + np.arange(s.num_new), f + query - b))
+            entries = f + query - b  # the new tokens' fresh entries
+            fresh_writes.append((offset + np.arange(s.num_new), entries * self.num_kv_heads))
             self.num_fresh += end - b
         in_pages = np.minimum(n_int8, keys["pages"].size)
         out["pages"].append(_rows_of(keys["pages"], zero, in_pages))
@@ -281,14 +289,11 @@ class FlatKVIndex:
             rows = bases[:, None, :] + self._heads[None, :, None]  # [R, Hkv, W]
             self.gather.append((store, torch.from_numpy(rows)))
             self.gather_lens.append(torch.from_numpy(lens))
-        self._mask_bias = None
 
-    @property
+    @cached_property
     def mask_bias(self) -> torch.Tensor:
         """float32 [R, 1, 1, sum W_s]: 0 on a row's valid positions, -inf on its padding (the torch
         decode path's mask; the C path takes `gather_lens`)."""
-        if self._mask_bias is None:
-            valid = torch.cat([torch.arange(rows.shape[2])[None, :] < lens[:, None]
-                               for (_, rows), lens in zip(self.gather, self.gather_lens)], dim=1)
-            self._mask_bias = torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]
-        return self._mask_bias
+        valid = torch.cat([torch.arange(rows.shape[2])[None, :] < lens[:, None]
+                           for (_, rows), lens in zip(self.gather, self.gather_lens)], dim=1)
+        return torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]

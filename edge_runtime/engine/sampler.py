@@ -150,7 +150,8 @@ def sample(logits: torch.Tensor, rows: list[SamplerRow]) -> list[int]:
     """One token id per row."""
     # logits: [B, V] float32
     assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
-    logits = logits.float()
+    if logits.dtype != torch.float32:  # the forward's logits are float32: no no-op .float()
+        logits = logits.float()
     logits = apply_repetition_penalty(
         logits, [r.seen_ids for r in rows], [r.params.repetition_penalty for r in rows]
     )
