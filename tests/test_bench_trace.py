@@ -121,6 +121,12 @@ def test_compare_and_identical_helpers():
     b = [{"stream": "0", "turn": 0, "text": "x"}, {"stream": "0", "turn": 1, "text": "z"}]
     assert identical_answers(a, b) == {"identical": 1, "total": 2, "identical_first_turn": 1,
                                        "first_turn_total": 1}
+    # the 4-bit decode target is a batch-1 one: met only when one stream is replayed
+    fp32w = {"edge": {"tpot_p50_s": 0.006}, "edge-fp32w": {"tpot_p50_s": 0.018}}
+    assert compare(fp32w, streams=1)[0]["pass"] is True
+    at_five = compare(fp32w, streams=5)[0]
+    assert at_five["pass"] is None and at_five["ratio"] == pytest.approx(1 / 3)
+    assert "--streams 1" in at_five["target"]
     with pytest.raises(InputError):
         parse_systems("edge,vllm")
     # streams that start at different turn numbers: each stream's own first turn counts
