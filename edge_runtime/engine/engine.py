@@ -23,19 +23,18 @@ import time
 
 import torch
 
-from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.engine import beam, recent_window
+from edge_runtime.engine import beam, token_emit
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.constraints import Constraints
 from edge_runtime.engine.cuda_graphs import decode_graphs_for
-from edge_runtime.engine.key_means import key_means_for
-from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.engine.kv_setup import build_kv
 from edge_runtime.engine.paged_kv import SeqStep
-from edge_runtime.engine.sampler import SampleRows, SamplerRow, make_generator
+from edge_runtime.engine.pool_resize import PoolChunks
+from edge_runtime.engine.request_limits import check_request
+from edge_runtime.engine.sampler import make_generator
 from edge_runtime.engine.scheduler import Scheduler
-from edge_runtime.engine.pool_resize import PoolChunks, chunk_pages
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.step_transfers import device_region
 from edge_runtime.engine.stop import StopChecker
@@ -55,22 +54,9 @@ class Engine:
         mc = self.model_config = loaded_model.config
         cfg = self.config
         self.num_pages = resolve_num_pages(cfg)
-        slots = cfg.num_inline_slots if cfg.enable_inline else 0
-        # an inline slot bigger than a page would never be chosen over a page: cap it
-        inline_tokens = min(cfg.inline_tokens, cfg.page_tokens)
-        windows, window_tokens = recent_window.sizes(cfg)
         self.pool_chunks = PoolChunks(self.num_pages)
-        # the CUDA back end's pool: one allocation per chunk, so a retired one is handed back
-        chunked = chunk_pages(self.num_pages) if self.backend.pool_in_chunks else None
-        self.storage = KVStorage(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.num_pages,
-                                 cfg.page_tokens, slots, inline_tokens, cfg.kv_dtype, cfg.device,
-                                 windows, window_tokens, pool_chunk_pages=chunked)
-        if cfg.kv_dtype == "int8" and cfg.centred_keys:  # before the first write (kv_storage.py)
-            self.storage.set_key_means(key_means_for(loaded_model, self.storage.rotated).to(cfg.device))
-        self.kv = KVManager(self.num_pages, cfg.page_tokens, slots, inline_tokens,
-                            enable_prefix_cache=cfg.enable_prefix_cache,
-                            enable_inline=cfg.enable_inline, num_windows=windows,
-                            window_tokens=window_tokens)
+        self.storage, self.kv = build_kv(loaded_model, cfg, self.num_pages,
+                                         self.backend.pool_in_chunks)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
@@ -249,7 +235,7 @@ class Engine:
             if seq.seq_id not in committed:
                 self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
             seq.num_computed += n
-        self._sample_and_emit(sampled, logits, events, masks)
+        token_emit.sample_and_emit(self, sampled, logits, events, masks)
 
     def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
         """-> float32 [B, vocab] logits of rows `last_rows`, on the back end's device. The step's
@@ -270,66 +256,6 @@ class Engine:
         with torch.inference_mode(), device_region():
             return self.backend.forward(self.model, dev["ids"], dev["positions"], ctx,
                                         dev.get("last_rows"), num_positions)
-
-    def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
-                         events: list[TokenEvent], masks=None) -> None:
-        plain_rows, plain_seqs = [], []  # plain_rows: the logits row of each plain sequence
-        beam_groups: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
-        for i, seq in enumerate(seqs):
-            if seq.request.is_beam:
-                beam_groups.setdefault(seq.request.request_id, []).append((seq, logits[i]))
-                continue
-            for s in self._fork_children(seq) + [seq]:  # n > 1: children share the prompt's pages
-                plain_rows.append(i)
-                plain_seqs.append(s)
-        if plain_seqs:
-            batch = SampleRows(plain_rows,
-                               [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)
-                                for s in plain_seqs],
-                               [s.request.params.logprobs for s in plain_seqs])
-            with torch.inference_mode(), device_region():
-                tokens, lps = self.sampler.choose(logits, batch, self.constraints, masks)
-            for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
-                self._append_token(seq, tok, events, lp)
-        for rid, group in beam_groups.items():
-            beam.step(self, group[0][0].request, group, events)
-
-    def _fork_children(self, parent: Sequence) -> list[Sequence]:
-        req = parent.request
-        if req.params.n == 1 or len(req.seqs) > 1 or parent.num_generated > 0:
-            return []
-        children = []
-        for i in range(1, req.params.n):
-            child = self.new_seq(req, i, list(parent.token_ids), seed_offset=i)
-            self.fork_kv(parent, child)
-            child.num_computed = parent.num_computed
-            self.scheduler.add_running(child)
-            children.append(child)
-        return children
-
-    def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent],
-                      logprob=None) -> None:
-        req = seq.request
-        if req.first_token_at is None:
-            req.first_token_at = time.perf_counter()
-        seq.token_ids.append(int(token))
-        grammar_ended = self.constraints.accept(seq, int(token))
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        delta, reason = seq.stop.append(int(token))
-        if reason is None and len(seq.token_ids) >= self.model_config.max_position_embeddings:
-            delta += seq.stop.finish_cancelled()
-            seq.stop.finish_reason = reason = "length"
-        if reason is None and grammar_ended:  # e.g. under ignore_eos: nothing more may follow
-            delta += seq.stop.finish_cancelled()
-            seq.stop.finish_reason = reason = "stop"
-        events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta,
-                                 logprobs=None if logprob is None else [logprob]))
-        if reason is not None:
-            self.drop_seq(seq, cached=True)
-            if all(s.status is SeqStatus.FINISHED for s in req.seqs):
-                self.counters["requests_finished"] += 1
-                self.finish_request(req, events)
 
     # --- bookkeeping helpers ----------------------------------------------------------------
     def fork_kv(self, parent: Sequence, child: Sequence) -> None:
@@ -395,20 +321,6 @@ class Engine:
         events.append(TokenEvent(req.request_id, 0, [], "", result=req.result))
 
     def validate_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """RequestError for a request this engine can never run: an empty prompt, one past the
-        model's context or the whole KV pool, ids outside the vocabulary. add_request checks it;
-        AsyncEngine too, before the request is queued for the loop thread."""
-        if not prompt_ids:
-            raise RequestError("the prompt is empty; give at least one token")
-        limit = self.model_config.max_position_embeddings
-        if len(prompt_ids) >= limit:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this model accepts "
-                               f"at most {limit - 1}")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        capacity = self.num_pages * self.config.page_tokens
-        if len(prompt_ids) + 1 > capacity:  # generation that outgrows the pool ends with "error"
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens but the KV pool holds "
-                               f"{capacity}; shorten the prompt or raise num_pages")
+        """RequestError for a request this engine can never run (request_limits.py). add_request
+        checks it; AsyncEngine too, before the request is queued for the loop thread."""
+        check_request(prompt_ids, self.model_config, self.num_pages * self.config.page_tokens)
