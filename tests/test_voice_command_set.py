@@ -118,8 +118,14 @@ def test_commands_are_synthesized_once_into_the_cache(tmp_path):
     commands = COMMANDS[:2]
     first = build_command_wavs(commands, tmp_path)
     stamps = [p.stat().st_mtime_ns for p in first]
-    again = build_command_wavs(commands, tmp_path)
+    said = []
+    again = build_command_wavs(commands, tmp_path, progress=said.append)
     assert again == first and [p.stat().st_mtime_ns for p in again] == stamps
+    assert said == []  # nothing synthesized, nothing said
+    first[1].write_bytes(b"RIFF, not a wav")  # a corrupt cache entry is rebuilt, and says so
+    build_command_wavs(commands, tmp_path, progress=said.append)
+    assert len(said) == 1 and said[0].startswith("synthesizing command 2/2")
+    assert len(read_wav(first[1])) > 0
     audio = read_wav(first[0])
     assert 0.8 * SAMPLE_RATE < len(audio) < 4 * SAMPLE_RATE and abs(audio).max() > 0.05
 

@@ -126,9 +126,9 @@ def build_command_wavs(commands=COMMANDS, folder: Path | None = None,
     paths = []
     for i, (text, voice) in enumerate(plan):
         wav = folder / f"command{i:02d}.wav"
-        if progress and not wav.exists():
-            progress(f"synthesizing command {i + 1}/{len(plan)} ({voice}): {text}")
-        cached_wav(wav, lambda: np.concatenate([pad, synthesize(text, voice, SPEED), pad]))
+        say = f"synthesizing command {i + 1}/{len(plan)} ({voice}): {text}"
+        cached_wav(wav, lambda: np.concatenate([pad, synthesize(text, voice, SPEED), pad]),
+                   on_build=(lambda: progress(say)) if progress else None)
         paths.append(wav)
     return paths
 

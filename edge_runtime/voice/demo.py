@@ -56,9 +56,9 @@ def build_demo_inputs(streams: int = 5, turns: int = TURNS_PER_STREAM, folder: P
     out = []
     for i, (commands, voice) in enumerate(plan):
         wav = folder / f"stream{i}.wav"
-        if progress and not wav.exists():
-            progress(f"synthesizing stream {i} ({voice}): {len(commands)} commands")
-        cached_wav(wav, lambda: stream_audio(commands, voice))
+        say = f"synthesizing stream {i} ({voice}): {len(commands)} commands"
+        cached_wav(wav, lambda: stream_audio(commands, voice),
+                   on_build=(lambda: progress(say)) if progress else None)
         out.append((wav, commands))
     (folder / "commands.json").write_text(json.dumps(
         [{"wav": str(w), "voice": v, "commands": c} for (w, c), (_, v) in zip(out, plan)],

@@ -103,14 +103,17 @@ def write_wav(path: Path, audio: np.ndarray, rate: int = SAMPLE_RATE, channels: 
         w.writeframes(pcm.tobytes())
 
 
-def cached_wav(path: Path, make_audio) -> None:
-    """Write `make_audio()` to `path` unless a readable WAV with samples is already there; written
-    to a temporary name and renamed, so a half-written file never looks finished."""
+def cached_wav(path: Path, make_audio, on_build=None) -> None:
+    """Write `make_audio()` to `path` unless a readable WAV with samples is already there (a
+    missing, empty or corrupt file is rebuilt; `on_build()`, when given, is called first, e.g. to
+    say so); written to a temporary name and renamed, so a half-written file never looks finished."""
     try:
         if path.exists() and len(read_wav(path)) > 0:
             return
     except InputError:
         pass
+    if on_build is not None:
+        on_build()
     tmp = path.with_suffix(".tmp.wav")
     write_wav(tmp, make_audio())
     tmp.replace(path)
