@@ -150,17 +150,25 @@ def configure(cap: int | None = None, pinned: int | None = None) -> ThreadGovern
 
 
 @contextlib.contextmanager
-def pinned_threads(threads: int):
-    """Pin the team to `threads` for a block, then restore the policy before it (tests, probes)."""
+def policy_kept():
+    """Whatever a block configures, the policy before it comes back after it (tests that run a
+    command's `run` in-process, which configures the process as the command would)."""
     global _governor
     before = governor()
-    configure(pinned=threads)
     try:
         yield
     finally:
         with _lock:
             _governor = before
         _apply(before.threads)
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int):
+    """Pin the team to `threads` for a block, then restore the policy before it (tests, probes)."""
+    with policy_kept():
+        configure(pinned=threads)
+        yield
 
 
 def governor() -> ThreadGovernor:

@@ -6,8 +6,22 @@ dispatcher long before tests/test_kernel_*.py run, so TRITON_INTERPRET=1 must be
 the kernel tests' helper: otherwise the kernels are decorated for a GPU this machine does not have
 and every kernel test fails when the whole suite runs. An explicit TRITON_INTERPRET=0 (a CUDA
 machine running the kernel tests for real) is respected.
+
+Each test also gets the CPU thread policy back as it found it: a bench command's `run` called
+in-process configures the process's thread team as the command would (kernels/cpu_threads.py),
+which would otherwise carry over into later tests.
 """
 
 import os
 
+import pytest
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _thread_policy_kept():
+    from edge_runtime.kernels import cpu_threads
+
+    with cpu_threads.policy_kept():
+        yield

@@ -181,3 +181,15 @@ def test_thread_count_changing_between_steps_changes_no_logit(monkeypatch):
     for name in ("two", "alternating"):
         differ = [len(c) for c, row in seen[name].items() if not torch.equal(row, seen["one"][c])]
         assert not differ, f"{name}: logits differ at context lengths {differ}"
+
+
+def test_a_command_configured_in_process_is_undone_by_policy_kept():
+    import torch
+
+    from edge_runtime.bench.engine_bench import set_threads
+
+    before = cpu_threads.governor()
+    with cpu_threads.policy_kept():
+        set_threads(1)  # what `bench ... --threads 1` does to the process
+        assert cpu_threads.governor().pinned == 1 and torch.get_num_threads() == 1
+    assert cpu_threads.governor() is before and torch.get_num_threads() == before.threads
