@@ -231,6 +231,7 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
                                                const float *X, int64_t ldx, const float *xs,       \
                                                float *Y, int64_t ldy, const int *ncols,            \
                                                const float *bias) {                                \
+        _Static_assert(NBLK == 1, "the two-half path runs one block a pass");                   \
         const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
         const uint8_t *data = (const uint8_t *)wt->data + b * K * bytes;                           \
         v8f y[RB][2];                                                                              \
@@ -337,9 +338,10 @@ typedef void (*qkernel_fn)(const blocked_weight *, int64_t, int64_t, const float
 static const qkernel_fn ONE_BLOCK[2][MAX_ROWS + 1] = {ONE_BLOCK_TABLE(4), ONE_BLOCK_TABLE(8)};
 
 #if defined(MULTI_BLOCKS)
-/* [bits == 8][rows]: the widest pass for 1-4 rows, then two blocks for what is left */
-static const qkernel_fn FOUR_BLOCKS[2][3] = {{0, qkernel4_x4_1, qkernel4_x4_2},
-                                             {0, qkernel8_x4_1, qkernel8_x4_2}};
+/* [bits == 8][rows]: the widest pass for 1-4 rows (four blocks only up to 2 rows), then two
+ * blocks for what is left */
+static const qkernel_fn FOUR_BLOCKS[2][5] = {{0, qkernel4_x4_1, qkernel4_x4_2, 0, 0},
+                                             {0, qkernel8_x4_1, qkernel8_x4_2, 0, 0}};
 static const qkernel_fn TWO_BLOCKS[2][5] = {
     {0, qkernel4_x2_1, qkernel4_x2_2, qkernel4_x2_3, qkernel4_x2_4},
     {0, qkernel8_x2_1, qkernel8_x2_2, qkernel8_x2_3, qkernel8_x2_4}};
@@ -350,7 +352,7 @@ static void multi_block_passes(const blocked_weight *wt, const float *bias, cons
                                int64_t K, int64_t R, int64_t *b, int64_t b1) {
     const int b8 = wt->bits == 8;
     for (int nblk = MULTI_BLOCKS; nblk >= 2; nblk /= 2) {
-        const qkernel_fn kernel = nblk == 4 ? (R <= 2 ? FOUR_BLOCKS[b8][R] : 0) : TWO_BLOCKS[b8][R];
+        const qkernel_fn kernel = (nblk == 4 ? FOUR_BLOCKS : TWO_BLOCKS)[b8][R];
         if (!kernel) continue;
         for (; *b + nblk <= b1; *b += nblk) {
             int ncols[MULTI_BLOCKS];
