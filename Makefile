@@ -9,4 +9,4 @@ demo: setup
 		--system-prompt configs/voice/home-actions.yaml --events demo-events.jsonl
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/pytest -q

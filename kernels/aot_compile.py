@@ -1,7 +1,7 @@
 """Compile every Triton kernel variant the engine can launch (kernels/launch_variants.py) ahead of
 time for a GPU this machine does not have, and check each fits the target's shared memory.
 
-    python -m edge_runtime.kernels.aot_compile --arch 87 --arch 90 [--jobs 2] [--json FILE]
+    python -P -m edge_runtime.kernels.aot_compile --arch 87 --arch 90 [--jobs 2] [--json FILE]
 
 (do not set TRITON_INTERPRET=1). Triton's own ptxas (shipped in its wheel) assembles the cubins.
 Prints a table (kernel, variants, largest shared memory and registers per arch) and exits 1 when a

@@ -10,6 +10,10 @@ machine running the kernel tests for real) is respected.
 Each test also gets the CPU thread policy back as it found it: a bench command's `run` called
 in-process configures the process's thread team as the command would (kernels/cpu_threads.py),
 which would otherwise carry over into later tests.
+
+edge_runtime is imported here, first, so a run that put the checkout root on sys.path (`python -m
+pytest` started in the checkout) stops at once with edge_runtime/import_path.py's message instead
+of failing test by test where transformers imports Hugging Face's `kernels`.
 """
 
 import os
@@ -17,6 +21,8 @@ import os
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import edge_runtime  # noqa: E402,F401 - after TRITON_INTERPRET; refuses the checkout on sys.path
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import httpx
 
+from edge_runtime.import_path import module_argv
+
 ROOT = Path(__file__).resolve().parent.parent
-EXE = [sys.executable, "-m", "edge_runtime"]
+EXE = module_argv("edge_runtime")
 
 
 def write_config(path: Path, service: dict | None = None, guard: dict | None = None) -> Path:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import yaml
 
+from edge_runtime.import_path import code_argv
 from edge_runtime.budget import available_budgets, budget_from_dict, load_budget, parse_bytes
 from edge_runtime.cli import main
 from edge_runtime.model.weight_bytes import safetensors_weight_bytes
@@ -216,4 +216,4 @@ def test_bookkeeping_budget_and_plan_import_no_torch():
     code = ("import sys, edge_runtime.cache, edge_runtime.cache.simulator, edge_runtime.budget, "
             "edge_runtime.plan; edge_runtime.budget.load_budget('cpu-dev'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run(code_argv(code), check=True)

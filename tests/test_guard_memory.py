@@ -9,13 +9,13 @@ every request must still finish.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from bench_helpers import make_tiny_llama
+from edge_runtime.import_path import code_argv
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.guard.config import GuardConfig
 from edge_runtime.guard.engine_hooks import EngineGuardHooks
@@ -79,7 +79,7 @@ def test_guard_with_proc_meminfo_and_a_memory_hog(engine):
         step()
     assert guard.poll() == "ok"
 
-    hog = subprocess.Popen([sys.executable, "-c", HOG.format(steps=20, step_mib=200)],
+    hog = subprocess.Popen(code_argv(HOG.format(steps=20, step_mib=200)),
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     rss_before, rss_after = _rss(), None  # high returns chunks too: compare with the start
     try:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from bench_helpers import make_tiny_llama
+
+from edge_runtime.import_path import module_argv
 
 MIB = 1 << 20
 
@@ -27,8 +28,8 @@ def test_page_cache_is_ignored_and_anonymous_pressure_is_survived(tmp_path):
         pytest.skip("making a memory cgroup needs root")
     folder = make_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "episode.json"
-    proc = subprocess.run([sys.executable, "-m", "edge_runtime.guard.pressure_episode",
-                           "--model", str(folder), "--phase-s", "1", "--json", str(out)],
+    proc = subprocess.run(module_argv("edge_runtime.guard.pressure_episode",
+                                      "--model", str(folder), "--phase-s", "1", "--json", str(out)),
                           capture_output=True, text=True, timeout=600)
     if proc.returncode == 3:
         pytest.skip(proc.stderr.strip().splitlines()[-1])

@@ -13,6 +13,7 @@ import pytest
 import torch
 from model_helpers import save_random_model, tiny_hf_config
 
+from edge_runtime.import_path import code_argv
 from edge_runtime import cli
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model import gguf_convert
@@ -328,11 +329,10 @@ def test_gguf_cache_removes_stale_siblings_only(tmp_path, monkeypatch):
 def test_gguf_cache_removes_temp_folders_of_dead_converters(tmp_path, monkeypatch):
     import os
     import subprocess
-    import sys
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = tmp_path / "cache" / "edge-runtime" / "models"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+    dead = subprocess.run(code_argv("import os; print(os.getpid())"),
                           capture_output=True, text=True, check=True)
     killed = root / f".tmp-{int(dead.stdout)}-k1ll"  # a conversion killed by SIGTERM
     live = root / f".tmp-{os.getpid()}-l1ve"  # a conversion running right now

@@ -3,12 +3,13 @@ module or member (tomllib, asyncio.timeout, typing.Self, ...) would pass every o
 fail on the device. vermin reads the sources and reports what they need."""
 
 import subprocess
-import sys
 from pathlib import Path
+
+from edge_runtime.import_path import code_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["edge_runtime", "kernels", "quant", "tools", "tests"]
-VERMIN = [sys.executable, "-c", "import sys; from vermin import main; sys.exit(main())"]
+VERMIN = code_argv("import sys; from vermin import main; sys.exit(main())")
 
 
 def _vermin(*paths) -> subprocess.CompletedProcess:

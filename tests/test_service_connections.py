@@ -16,6 +16,8 @@ import pytest
 from service_helpers import (app_on_unix_socket, client, raw_connect, read_response,
                              start_server, stop_server, stub_state, wait_ready)
 
+from edge_runtime.import_path import code_argv
+
 IDLE_CONNECTIONS = 2000
 
 
@@ -198,13 +200,12 @@ def test_a_server_out_of_descriptors_logs_accept_errors_once_per_interval(tmp_pa
     """The real accept() failure path: asyncio reports EMFILE and retries every second; each
     report was an ERROR with a traceback (tens of thousands in the log)."""
     import subprocess
-    import sys
 
     from service_helpers import ROOT
 
     sock = str(tmp_path / "api.sock")
     code = _SERVER_OUT_OF_DESCRIPTORS.format(tests=str(ROOT / "tests"), sock=sock)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+    proc = subprocess.Popen(code_argv(code), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     held = []
     try:

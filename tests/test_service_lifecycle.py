@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import threading
 
 import pytest
@@ -16,11 +15,14 @@ import pytest
 from bench_helpers import make_tiny_llama
 from service_helpers import client, start_server, stop_server, wait_ready, write_config
 
+from edge_runtime.import_path import code_argv
+
 # Sets what systemd sets for an activated service, in the process that then becomes the server:
 # LISTEN_PID must be the server's own pid, which exec keeps.
 WRAPPER = ("import os, sys; fd = int(sys.argv[1]); os.dup2(fd, 3); os.close(fd); "
            "os.environ.update(LISTEN_FDS='1', LISTEN_FDNAMES='api', LISTEN_PID=str(os.getpid())); "
-           "os.execv(sys.executable, [sys.executable, '-m', 'edge_runtime'] + sys.argv[2:])")
+           "from edge_runtime.import_path import module_argv; argv = module_argv('edge_runtime', *sys.argv[2:]); "
+           "os.execv(argv[0], argv)")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def test_activation_notify_watchdog_and_abort_at_deadline(tmp_path, tiny):
     fd = listener.fileno()
     proc = start_server(path, config, tiny, {"NOTIFY_SOCKET": notify_path,
                                              "WATCHDOG_USEC": "1000000"},
-                        argv_prefix=[sys.executable, "-c", WRAPPER, str(fd)],
+                        argv_prefix=code_argv(WRAPPER, str(fd)),
                         pass_fds=(fd,), socket_arg=False)
     try:
         wait_ready(proc, path)

@@ -13,11 +13,11 @@ import ast
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from edge_runtime.import_path import module_argv
 from edge_runtime.paths import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +42,8 @@ def compiled(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("aot") / "variants.json"
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(cache_dir("triton-aot")),
            "TRITON_DEFAULT_FP_FUSION": "1"}
-    cmd = [sys.executable, "-m", "edge_runtime.kernels.aot_compile", "--jobs", str(os.cpu_count() or 1),
-           "--json", str(out), *[a for arch in ARCHES for a in ("--arch", str(arch))]]
+    cmd = module_argv("edge_runtime.kernels.aot_compile", "--jobs", str(os.cpu_count() or 1),
+                      "--json", str(out), *[a for arch in ARCHES for a in ("--arch", str(arch))])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
     assert out.exists(), proc.stderr[-3000:]
     rows = json.loads(out.read_text())

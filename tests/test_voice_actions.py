@@ -14,6 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from edge_runtime.import_path import code_argv
 from edge_runtime.errors import ConfigError
 from edge_runtime.model.tool_format import ToolCall
 from edge_runtime.voice.actions import Dispatcher, load_actions
@@ -62,8 +63,7 @@ def test_command_handler_gets_json_on_stdin_and_failures_are_spoken(tmp_path):
     assert ok.ok and ok.result == "switched kitchen lights" and ok.spoken == ok.result
     bad = _dispatch(entry, {"device": "kitchen lights", "on": True})
     assert not bad.ok and "status 1: relay stuck" in bad.error and bad.spoken.startswith("Sorry")
-    slow = dict(entry, timeout_s=0.5, handler={"command": [sys.executable, "-c",
-                                                           "import time; time.sleep(30)"]})
+    slow = dict(entry, timeout_s=0.5, handler={"command": code_argv("import time; time.sleep(30)")})
     late = _dispatch(slow, {"device": "kitchen lights", "on": False})
     assert not late.ok and "within 0.5 s" in late.error
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from itertools import product
 
+from edge_runtime.import_path import module_argv
 from edge_runtime.bench.busy import BusyLoad
 
 
@@ -36,7 +37,7 @@ def run_cell(policy: str, threads: str, args) -> list[dict]:
     """One bench engine run; its rows (per batch)."""
     env = policy_env(policy)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, "-m", "edge_runtime", "bench", "engine", "--weights", args.weights,
+        cmd = [*module_argv("edge_runtime", "bench", "engine"), "--weights", args.weights,
                "--batch", args.batch, "--prompt-tokens", str(args.prompt_tokens),
                "--gen-tokens", str(args.gen_tokens), "--repeat", "1", "--bandwidth-mib", "64",
                "--json", out.name]

@@ -31,11 +31,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported by the kernels
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import edge_runtime  # noqa: E402
+from source_tree import import_edge_runtime  # noqa: E402 - tools/ is sys.path[0]
 
-if not (Path(edge_runtime.__file__).parent / "kernels").exists():
-    edge_runtime.__path__.append(str(ROOT))  # not installed: map kernels/ as edge_runtime.kernels
+import_edge_runtime()  # the installed package, or the checkout's where it is not installed
 from edge_runtime.kernels import awq_gemm as awq  # noqa: E402
 from edge_runtime.kernels import kv_write as kvw  # noqa: E402
 from edge_runtime.kernels import paged_attention as pa  # noqa: E402

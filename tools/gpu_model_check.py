@@ -16,8 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, "tests")
-sys.path.insert(0, ".")
+from source_tree import ROOT, import_edge_runtime  # tools/ is sys.path[0]
+
+import_edge_runtime()  # the installed package, or the checkout's where it is not installed
+sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 
 import model_helpers as mh  # noqa: E402

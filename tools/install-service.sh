@@ -79,6 +79,11 @@ if [ -n "$CONFIG" ]; then CONFIG=$(resolve_config "$CONFIG") || exit 2; fi
 ETC_CONFIG=/etc/edge-runtime/budget.yaml
 [ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$CONFIG
 
+run_module() {  # python -m MODULE ARGS, without the working directory on sys.path: started in a
+    # checkout, its kernels/ would shadow the installed `kernels` package (edge_runtime/import_path.py)
+    "$VENV/bin/python" -c 'import sys; del sys.path[0]; import runpy; m = sys.argv.pop(1); runpy.run_module(m, run_name="__main__", alter_sys=True)' "$@"
+}
+
 plan_memory() {
     # prints "HIGH MAX" in bytes from the budget's memory plan (edge_runtime/service/unit_limits.py);
     # a budget or model the plan refuses stops the install with its message
@@ -89,7 +94,7 @@ plan_memory() {
         return 0
     fi
     # both limits given: checked against the guard's thresholds only (the model is not read)
-    "$VENV/bin/python" -m edge_runtime.service.unit_limits --config "$CONFIG" --model "$MODEL" \
+    run_module edge_runtime.service.unit_limits --config "$CONFIG" --model "$MODEL" \
         ${MEM_HIGH:+--memory-high "$MEM_HIGH"} ${MEM_MAX:+--memory-max "$MEM_MAX"} \
         ${MEM_HIGH:+${MEM_MAX:+--no-plan}} \
         || die "cannot plan MemoryHigh/MemoryMax from --config $CONFIG --model $MODEL (above)"

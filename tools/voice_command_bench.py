@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from edge_runtime.voice.call_scoring import accuracy, score_call  # noqa: E402
 from edge_runtime.voice.command_set import COMMANDS, HOMES, build_command_wavs  # noqa: E402

@@ -9,7 +9,8 @@ reaped when the block ends, also when it ends with an exception.
 from __future__ import annotations
 
 import subprocess
-import sys
+
+from edge_runtime.import_path import code_argv
 
 SPIN = "while True:\n    pass\n"
 
@@ -22,7 +23,7 @@ class BusyLoad:
         self._children: list[subprocess.Popen] = []
 
     def __enter__(self) -> "BusyLoad":
-        self._children = [subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL)
+        self._children = [subprocess.Popen(code_argv(SPIN), stdin=subprocess.DEVNULL)
                           for _ in range(self.processes)]
         return self
 

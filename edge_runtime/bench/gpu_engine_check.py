@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from edge_runtime.import_path import module_argv
 
 TARGETS = {  # name -> (how it is computed, target, ">=" or "<=")
     "decode_b1_vs_hf_eager": ("edge fp16 decode tok/s / transformers eager, batch 1", 4.0, ">="),
@@ -134,8 +135,8 @@ def run(args, log, out_json: Path) -> dict:
 def voice_rows(trace: str, model: str, device: str, out_json: Path, timeout: float = 240.0) -> list[dict]:
     """The trace through the service's engine (`edge-runtime bench trace --systems edge`)."""
     path = out_json.with_name(f"{out_json.stem}-voice-{device}.json")
-    cmd = [sys.executable, "-m", "edge_runtime", "bench", "trace", "--trace", trace, "--systems", "edge",
-           "--model", model, "--device", device, "--json", str(path)]
+    cmd = module_argv("edge_runtime", "bench", "trace", "--trace", trace, "--systems", "edge",
+                      "--model", model, "--device", device, "--json", str(path))
     subprocess.run(cmd, check=True, timeout=timeout)
     data = json.loads(path.read_text())
     row = next(r for r in data["rows"] if r.get("system", "edge") == "edge")

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from edge_runtime.import_path import code_argv
+
 _CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
@@ -57,7 +59,7 @@ def register_subcommand(subparsers) -> None:
 def _spawn(model: str) -> dict:
     """One fresh process; total_s = spawn -> model ready (the child's exit is not counted)."""
     start = time.time()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, model], capture_output=True, text=True)
+    proc = subprocess.run(code_argv(_CHILD, model), capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
         raise SystemExit(proc.returncode)

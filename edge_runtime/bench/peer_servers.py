@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_runtime.import_path import module_argv
 from edge_runtime.bench.http_client import TargetError
 
 
@@ -31,9 +31,9 @@ class ServerSpec:
 
 
 def edge_spec(gguf: Path, socket_path: str, config: str | None, extra: list[str]) -> ServerSpec:
-    command = [sys.executable, "-m", "edge_runtime", "serve", "--model", str(gguf),
-               "--socket", socket_path, "--device", "cpu", *(["--config", config] if config else []),
-               "--log-level", "WARNING", *extra]
+    command = module_argv("edge_runtime", "serve", "--model", str(gguf),
+                          "--socket", socket_path, "--device", "cpu", *(["--config", config] if config else []),
+                          "--log-level", "WARNING", *extra)
     return ServerSpec("edge", command, f"unix:{socket_path}", "http://localhost/health", socket_path)
 
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+from edge_runtime.import_path import module_argv
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 
 SYSTEM = "You are the voice assistant of a car. Answer in one short sentence."
@@ -94,8 +95,8 @@ class _Service:
     def __init__(self, args) -> None:
         tmp = tempfile.mkdtemp(prefix="edge-bench-service-")
         self.sock = os.path.join(tmp, "api.sock")
-        cmd = [sys.executable, "-m", "edge_runtime", "serve", "--socket", self.sock,
-               "--model", args.model, "--device", args.device] + (["--config", args.config] if args.config else [])
+        cmd = module_argv("edge_runtime", "serve", "--socket", self.sock,
+                          "--model", args.model, "--device", args.device) + (["--config", args.config] if args.config else [])
         cmd += ["--backend", args.backend] if args.backend else []
         self.log = open(os.path.join(tmp, "serve.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
+
+from edge_runtime.import_path import code_argv
 
 
 def rss_bytes() -> int:
@@ -115,7 +116,7 @@ class Hog:
 
     def __init__(self, step_bytes: int) -> None:
         self.step_bytes, self.bytes = step_bytes, 0
-        self.proc = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(code_argv(HOG), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
 
     def grow(self) -> None:

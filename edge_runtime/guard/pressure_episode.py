@@ -1,6 +1,6 @@
 """One measured memory-pressure episode in a memory cgroup: guard state, pool bytes, RSS, requests.
 
-  sudo .venv/bin/python -m edge_runtime.guard.pressure_episode --model M [--json OUT]
+  sudo .venv/bin/python -P -m edge_runtime.guard.pressure_episode --model M [--json OUT]
 
 This process makes a child of its memory cgroup (guard/cgroup_sandbox.py) and enters it before
 the model loads, so the engine's memory is charged there; the limit is then set so that the idle
@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from edge_runtime.import_path import code_argv
 from edge_runtime.guard.cgroup_sandbox import CgroupUnavailable, ChildCgroup
 from edge_runtime.guard.episode_load import ClosedLoopClients, Hog, rss_bytes
 
@@ -114,8 +115,8 @@ class Episode:
         cfg = self.cfg
         self.start_guard()
         self.hold("baseline", cfg.phase_s)
-        reader = subprocess.Popen([sys.executable, "-c", CACHE_SCRIPT,
-                                   str(int(self.limit * cfg.cache_fraction))],
+        reader = subprocess.Popen(code_argv(CACHE_SCRIPT,
+                                             str(int(self.limit * cfg.cache_fraction))),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         while not reader.stdout.readline():  # "read" once the file has been read
             assert reader.poll() is None, "the page-cache reader failed"
@@ -213,7 +214,7 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge_runtime.guard.pressure_episode",
+    p = argparse.ArgumentParser(prog="python -P -m edge_runtime.guard.pressure_episode",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model name or folder (a small one)")
     p.add_argument("--num-pages", type=int, default=EpisodeConfig.num_pages)

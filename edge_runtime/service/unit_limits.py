@@ -18,7 +18,7 @@ With the guard disabled there is nothing to agree with: no check.
 
 Reads only config.json and safetensors headers (edge-runtime plan's path): no weights are loaded.
 Used by tools/install-service.sh:
-  python -m edge_runtime.service.unit_limits --config C [--model M] [--memory-high H] [--memory-max M]
+  python -P -m edge_runtime.service.unit_limits --config C [--model M] [--memory-high H] [--memory-max M]
 prints "HIGH MAX" in bytes (the given ones after the check, else the derived ones). With both
 given and --no-plan, only (a) and (c) are checked: the model is not read.
 """
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from edge_runtime.model.weights_option import add_weights_option
     from edge_runtime.plan import make_plan
 
-    p = argparse.ArgumentParser(prog="python -m edge_runtime.service.unit_limits")
+    p = argparse.ArgumentParser(prog="python -P -m edge_runtime.service.unit_limits")
     p.add_argument("--config", required=True)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--memory-high", help="check this MemoryHigh= instead of deriving it")
