@@ -138,3 +138,21 @@ def test_no_tool_puts_the_checkout_root_on_sys_path():
                 if target in ("'.'", "''", "str(ROOT)", "str(REPO)") or target.endswith("parents[1])"):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
     assert not offenders, offenders
+
+
+def test_tools_import_the_checkouts_package_where_none_is_installed(tmp_path):
+    """tools/source_tree.py on a machine given the working tree only (here: no site packages, so
+    no installed edge_runtime): the checkout's package, its kernels/ and quant/ as pyproject.toml
+    maps them, and still no top-level `kernels`."""
+    code = (f"import importlib.util, sys; sys.path.insert(0, {str(ROOT / 'tools')!r})\n"
+            "assert importlib.util.find_spec('edge_runtime') is None\n"
+            "from source_tree import import_edge_runtime\n"
+            "er = import_edge_runtime()\n"
+            "spec = lambda n: importlib.util.find_spec(n)\n"
+            "print(er.__file__, spec('edge_runtime.kernels').origin, spec('edge_runtime.quant').origin,"
+            " spec('kernels'))\n")
+    proc = subprocess.run([sys.executable, "-S", *code_argv(code)[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(ROOT / "edge_runtime/__init__.py"), str(ROOT / "kernels/__init__.py"),
+                                   str(ROOT / "quant/__init__.py"), "None"]

@@ -12,10 +12,17 @@
 #     not see that torch. tools/check_jetson_torch.py checks it first (CUDA build, new enough for
 #     transformers 5.x) and says what to install when it is not;
 #   - the project in editable mode with the extras the demo and the tests use (on a Jetson also
-#     `gpu` and `jetson`).
-# A stamp file skips the pip work when pyproject.toml has not changed.
+#     `gpu` and `jetson`);
+#   - every Python package at the version of the platform's lock (tools/lock/x86_64.txt,
+#     tools/lock/jetson-aarch64.txt), the set the suite last ran with: a fresh machine gets what CI
+#     tested, not what the index serves that day (docs/dependencies.md).
+# A stamp file skips the pip work when pyproject.toml, this script and the lock have not changed.
+#
+# Environment: VENV (default .venv) is the venv to make; LOCK=none resolves the newest versions
+# instead of the lock's (tools/update_lock.sh does that to re-lock).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
 
 is_jetson=0
 [ -f /etc/nv_tegra_release ] && is_jetson=1
@@ -40,9 +47,9 @@ PY=${PYTHON:-}
 if [ $is_jetson = 1 ]; then
     PY=${PY:-/usr/bin/python3}
     "$PY" tools/check_jetson_torch.py || exit 2
-    if [ -f .venv/pyvenv.cfg ] && ! grep -q '^include-system-site-packages = true' .venv/pyvenv.cfg; then
-        echo "bootstrap: .venv cannot see JetPack's torch (made without system site packages):" \
-             "remove it (rm -rf .venv) and run this again" >&2
+    if [ -f "$VENV/pyvenv.cfg" ] && ! grep -q '^include-system-site-packages = true' "$VENV/pyvenv.cfg"; then
+        echo "bootstrap: $VENV cannot see JetPack's torch (made without system site packages):" \
+             "remove it (rm -rf $VENV) and run this again" >&2
         exit 2
     fi
 elif [ -z "$PY" ]; then
@@ -51,21 +58,46 @@ elif [ -z "$PY" ]; then
     done
 fi
 
-if [ ! -x .venv/bin/python ]; then
-    echo "bootstrap: creating .venv with $PY"
-    if [ $is_jetson = 1 ]; then
-        "$PY" -m venv --system-site-packages .venv
+if [ -z "${LOCK:-}" ]; then
+    if [ $is_jetson = 1 ]; then LOCK=tools/lock/jetson-aarch64.txt
+    elif [ "$(uname -m)" = x86_64 ]; then LOCK=tools/lock/x86_64.txt
     else
-        "$PY" -m venv .venv
+        LOCK=none
+        echo "bootstrap: warning: no lock for $(uname -m) outside a Jetson: installing the newest" \
+             "versions the index serves (docs/dependencies.md)" >&2
     fi
 fi
-stamp=.venv/.edge-runtime-stamp
-want=$(cat pyproject.toml tools/bootstrap.sh | sha256sum | cut -d' ' -f1)
+if [ "$LOCK" != none ] && [ ! -f "$LOCK" ]; then
+    echo "bootstrap: no lock file $LOCK (LOCK=none installs the newest versions)" >&2
+    exit 2
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "bootstrap: creating $VENV with $PY"
+    if [ $is_jetson = 1 ]; then
+        "$PY" -m venv --system-site-packages "$VENV"
+    else
+        "$PY" -m venv "$VENV"
+    fi
+fi
+stamp=$VENV/.edge-runtime-stamp
+want=$( (cat pyproject.toml tools/bootstrap.sh; echo "lock $LOCK"; [ "$LOCK" = none ] || cat "$LOCK") \
+        | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
-PIP=".venv/bin/python -m pip"
-$PIP install -q --upgrade pip
+rm -f "$stamp"
+# The lock constrains every pip run, the build environment of the editable install included
+# (pip passes PIP_CONSTRAINT on to it); it replaces any constraint file of pip's own config.
+if [ "$LOCK" = none ]; then
+    unset PIP_CONSTRAINT
+    echo "bootstrap: installing the newest versions (LOCK=none)"
+else
+    export PIP_CONSTRAINT=$PWD/$LOCK
+    echo "bootstrap: installing the versions of $LOCK"
+fi
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip setuptools wheel
 if [ $is_jetson = 0 ]; then
     echo "bootstrap: installing torch==2.13.0 (CPU build)"
     $PIP install -q torch==2.13.0

@@ -31,7 +31,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported by the kernels
 ROOT = Path(__file__).resolve().parents[1]
-from source_tree import import_edge_runtime  # noqa: E402 - tools/ is sys.path[0]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: source_tree, the gpu_lab package
+from source_tree import import_edge_runtime  # noqa: E402
 
 import_edge_runtime()  # the installed package, or the checkout's where it is not installed
 from edge_runtime.kernels import awq_gemm as awq  # noqa: E402
@@ -43,7 +44,6 @@ from edge_runtime.bench import gpu_engine_check  # noqa: E402
 from edge_runtime.bench.checks import parse_int_list  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the gpu_lab package
 from gpu_lab.checks import (DECODE_KERNELS, build_pool, check_awq, check_awq_prepared,  # noqa: E402
                             check_decode, check_kv_write, check_prefill, decode_ctx)
 from gpu_lab.sweep import STAGES, sweep, tuned_rows  # noqa: E402

@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from source_tree import ROOT, import_edge_runtime  # tools/ is sys.path[0]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/, when loaded by path
+from source_tree import ROOT, import_edge_runtime  # noqa: E402
 
 import_edge_runtime()  # the installed package, or the checkout's where it is not installed
 sys.path.insert(0, str(ROOT / "tests"))

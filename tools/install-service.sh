@@ -168,6 +168,12 @@ echo "install-service: installing edge-runtime into $VENV"
 mkdir -p "$PREFIX/src"
 tar -C "$here" --exclude=./.venv --exclude=./.git --exclude='*.pyc' -cf - . | tar -C "$PREFIX/src" -xf -
 extras="service,jetson"
+# the versions the suite last ran with (docs/dependencies.md): constraints for every pip run below
+if [ $is_jetson = 1 ]; then
+    export PIP_CONSTRAINT=$here/tools/lock/jetson-aarch64.txt
+elif [ "$(uname -m)" = x86_64 ]; then
+    export PIP_CONSTRAINT=$here/tools/lock/x86_64.txt
+fi
 if [ $is_jetson = 1 ]; then
     extras="$extras,gpu"  # Triton: the CUDA back end's kernels
 else
