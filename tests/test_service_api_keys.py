@@ -183,3 +183,21 @@ def test_loopback_tcp_without_keys_needs_none():
     with app_on_tcp(stub_state()) as address, client(address) as c:
         assert c.get("/v1/models").status_code == 200
         assert c.post("/v1/completions", json=COMPLETION).json()["choices"][0]["text"] == "ab"
+
+
+def test_the_openai_client_with_a_base_url_and_a_key_as_home_assistant_configures_it():
+    """What an OpenAI-compatible conversation integration does: the `openai` client with
+    base_url http://HOST:PORT/v1 and api_key; a wrong key is its AuthenticationError."""
+    import openai
+
+    state = stub_state()
+    state.api_keys = _keys(KEY)
+    with app_on_tcp(state) as (host, port):
+        base_url = f"http://{host}:{port}/v1"
+        good = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=30)
+        assert [m.id for m in good.models.list()] == ["m"]
+        assert good.completions.create(model="m", prompt=[1, 2], max_tokens=2).choices[0].text \
+            == "ab"
+        bad = openai.OpenAI(base_url=base_url, api_key=KEY[:-1], max_retries=0, timeout=30)
+        with pytest.raises(openai.AuthenticationError, match="missing or invalid API key"):
+            bad.models.list()
