@@ -15,8 +15,7 @@ import time
 import pytest
 
 from service_helpers import (app_on_unix_socket, client, raw_connect, read_response,
-                             start_server, stop_server, stub_state, tcp_address, wait_ready,
-                             write_keys)
+                             start_server, stop_server, stub_state, wait_ready)
 
 IDLE_CONNECTIONS = 2000
 
@@ -40,6 +39,7 @@ def test_2000_idle_connections_leave_health_and_chat_answering(tmp_path, transpo
     /health timed out and the log filled with accept() tracebacks. Over TCP (127.0.0.1, API
     keys) the same cap holds, shared with the Unix socket."""
     from engine_helpers import tiny_folder
+    from service_helpers import tcp_address, write_keys
 
     _raise_own_descriptor_limit(IDLE_CONNECTIONS + 512)
     sock = str(tmp_path / "api.sock")

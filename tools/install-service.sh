@@ -85,10 +85,6 @@ for m in "$MEM_HIGH" "$MEM_MAX"; do
     [ -z "$m" ] || valid_memory "$m" \
         || die "--memory-high/--memory-max $m: give bytes with an optional K/M/G/T, a percentage or infinity"
 done
-if [ -n "$CONFIG" ]; then CONFIG=$(resolve_config "$CONFIG") || exit 2; fi
-ETC_CONFIG=/etc/edge-runtime/budget.yaml
-[ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$CONFIG
-
 check_listen() {  # HOST:PORT as systemd's ListenStream= takes it (localhost -> 127.0.0.1)
     local forms="give HOST:PORT with an IP address, e.g. 127.0.0.1:8080, 0.0.0.0:8080 or [::1]:8080"
     [[ $LISTEN =~ ^(\[[0-9A-Fa-f:.]+\]|[0-9.]+|localhost):([0-9]{1,5})$ ]] \
@@ -109,6 +105,10 @@ if [ -n "$API_KEYS" ]; then
     API_KEYS="$(cd "$(dirname "$API_KEYS")" && pwd)/$(basename "$API_KEYS")"
     [ -n "$RENDER" ] && ETC_KEYS=$API_KEYS
 fi
+if [ -n "$CONFIG" ]; then CONFIG=$(resolve_config "$CONFIG") || exit 2; fi
+ETC_CONFIG=/etc/edge-runtime/budget.yaml
+[ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$CONFIG
+
 
 plan_memory() {
     # prints "HIGH MAX" in bytes from the budget's memory plan (edge_runtime/service/unit_limits.py);
