@@ -1,4 +1,4 @@
-"""API keys of the TCP listener: the keys file, the Bearer check, and the middleware that applies it.
+"""API keys of the TCP listener: the keys file, the Bearer check, and the middleware applying it.
 
 Invariants:
 - The keys file is a regular file owned by the service's user with no permission bits for its

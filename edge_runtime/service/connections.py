@@ -6,10 +6,10 @@ out, and asyncio logged every failed accept() with a traceback.
 
 Invariants:
 - At most `service.max_connections` connections are open, counted over every listener (the
-  Unix socket and the optional TCP one share one ConnectionLimiter). One more closes the connection idle
-  longest first: idle means no request of it is being handled (it waits for its first request or
-  the next keep-alive one, is still sending headers, or is sending a request body, which holds no
-  request slot yet). Only when every open connection is handling a request is the new one closed
+  Unix socket and the optional TCP one share one ConnectionLimiter). One more closes the
+  connection idle longest first: idle means no request of it is being handled (it waits for its
+  first request or the next keep-alive one, is still sending headers, or is sending a request
+  body, which holds no request slot yet). Only when every open connection is handling a request is the new one closed
   at once (`connections_refused`). ServiceLimits keeps the cap above `max_in_flight`, so /health
   and /metrics can still connect while every request slot is taken.
 - A connection idle for `service.idle_timeout_s` is closed: aiohttp's keepalive_timeout (app.py),

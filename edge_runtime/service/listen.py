@@ -116,7 +116,3 @@ def describe(sock: socket.socket) -> str:
             return f"http://{name[0]}:{name[1]}"
         return name or "fd 3"
     return "a socket"
-
-
-def is_tcp(sock: socket.socket | None) -> bool:
-    return sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6)
