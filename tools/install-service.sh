@@ -109,7 +109,6 @@ if [ -n "$CONFIG" ]; then CONFIG=$(resolve_config "$CONFIG") || exit 2; fi
 ETC_CONFIG=/etc/edge-runtime/budget.yaml
 [ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$CONFIG
 
-
 plan_memory() {
     # prints "HIGH MAX" in bytes from the budget's memory plan (edge_runtime/service/unit_limits.py);
     # a budget or model the plan refuses stops the install with its message
