@@ -146,8 +146,8 @@ def test_serve_refuses_a_non_loopback_address_without_keys_before_binding(tmp_pa
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    # cwd outside the checkout: its top-level kernels/ folder would shadow a package
-    return subprocess.run([sys.executable, "-m", "edge_runtime", "serve", "--socket",
+    # -P and a cwd outside the checkout: its top-level kernels/ folder would shadow a package
+    return subprocess.run([sys.executable, "-P", "-m", "edge_runtime", "serve", "--socket",
                            str(tmp_path / "api.sock"), *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
 
@@ -213,7 +213,7 @@ except ConfigError as exc:
 ])
 def test_socket_activation_takes_a_unix_and_an_optional_tcp_socket(tmp_path, kinds, listen,
                                                                    expected):
-    proc = subprocess.run([sys.executable, "-c", _ACTIVATED, kinds, listen], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-P", "-c", _ACTIVATED, kinds, listen], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
