@@ -4,7 +4,7 @@
 values (so requests get past the schema and run), wrong types and edge numbers, raw literals JSON
 allows but Python does not take (5,000-digit integers, NaN, 1e999), lone surrogates, control-token
 text, broken or compressed bodies, raw bytes and malformed HTTP. `exchange()` sends one over a new
-Unix-socket connection, may disconnect at a chosen point, and checks the answer: never 5xx, every
+connection (a Unix socket path, or a (host, port) on 127.0.0.1), may disconnect at a chosen point, and checks the answer: never 5xx, every
 error JSON except aiohttp's documented text/plain 400 for requests its parser refuses, every
 stream well formed up to `data: [DONE]`.
 """
@@ -140,14 +140,24 @@ def http_request(path: str, body: bytes, headers: str) -> bytes:
             f"Connection: close\r\n{headers}Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def exchange(path: str, request: bytes, leave_after: int | None = None,
+def with_header(request: bytes, line: str) -> bytes:
+    """`request` with the header `line` after its request line (as is, if it has none)."""
+    first, sep, rest = request.partition(b"\r\n")
+    return first + sep + line.encode() + b"\r\n" + rest if sep else request
+
+
+def exchange(address, request: bytes, leave_after: int | None = None,
              timeout: float = 30.0) -> Outcome:
     """Send `request` on a new connection and read the answer to the close. `leave_after`:
     close after sending that many bytes of the request (negative: after that many stream
     events, -1 being the first), without reading the rest."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if isinstance(address, tuple):
+        assert address[0] == "127.0.0.1", address  # no traffic leaves the machine
+        conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    else:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)  # a server that stops answering fails here
-    conn.connect(path)
+    conn.connect(address)
     try:
         if leave_after is not None and leave_after >= 0:
             conn.sendall(request[:leave_after])

@@ -1,5 +1,8 @@
 """Helpers for the service tests: start a real `edge-runtime serve` process on a Unix socket, or
-the app alone (a stand-in engine, no model) in a thread, and talk raw HTTP to either."""
+the app alone (a stand-in engine, no model) in a thread, and talk raw HTTP to either.
+
+An address is a Unix socket path (str) or a TCP (host, port) on 127.0.0.1: the tests never bind
+or connect to any other address."""
 
 from __future__ import annotations
 
@@ -29,9 +32,13 @@ def write_config(path: Path, service: dict | None = None, guard: dict | None = N
     return path
 
 
-def client(sock: str, timeout: float = 60.0) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://localhost",
-                        timeout=timeout)
+def client(address, timeout: float = 60.0, headers: dict | None = None) -> httpx.Client:
+    if isinstance(address, tuple):
+        host, port = address
+        return httpx.Client(base_url=f"http://{host}:{port}", timeout=timeout, headers=headers,
+                            trust_env=False)
+    return httpx.Client(transport=httpx.HTTPTransport(uds=address), base_url="http://localhost",
+                        timeout=timeout, headers=headers)
 
 
 def wait_ready(proc: subprocess.Popen, sock: str, timeout: float = 120.0) -> None:
@@ -49,6 +56,15 @@ def wait_ready(proc: subprocess.Popen, sock: str, timeout: float = 120.0) -> Non
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"server not ready after {timeout} s:\n{_output(proc)}")
+
+
+def tcp_address(proc: subprocess.Popen) -> tuple[str, int]:
+    """The 127.0.0.1 port a `serve --listen 127.0.0.1:0` process listens on, from its start line."""
+    import re
+
+    found = re.search(r"listening on .*http://127\.0\.0\.1:(\d+)", _output(proc))
+    assert found, _output(proc)
+    return "127.0.0.1", int(found.group(1))
 
 
 def start_server(sock: str, config: Path | None, model: str, extra_env: dict | None = None,
@@ -131,8 +147,42 @@ def stub_state(**limits):
 @contextlib.contextmanager
 def app_on_unix_socket(state, path: str):
     """Serve build_app(state) on `path` from an event loop in a thread, as server.py runs it."""
-    import asyncio
     import socket
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1024)
+    with _app_on(state, [listener]):
+        yield path
+
+
+@contextlib.contextmanager
+def app_on_tcp(state):
+    """Serve build_app(state) on 127.0.0.1 at a port the kernel picks; yields (host, port)."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    with _app_on(state, [listener]):
+        yield listener.getsockname()
+
+
+@contextlib.contextmanager
+def app_on(state, transport: str, tmp_path: Path):
+    """app_on_unix_socket or app_on_tcp by name ("unix" or "tcp")."""
+    if transport == "tcp":
+        with app_on_tcp(state) as address:
+            yield address
+    else:
+        assert transport == "unix", transport
+        with app_on_unix_socket(state, str(tmp_path / "api.sock")) as address:
+            yield address
+
+
+@contextlib.contextmanager
+def _app_on(state, listeners: list):
+    import asyncio
     import threading
 
     from aiohttp import web
@@ -141,9 +191,6 @@ def app_on_unix_socket(state, path: str):
 
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(1024)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
@@ -151,26 +198,40 @@ def app_on_unix_socket(state, path: str):
         from edge_runtime.service.connections import start_listening
 
         await runner.setup()
-        await start_listening(runner, listener, state)
+        await start_listening(runner, listeners, state)
 
     asyncio.run_coroutine_threadsafe(start(), loop).result(30)
     try:
-        yield path
+        yield
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
-        listener.close()
+        for listener in listeners:
+            listener.close()
 
 
-def raw_connect(path: str, timeout: float = 60.0):
+def raw_connect(address, timeout: float = 60.0):
     import socket
 
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if isinstance(address, tuple):
+        assert address[0] == "127.0.0.1", address  # no traffic leaves the machine
+        conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    else:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)  # a safety net against a hang, not a measurement
-    conn.connect(path)
+    conn.connect(address)
     return conn
+
+
+def write_keys(path: Path, *keys: str, mode: int = 0o600) -> Path:
+    """A keys file, one key a line, created with `mode` (never readable by others meanwhile)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("# API keys of the tests\n" + "".join(k + "\n" for k in keys))
+    os.chmod(path, mode)
+    return path
 
 
 def post_bytes(url: str, body: bytes, headers: str = "") -> bytes:

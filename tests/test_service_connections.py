@@ -1,6 +1,7 @@
 """Open connections (service/connections.py): 2,000 idle connections against a real `serve`
-process held to the 1,024 descriptors of a default systemd service, the idle-longest closed past
-the cap, the idle timeout, accept errors counted and logged once per interval."""
+process held to the 1,024 descriptors of a default systemd service (on its Unix socket, and on
+its TCP listener at 127.0.0.1 with API keys), the idle-longest closed past the cap, the idle
+timeout, accept errors counted and logged once per interval."""
 
 from __future__ import annotations
 
@@ -34,26 +35,40 @@ def _metric(text: str, name: str) -> float:
                 if line.startswith(name + " "))
 
 
-def test_2000_idle_connections_leave_health_and_chat_answering(tmp_path):
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_2000_idle_connections_leave_health_and_chat_answering(tmp_path, transport):
     """About 1,100 connections that never sent a request used up the server's 1,024 descriptors:
-    /health timed out and the log filled with accept() tracebacks."""
+    /health timed out and the log filled with accept() tracebacks. Over TCP (127.0.0.1, API
+    keys) the same cap holds, shared with the Unix socket."""
     from engine_helpers import tiny_folder
+    from service_helpers import tcp_address, write_keys
 
     _raise_own_descriptor_limit(IDLE_CONNECTIONS + 512)
     sock = str(tmp_path / "api.sock")
-    proc = start_server(sock, None, str(tiny_folder()), max_open_files=1024)
+    extra, headers = (), None
+    if transport == "tcp":
+        key = "soak-" + "0123456789abcdef" * 2
+        extra = ("--listen", "127.0.0.1:0", "--api-keys", str(write_keys(tmp_path / "k", key)))
+        headers = {"Authorization": f"Bearer {key}"}
+    proc = start_server(sock, None, str(tiny_folder()), max_open_files=1024, extra_args=extra)
     idle = []
     try:
         wait_ready(proc, sock)
+        address = tcp_address(proc) if transport == "tcp" else sock
         for _ in range(IDLE_CONNECTIONS):  # connect and never send a byte
-            idle.append(_connect_when_the_backlog_has_room(sock))
-        with client(sock, timeout=30) as c:  # "in time": a hung server fails on the timeout
+            idle.append(_connect_when_the_backlog_has_room(address))
+        with client(address, timeout=30, headers=headers) as c:  # a hung server: the timeout
             assert c.get("/health").status_code == 200  # ready, or degraded by the guard
             chat = c.post("/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
             assert chat.status_code == 200, chat.text
             assert chat.json()["usage"]["completion_tokens"] >= 1
             metrics = c.get("/metrics").text
+        if transport == "tcp":
+            with client(address, timeout=30) as c:
+                assert c.get("/health").status_code == 401  # no key
+            with client(sock, timeout=30) as c:
+                assert c.get("/health").status_code == 200  # the Unix socket needs none
         assert _metric(metrics, "edge_service_connections_open") <= 256
         assert _metric(metrics, "edge_service_connections_evicted_total") \
             >= IDLE_CONNECTIONS - 256
@@ -171,12 +186,13 @@ def _wait(done, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def _connect_when_the_backlog_has_room(path: str) -> socket.socket:
-    """A Unix socket's connect() fails with EAGAIN while the listen backlog is full."""
+def _connect_when_the_backlog_has_room(address) -> socket.socket:
+    """A Unix socket's connect() fails with EAGAIN while the listen backlog is full (TCP's waits
+    and retries its SYN itself)."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            return raw_connect(path, timeout=30)
+            return raw_connect(address, timeout=30)
         except BlockingIOError:
             assert time.monotonic() < deadline, "the server stopped accepting"
             time.sleep(0.005)

@@ -4,22 +4,61 @@ Fails on any 5xx, any non-JSON error other than aiohttp's documented text/plain 
 logged, a request left in flight, or a server that stops answering (the client's timeout).
 
 The HTTP layer is what is under test, so most requests run on a stand-in engine that streams a
-few tokens per choice; a smaller part runs on the real engine (the tiny random model)."""
+few tokens per choice; a smaller part runs on the real engine (the tiny random model). Both run
+over the Unix socket and over TCP on 127.0.0.1 with API keys (most requests with the key, some
+with a wrong one or none: 401)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 
-from fuzz_client import RequestFuzzer, check, exchange, http_request
-from service_helpers import app_on_unix_socket, client, tiny_engine_state
+from fuzz_client import RequestFuzzer, check, exchange, http_request, with_header
+from service_helpers import app_on_tcp, app_on_unix_socket, client, tiny_engine_state
 
 FUZZ_LIMITS = {"max_tokens": 16, "body_timeout_s": 0.5}
+KEY = "fuzz-key-0123456789abcdef0123456789abcdef"
+TRANSPORTS = ["unix", "tcp-with-keys"]
+
+
+@dataclass
+class Target:
+    address: object  # a Unix socket path, or (127.0.0.1, port)
+    key: str | None  # the API key the listener requires, if any
+
+    def keyed(self, request: bytes, rng=None) -> bytes:
+        """`request` with the key (with `rng`: one in ten with a wrong key or none)."""
+        if self.key is None:
+            return request
+        roll = rng.random() if rng is not None else 0.0
+        if roll >= 0.95:
+            return request
+        key = self.key if roll < 0.9 else self.key[:-1] + "0"
+        return with_header(request, f"Authorization: Bearer {key}")
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+
+@contextlib.contextmanager
+def _serving(state, transport: str, tmp_path):
+    if transport == "unix":
+        with app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
+            yield Target(sock, None)
+    else:
+        from edge_runtime.service.api_keys import ApiKeys
+
+        state.api_keys = ApiKeys([KEY])
+        with app_on_tcp(state) as address:
+            yield Target(address, KEY)
 
 
 class StreamingStandIn:
@@ -71,13 +110,14 @@ def _stand_in_state():
     return state
 
 
-def _fuzz(sock: str, seed: int, count: int) -> int:
+def _fuzz(target: Target, seed: int, count: int) -> int:
     """`count` fuzzed requests; every tenth asking for a stream is left after a random event or
     at a random byte of the request. Returns how many were sent."""
     fuzzer = RequestFuzzer(seed)
     rng = fuzzer.rng
     for i in range(count):
         kind, request, stream = fuzzer.request()
+        request = target.keyed(request, rng)
         malformed = not request.startswith(b"POST /v1/") or b"Content-Length: -5" in request \
             or b"Transfer-Encoding" in request
         leave = None
@@ -85,15 +125,16 @@ def _fuzz(sock: str, seed: int, count: int) -> int:
             leave = -rng.randint(1, 8)
         elif rng.random() < 0.05:
             leave = rng.randint(0, len(request))
-        check(exchange(sock, request, leave), malformed)
+        check(exchange(target.address, request, leave), malformed)
         if i % 50 == 49:
-            _assert_answering(sock)
+            _assert_answering(target)
     return count
 
 
-def _every_disconnect_point(sock: str, body: bytes, path: str) -> int:
+def _every_disconnect_point(target: Target, body: bytes, path: str) -> int:
     """The same stream, left after each of its events in turn and at points of its request."""
-    request = http_request(path, body, "")
+    request = target.keyed(http_request(path, body, ""))
+    sock = target.address
     full = exchange(sock, request)
     check(full, False)
     assert full.status == 200 and full.events[-1] == "[DONE]", full
@@ -108,8 +149,8 @@ def _every_disconnect_point(sock: str, body: bytes, path: str) -> int:
     return sent
 
 
-def _assert_answering(sock: str) -> None:
-    with client(sock, timeout=30) as c:
+def _assert_answering(target: Target) -> None:
+    with client(target.address, timeout=30, headers=target.headers) as c:
         assert c.get("/health").status_code == 200
 
 
@@ -129,31 +170,35 @@ STREAMS = [(b'{"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tok
            (b'{"prompt": [1, 2], "max_tokens": 2, "stream": true}', "/v1/completions")]
 
 
-def test_fuzz_http_layer_on_a_stand_in_engine(tmp_path, caplog):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fuzz_http_layer_on_a_stand_in_engine(tmp_path, caplog, transport):
     caplog.set_level(logging.INFO)
     state = _stand_in_state()
-    with app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
-        sent = _fuzz(sock, seed=1234, count=1000)
+    with _serving(state, transport, tmp_path) as target:
+        sent = _fuzz(target, seed=1234, count=1000)
         for body, path in STREAMS:
-            sent += _every_disconnect_point(sock, body, path)
+            sent += _every_disconnect_point(target, body, path)
         with ThreadPoolExecutor(4) as pool:  # and four clients at once (seeded each)
-            sent += sum(pool.map(lambda seed: _fuzz(sock, seed, 60), range(4)))
-        _assert_answering(sock)
+            sent += sum(pool.map(lambda seed: _fuzz(target, seed, 60), range(4)))
+        _assert_answering(target)
         _assert_clean(state, caplog)
     assert sent >= 1000
     served = sum(n for (_, status), n in state.metrics.requests.items() if status == 200)
     refused = sum(n for (_, status), n in state.metrics.requests.items() if 400 <= status < 500)
     assert served > 150 and refused > 300, state.metrics.requests  # both sides were reached
+    unauthorized = sum(n for (_, status), n in state.metrics.requests.items() if status == 401)
+    assert (unauthorized > 20) == (target.key is not None), state.metrics.requests
 
 
-def test_fuzz_on_the_real_engine(tmp_path, caplog):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fuzz_on_the_real_engine(tmp_path, caplog, transport):
     caplog.set_level(logging.INFO)
     with tiny_engine_state(limits=FUZZ_LIMITS) as state, \
-            app_on_unix_socket(state, str(tmp_path / "api.sock")) as sock:
-        sent = _fuzz(sock, seed=99, count=150)
+            _serving(state, transport, tmp_path) as target:
+        sent = _fuzz(target, seed=99, count=150)
         for body, path in STREAMS:
-            sent += _every_disconnect_point(sock, body, path)
-        _assert_answering(sock)
+            sent += _every_disconnect_point(target, body, path)
+        _assert_answering(target)
         _assert_clean(state, caplog)
         engine = state.engine
         deadline = time.monotonic() + 30

@@ -69,7 +69,32 @@ def test_the_template_serves_on_the_device_torch_finds():
 def test_socket_unit_hands_over_a_0660_listening_socket():
     text = (ROOT / "systemd/edge-runtime.socket").read_text()
     assert "SocketMode=0660" in text and "Accept=no" in text
-    assert "ListenStream=/run/edge-runtime.sock" in text
+    streams = [line for line in text.splitlines() if line.startswith("ListenStream=")]
+    assert streams == ["ListenStream=/run/edge-runtime.sock"]  # no TCP unless asked
+
+
+@pytest.mark.parametrize("listen,stream,keys", [("localhost:8080", "127.0.0.1:8080", False),
+                                                ("[::1]:08080", "[::1]:8080", False),
+                                                ("0.0.0.0:8443", "0.0.0.0:8443", True)])
+def test_a_tcp_listener_is_a_second_listen_stream_and_keys_reach_serve(tmp_path, listen, stream,
+                                                                       keys):
+    key_args = []
+    if keys:
+        key_file = tmp_path / "my keys"
+        key_file.write_text("k" * 40 + "\n")
+        key_file.chmod(0o600)
+        key_args = ["--api-keys", str(key_file)]
+    out = tmp_path / "units"
+    _render(out, "--listen", listen, *key_args, "--memory-high", "3G", "--memory-max", "4G")
+    socket_unit = (out / "edge-runtime.socket").read_text()
+    streams = [line for line in socket_unit.splitlines() if line.startswith("ListenStream=")]
+    assert streams == ["ListenStream=/run/edge-runtime.sock", f"ListenStream={stream}"]
+    argv = _exec_argv((out / "edge-runtime.service").read_text())
+    assert argv[-2:] == (["--api-keys", str(key_file)] if keys else ["--model",
+                                                                      "smollm2-135m-instruct"])
+    assert "--listen" not in argv  # the socket comes from systemd
+    proc = _verify(out)
+    assert proc.returncode == 0 and not _unit_messages(proc.stderr), proc.stderr
 
 
 def test_memory_limits_come_from_the_budget_plan(tmp_path):
@@ -122,6 +147,16 @@ def _exec_argv(service: str) -> list[str]:
     (["--memory-high", "foo", "--memory-max", "4G"], "--memory-high/--memory-max foo"),
     (["--venv", "relative/venv"], "must be absolute paths"),
     (["--user", "bad user"], "not a valid system user name"),
+    (["--listen"], "--listen needs a value"),
+    (["--listen", "0.0.0.0:8080"], "--listen 0.0.0.0:8080 is not a loopback address: anyone who "
+                                   "can reach it could use the model; give --api-keys FILE too"),
+    (["--listen", "[::]:8080"], "--listen [::]:8080 is not a loopback address"),
+    (["--listen", "jetson.local:8080"], "--listen jetson.local:8080: give HOST:PORT with an IP "
+                                        "address"),
+    (["--listen", "127.0.0.1"], "--listen 127.0.0.1: give HOST:PORT"),
+    (["--listen", "127.0.0.1:0"], "the port must be 1 to 65535"),
+    (["--listen", "127.0.0.1:70000"], "the port must be 1 to 65535"),
+    (["--api-keys", "/nope/keys"], "--api-keys /nope/keys: no such readable file"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, args, message):
     out = tmp_path / "units"
@@ -184,6 +219,25 @@ def test_install_touches_etc_only_after_the_plan_and_restarts_a_running_service(
                for c in calls), calls
     assert calls[-3:] == ["systemctl daemon-reload", "systemctl enable --now edge-runtime.socket",
                           "systemctl try-restart edge-runtime.service"], calls
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="the install path runs only as root (every system change is stubbed)")
+def test_install_puts_the_keys_file_where_only_the_service_user_reads_it(tmp_path):
+    env, log = fake_install_root(tmp_path)
+    keys = tmp_path / "keys"
+    keys.write_text("k" * 40 + "\n")
+    proc = subprocess.run([str(ROOT / "tools/install-service.sh"), "--config", "cpu-dev",
+                           "--prefix", str(tmp_path / "opt"), "--venv", str(tmp_path / "venv"),
+                           "--user", "edge-test", "--memory-high", "3G", "--memory-max", "4G",
+                           "--listen", "0.0.0.0:8080", "--api-keys", str(keys)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    assert f"install -m 0600 -o edge-test -g edge-test {keys} /etc/edge-runtime/api-keys" in calls
+    assert calls.index(f"install -m 0600 -o edge-test -g edge-test {keys} "
+                       "/etc/edge-runtime/api-keys") < calls.index("systemctl daemon-reload")
+    assert "the API also listens on 0.0.0.0:8080" in proc.stdout, proc.stdout
 
 
 def test_the_template_limits_agree_with_the_default_guard():

@@ -16,6 +16,11 @@
 # MemoryHigh/MemoryMax: from the budget's memory plan and guard thresholds (python -m
 # edge_runtime.service.unit_limits, docs/guard.md). --memory-high/--memory-max override, checked
 # against the guard's thresholds the same way; without a plan the template's values stay.
+#
+# TCP listener (off unless asked; docs/service.md "TCP listener"): --listen HOST:PORT adds
+# ListenStream=HOST:PORT to the socket unit; --api-keys FILE is installed as
+# /etc/edge-runtime/api-keys (mode 0600, owned by the service user) and passed to serve. An
+# address other than loopback (127.x.x.x, [::1], localhost) is refused without --api-keys.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PREFIX=/opt/edge-runtime
@@ -26,6 +31,8 @@ SVC_USER=edge-runtime
 MEM_HIGH=""
 MEM_MAX=""
 MODEL=smollm2-135m-instruct
+LISTEN=""
+API_KEYS=""
 # JetPack's release file: its presence means a Jetson (tests point it elsewhere)
 TEGRA_RELEASE=${EDGE_RUNTIME_TEGRA_RELEASE:-/etc/nv_tegra_release}
 die() { echo "install-service: $*" >&2; exit 2; }
@@ -35,7 +42,8 @@ need() {  # need OPTION "$@": the option's value is present and is not the next 
 }
 while [ $# -gt 0 ]; do
     case "$1" in
-        --prefix|--venv|--config|--render|--user|--model|--memory-high|--memory-max) need "$@" ;;
+        --prefix|--venv|--config|--render|--user|--model|--memory-high|--memory-max|--listen|--api-keys)
+            need "$@" ;;
     esac
     case "$1" in
         --prefix) PREFIX=$2; shift 2 ;;
@@ -46,7 +54,9 @@ while [ $# -gt 0 ]; do
         --model) MODEL=$2; shift 2 ;;
         --memory-high) MEM_HIGH=$2; shift 2 ;;
         --memory-max) MEM_MAX=$2; shift 2 ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        --listen) LISTEN=$2; shift 2 ;;
+        --api-keys) API_KEYS=$2; shift 2 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -75,6 +85,26 @@ for m in "$MEM_HIGH" "$MEM_MAX"; do
     [ -z "$m" ] || valid_memory "$m" \
         || die "--memory-high/--memory-max $m: give bytes with an optional K/M/G/T, a percentage or infinity"
 done
+check_listen() {  # HOST:PORT as systemd's ListenStream= takes it (localhost -> 127.0.0.1)
+    local forms="give HOST:PORT with an IP address, e.g. 127.0.0.1:8080, 0.0.0.0:8080 or [::1]:8080"
+    [[ $LISTEN =~ ^(\[[0-9A-Fa-f:.]+\]|[0-9.]+|localhost):([0-9]{1,5})$ ]] \
+        || die "--listen $LISTEN: $forms"
+    local port=$((10#${BASH_REMATCH[2]}))
+    [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "--listen $LISTEN: the port must be 1 to 65535"
+    LISTEN=${BASH_REMATCH[1]/#localhost/127.0.0.1}:$port
+    if ! [[ $LISTEN =~ ^(127\.[0-9.]+|\[::1\]|\[::[fF]{4}:127\.[0-9.]+\]):[0-9]+$ ]] \
+        && [ -z "$API_KEYS" ]; then
+        die "--listen $LISTEN is not a loopback address: anyone who can reach it could use the" \
+            "model; give --api-keys FILE too (docs/service.md), or listen on 127.0.0.1"
+    fi
+}
+[ -z "$LISTEN" ] || check_listen
+ETC_KEYS=/etc/edge-runtime/api-keys
+if [ -n "$API_KEYS" ]; then
+    [ -f "$API_KEYS" ] && [ -r "$API_KEYS" ] || die "--api-keys $API_KEYS: no such readable file"
+    API_KEYS="$(cd "$(dirname "$API_KEYS")" && pwd)/$(basename "$API_KEYS")"
+    [ -n "$RENDER" ] && ETC_KEYS=$API_KEYS
+fi
 if [ -n "$CONFIG" ]; then CONFIG=$(resolve_config "$CONFIG") || exit 2; fi
 ETC_CONFIG=/etc/edge-runtime/budget.yaml
 [ -n "$RENDER" ] && [ -n "$CONFIG" ] && ETC_CONFIG=$CONFIG
@@ -123,6 +153,7 @@ render() {  # render DIR: write both units with this machine's paths, user and m
     local exec
     exec="$(sd_word "$VENV/bin/edge-runtime") serve --device auto --config $(sd_word "$ETC_CONFIG")"
     exec="$exec --model $(sd_word "$MODEL")"
+    [ -z "$API_KEYS" ] || exec="$exec --api-keys $(sd_word "$ETC_KEYS")"
     sed -e "s|^ExecStart=.*|ExecStart=$(sed_text "$exec")|" \
         -e "s|^User=.*|User=$SVC_USER|" -e "s|^Group=.*|Group=$SVC_USER|" \
         -e "s|^SupplementaryGroups=.*|SupplementaryGroups=${groups# }|" \
@@ -130,6 +161,7 @@ render() {  # render DIR: write both units with this machine's paths, user and m
         ${MEM_MAX:+-e "s|^MemoryMax=.*|MemoryMax=$MEM_MAX|"} \
         "$here/systemd/edge-runtime.service" >"$out/edge-runtime.service"
     sed -e "s|^SocketUser=.*|SocketUser=$SVC_USER|" -e "s|^SocketGroup=.*|SocketGroup=$SVC_USER|" \
+        ${LISTEN:+-e "/^ListenStream=\//a ListenStream=$LISTEN"} \
         "$here/systemd/edge-runtime.socket" >"$out/edge-runtime.socket"
     echo "install-service: rendered units in $out (MemoryHigh=${MEM_HIGH:-template} MemoryMax=${MEM_MAX:-template})"
 }
@@ -187,9 +219,13 @@ trap 'rm -rf "$staged"' EXIT
 render "$staged"
 install -d -m 0755 /etc/edge-runtime
 install -m 0644 "$CONFIG" "$ETC_CONFIG"
+if [ -n "$API_KEYS" ]; then  # readable by the service's user only: serve refuses anything more
+    install -m 0600 -o "$SVC_USER" -g "$SVC_USER" "$API_KEYS" "$ETC_KEYS"
+fi
 install -m 0644 "$staged/edge-runtime.service" "$staged/edge-runtime.socket" /etc/systemd/system/
 systemctl daemon-reload
 systemctl enable --now edge-runtime.socket
 # a reinstall must not leave the old code serving: restart the service if it is running
 systemctl try-restart edge-runtime.service
 echo "install-service: done. Try: curl --unix-socket /run/edge-runtime.sock http://localhost/health"
+[ -z "$LISTEN" ] || echo "install-service: the API also listens on $LISTEN (docs/service.md, \"TCP listener\")"

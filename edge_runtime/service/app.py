@@ -7,6 +7,8 @@ Invariants:
   (server.py) so systemd restarts the service.
 - The app exists before the model is loaded: /health answers 503 "loading" until `set_ready`,
   so clients that connect early (socket activation) get a clear answer, never a hang.
+- With API keys configured, a request over TCP passes service/api_keys.py's check before any
+  handler runs (401 otherwise); the Unix socket is not asked for a key.
 - Every error answer is JSON `{"error": {"message", "type", "code", "param"}}` with a 4xx/5xx status,
   including unknown routes and wrong methods; a handler bug answers 500 JSON and is logged.
   The one exception: a request aiohttp's HTTP parser refuses before any handler runs (request
@@ -21,10 +23,12 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import re
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from edge_runtime.service.api_keys import api_key_middleware
 from edge_runtime.service.metrics import render_prometheus
 from edge_runtime.service.schema import ApiError
 from edge_runtime.service.state import STATE_KEY, ServiceState
@@ -39,15 +43,20 @@ def json_error(exc: ApiError) -> web.Response:
     return response
 
 
+_QUERY = re.compile(r"\?[^\s'\"]*")
+
+
 class ProtocolLog(logging.LoggerAdapter):
     """aiohttp's connection-level logger. A request its HTTP parser refuses is the client's error,
-    answered 400 by aiohttp: one INFO line, not an ERROR with a traceback. Anything else (an
+    answered 400 by aiohttp: one INFO line, not an ERROR with a traceback, and with any query
+    string of the request line it quotes redacted (it may hold an API key). Anything else (an
     exception escaping the app, a bug) keeps its traceback."""
 
     def exception(self, msg, *args, exc_info=True, **kwargs) -> None:
         if isinstance(exc_info, HttpProcessingError):
+            text = _QUERY.sub("?<query redacted>", " ".join(str(exc_info.message).split()))
             self.info("refused a malformed HTTP request (%s %s): %s", exc_info.code,
-                      type(exc_info).__name__, " ".join(str(exc_info.message).split())[:300])
+                      type(exc_info).__name__, text[:300])
         else:
             super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
@@ -126,7 +135,7 @@ def build_app(state: ServiceState) -> web.Application:
     # The body limit is enforced (with a JSON 413) by body.read_body; this is a backstop.
     # body.read_body decodes Content-Encoding itself, so that a body that does not decode
     # or an unsupported coding is a JSON 400/415 rather than a 500 or aiohttp's text/plain 400.
-    app = web.Application(middlewares=[error_middleware],
+    app = web.Application(middlewares=[error_middleware, api_key_middleware],
                           client_max_size=state.limits.max_body_bytes + 1,
                           handler_args={"auto_decompress": False,
                                         "keepalive_timeout": state.limits.idle_timeout_s,

@@ -5,10 +5,11 @@ caps nothing: about 1,100 such connections used up the process's 1,024 descripto
 out, and asyncio logged every failed accept() with a traceback.
 
 Invariants:
-- At most `service.max_connections` connections are open. One more closes the connection idle
-  longest first: idle means no request of it is being handled (it waits for its first request or
-  the next keep-alive one, is still sending headers, or is sending a request body, which holds no
-  request slot yet). Only when every open connection is handling a request is the new one closed
+- At most `service.max_connections` connections are open, counted over every listener (the
+  Unix socket and the optional TCP one share one ConnectionLimiter). One more closes the
+  connection idle longest first: idle means no request of it is being handled (it waits for its
+  first request or the next keep-alive one, is still sending headers, or is sending a request
+  body, which holds no request slot yet). Only when every open connection is handling a request is the new one closed
   at once (`connections_refused`). ServiceLimits keeps the cap above `max_in_flight`, so /health
   and /metrics can still connect while every request slot is taken.
 - A connection idle for `service.idle_timeout_s` is closed: aiohttp's keepalive_timeout (app.py),
@@ -45,7 +46,7 @@ _ACCEPT_FAILED = "socket.accept() out of system resource"
 
 
 class ConnectionLimiter:
-    """Counts the open connections of one listener and closes the idle-longest past the cap.
+    """Counts the open connections of the listeners and closes the idle-longest past the cap.
     Only the event loop thread uses it."""
 
     def __init__(self, server: web.Server, max_connections: int, metrics) -> None:
@@ -140,16 +141,20 @@ class LimitedSockSite(web.SockSite):
                                                 backlog=self._backlog)
 
 
-async def start_listening(runner: web.BaseRunner, sock, state,
-                          backlog: int = ACCEPT_BACKLOG) -> LimitedSockSite:
-    """Serve `runner` on the listening `sock` under `state.limits.max_connections`, with accept
+async def start_listening(runner: web.BaseRunner, socks: list, state,
+                          backlog: int = ACCEPT_BACKLOG) -> list[LimitedSockSite]:
+    """Serve `runner` on each listening socket of `socks` (the Unix socket, and the TCP one when
+    configured) under one `state.limits.max_connections` cap shared by all of them, with accept
     errors rate-limited on this event loop; `state.connections` is the limiter."""
     asyncio.get_running_loop().set_exception_handler(AcceptErrorLog(state.metrics))
     state.connections = ConnectionLimiter(runner.server, state.limits.max_connections,
                                           state.metrics)
-    site = LimitedSockSite(runner, sock, state.connections, backlog=backlog)
-    await site.start()
-    return site
+    sites = []
+    for sock in socks:
+        site = LimitedSockSite(runner, sock, state.connections, backlog=backlog)
+        await site.start()
+        sites.append(site)
+    return sites
 
 
 class AcceptErrorLog:

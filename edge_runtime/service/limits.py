@@ -12,11 +12,14 @@ from dataclasses import dataclass, fields
 
 from edge_runtime.config_checks import check_concurrent_sequences, parse_bytes, section_fields
 from edge_runtime.errors import ConfigError
+from edge_runtime.service.listen import parse_listen
 
 
 @dataclass(frozen=True)
 class ServiceLimits:
     socket: str = "/run/edge-runtime.sock"
+    listen: str = ""  # HOST:PORT of the TCP listener; "" = none (service/listen.py)
+    api_keys: str = ""  # the keys file the TCP listener requires keys from; "" = none
     max_body_bytes: int = 1 << 20
     max_tokens: int = 1024
     max_prompt_tokens: int = 0
@@ -29,6 +32,8 @@ class ServiceLimits:
     idle_timeout_s: float = 30.0  # a connection with no request for this long is closed
 
     def __post_init__(self) -> None:
+        if self.listen:
+            parse_listen(self.listen, "service.listen")
         for name in ("body_timeout_s", "idle_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ConfigError(f"service.{name} must be a finite number > 0, "

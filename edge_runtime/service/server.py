@@ -1,4 +1,4 @@
-"""Run the service: bind (or receive) the socket, load the model, notify systemd, drain on SIGTERM.
+"""Run the service: bind (or receive) the sockets, load the model, notify systemd, drain on SIGTERM.
 
 Lifecycle (each step is reported to systemd with STATUS=):
   socket listening (answers /health "loading") -> model load in a thread (EXTEND_TIMEOUT_USEC every
@@ -36,6 +36,7 @@ from aiohttp import web
 from edge_runtime.errors import ConfigError
 from edge_runtime.service.app import ServiceState, build_app
 from edge_runtime.service.connections import check_descriptor_limit, start_listening
+from edge_runtime.service.listen import describe
 from edge_runtime.service.sd_notify import SystemdNotifier
 
 log = logging.getLogger(__name__)
@@ -122,10 +123,11 @@ def _why(exc: OSError) -> str:
 
 
 class Server:
-    def __init__(self, state: ServiceState, sock: socket.socket, loader: Callable[[], Loaded],
-                 notifier: SystemdNotifier | None = None, owns_path: str | None = None) -> None:
+    def __init__(self, state: ServiceState, socks: list[socket.socket],
+                 loader: Callable[[], Loaded], notifier: SystemdNotifier | None = None,
+                 owns_path: str | None = None) -> None:
         self.state = state
-        self.sock = sock
+        self.socks = socks  # the Unix socket, then the TCP one when configured (listen.py)
         self.loader = loader
         self.notifier = notifier or SystemdNotifier()
         self.owns_path = owns_path  # socket file to unlink at exit (None under socket activation)
@@ -141,13 +143,14 @@ class Server:
         check_descriptor_limit(self.state.limits.max_connections)
         runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = await start_listening(runner, self.sock, self.state)
-        _say(f"listening on {self.sock.getsockname() or 'fd 3'} (loading model...)")
+        sites = await start_listening(runner, self.socks, self.state)
+        where = " and ".join(describe(sock) for sock in self.socks)
+        _say(f"listening on {where} (loading model...)")
         try:
             if not await self._load():
                 return 0
             await self._serve()
-            await self._drain(site)
+            await self._drain(sites)
         finally:
             await runner.cleanup()
             self._close()
@@ -214,12 +217,13 @@ class Server:
             last_steps = steps
             await asyncio.sleep(period)
 
-    async def _drain(self, site) -> None:
+    async def _drain(self, sites) -> None:
         st, deadline = self.state, self.state.limits.shutdown_deadline_s
         st.stopping = True
         self.notifier.stopping(f"stopping: {st.in_flight} requests in flight")
         _say(f"stopping: draining {st.in_flight} requests (deadline {deadline:g} s)")
-        await site.stop()  # no new connections; open ones get 503 "shutting_down"
+        for site in sites:  # no new connections; open ones get 503 "shutting_down"
+            await site.stop()
         t_end = time.monotonic() + deadline
         while st.in_flight and time.monotonic() < t_end:
             await asyncio.sleep(0.05)

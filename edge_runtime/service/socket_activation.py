@@ -6,6 +6,8 @@ Invariants:
 - The sockets returned are the *listening* sockets systemd keeps a duplicate of (Accept=no): we
   never shutdown() them, and closing ours leaves systemd's copy listening for the next start.
 - After reading, the LISTEN_* variables are removed from os.environ so children don't claim fds.
+- At most one Unix stream socket (the local API) and one TCP stream socket (the optional TCP
+  listener, service/listen.py) are accepted; anything else is a ConfigError naming the fix.
 """
 
 from __future__ import annotations
@@ -41,22 +43,26 @@ def listen_fds(unset_environment: bool = True) -> list[tuple[str, int]]:
     return fds
 
 
-def activated_unix_socket() -> socket.socket | None:
-    """The one listening AF_UNIX stream socket systemd passed us, or None if not activated."""
+def activated_sockets() -> tuple[socket.socket, socket.socket | None] | None:
+    """(Unix stream socket, TCP stream socket or None) that systemd passed us; None when not
+    activated. Exactly one Unix and at most one TCP socket, each listening (Accept=no)."""
     fds = listen_fds()
     if not fds:
         return None
-    if len(fds) != 1:
+    socks = [socket.socket(fileno=fd) for _, fd in fds]
+    unix = [s for s in socks if s.family == socket.AF_UNIX]
+    tcp = [s for s in socks if s.family in (socket.AF_INET, socket.AF_INET6)]
+    if len(unix) != 1 or len(tcp) > 1 or len(unix) + len(tcp) != len(socks):
         raise ConfigError(
-            f"systemd passed {len(fds)} sockets ({[n for n, _ in fds]}); "
-            "edge-runtime.socket must have exactly one ListenStream="
-        )
-    sock = socket.socket(fileno=fds[0][1])
-    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-        raise ConfigError(
-            "the socket passed by systemd is not a Unix stream socket; "
-            "use ListenStream=/run/edge-runtime.sock and Accept=no"
-        )
-    if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-        raise ConfigError("the socket passed by systemd is not listening; set Accept=no")
-    return sock
+            f"systemd passed {len(fds)} sockets ({[n for n, _ in fds]}): {len(unix)} Unix, "
+            f"{len(tcp)} TCP, {len(socks) - len(unix) - len(tcp)} of another family; "
+            "edge-runtime.socket must have one ListenStream= with a path and at most one with "
+            "HOST:PORT")
+    for sock in socks:
+        if sock.type != socket.SOCK_STREAM:
+            raise ConfigError(
+                "a socket passed by systemd is not a stream socket; use ListenStream= (not "
+                "ListenDatagram=) and Accept=no")
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            raise ConfigError("a socket passed by systemd is not listening; set Accept=no")
+    return unix[0], (tcp[0] if tcp else None)

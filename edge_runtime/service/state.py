@@ -36,6 +36,7 @@ class ServiceState:
         self.backends: dict | None = None
         self.active: dict[str, object] = {}  # request id -> handler task, for shutdown
         self.connections = None  # connections.ConnectionLimiter, once listening
+        self.api_keys = None  # api_keys.ApiKeys the TCP listener requires, or None
 
     @property
     def in_flight(self) -> int:
