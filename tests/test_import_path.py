@@ -98,13 +98,13 @@ def test_the_refusal_names_each_entry_and_ignores_other_folders(tmp_path, monkey
 
 
 def _python_starts(tree: ast.AST) -> list[int]:
-    """Lines of list displays that start a Python child by hand: [sys.executable, "-m"/"-c", ...]."""
+    """Lines of list displays that start a Python child by hand: [sys.executable, "-m"/"-c"/"-P", ...]."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.List) and len(node.elts) >= 2:
             first, second = node.elts[0], node.elts[1]
             if (ast.unparse(first) == "sys.executable" and isinstance(second, ast.Constant)
-                    and second.value in ("-m", "-c")):
+                    and second.value in ("-m", "-c", "-P")):  # -P: not on 3.10 (JetPack 6)
                 lines.append(node.lineno)
     return lines
 

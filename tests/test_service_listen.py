@@ -11,12 +11,13 @@ import argparse
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from service_helpers import write_keys
+
+from edge_runtime.import_path import code_argv, module_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "0123456789abcdef" * 3
@@ -146,9 +147,8 @@ def test_serve_refuses_a_non_loopback_address_without_keys_before_binding(tmp_pa
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    # -P and a cwd outside the checkout: its top-level kernels/ folder would shadow a package
-    return subprocess.run([sys.executable, "-P", "-m", "edge_runtime", "serve", "--socket",
-                           str(tmp_path / "api.sock"), *args], cwd=tmp_path,
+    return subprocess.run(module_argv("edge_runtime", "serve", "--socket", str(tmp_path / "api.sock"), *args),
+                          cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -213,7 +213,7 @@ except ConfigError as exc:
 ])
 def test_socket_activation_takes_a_unix_and_an_optional_tcp_socket(tmp_path, kinds, listen,
                                                                    expected):
-    proc = subprocess.run([sys.executable, "-P", "-c", _ACTIVATED, kinds, listen], cwd=tmp_path,
+    proc = subprocess.run(code_argv(_ACTIVATED, kinds, listen), cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
