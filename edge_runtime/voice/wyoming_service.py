@@ -70,11 +70,8 @@ def run_wyoming(runtime: Runtime, config: VoiceConfig, host: str, port: int, mod
             warning = exposure_warning(host, address[1])
             if warning:
                 progress(warning)
-            try:
-                await stop.wait()
-            finally:
-                stats = server.stats()
-        return stats
+            await stop.wait()
+        return server.stats()  # after stop(): every connection closed
 
     try:
         return asyncio.run(serve())
