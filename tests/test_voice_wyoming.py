@@ -193,6 +193,28 @@ def test_transcript_is_handled_with_the_answer(server):
     assert "turn on the radio" in tok.decode(prompts[-1]) and second.data["text"] == "OK."
 
 
+def test_a_conversation_id_keeps_its_history_across_connections(server):
+    """Home Assistant opens a connection per sentence and names the conversation in the context."""
+    async def say(text, conversation_id=None):
+        context = {"conversation_id": conversation_id} if conversation_id else None
+        async with server.client() as client:
+            await client.write_event(Transcript(text=text, context=context).event())
+            return await client.read_event()
+
+    async def main():
+        handled = await say("turn on the radio", "01HS6SP2XD1E5HEHVDZE8R2WMR")
+        await say("lock the door")  # no conversation: its own connection's history only
+        await say("and the garage", "01HS6SP2XD1E5HEHVDZE8R2WMR")
+        return handled
+
+    handled = asyncio.run(main())
+    assert handled.data["context"] == {"conversation_id": "01HS6SP2XD1E5HEHVDZE8R2WMR"}
+    tok = server.runtime.tokenizer
+    last = tok.decode(server.runtime.aengine.prompts[-1])
+    assert "turn on the radio" in last and "lock the door" not in last
+    assert server.call(lambda: len(server.server.shared.conversations)) == 1
+
+
 @needs_espeak
 def test_synthesize_streams_espeak_audio_in_chunks(server):
     async def main():

@@ -10,7 +10,8 @@ Events served (the `wyoming` package's event classes and framing, voice/wyoming_
   (`synthesize`, `audio-start`, `audio-chunk`s, `audio-stop`), up to the end stage. The stream
   goes on until `audio-stop` or the end of the connection; commands are answered in order while
   the next ones are heard (voice/wyoming_turns.py, voice/wyoming_listener.py);
-- `transcript` -> `handled`: a typed command answered with the connection's history and acted on
+- `transcript` -> `handled`: a typed command answered with the connection's history (or, with a
+  context's `conversation_id`, that conversation's: voice/wyoming_conversations.py) and acted on
   (the home's actions), the answer as text;
 - `synthesize` -> `audio-start`, `audio-chunk`s of espeak-ng's PCM as it speaks, `audio-stop`.
 
@@ -184,12 +185,12 @@ class Connection:
         if not isinstance(text, str):
             raise RequestError(f"a transcript's text must be a string, got {text!r}",
                                "bad-transcript")
+        context = event.data.get("context") if isinstance(event.data.get("context"), dict) else None
         self.busy += 1
         try:
-            answer = await self.turns.handle_text(text)
+            answer = await self.turns.handle_text(text, context)
         finally:
             self.busy -= 1
-        context = event.data.get("context") if isinstance(event.data.get("context"), dict) else None
         if answer is None:
             await self.send(NotHandled(text="Sorry, I could not answer that.",
                                        context=context).event())

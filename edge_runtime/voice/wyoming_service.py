@@ -15,6 +15,7 @@ from edge_runtime.voice.config import VoiceConfig
 from edge_runtime.voice.loop import LoopSettings
 from edge_runtime.voice.session import Runtime, build_loop
 from edge_runtime.voice.wyoming_config import is_loopback
+from edge_runtime.voice.wyoming_conversations import Conversations
 from edge_runtime.voice.wyoming_info import server_info
 from edge_runtime.voice.wyoming_server import WyomingServer
 from edge_runtime.voice.wyoming_shared import WyomingShared
@@ -31,7 +32,8 @@ async def wyoming_server(runtime: Runtime, config: VoiceConfig, host: str, port:
     loop = build_loop(runtime, config, settings, pool, on_event=on_event)
     asr_name = getattr(runtime.recognizer, "name", "none")
     info = server_info(asr_name, model_name, config.wyoming.tts_voice, loop.actions is not None)
-    shared = WyomingShared(loop, pool, config.wyoming, config.vad, info)
+    shared = WyomingShared(loop, pool, config.wyoming, config.vad, info,
+                           Conversations(loop.conversation))
     if on_turn is not None:
         shared.on_turn = on_turn
     await loop.prewarm()

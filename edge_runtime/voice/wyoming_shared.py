@@ -13,6 +13,7 @@ from edge_runtime.voice.asr import ASRPool
 from edge_runtime.voice.loop import VoiceLoop
 from edge_runtime.voice.vad import VADConfig
 from edge_runtime.voice.wyoming_config import WyomingConfig
+from edge_runtime.voice.wyoming_conversations import Conversations
 
 
 class RequestError(Exception):
@@ -31,5 +32,6 @@ class WyomingShared:
     config: WyomingConfig
     vad: VADConfig
     info: Info
+    conversations: Conversations  # Home Assistant's conversations, across connections
     on_turn: Callable[[dict], None] = field(default=lambda event: None)  # a spoken turn done
     on_fault: Callable[[int, str], None] = field(default=lambda stream, problem: None)

@@ -27,6 +27,7 @@ from wyoming.vad import VoiceStopped
 from edge_runtime.voice.asr import ASRResult
 from edge_runtime.voice.frontend import Command
 from edge_runtime.voice.loop import StreamReport
+from edge_runtime.voice.prompting import Conversation
 from edge_runtime.voice.vad import UtteranceCutter, Utterance, make_detector
 from edge_runtime.voice.wyoming_audio import AudioConverter
 from edge_runtime.voice.wyoming_listener import Listener
@@ -82,11 +83,14 @@ class Turns:
                                 "answers", "too-many-commands")
         return None
 
-    async def handle_text(self, text: str) -> str | None:
-        """A typed command (`transcript`) -> the spoken answer, or None when not answered."""
+    async def handle_text(self, text: str, context: object = None) -> str | None:
+        """A typed command (`transcript`) -> the spoken answer, or None when not answered. A
+        context naming a conversation (Home Assistant's) answers with that conversation's
+        history (voice/wyoming_conversations.py), else with this connection's."""
         now = time.perf_counter()
+        conv = self.shared.conversations.get(context) or self.conv
         event = await self._answer(Command(self.source, text=text, ready_wall=now),
-                                   ASRResult(text.strip(), 0.0, 0.0, now))
+                                   ASRResult(text.strip(), 0.0, 0.0, now), conv)
         return event.get("answer") or None
 
     async def close(self) -> None:
@@ -98,11 +102,12 @@ class Turns:
                 pass
             self._worker = None
 
-    async def _answer(self, command: Command, asr: ASRResult) -> dict:
+    async def _answer(self, command: Command, asr: ASRResult,
+                      conv: Conversation | None = None) -> dict:
         turn, self.turn = self.turn, self.turn + 1
         try:
-            return await self.shared.voice.answer(self.index, turn, command, asr, self.conv,
-                                                  self.report)
+            return await self.shared.voice.answer(self.index, turn, command, asr,
+                                                  conv or self.conv, self.report)
         finally:  # the events went to on_event: a connection open for months keeps none
             self.report.events.clear()
             self.report.faults.clear()
