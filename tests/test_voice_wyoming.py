@@ -118,9 +118,13 @@ def test_a_chunk_that_is_not_whole_samples_is_refused(server):
     assert error.data["code"] == "unsupported-audio" and "6 bytes" in error.data["text"]
 
 
-def _raw_exchange(port: int, data: bytes) -> bytes:
+def _raw_exchange(port: int, data: bytes, half_close: bool = False) -> bytes:
+    """Send `data` (then end the sending side when `half_close`); -> all the server sent back
+    until it closed the connection."""
     with socket.create_connection((HOST, port), timeout=10) as sock:
         sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
         chunks = []
         while True:
             chunk = sock.recv(65536)
@@ -147,18 +151,14 @@ def test_malformed_events_get_an_error_event_and_a_closed_connection(server, dat
             return reply, await client.read_event()
 
     if words == "closed in the middle":  # the client itself stops sending: close its side
-        with socket.create_connection((HOST, server.port), timeout=10) as sock:
-            sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-            reply = sock.recv(65536)
-        info = None
+        reply = _raw_exchange(server.port, data, half_close=True)
     else:
         reply, info = asyncio.run(other_client())
         assert info.type == "info"
     header = reply.split(b"\n", 1)[0]
     assert b'"type": "error"' in header, reply[:200]
     assert words.encode() in reply
-    assert server.call(lambda: len(server.server.connections)) == 0
+    assert server.wait_for(lambda: server.call(lambda: len(server.server.connections)) == 0)
 
 
 def test_unknown_events_are_ignored_and_bad_fields_are_named(server):
@@ -342,12 +342,21 @@ def test_fifty_idle_connections_do_not_lock_a_satellite_out(server):
 
 @pytest.mark.parametrize("server", [{"idle_timeout_s": 0.5}], indirect=True)
 def test_an_idle_connection_is_closed_with_an_error_event(server):
-    async def main():
+    async def silent():
         async with server.client() as client:
             return await client.read_event(), await client.read_event()
 
-    error, end = asyncio.run(main())
-    assert error.data["code"] == "idle-timeout" and end is None
+    async def stream_gone_quiet():  # an audio stream left open sends nothing either
+        async with server.client() as client:
+            await client.write_event(RunPipeline(PipelineStage.ASR, PipelineStage.TTS).event())
+            await send_audio(client, pcm16(np.zeros(1600, np.float32)), stop=False)
+            return await client.read_event(), await client.read_event()
+
+    async def main():
+        return await asyncio.gather(silent(), stream_gone_quiet())
+
+    for error, end in asyncio.run(main()):
+        assert error.data["code"] == "idle-timeout" and end is None
 
 
 @pytest.mark.parametrize("text, address", [

@@ -42,6 +42,7 @@ from edge_runtime.voice.wyoming_speech import speak, synthesize_request
 from edge_runtime.voice.wyoming_turns import Turns
 
 log = logging.getLogger(__name__)
+STREAMING_GAP_S = 5.0  # an open audio stream silent this long no longer counts as streaming
 
 
 class Connection:
@@ -62,9 +63,16 @@ class Connection:
         self.closed = False
 
     @property
+    def answering(self) -> bool:
+        return bool(self.busy) or self.turns.active
+
+    @property
     def active(self) -> bool:
-        """Being answered, or streaming audio: not to be closed to make room for a newcomer."""
-        return bool(self.busy) or self.turns.active or self.listener is not None
+        """Being answered, or streaming audio (an open stream whose chunks keep coming): not to be
+        closed to make room for a newcomer."""
+        streaming = (self.listener is not None
+                     and time.monotonic() - self.last_event < STREAMING_GAP_S)
+        return self.answering or streaming
 
     async def run(self) -> None:
         try:
@@ -73,6 +81,9 @@ class Connection:
             await self.fail(str(exc), "malformed-event")
         except (ConnectionError, OSError):
             pass  # the client is gone: nothing to tell it
+        except Exception as exc:  # a bug, not the client's input: logged, the client told
+            log.exception("wyoming %s: internal error", self.peer)
+            await self.fail(f"internal error: {exc!r}", "internal-error")
         finally:
             await self.turns.close()
             self.close()
@@ -83,7 +94,7 @@ class Connection:
             try:
                 event = await asyncio.wait_for(read_event(self.reader), timeout)
             except asyncio.TimeoutError:
-                if self.active:
+                if self.answering:  # an open audio stream that sends nothing is idle
                     continue
                 await self.fail(f"closed: no event for {timeout:g} s (wyoming.idle_timeout_s)",
                                 "idle-timeout")

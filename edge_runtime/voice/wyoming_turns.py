@@ -15,6 +15,7 @@ chunk sent) and `reply_audio_s` (end of speech -> first audio chunk sent), and g
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from edge_runtime.voice.wyoming_audio import AudioConverter
 from edge_runtime.voice.wyoming_listener import Listener
 from edge_runtime.voice.wyoming_shared import RequestError, WyomingShared
 from edge_runtime.voice.wyoming_speech import speak
+
+log = logging.getLogger(__name__)
 
 
 class Turns:
@@ -122,6 +125,10 @@ class Turns:
                 await self.send(Error(text=str(exc), code=exc.code).event())
             except (ConnectionError, OSError):
                 return  # the client is gone; the connection's reader sees it too
+            except Exception as exc:  # a bug, not the client's input: logged, the client told
+                log.exception("wyoming stream %d: internal error", self.index)
+                await self.send(Error(text=f"internal error: {exc!r}",
+                                      code="internal-error").event())
             finally:
                 self._answering = False
 
