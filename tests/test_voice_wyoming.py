@@ -183,9 +183,12 @@ def test_transcript_is_handled_with_the_answer(server):
             await client.write_event(Transcript(text="turn on the radio").event())
             first = await client.read_event()
             await client.write_event(Transcript(text="and off again").event())
-            return first, await client.read_event()
+            second = await client.read_event()
+            await client.write_event(Transcript(text="  ").event())
+            return first, second, await client.read_event()
 
-    first, second = asyncio.run(main())
+    first, second, empty = asyncio.run(main())
+    assert empty.type == "not-handled" and empty.data["text"] == "no speech recognised"
     assert Handled.is_type(first.type) and first.data["text"] == "OK."
     prompts = server.runtime.aengine.prompts
     tok = server.runtime.tokenizer

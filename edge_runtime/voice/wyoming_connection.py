@@ -199,14 +199,14 @@ class Connection:
         context = event.data.get("context") if isinstance(event.data.get("context"), dict) else None
         self.busy += 1
         try:
-            answer = await self.turns.handle_text(text, context)
+            turn = await self.turns.handle_text(text, context)
         finally:
             self.busy -= 1
-        if answer is None:
-            await self.send(NotHandled(text="Sorry, I could not answer that.",
+        if turn.get("answer"):
+            await self.send(Handled(text=turn["answer"], context=context).event())
+        else:  # nothing heard in it, or the engine refused it: say which
+            await self.send(NotHandled(text=turn.get("skipped", "not answered"),
                                        context=context).event())
-        else:
-            await self.send(Handled(text=answer, context=context).event())
 
     async def _synthesize(self, event: Event) -> None:
         text, name = synthesize_request(event.data, self.shared.config.tts_voice)

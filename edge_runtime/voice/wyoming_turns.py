@@ -86,15 +86,15 @@ class Turns:
                                 "answers", "too-many-commands")
         return None
 
-    async def handle_text(self, text: str, context: object = None) -> str | None:
-        """A typed command (`transcript`) -> the spoken answer, or None when not answered. A
-        context naming a conversation (Home Assistant's) answers with that conversation's
-        history (voice/wyoming_conversations.py), else with this connection's."""
+    async def handle_text(self, text: str, context: object = None) -> dict:
+        """A typed command (`transcript`) -> its utterance event (`answer`: what to say, or
+        `skipped`: why nothing is). A context naming a conversation (Home Assistant's) answers
+        with that conversation's history (voice/wyoming_conversations.py), else with this
+        connection's."""
         now = time.perf_counter()
         conv = self.shared.conversations.get(context) or self.conv
-        event = await self._answer(Command(self.source, text=text, ready_wall=now),
-                                   ASRResult(text.strip(), 0.0, 0.0, now), conv)
-        return event.get("answer") or None
+        return await self._answer(Command(self.source, text=text, ready_wall=now),
+                                  ASRResult(text.strip(), 0.0, 0.0, now), conv)
 
     async def close(self) -> None:
         if self._worker is not None:
