@@ -240,6 +240,26 @@ def test_synthesize_streams_espeak_audio_in_chunks(server):
 
 
 @needs_espeak
+def test_a_client_gone_mid_speech_leaves_no_espeak_running(server):
+    import psutil
+
+    def speaking() -> int:
+        return sum(p.name() == "espeak-ng" for p in psutil.Process().children(recursive=True))
+
+    async def main():
+        async with server.client() as client:
+            await client.write_event(Synthesize(text="The lights are on. " * 100).event())
+            start = await client.read_event()
+            await client.read_event()  # the first chunk: espeak-ng is still speaking
+            return start, speaking()
+
+    start, during = asyncio.run(main())
+    assert start.type == "audio-start" and during == 1
+    assert server.wait_for(lambda: speaking() == 0)
+    assert server.wait_for(lambda: server.call(lambda: len(server.server.connections)) == 0)
+
+
+@needs_espeak
 def test_pipeline_cuts_a_satellite_stream_into_answered_commands(server):
     audio = _bursts(np.random.default_rng(2))
 

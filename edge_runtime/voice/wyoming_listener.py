@@ -7,6 +7,9 @@
   cuts is handed to the connection's turns as soon as it is cut. Speech without a pause past
   `vad.max_utterance_s` is an `error` event as soon as it passes the limit (the cutter keeps only
   its first max_utterance_s, so audio sent forever holds bounded memory) and is not answered.
+
+The VAD runs on the event loop: silero takes ~0.5 ms of a 32 ms frame (onnxruntime, 1 thread,
+measured on the loaded 2-core VM), so five satellites cost the loop ~8% of its time.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ ng's PCM as it comes, voice/tts.py) and `audio-stop`."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -41,16 +42,18 @@ async def speak(send, text: str, voice: str) -> float | None:
     timestamp_ms = 0
     fmt = None
     try:
-        async for item in speak_pcm(text, voice):
-            if fmt is None:
-                fmt = item
-                await send(AudioStart(rate=fmt.rate, width=fmt.width,
-                                      channels=fmt.channels).event())
-                continue
-            await send(AudioChunk(rate=fmt.rate, width=fmt.width, channels=fmt.channels,
-                                  audio=item, timestamp=timestamp_ms).event())
-            first = first or time.perf_counter()
-            timestamp_ms += 1000 * len(item) // (fmt.rate * fmt.width * fmt.channels)
+        # aclosing: a client gone mid-answer (send raises) kills espeak-ng now, not at GC
+        async with contextlib.aclosing(speak_pcm(text, voice)) as pieces:
+            async for item in pieces:
+                if fmt is None:
+                    fmt = item
+                    await send(AudioStart(rate=fmt.rate, width=fmt.width,
+                                          channels=fmt.channels).event())
+                    continue
+                await send(AudioChunk(rate=fmt.rate, width=fmt.width, channels=fmt.channels,
+                                      audio=item, timestamp=timestamp_ms).event())
+                first = first or time.perf_counter()
+                timestamp_ms += 1000 * len(item) // (fmt.rate * fmt.width * fmt.channels)
     except EdgeError as exc:
         raise RequestError(f"speech synthesis failed: {exc}", "tts-failed") from exc
     if fmt is not None:
