@@ -114,6 +114,8 @@ def run(args) -> int:
     if args.turns > 4:
         raise InputError(f"--turns is at most 4 (the demo's commands per stream), got "
                          f"{args.turns}")
+    if not 0 <= args.stagger <= 60:
+        raise InputError(f"--stagger must be 0-60 seconds, got {args.stagger}")
     config = load_voice_config(args.voice_config)
     if args.system_prompt:
         config = dataclasses.replace(config, system_prompt=args.system_prompt)
