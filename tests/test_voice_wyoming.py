@@ -280,6 +280,55 @@ def test_pipeline_cuts_a_satellite_stream_into_answered_commands(server):
     assert [t["utterance"] for t in server.turns] == [0, 1]
 
 
+class LengthRecognizer:
+    """Hears how long the utterance was, so each satellite's commands read differently."""
+
+    name = "length"
+
+    def transcribe(self, audio) -> str:
+        return f"set a timer for {round(len(audio) / 1600)} tenths"
+
+
+@needs_espeak
+def test_five_satellites_at_once_keep_their_own_histories():
+    from edge_runtime.voice.session import Runtime
+    from wyoming_helpers import AnswerEngine
+
+    tok = smollm2_tokenizer()
+    engine = AnswerEngine(tok, delay_s=0.3)  # answers overlap across the satellites
+    runtime = Runtime(tok, (tok.eos_token_id,), engine, LengthRecognizer())
+    # bursts of 0.3 + 0.6 i and 0.6 + 0.6 i s: every command of every satellite heard differently
+    audios = [np.concatenate([_bursts(np.random.default_rng(10 + i), n=1, speech_s=0.3 + 0.6 * i),
+                              _bursts(np.random.default_rng(20 + i), n=1, speech_s=0.6 + 0.6 * i)])
+              for i in range(5)]
+    with ServerThread(runtime, _config()) as server:
+        async def satellite(audio):
+            async with server.client() as client:
+                await client.write_event(RunPipeline(PipelineStage.ASR, PipelineStage.TTS).event())
+                await send_audio(client, pcm16(audio), stop=False)
+                events = []
+                for _ in range(2):
+                    events += await read_until(client, {"audio-stop"})
+                return [e.data["text"] for e in events if e.type == "transcript"]
+
+        async def main():
+            return await asyncio.gather(*(satellite(a) for a in audios))
+
+        heard = asyncio.run(main())
+        assert server.wait_for(lambda: len(server.turns) == 10)
+    assert len({text for h in heard for text in h}) == 10  # every command heard differently
+    by_stream = {}
+    for turn in server.turns:
+        by_stream.setdefault(turn["stream"], []).append(turn)
+    assert len(by_stream) == 5 and all(len(t) == 2 for t in by_stream.values())
+    for first, second in by_stream.values():  # each second prompt holds its own first turn only
+        prompt = tok.decode(next(p for p in engine.prompts
+                                 if second["transcript"] in tok.decode(p)))
+        others = [t[0]["transcript"] for t in by_stream.values() if t[0] is not first]
+        assert first["transcript"] in prompt and not any(o in prompt for o in others)
+    assert engine.streaming == 0
+
+
 @pytest.mark.parametrize("server", [{"max_audio_s": 1.0}], indirect=True)
 def test_transcribe_audio_sent_forever_is_cut_off(server):
     rng = np.random.default_rng(3)
