@@ -23,6 +23,7 @@ from edge_runtime.errors import ConfigError
 from edge_runtime.voice.config import load_voice_config
 from edge_runtime.voice.vad import VADConfig
 from edge_runtime.voice.wyoming_config import WyomingConfig, parse_listen
+from edge_runtime.voice.wyoming_service import exposure_warning
 from voice_helpers import needs_espeak, smollm2_tokenizer
 from wyoming_helpers import (HOST, ServerThread, double_runtime, pcm16, read_until,
                              send_audio)
@@ -456,3 +457,10 @@ def test_the_voice_config_checks_its_wyoming_keys(tmp_path):
         load_voice_config(path)
     path.write_text("wyoming:\n  listen: ':10300'\n")
     assert load_voice_config(path).wyoming == WyomingConfig(listen=":10300")
+
+
+def test_only_a_loopback_address_goes_without_a_warning():
+    assert exposure_warning("127.0.0.1", 10300) is None
+    assert exposure_warning("::1", 10300) is None
+    for host in ("0.0.0.0", "192.168.1.20", "::", "jetson.local"):
+        assert "no authentication" in exposure_warning(host, 10300)
