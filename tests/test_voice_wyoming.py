@@ -464,3 +464,18 @@ def test_only_a_loopback_address_goes_without_a_warning():
     assert exposure_warning("::1", 10300) is None
     for host in ("0.0.0.0", "192.168.1.20", "::", "jetson.local"):
         assert "no authentication" in exposure_warning(host, 10300)
+
+
+def test_the_cli_starts_without_importing_wyoming(tmp_path):
+    """`wyoming` is in the voice extra only: building the CLI (every bench module is imported for
+    its subcommand) must not need it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from edge_runtime.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'wyoming'))")
+    # -P and a cwd outside the repository: its top-level kernels/ would shadow a package
+    done = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -14,7 +14,7 @@ from wyoming.asr import Transcribe, Transcript
 from wyoming.info import Describe, Info
 
 from edge_runtime.bench.wyoming_bench import summarize
-from edge_runtime.bench.wyoming_satellite import run_satellite, spoken_commands
+from edge_runtime.voice.wyoming_satellite import run_satellite, spoken_commands
 from edge_runtime.voice.command_set import SPEED, VOICES
 from edge_runtime.voice.config import CONFIG_DIR, load_voice_config
 from edge_runtime.voice.demo import DEMO_COMMANDS

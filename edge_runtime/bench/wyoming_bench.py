@@ -2,7 +2,7 @@
 
 Method: the model, Whisper and the Wyoming server are loaded in this process (voice/
 wyoming_service.py, the `voice --wyoming` path) on 127.0.0.1; `--clients` satellites
-(bench/wyoming_satellite.py, the `wyoming` package's client) each stream `--turns` of the demo's
+(voice/wyoming_satellite.py, the `wyoming` package's client) each stream `--turns` of the demo's
 spoken commands (voice/command_set.py's, one espeak-ng voice per satellite) with `run-pipeline`
 asr -> tts, started `--stagger` s apart. Headline: end of speech (the client sent the chunk with
 the command's last speech sample) -> the first audio-chunk of its reply at the client, p50 / p95.
@@ -60,7 +60,7 @@ def rows_of(values: dict[str, list[float]]) -> list[dict]:
 
 
 async def measure(runtime, config, model: str, clients: int, turns: int, stagger_s: float):
-    from edge_runtime.bench.wyoming_satellite import run_satellite, spoken_commands
+    from edge_runtime.voice.wyoming_satellite import run_satellite, spoken_commands
     from edge_runtime.voice.command_set import SPEED, VOICES
     from edge_runtime.voice.demo import DEMO_COMMANDS
     from edge_runtime.voice.wyoming_service import wyoming_server
