@@ -9,8 +9,9 @@ the command's last speech sample) -> the first audio-chunk of its reply at the c
 The split, from the server's turn events (seconds, each command's):
 - vad: end of speech -> utterance cut (the VAD's min-silence wait);
 - asr: waiting for the ASR worker + Whisper;
-- engine: recognized -> answer complete (this stream's previous turn, queue, prefill, decode,
-  the action's dispatch);
+- engine: recognized -> answer complete (this stream's previous turn, the actions' grammar
+  narrowed to the command and compiled, queue, prefill, decode, the action's dispatch), with the
+  grammar's compile and queue + prefill + decode shown apart;
 - tts: espeak-ng started -> first reply chunk sent.
 Also: commands heard, answered and spoken back, the word error rate of what was heard, the prompt
 tokens later turns got from the prefix cache.
@@ -30,6 +31,8 @@ SPLIT = (("reply_s", "end of speech -> first reply audio (client)"),
          ("vad_s", "vad: end of speech -> cut"),
          ("asr_s", "asr: queue + Whisper"),
          ("engine_s", "engine: recognized -> answer (+ action)"),
+         ("grammar_s", "engine part: narrowed grammar compile"),
+         ("decode_s", "engine part: queue + prefill + decode"),
          ("tts_s", "tts: espeak-ng -> first chunk"),
          ("server_reply_s", "end of speech -> first reply chunk sent (server)"))
 COLUMNS = [Column("what", "seconds"), Column("p50", "p50", "{:.2f}"),
@@ -46,6 +49,8 @@ def split_of(turn: dict) -> dict:
     asr = turn["asr_queue_s"] + turn["asr_s"]
     return {"vad_s": turn["vad_s"], "asr_s": asr,
             "engine_s": turn["total_s"] - turn["vad_s"] - asr,
+            "grammar_s": turn.get("grammar_s"),
+            "decode_s": turn["engine_queue_s"] + turn["prefill_s"] + turn["answer_s"],
             "tts_s": turn.get("tts_s"), "server_reply_s": turn.get("reply_audio_s")}
 
 

@@ -14,6 +14,7 @@ the moment the line was read). The latency split:
   vad_s   end of speech -> utterance cut (the min-silence wait, in --realtime mode)
   asr_queue_s, asr_s     waiting for an ASR worker; recognition
   turn_wait_s            waiting for this stream's previous answer to finish
+  grammar_s              the actions' grammar narrowed to the command, compiled (cached per set)
   engine_queue_s         engine: added -> first scheduled
   prefill_s              engine: first scheduled -> first token (the uncached prompt tokens)
   first_token_s          end of speech -> first answer token (the headline latency)
@@ -230,6 +231,7 @@ class VoiceLoop:
         result = None
         request_id = f"voice-s{index}-u{turn}-{id(conv):x}"
         params = await self._params_for(asr.text)
+        grammar_done = time.perf_counter()
         async for ev in self.aengine.stream(plan.prompt_ids, params, request_id=request_id):
             if first is None and (ev.token_ids or ev.text):
                 first = time.perf_counter()
@@ -247,7 +249,7 @@ class VoiceLoop:
             prompt_tokens=result.prompt_tokens, cached_prompt_tokens=result.cached_prompt_tokens,
             reused_prompt_tokens=plan.reused_tokens, history_turns=plan.history_turns,
             dropped_turns=plan.dropped_turns, answer_tokens=len(result.token_ids),
-            turn_wait_s=max(0.0, added - asr.done_wall),
+            turn_wait_s=max(0.0, added - asr.done_wall), grammar_s=grammar_done - added,
             engine_queue_s=result.timings.queue_s,
             prefill_s=max(0.0, result.timings.first_token_s - result.timings.queue_s),
             first_token_s=first - t0, answer_s=done - first, total_s=done - t0,

@@ -39,7 +39,7 @@ class Listener:
     async def push(self, data: dict, pcm: bytes) -> None:
         frames = self.converter.push(data, pcm)
         if self.cutter is not None:
-            self._hear(frames)
+            await self._hear(frames)
         elif not self._overflow:
             self._frames.extend(frames)
             if len(self._frames) * FRAME_S > self.max_audio_s:
@@ -53,9 +53,9 @@ class Listener:
         (the client says its audio is complete, so speech up to the stop is a whole command)."""
         frames = self.converter.flush()
         if self.cutter is not None:
-            self._hear(frames)
+            await self._hear(frames)
             utt = self.cutter.finish()
-            problem = self.turns.post(utt) if utt is not None and not utt.run_on else None
+            problem = await self.turns.post(utt) if utt is not None and not utt.run_on else None
             if problem is not None:
                 raise problem
             return
@@ -67,14 +67,14 @@ class Listener:
         text = (await self.turns.transcribe(audio)).text if len(audio) else ""
         await self.turns.send(Transcript(text=text, language="en").event())
 
-    def _hear(self, frames: list[np.ndarray]) -> None:
+    async def _hear(self, frames: list[np.ndarray]) -> None:
         """Every frame through the VAD; a problem (run-on speech, too many commands waiting) is
         raised after the whole chunk was heard, so the VAD never skips audio."""
         problem = None
         for frame in frames:
             utt = self.cutter.push(frame, time.perf_counter())
             if utt is not None and not utt.run_on:
-                problem = self.turns.post(utt) or problem
+                problem = await self.turns.post(utt) or problem
             if self.cutter.run_on and not self._run_on_said:
                 self._run_on_said = True
                 problem = RequestError(

@@ -3,10 +3,12 @@
 A connection is one stream of the voice loop (voice/loop.py's `VoiceLoop.answer`): the system
 prompt's pages are shared with every other connection through the prefix cache, the history
 (`Conversation`) is this connection's alone, and the engine batches the connections' answers.
-Utterances a satellite's VAD stream yields wait in a queue of `wyoming.max_pending` and are
-answered one at a time by a worker task while the stream goes on; a full queue drops the new
-utterance with an `error` event. `close()` cancels the worker: an answer being generated is
-cancelled in the engine (AsyncEngine.stream's cleanup) and an espeak-ng still speaking is killed.
+Each utterance a satellite's VAD stream yields is recognized at once (the shared ASR pool runs it
+while the connection's previous command is still answered) and waits in a queue of
+`wyoming.max_pending` to be answered, one at a time, by a worker task while the stream goes on; a
+full queue drops the new utterance with an `error` event. `close()` cancels the worker: an answer
+being generated is cancelled in the engine (AsyncEngine.stream's cleanup), an espeak-ng still
+speaking is killed, and queued recognitions are dropped.
 
 Each spoken turn's utterance event (voice/loop.py) gains `tts_s` (espeak-ng start -> first audio
 chunk sent) and `reply_audio_s` (end of speech -> first audio chunk sent), and goes to `on_turn`.
@@ -74,16 +76,18 @@ class Turns:
         except Exception as exc:  # a recognizer failure: this request only
             raise RequestError(f"speech recognition failed ({exc!r})", "asr-failed") from exc
 
-    def post(self, utt: Utterance) -> RequestError | None:
-        """A cut utterance of a pipeline: queued for the worker, or the refusal to say."""
+    async def post(self, utt: Utterance) -> RequestError | None:
+        """A cut utterance of a pipeline: `voice-stopped` now, its recognition started now (it
+        runs ahead while the previous command is answered, as in the voice loop), its answer
+        queued for the worker; or the refusal to say when `max_pending` already wait."""
         if self._worker is None:
             self._worker = asyncio.create_task(self._work(), name=f"wyoming-turns-{self.index}")
-        try:
-            self.queue.put_nowait(utt)
-        except asyncio.QueueFull:
+        if self.queue.full():
             return RequestError(f"{self.queue.maxsize} commands are already waiting "
                                 "(wyoming.max_pending); this one is dropped: wait for the "
                                 "answers", "too-many-commands")
+        self.queue.put_nowait((utt, asyncio.ensure_future(self.transcribe(utt.audio))))
+        await self.send(VoiceStopped(timestamp=int(utt.end_s * 1000)).event())
         return None
 
     async def handle_text(self, text: str, context: object = None) -> dict:
@@ -104,6 +108,11 @@ class Turns:
             except asyncio.CancelledError:
                 pass
             self._worker = None
+        while not self.queue.empty():  # recognitions nobody will answer: dropped
+            _, asr = self.queue.get_nowait()
+            asr.cancel()
+            if asr.done() and not asr.cancelled():
+                asr.exception()  # retrieved: a failed one is not logged as forgotten
 
     async def _answer(self, command: Command, asr: ASRResult,
                       conv: Conversation | None = None) -> dict:
@@ -117,10 +126,10 @@ class Turns:
 
     async def _work(self) -> None:
         while True:
-            utt = await self.queue.get()
+            utt, asr = await self.queue.get()
             self._answering = True
             try:
-                await self._utterance(utt)
+                await self._utterance(utt, asr)
             except RequestError as exc:
                 await self.send(Error(text=str(exc), code=exc.code).event())
             except (ConnectionError, OSError):
@@ -132,9 +141,8 @@ class Turns:
             finally:
                 self._answering = False
 
-    async def _utterance(self, utt: Utterance) -> None:
-        await self.send(VoiceStopped(timestamp=int(utt.end_s * 1000)).event())
-        asr = await self.transcribe(utt.audio)
+    async def _utterance(self, utt: Utterance, recognition: asyncio.Future) -> None:
+        asr = await recognition
         await self.send(Transcript(text=asr.text, language="en").event())
         if self.end_stage == "asr" or not asr.text:
             return
