@@ -6,8 +6,9 @@ Events served (the `wyoming` package's event classes and framing, voice/wyoming_
   audio (at most `max_audio_s`) recognized whole, as Home Assistant's speech-to-text sends it;
 - `run-pipeline` (start stage `asr`, end stage `asr`, `handle` or `tts`), then audio, as a
   satellite streams its microphone: our VAD cuts the stream into commands, and each one gets
-  `voice-stopped`, `transcript`, then `handled` (the spoken answer) and the answer's audio
-  (`synthesize`, `audio-start`, `audio-chunk`s, `audio-stop`), up to the end stage. The stream
+  `voice-stopped` as it is cut, then (in the commands' order) `transcript`, `handled` (the spoken
+  answer) and the answer's audio (`audio-start`, `audio-chunk`s, `audio-stop`), up to the end
+  stage. The stream
   goes on until `audio-stop` or the end of the connection; commands are answered in order while
   the next ones are heard (voice/wyoming_turns.py, voice/wyoming_listener.py);
 - `transcript` -> `handled`: a typed command answered with the connection's history (or, with a
