@@ -28,6 +28,7 @@ MINIMAL = {
     "threads": ["--model", NO_MODEL],
     "trace": ["--model", NO_MODEL, "--trace", "/nonexistent-trace.jsonl"],
     "weights": ["--model", NO_MODEL, "--awq", NO_MODEL],
+    "wyoming": ["--model", NO_MODEL],
 }
 
 
@@ -122,6 +123,9 @@ BAD_ARGS = [  # (subcommand, extra arguments, the flag the error must name)
     ("peer", ["--rounds", "0"], "--rounds"),
     ("peer", ["--slot-context", "8"], "--slot-context"),
     ("peer", [], "--llama-server"),
+    ("wyoming", ["--clients", "0"], "--clients"),
+    ("wyoming", ["--turns", "5"], "--turns"),
+    ("wyoming", ["--stagger", "-1"], "--stagger"),
 ]
 
 

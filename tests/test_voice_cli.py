@@ -325,3 +325,54 @@ def test_weights_option_reaches_the_model_load(capsys, monkeypatch, texts):
     with pytest.raises(SystemExit):
         main(["voice", "--quiet", "--input", texts[0], "--weights", "int3"])
     assert "invalid choice: 'int3'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- --wyoming
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--wyoming", "127.0.0.1:10300", "--demo"], "--wyoming serves its connections' audio; "
+                                                  "drop --demo"),
+    (["--wyoming", ":10300", "--tts", "--streams", "2"], "drop --tts, --streams"),
+    (["--wyoming", "host:70000"], "--wyoming 'host:70000': the port must be a number"),
+    (["--wyoming", "::1:10300"], "write an IPv6 address in brackets"),
+])
+def test_wyoming_usage_errors_come_before_the_model(capsys, no_model, argv, words):
+    assert words in _usage_error(capsys, *argv)
+
+
+def test_wyoming_serves_until_sigterm(capsys, fake_model):
+    import socket
+    import threading
+
+    from wyoming.client import AsyncTcpClient
+    from wyoming.info import Describe
+
+    with socket.socket() as probe:  # a free port on loopback
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    replies = []
+
+    async def describe():
+        for _ in range(200):
+            try:
+                async with AsyncTcpClient("127.0.0.1", port) as client:
+                    await client.write_event(Describe().event())
+                    return await client.read_event()
+            except OSError:  # not listening yet
+                await asyncio.sleep(0.05)
+
+    def satellite():
+        try:
+            replies.append(asyncio.run(describe()))
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=satellite)
+    thread.start()
+    assert main(["voice", "--wyoming", f":{port}"]) == 0
+    thread.join(30)
+    err = capsys.readouterr().err
+    assert replies and replies[0].type == "info"
+    assert f"listening on tcp://127.0.0.1:{port}" in err and "no authentication" not in err
+    assert "stopped: open 0, accepted 1," in err

@@ -63,6 +63,12 @@ def register(subparsers) -> None:
     p.add_argument("--server", metavar="SOCKET",
                    help="use a running `edge-runtime serve` on this Unix socket instead of loading "
                         "the model here (--model then only picks the tokenizer)")
+    p.add_argument("--wyoming", metavar="HOST:PORT",
+                   help="serve the Wyoming protocol here instead of reading inputs: speech-to-text, "
+                        "text-to-speech and intent handling for Home Assistant and satellites, one "
+                        "stream per connection. A port alone binds to 127.0.0.1; Wyoming has no "
+                        "authentication, so name 0.0.0.0 or an address only on a trusted network "
+                        "(default: the voice config's wyoming.listen, used when no --input/--demo)")
     add_placement_arguments(p)
     add_weights_option(p)
     p.add_argument("--quiet", action="store_true", help="no per-utterance progress lines")
@@ -139,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
 
     progress = (lambda msg: None) if args.quiet else print_stderr
     config = _config(args)
+    address = _wyoming_address(args, config)
+    if address is not None:
+        return _serve_wyoming(args, config, address)
     check_stagger(args.stagger)
     check_device(args.device, args.server)
     sources, references = _sources(args, progress)
@@ -161,6 +170,56 @@ def run(args: argparse.Namespace) -> int:
         print_stderr("interrupted: the tables above hold the turns answered before Ctrl-C")
         return 130
     return 1 if events_failed or any(r.faults for r in reports) else 0
+
+
+def _wyoming_address(args, config):
+    """(host, port) to serve Wyoming on, or None for the input streams."""
+    from edge_runtime.errors import ConfigError
+    from edge_runtime.voice.wyoming_config import parse_listen
+
+    if args.wyoming is None:
+        if args.input or args.demo or config.wyoming.listen is None:
+            return None
+        return parse_listen(config.wyoming.listen, "wyoming.listen")
+    clash = [flag for flag, given in (("--input", args.input), ("--demo", args.demo),
+                                      ("--tts", args.tts), ("--tts-play", args.tts_play),
+                                      ("--streams", args.streams is not None))
+             if given]
+    if clash:
+        raise ConfigError(f"--wyoming serves its connections' audio; drop {', '.join(clash)} "
+                          "(a connection asks for speech with `synthesize`)")
+    return parse_listen(args.wyoming)
+
+
+def _serve_wyoming(args, config, address) -> int:
+    """Load the model and recognizer, then serve Wyoming until Ctrl-C or SIGTERM."""
+    from edge_runtime.model.loader import DEFAULT_MODEL
+    from edge_runtime.voice.session import EventsFile, load_runtime, print_stderr
+    from edge_runtime.voice.usage import check_device
+    from edge_runtime.voice.wyoming_service import run_wyoming
+
+    check_device(args.device, args.server)
+    model = args.model or DEFAULT_MODEL
+    runtime = load_runtime(config, model, config.wyoming.max_connections, args.config,
+                           args.device, True, progress=print_stderr, server=args.server,
+                           backend=args.backend, weights=args.weights)
+    sink = EventsFile(args.events, print_stderr) if args.events else None
+    printer, _ = _printers(args.quiet, False, print_stderr, _Stdout())
+
+    def on_event(event: dict) -> None:
+        if sink:
+            sink.write(event)
+        printer(event)
+
+    try:
+        stats = run_wyoming(runtime, config, *address, model, print_stderr, on_event)
+    finally:
+        runtime.close()
+        if sink:
+            sink.close()
+    if stats:
+        print_stderr("stopped: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    return 0
 
 
 def _serve(args, runtime, config, sources, out: _Stdout, events_failed: list):

@@ -15,6 +15,7 @@ import yaml
 from edge_runtime.errors import ConfigError
 from edge_runtime.voice import setting_checks as check
 from edge_runtime.voice.vad import VADConfig
+from edge_runtime.voice.wyoming_config import WyomingConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "voice"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -35,6 +36,7 @@ class VoiceConfig:
     asr_threads: int = 1
     engine_threads: int = 0  # 0: the cores left after ASR
     server_retry_s: float = 60.0  # --server: how long a service that is down or loading is retried
+    wyoming: WyomingConfig = field(default_factory=WyomingConfig)  # the Wyoming server (--wyoming)
 
     def __post_init__(self) -> None:
         if not isinstance(self.system_prompt, Path):
@@ -43,6 +45,7 @@ class VoiceConfig:
         check.text("asr", self.asr)
         check.flag("asr_hint", self.asr_hint)
         assert isinstance(self.vad, VADConfig), self.vad
+        assert isinstance(self.wyoming, WyomingConfig), self.wyoming
         check.count("history_tokens", self.history_tokens, 0)
         check.count("max_tokens", self.max_tokens, 1)
         for name, lo in (("asr_workers", 1), ("asr_threads", 1), ("engine_threads", 0)):
@@ -76,17 +79,20 @@ def _from_mapping(data: object, folder: Path) -> VoiceConfig:
     data = dict(_mapping("the voice config", data))
     vad = _mapping("vad", data.pop("vad", None) or {})
     cpu = _mapping("cpu", data.pop("cpu", None) or {})
-    known = {f.name for f in fields(VoiceConfig)} - {"vad"}
+    wyoming = _mapping("wyoming", data.pop("wyoming", None) or {})
+    known = {f.name for f in fields(VoiceConfig)} - {"vad", "wyoming"}
     unknown = (sorted(str(k) for k in set(data) - known)
                + sorted(f"cpu.{k}" for k in set(cpu) - set(CPU_KEYS))
-               + sorted(f"vad.{k}" for k in set(vad) - {f.name for f in fields(VADConfig)}))
+               + sorted(f"vad.{k}" for k in set(vad) - {f.name for f in fields(VADConfig)})
+               + sorted(f"wyoming.{k}" for k in set(wyoming)
+                        - {f.name for f in fields(WyomingConfig)}))
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}")
     if "system_prompt" in data:
         check.text("system_prompt", data["system_prompt"], "the path of a YAML file")
         sp = Path(data["system_prompt"]).expanduser()
         data["system_prompt"] = sp if sp.is_absolute() else folder / sp
-    return VoiceConfig(vad=VADConfig(**vad), **data, **cpu)
+    return VoiceConfig(vad=VADConfig(**vad), wyoming=WyomingConfig(**wyoming), **data, **cpu)
 
 
 def _mapping(key: str, value: object) -> dict:

@@ -14,6 +14,7 @@ the moment the line was read). The latency split:
   vad_s   end of speech -> utterance cut (the min-silence wait, in --realtime mode)
   asr_queue_s, asr_s     waiting for an ASR worker; recognition
   turn_wait_s            waiting for this stream's previous answer to finish
+  grammar_s              the actions' grammar narrowed to the command, compiled (cached per set)
   engine_queue_s         engine: added -> first scheduled
   prefill_s              engine: first scheduled -> first token (the uncached prompt tokens)
   first_token_s          end of speech -> first answer token (the headline latency)
@@ -96,12 +97,12 @@ class VoiceLoop:
 
     async def run(self, sources: list[Source]) -> list[StreamReport]:
         self.reports = [StreamReport(i, s.name) for i, s in enumerate(sources)]
-        await self._prewarm()
+        await self.prewarm()
         await asyncio.gather(*(self._stream(i, s, self.reports[i])
                                for i, s in enumerate(sources)))
         return self.reports
 
-    async def _prewarm(self) -> None:
+    async def prewarm(self) -> None:
         """Prefill the shared system prompt once before any stream starts. The appliance knows it
         at start-up, so no stream's first command waits for another stream's prefill of it (or
         computes its own copy); every first turn then starts from the cached system prompt. The
@@ -130,16 +131,27 @@ class VoiceLoop:
                   else UtteranceCutter(self.settings.vad, make_detector(self.settings.vad)))
         front = FrontEnd(source, cutter, commands, loop, self.settings.realtime,
                          index * self.settings.stagger_s, self.settings.half_duplex)
-        # actions: every command stands alone; with earlier calls in the prompt the small model
-        # repeats the previous call (docs/voice.md, "Actions"); the system prompt is still shared
-        history = self.settings.history_tokens if self.actions is None else 0
-        conv = Conversation(self.tokenizer, self.system_prompt, history, self.eos_token_ids)
+        conv = self.conversation()
         front.start()
         try:
             await asyncio.gather(self._recognize(index, commands, recognized, report),
                                  self._answer(index, recognized, conv, report, front.answered))
         finally:
             front.stop()
+
+    def conversation(self) -> Conversation:
+        """A new stream's history. With actions every command stands alone: with earlier calls
+        in the prompt the small model repeats the previous call (docs/voice.md, "Actions"); the
+        system prompt is still shared."""
+        history = self.settings.history_tokens if self.actions is None else 0
+        return Conversation(self.tokenizer, self.system_prompt, history, self.eos_token_ids)
+
+    async def answer(self, index: int, turn: int, command: Command, asr: ASRResult,
+                     conv: Conversation, report: StreamReport) -> dict:
+        """One recognized command of stream `index` (a caller outside `run`, e.g. the Wyoming
+        server): answered with `conv`'s history, acted on, reported; -> its utterance event
+        (`answer` holds what to say; `skipped` when nothing was heard or the engine refused)."""
+        return await self._one_command(index, turn, (command, asr), conv, report)
 
     async def _recognize(self, index: int, commands: asyncio.Queue, out: asyncio.Queue,
                          report: StreamReport) -> None:
@@ -173,7 +185,7 @@ class VoiceLoop:
             turn += 1
 
     async def _one_command(self, index: int, turn: int, item, conv: Conversation,
-                           report: StreamReport) -> None:
+                           report: StreamReport) -> dict | None:
         command, asr = item
         if not isinstance(asr, ASRResult):
             try:
@@ -183,7 +195,7 @@ class VoiceLoop:
                                     "source": str(command.source), "fatal": False,
                                     "problem": f"{command.source}: speech recognition failed "
                                                f"({exc!r})"})
-                return
+                return None
         event = self._base_event(index, turn, command, asr)
         if asr.text:
             try:
@@ -197,6 +209,7 @@ class VoiceLoop:
         else:
             event["skipped"] = "no speech recognised"
         self._emit(report, event)
+        return event
 
     def _base_event(self, index: int, turn: int, command: Command, asr: ASRResult) -> dict:
         utt = command.utterance
@@ -218,6 +231,7 @@ class VoiceLoop:
         result = None
         request_id = f"voice-s{index}-u{turn}-{id(conv):x}"
         params = await self._params_for(asr.text)
+        grammar_done = time.perf_counter()
         async for ev in self.aengine.stream(plan.prompt_ids, params, request_id=request_id):
             if first is None and (ev.token_ids or ev.text):
                 first = time.perf_counter()
@@ -235,7 +249,7 @@ class VoiceLoop:
             prompt_tokens=result.prompt_tokens, cached_prompt_tokens=result.cached_prompt_tokens,
             reused_prompt_tokens=plan.reused_tokens, history_turns=plan.history_turns,
             dropped_turns=plan.dropped_turns, answer_tokens=len(result.token_ids),
-            turn_wait_s=max(0.0, added - asr.done_wall),
+            turn_wait_s=max(0.0, added - asr.done_wall), grammar_s=grammar_done - added,
             engine_queue_s=result.timings.queue_s,
             prefill_s=max(0.0, result.timings.first_token_s - result.timings.queue_s),
             first_token_s=first - t0, answer_s=done - first, total_s=done - t0,

@@ -170,6 +170,17 @@ class EventsFile:
             pass
 
 
+def build_loop(runtime: Runtime, config: VoiceConfig, settings: LoopSettings,
+               pool: ASRPool | None, on_event: Callable[[dict], None] | None = None,
+               on_text: Callable[[int, str], None] | None = None) -> VoiceLoop:
+    """The loop over `runtime` with the config's system prompt and actions (the streams of
+    `run_streams`, the connections of the Wyoming server)."""
+    system = load_system_prompt(config.system_prompt)
+    return VoiceLoop(runtime.aengine, runtime.tokenizer, pool, system.text, settings,
+                     runtime.eos_token_ids, on_event=on_event, on_text=on_text,
+                     actions=Dispatcher(list(system.actions)) if system.actions else None)
+
+
 def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                 realtime: bool = False, stagger_s: float = 0.0, tts_dir: Path | None = None,
                 half_duplex: bool = False, tts_play: bool = False,
@@ -179,7 +190,6 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
                 on_warning: Callable[[str], None] = print_stderr) -> list[StreamReport]:
     """Run the loop over `sources` (one per stream) to the end of every input. Ctrl-C raises
     `Interrupted` carrying the reports so far."""
-    system = load_system_prompt(config.system_prompt)
     settings = LoopSettings(vad=config.vad, max_tokens=config.max_tokens,
                             history_tokens=config.history_tokens, realtime=realtime,
                             stagger_s=stagger_s, tts_dir=tts_dir, half_duplex=half_duplex,
@@ -193,9 +203,7 @@ def run_streams(runtime: Runtime, config: VoiceConfig, sources: list[Source],
         if on_event:
             on_event(event)
 
-    loop = VoiceLoop(runtime.aengine, runtime.tokenizer, pool, system.text, settings,
-                     runtime.eos_token_ids, on_event=emit, on_text=on_text,
-                     actions=Dispatcher(list(system.actions)) if system.actions else None)
+    loop = build_loop(runtime, config, settings, pool, on_event=emit, on_text=on_text)
     try:
         return asyncio.run(loop.run(sources))
     except KeyboardInterrupt as exc:

@@ -1,4 +1,5 @@
-"""Speech synthesis with espeak-ng: answers spoken into WAV files (`--tts`), and the demo's and
+"""Speech synthesis with espeak-ng: answers spoken into WAV files (`--tts`), streamed as PCM chunks
+while espeak-ng speaks (`speak_pcm`, the Wyoming server's `synthesize`), and the demo's and
 tests' spoken commands (16 kHz mono WAV, converted with sox when present, else our resampler).
 
 espeak-ng is a Debian package (tools/bootstrap.sh installs it); a missing binary is a ConfigError
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import struct
 import subprocess
 import tempfile
 import wave
+from dataclasses import dataclass
 from pathlib import Path
+from typing import AsyncIterator
 
 import numpy as np
 
@@ -73,6 +77,66 @@ async def speak_to_device(text: str, voice: str = "en-us", speed: int = 175) -> 
         detail = (errors or lines or [f"exit status {proc.returncode}"])[-1]
         raise ConfigError(f"espeak-ng cannot play on the audio device ({detail}); "
                           "use --tts to write WAV files instead")
+
+
+WAV_HEADER_BYTES = 44  # espeak-ng --stdout: RIFF, a 16-byte fmt chunk, then data (sizes unknown)
+PCM_CHUNK_BYTES = 4096  # ~93 ms of espeak-ng's 22,050 Hz 16-bit mono per chunk
+
+
+@dataclass(frozen=True)
+class PCMFormat:
+    rate: int
+    width: int  # bytes per sample
+    channels: int
+
+
+def parse_wav_header(header: bytes) -> PCMFormat:
+    """espeak-ng's streamed WAV header -> its PCM format (the sizes in it are placeholders)."""
+    if (len(header) < WAV_HEADER_BYTES or header[:4] != b"RIFF" or header[8:16] != b"WAVEfmt "
+            or header[36:40] != b"data"):
+        raise ConfigError(f"espeak-ng wrote no WAV header to stdout (got {header[:16]!r})")
+    fmt_tag, channels, rate = struct.unpack_from("<HHI", header, 20)
+    bits = struct.unpack_from("<H", header, 34)[0]
+    if fmt_tag != 1 or bits % 8:
+        raise ConfigError(f"espeak-ng wrote WAV format {fmt_tag} with {bits} bits; expected PCM")
+    return PCMFormat(rate, bits // 8, channels)
+
+
+async def speak_pcm(text: str, voice: str = "en-us", speed: int = 175,
+                    chunk_bytes: int = PCM_CHUNK_BYTES) -> AsyncIterator[PCMFormat | bytes]:
+    """Speak `text` with espeak-ng as it synthesizes: first its PCMFormat, then PCM chunks of
+    `chunk_bytes` (the last may be shorter). A failing espeak-ng is a ConfigError; stopping the
+    iteration early (a client gone) kills the process."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            espeak_binary(), "-v", voice, "-s", str(speed), "--stdout", "--", text,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    except OSError as exc:
+        raise ConfigError(f"cannot run espeak-ng ({exc.strerror or exc})") from exc
+    try:
+        try:
+            header = await proc.stdout.readexactly(WAV_HEADER_BYTES)
+        except asyncio.IncompleteReadError as exc:
+            err = (await proc.stderr.read()).decode(errors="replace").strip()
+            raise ConfigError(f"espeak-ng failed: {err or 'no audio'}") from exc
+        fmt = parse_wav_header(header)
+        yield fmt
+        frame = fmt.width * fmt.channels
+        carry = b""
+        while True:
+            data = await proc.stdout.read(chunk_bytes)
+            if not data:
+                break
+            data = carry + data
+            whole = len(data) - len(data) % frame
+            carry = data[whole:]
+            if whole:
+                yield data[:whole]
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def synthesize(text: str, voice: str = "en-us", speed: int = 150) -> np.ndarray:

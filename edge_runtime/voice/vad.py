@@ -194,6 +194,11 @@ class UtteranceCutter:
         self._last_speech_wall = 0.0
         self._run_on = False
 
+    @property
+    def run_on(self) -> bool:
+        """Speech has gone on past max_utterance_s without a pause (its audio is no longer kept)."""
+        return self._start >= 0 and self._run_on
+
     def new_recording(self, source: Path) -> Utterance | None:
         """A new file starts: close what is open (a file boundary ends an utterance)."""
         utt = self._close(truncated=False) if self._start >= 0 else None
