@@ -20,6 +20,7 @@ from wyoming.pipeline import PipelineStage, RunPipeline
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from edge_runtime.errors import ConfigError
+from edge_runtime.import_path import code_argv
 from edge_runtime.voice.config import load_voice_config
 from edge_runtime.voice.vad import VADConfig
 from edge_runtime.voice.wyoming_config import WyomingConfig, parse_listen
@@ -473,12 +474,9 @@ def test_the_cli_starts_without_importing_wyoming(tmp_path):
     """`wyoming` is in the voice extra only: building the CLI (every bench module is imported for
     its subcommand) must not need it."""
     import subprocess
-    import sys
 
     code = ("import sys; from edge_runtime.cli import build_parser; build_parser(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'wyoming'))")
-    # -P and a cwd outside the repository: its top-level kernels/ would shadow a package
-    done = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(code_argv(code), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
