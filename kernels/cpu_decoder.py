@@ -7,7 +7,7 @@ ops and Python around them were half of a batch-1 step (docs/perf.md, "CPU decod
 model/linear_packing.py) or blocked quantized (QuantLinear, kernels/cpu_int4.py) and the C library
 is built; `EDGE_RUNTIME_CPU_FUSED=0` turns it
 off (A/B runs, tests). `CausalLM.forward` uses it for a step whose KV context offers
-`native_decode_args()` (engine/flat_kv.py: the CPU back end, int8 or fp16 KV, every new token a
+`native_decode_args()` (kv/flat_context.py: the CPU back end, int8 or fp16 KV, every new token a
 row of the C attention: decode tokens and prefill chunks alike); any other step runs the layers in
 torch as before. Running every step here is what makes a position's logits independent of the
 step it is computed in (docs/engine.md, "What a position reads"): every row goes through the same

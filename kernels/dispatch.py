@@ -9,7 +9,7 @@ tests show that the Triton kernels really ran.
 "triton" | "torch-reference" | "torch-int4pack-cpu". What the engine runs as a whole (the CPU back
 end's C paths included) is named by its back end, engine/backend.py `describe()`.
 
-W4A16 on CPU: `AWQLinear` (quant/awq_linear.py) repacks its weights once for torch's CPU int4 op
+W4A16 on CPU: `AWQLinear` (model/awq_linear.py) repacks its weights once for torch's CPU int4 op
 and calls that directly; `awq_gemm` here (the dequantizing reference) is only its fallback, so
 `describe_backends` names "torch-int4pack-cpu" for awq_gemm on CPU when torch has that op.
 """
@@ -145,7 +145,7 @@ def positional_attention(q, pool, arena, index, sm_scale, k_mean=None, chunks=No
 
 def exact_block_attention(q, k_cache, v_cache, block_table, seq_idx, kv_lens, sm_scale):
     """Paged attention over a float store with one program per query token, whatever its row
-    (the recent-key window's exact blocks, engine/paged_kv.py): a token's result does not depend
+    (the recent-key window's exact blocks, kv/paged_context.py): a token's result does not depend
     on the other tokens of the step, so prefill and decode read a block the same way."""
     if _use_triton(q, "exact_block_attention"):
         return _IMPLS["exact_block_attention"].triton(q, k_cache, v_cache, block_table, seq_idx,

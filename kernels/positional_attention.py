@@ -14,7 +14,7 @@ function of the positions alone:
 - prefill and decode launch the same kernel with the same constexprs (a prefill token is one more
   query token), so a position's partials are the same bits in both;
 - `merge_in_order` merges a token's spans in position order, then the exact block of the
-  recent-key window (engine/paged_kv.py), by one formula; an empty span adds exact zeros, so the
+  recent-key window (kv/paged_context.py), by one formula; an empty span adds exact zeros, so the
   number of spans in the step does not matter.
 
 Arithmetic (from kernels/paged_decode.py): int8 K/V converted in registers with the

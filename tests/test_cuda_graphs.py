@@ -1,4 +1,4 @@
-"""Decode buckets (engine/cuda_graphs.py, engine/decode_shape.py): which bucket a step takes, the
+"""Decode buckets (engine/cuda_graphs.py, kv/decode_shape.py): which bucket a step takes, the
 fixed-shape context (padding rows read and write nothing; the real rows' attention is the same
 bits as unpadded), that a step padded to its bucket gives the real rows the logits of the
 unpadded eager step bit for bit, linears row by row (the CUDA back end on CPU tensors under the
@@ -14,9 +14,9 @@ from model_helpers import random_ids
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.config import EngineConfig
 from edge_runtime.engine.cuda_graphs import bucket_for
-from edge_runtime.engine.decode_shape import DecodeShape, DoesNotFit
-from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kv.decode_shape import DecodeShape, DoesNotFit
+from edge_runtime.kv.storage import KVStorage
+from edge_runtime.kv.paged_context import PagedKVContext, SeqStep
 from edge_runtime.kernels.positional_attention_ref import NO_INLINE
 from paged_kv_helpers import D, H, HKV, LAYERS
 from edge_runtime.errors import ConfigError

@@ -61,7 +61,7 @@ def _stand_in_state():
     from engine_helpers import tiny
 
     from edge_runtime.service.app import ServiceState
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     loaded = tiny()  # its tokenizer (SmolLM2's) and sizes; the model itself is not run
     cfg = SimpleNamespace(page_tokens=16, enable_inline=False, num_inline_slots=0, inline_tokens=0)

@@ -37,7 +37,7 @@ def test_step_tensors_finds_and_replaces_tensors_in_any_structure():
     import collections
     import dataclasses
 
-    from edge_runtime.engine import step_tensors
+    from edge_runtime.kv import step_tensors
 
     Pair = collections.namedtuple("Pair", "first second")
 

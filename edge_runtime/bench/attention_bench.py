@@ -27,7 +27,7 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
     """int8 K/V stores with random values and fp16 scales, and each row's index over its pages."""
     import torch
 
-    from edge_runtime.cache.page_math import pages_for_tokens
+    from edge_runtime.kv.page_math import pages_for_tokens
 
     pages_per_row = pages_for_tokens(keys, page)
     shape = (rows * pages_per_row, layers, page, kv_heads, head_dim)
@@ -35,7 +35,7 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
     v = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     ks = (torch.rand(shape[:-1], generator=gen) * 0.02 + 0.001).half()
     vs = (torch.rand(shape[:-1], generator=gen) * 0.02 + 0.001).half()
-    from edge_runtime.engine.flat_kv_index import block_bases
+    from edge_runtime.kv.flat_index import block_bases
 
     index = torch.empty(rows, kv_heads, keys, dtype=torch.long)
     for r in range(rows):  # row r's keys fill its own pages, as the engine's layer-0 rows
@@ -49,7 +49,7 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
 
 def pool_bytes(rows: int, keys: int, args) -> int:
     """Bytes _pool allocates: int8 K and V, their fp16 scales, the int64 index."""
-    from edge_runtime.cache.page_math import pages_for_tokens
+    from edge_runtime.kv.page_math import pages_for_tokens
 
     pages = rows * pages_for_tokens(keys, args.page_tokens)
     slots = pages * args.layers * args.page_tokens * args.kv_heads

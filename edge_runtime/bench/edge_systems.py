@@ -10,7 +10,7 @@ And the `hf` baseline (bench/hf_backend.py) on the same converted fp32 weights.
 KV bytes held, sampled after every engine step (the step is wrapped, so each sample sees a
 consistent state from the engine's own thread): live pages (ref > 0) + inline slots in use, times
 their bytes (all layers, K+V, and the int8 scales), + the recent-key windows held by running
-sequences (int8 KV: W fp16 positions each, engine/recent_window.py). Cached pages (ref 0, evictable) are reported
+sequences (int8 KV: W fp16 positions each, kv/recent_window.py). Cached pages (ref 0, evictable) are reported
 separately as `peak_kv_cached_bytes`: they cost no new memory (the pool is allocated at start) and
 are reclaimed on demand.
 """
@@ -99,7 +99,7 @@ def check_pool(max_batch: int, max_tokens: int, num_pages: int = 32,
                page_tokens: int | None = None) -> None:
     """`max_batch` sequences of `max_tokens` tokens fit in the bench's KV pool; cheap, so the
     commands call it before loading the model (build_engine checks it again)."""
-    from edge_runtime.cache.page_math import pages_for_tokens
+    from edge_runtime.kv.page_math import pages_for_tokens
     from edge_runtime.engine.config import EngineConfig
 
     page_tokens = page_tokens or EngineConfig.page_tokens
@@ -112,10 +112,10 @@ def check_pool(max_batch: int, max_tokens: int, num_pages: int = 32,
 
 class KVProbe:
     """KV bytes held by an engine, from its stats: live pages + inline slots in use + the
-    recent-key windows of running sequences (engine/recent_window.py)."""
+    recent-key windows of running sequences (kv/recent_window.py)."""
 
     def __init__(self, engine, model_config) -> None:
-        from edge_runtime.cache.recent_windows import window_bytes
+        from edge_runtime.kv.recent_window import window_bytes
 
         cfg = engine.config
         per_token = kv_bytes_per_token(model_config, cfg.kv_dtype)

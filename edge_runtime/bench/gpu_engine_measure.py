@@ -23,7 +23,7 @@ def median_ms(seconds: list[float]) -> float:
 
 
 def _engine(model: str, weights: str, args):
-    from edge_runtime.cache.page_math import pages_for_tokens
+    from edge_runtime.kv.page_math import pages_for_tokens
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
     from edge_runtime.engine.placement import load_for, resolve

@@ -58,7 +58,7 @@ class _InProcess:
 
     def __init__(self, args) -> None:
         from edge_runtime.engine.api import SamplingParams
-        from edge_runtime.guard.config import GuardConfig
+        from edge_runtime.guard_config import GuardConfig
         from edge_runtime.service.engine_setup import load_all
         from edge_runtime.service.sections import load_sections
 

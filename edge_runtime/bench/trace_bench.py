@@ -339,7 +339,7 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--num-pages", type=int, default=32, help="KV pool size of the edge systems")
     p.add_argument("--recent-window", type=int, default=None, metavar="W",
                    help="int8 systems: positions per sequence read exact (default: the engine's; "
-                        "0: off; engine/recent_window.py)")
+                        "0: off; kv/recent_window.py)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads in every edge system, fixed (default: the cores other "
                         "programs leave free, re-checked every second)")

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
+from edge_runtime.kv.recent_window import DEFAULT_WINDOW_TOKENS
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError, RequestError
 from edge_runtime.model.weights_option import add_weights_option
@@ -105,7 +105,7 @@ def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: 
             chunk: int = 0, settings: dict | None = None):
     """An engine for scoring: it computes `chunk` positions per step (0: `window`, one prefill);
     settings: EngineConfig overrides (recent_window, centred_keys)."""
-    from edge_runtime.cache.page_math import pages_for_sequence_at_most
+    from edge_runtime.kv.page_math import pages_for_sequence_at_most
     from edge_runtime.engine.config import EngineConfig
     from edge_runtime.engine.engine import Engine
 

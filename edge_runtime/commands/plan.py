@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from edge_runtime.model.weight_bytes import gguf_blocks_served, model_for_plan
+from edge_runtime.plan import gguf_blocks_served, model_for_plan
 from edge_runtime.model.weights_option import add_weights_option
 
 
@@ -40,7 +40,7 @@ def register(subparsers) -> None:
 
 def unit_limits_for(budget, plan, memory_high=None, memory_max=None) -> dict:
     """The unit's MemoryHigh/MemoryMax (derived, or the given ones) after the guard check."""
-    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.guard_config import GuardConfig
     from edge_runtime.service.unit_limits import (check_unit_limits, parse_systemd_size,
                                                   planned_total, unit_memory_limits)
 

@@ -114,7 +114,8 @@ def _quantize(args, out: Path, texts: list[str] | None) -> int:
     from edge_runtime.errors import ConfigError
     from edge_runtime.engine.placement import pick_device
     from edge_runtime.model.loader import load_model
-    from edge_runtime.quant import awq_algo, awq_blocks, awq_model, calibration
+    from edge_runtime.model import awq_model
+    from edge_runtime.quant import awq_algo, awq_blocks, calibration
 
     start = time.perf_counter()
     device = pick_device(args.device)

@@ -5,7 +5,7 @@ tokenized by the model's own tokenizer; the generated tokens are the trace's `an
 as the chat template renders it, ending with the end-of-turn token), or, where a line has no
 answer, a synthetic answer of `--synthetic-answer-words` words. Every page size is replayed
 twice: with prefix sharing + inline slots, and with neither (the baseline), same pool size.
-See edge_runtime/cache/simulator.py for the replay rules.
+See edge_runtime/kv/simulator.py for the replay rules.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _ids(encoded) -> list[int]:
 
 def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
     """stream -> [SimRequest]: prompt ids and answer ids (end-of-turn token included)."""
-    from edge_runtime.cache.simulator import SimRequest
+    from edge_runtime.kv.simulator import SimRequest
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if not isinstance(eos, int) or eos < 0:
@@ -70,7 +70,7 @@ def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
 
 def default_pages(streams: dict, page_tokens: int) -> int:
     """Enough pages that nothing is ever evicted, sharing or not."""
-    from edge_runtime.cache.page_math import pages_for_sequence_at_most
+    from edge_runtime.kv.page_math import pages_for_sequence_at_most
 
     return sum(pages_for_sequence_at_most(len(r.prompt_ids) + len(r.answer_ids), page_tokens)
                for reqs in streams.values() for r in reqs)
@@ -79,8 +79,8 @@ def default_pages(streams: dict, page_tokens: int) -> int:
 def simulate_all(streams: dict, page_sizes: list[int], args, bytes_per_token: int) -> list:
     import copy
 
-    from edge_runtime.cache.kv_manager import KVManager
-    from edge_runtime.cache.simulator import Simulator
+    from edge_runtime.kv.manager import KVManager
+    from edge_runtime.kv.simulator import Simulator
 
     results = []
     for P in page_sizes:
@@ -156,7 +156,7 @@ def _check_args(args) -> None:
 def run(args) -> int:
     from edge_runtime.bench.trace import load_trace
     from edge_runtime.budget import check_page_tokens
-    from edge_runtime.model.weight_bytes import model_for_plan
+    from edge_runtime.plan import model_for_plan
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
     from edge_runtime.plan import kv_bytes_per_token
 

@@ -1,9 +1,9 @@
 """The engine's two back ends, chosen once when an Engine is built (docs/engine.md, "Back ends").
 
-- CPU back end: flat KV rows (engine/flat_kv.py) with the C kernels of kernels/csrc, fp32 linears
+- CPU back end: flat KV rows (kv/flat_context.py) with the C kernels of kernels/csrc, fp32 linears
   packed for kernels/cpu_linear.py and, for every step with int8 or fp16 KV (prefill chunks
   included), the one-call C layer stack (kernels/cpu_decoder.py).
-- CUDA back end: the paged store read by position (engine/paged_kv.py) by the Triton kernels of
+- CUDA back end: the paged store read by position (kv/paged_context.py) by the Triton kernels of
   kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), a
   GGUF's own int4/int8 blocks and AWQ layers (QuantLinear) through the blocked W4A16 Triton kernel
   (kernels/blocked_w4a16.py) on the bytes the CPU kernels read. On a CPU device
@@ -52,7 +52,7 @@ class CpuBackend:
         pack_linears(model)  # fp32 on CPU: blocked/oneDNN packed weights (model/linear_packing.py)
 
     def context(self, storage, steps, sm_scale: float):
-        from edge_runtime.engine.flat_kv import FlatKVContext
+        from edge_runtime.kv.flat_context import FlatKVContext
 
         return FlatKVContext(storage, steps, sm_scale)
 
@@ -118,7 +118,7 @@ class CudaBackend:
         model.fused_decoder = None  # the CPU back end's C layer stack
 
     def context(self, storage, steps, sm_scale: float):
-        from edge_runtime.engine.paged_kv import PagedKVContext
+        from edge_runtime.kv.paged_context import PagedKVContext
 
         return PagedKVContext(storage, steps, sm_scale)  # on the host: the engine uploads it
 
@@ -157,7 +157,7 @@ class CudaBackend:
 
 def _awq_kernel(blocked: str, awq_gemm: str) -> str:
     """What AWQ layers run: the blocked format's kernel, unless $EDGE_RUNTIME_AWQ_BACKEND picks
-    one of AWQLinear's own backends (quant/awq_model.py)."""
+    one of AWQLinear's own backends (model/awq_model.py)."""
     from edge_runtime.kernels.dispatch import cpu_int4pack_available
 
     choice = env.awq_backend(("auto", "blocked", "cpu-int4pack", "awq-gemm", "reference"))

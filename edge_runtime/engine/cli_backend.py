@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from edge_runtime.cache.page_math import pages_for_sequence_at_most, pages_for_tokens
+from edge_runtime.kv.page_math import pages_for_sequence_at_most, pages_for_tokens
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.config import DEFAULT_POOL_TOKENS, EngineConfig, budget_engine_config
 from edge_runtime.engine.engine import Engine

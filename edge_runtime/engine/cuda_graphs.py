@@ -3,7 +3,7 @@
 A decode step of n sequences (one new token each, no prefill in the step) runs as the smallest
 bucket B >= n: rows n..B-1 are padding (token 0 at position 0, an empty read, slot -1: nothing
 written, nothing read; their logits rows are ignored). Every bucket has ONE shape: the step's
-PagedKVContext built with the bucket's `DecodeShape` (engine/decode_shape.py: table widths that
+PagedKVContext built with the bucket's `DecodeShape` (kv/decode_shape.py: table widths that
 hold any sequence up to max_position_embeddings, the span count of the longest read, one exact
 block per row), so every step of the bucket has the same index tensors (names, shapes, dtypes)
 and host values. The step's ids, positions, last rows and the context's `metadata()` are copied
@@ -34,8 +34,8 @@ import time
 
 import torch
 
-from edge_runtime.engine.decode_shape import DecodeShape, DoesNotFit
-from edge_runtime.engine.paged_kv import PagedKVContext
+from edge_runtime.kv.decode_shape import DecodeShape, DoesNotFit
+from edge_runtime.kv.paged_context import PagedKVContext
 from edge_runtime.engine.step_transfers import StepTransfers, device_region
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)

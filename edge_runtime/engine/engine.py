@@ -29,9 +29,9 @@ from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.constraints import Constraints
 from edge_runtime.engine.cuda_graphs import decode_graphs_for
-from edge_runtime.engine.kv_setup import build_kv
-from edge_runtime.engine.paged_kv import SeqStep
-from edge_runtime.engine.pool_resize import PoolChunks
+from edge_runtime.kv.setup import build_kv
+from edge_runtime.kv.paged_context import SeqStep
+from edge_runtime.kv.pool_resize import PoolChunks
 from edge_runtime.engine.request_limits import check_request
 from edge_runtime.engine.sampler import make_generator
 from edge_runtime.engine.scheduler import Scheduler
@@ -188,7 +188,7 @@ class Engine:
             return self.kv.evict(max_pages)
 
     def shrink_pool(self, n_chunks: int) -> int:
-        """Return up to n_chunks whole pool chunks to the OS (engine/pool_resize.py)."""
+        """Return up to n_chunks whole pool chunks to the OS (kv/pool_resize.py)."""
         with self._lock:
             done, released = self.pool_chunks.shrink(self.kv, self.storage, n_chunks)
             self.counters["pool_bytes_released"] += released

@@ -9,7 +9,7 @@ Every command that runs the model takes `--device auto|cpu|cuda[:N]` and `--back
 - weight dtype: the CUDA back end on a GPU loads the budget's `weight_dtype` (fp16 on the Orin
   budgets; fp16 without a budget); the CPU back end, and the CUDA back end on CPU tensors (the
   Triton interpreter, for tests), load fp32. AWQ layers stay int4 either way (the blocked format
-  both back ends read, quant/awq_blocked.py).
+  both back ends read, model/awq_blocked.py).
 `load_for` loads a model for a placement and prepares it for its back end. `--weights` (a GGUF's
 own int4 blocks or its float conversion) is separate: auto means the blocks on both back ends (in
 the weight dtype's activations on CUDA), fp32 the float conversion in the weight dtype.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge_runtime.budget import DEVICE_PATTERN, TORCH_DTYPES
 from edge_runtime.errors import ConfigError
 
 DEVICE_HELP = ("auto (default: the budget's device:, else cuda when torch sees a CUDA device, "
@@ -26,7 +27,6 @@ DEVICE_HELP = ("auto (default: the budget's device:, else cuda when torch sees a
 BACKEND_HELP = ("cpu (flat store, C kernels) or cuda (paged store, Triton kernels); default: the "
                 "device's. --device cpu --backend cuda runs the Triton kernels in the interpreter "
                 "(TRITON_INTERPRET=1; slow, for tests)")
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,6 @@ def resolve(device: str = "auto", backend: str | None = None, budget=None,
 
 def pick_device(device: str, budget=None, need_device: bool = True) -> str:
     """auto | cpu | cuda | cuda:N -> the device to use (auto resolved as the module doc says)."""
-    from edge_runtime.budget import DEVICE_PATTERN
-
     if not DEVICE_PATTERN.fullmatch(device):
         raise ConfigError(f"--device {device!r}: use auto, cpu, cuda or cuda:N")
     if device == "auto" and budget is not None:
@@ -121,7 +119,7 @@ def load_for(model: str, placement: Placement, progress=None, weights: str = "au
 
     kwargs = {} if progress is None else {"progress": progress}
     # AWQ layers: the blocked format (QuantLinear) on both back ends unless the environment picks
-    # one of AWQLinear's backends (quant/awq_model.py)
+    # one of AWQLinear's backends (model/awq_model.py)
     loaded = load_model(model, dtype=placement.torch_dtype, device=placement.device,
                         weights=model_weights(placement, weights), **kwargs)
     prepare_model(loaded.model, select_backend(placement.backend, placement.device))

@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from edge_runtime.engine.paged_kv import SeqStep
+from edge_runtime.kv.paged_context import SeqStep
 
 _ids = itertools.count()
 

@@ -1,7 +1,7 @@
 """The guard's actions on a live Engine (docs/interfaces.md "Memory guard hooks").
 
 A thin adapter: every action is an Engine method that takes the engine lock, so no step runs
-while pages are evicted, sequences preempted or pool chunks retired (engine/pool_resize.py).
+while pages are evicted, sequences preempted or pool chunks retired (kv/pool_resize.py).
 It also totals the bytes handed back to the OS, for the guard's log and tests.
 """
 

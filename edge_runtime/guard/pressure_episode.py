@@ -70,7 +70,7 @@ class Episode:
         self.t0 = time.monotonic()
 
     def start_guard(self) -> None:
-        from edge_runtime.guard.config import GuardConfig
+        from edge_runtime.guard_config import GuardConfig
         from edge_runtime.guard.engine_hooks import EngineGuardHooks
         from edge_runtime.guard.guard import MemoryGuard
         from edge_runtime.guard.telemetry import ProcMeminfoSource

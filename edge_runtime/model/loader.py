@@ -10,7 +10,7 @@ Invariants:
   random initialisation runs and every parameter comes from the file (missing ones are an error).
 - `weight_bytes` counts each parameter and buffer storage once (tied embeddings once).
 - AWQ checkpoints (quantization_config.quant_method == "awq") go through
-  `edge_runtime.quant.awq_model.quantize_linears_from_checkpoint`, which swaps nn.Linear modules by
+  `edge_runtime.model.awq_model.quantize_linears_from_checkpoint`, which swaps nn.Linear modules by
   path and consumes their qweight/qzeros/scales from the state dict.
 """
 
@@ -145,10 +145,10 @@ def _one_line(exc: Exception) -> str:
 
 def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | None = None) -> str:
     try:
-        from edge_runtime.quant.awq_model import awq_group_size, quantize_linears_from_checkpoint
+        from edge_runtime.model.awq_model import awq_group_size, quantize_linears_from_checkpoint
     except ImportError as exc:
-        raise ModelLoadError("AWQ support not installed (edge_runtime.quant.awq_model is missing)") from exc
-    if backend is None:  # AWQLinear's default choice (quant/awq_model.py)
+        raise ModelLoadError("AWQ support not installed (edge_runtime.model.awq_model is missing)") from exc
+    if backend is None:  # AWQLinear's default choice (model/awq_model.py)
         quantize_linears_from_checkpoint(model, state, quant_config)
     else:
         quantize_linears_from_checkpoint(model, state, quant_config, backend=backend)
@@ -193,7 +193,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
                 device: str | torch.device = "cpu", awq_backend: str | None = None
                 ) -> tuple[CausalLM, str]:
     """A CausalLM whose parameters are exactly the tensors of `state` (consumed). awq_backend:
-    AWQLinear's backend (None: the default, quant/awq_model.py)."""
+    AWQLinear's backend (None: the default, model/awq_model.py)."""
     with torch.device("meta"), no_weight_init():
         model = CausalLM(config)
     quantization = "none"

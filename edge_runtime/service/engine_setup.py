@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from edge_runtime.errors import ConfigError
-from edge_runtime.guard.config import GuardConfig
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.guard_config import GuardConfig
+from edge_runtime.service_limits import ServiceLimits
 from edge_runtime.service.server import Loaded
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
-from edge_runtime.cache.page_math import request_pages_lenient
+from edge_runtime.kv.page_math import request_pages_lenient
 from edge_runtime.engine.async_engine import EngineLoopStopped
 from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestError
 from edge_runtime.service import responses as R

@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     from edge_runtime.budget import load_budget
     from edge_runtime.engine.placement import resolve
     from edge_runtime.errors import EdgeError
-    from edge_runtime.guard.config import GuardConfig
-    from edge_runtime.model.weight_bytes import model_for_plan
+    from edge_runtime.guard_config import GuardConfig
+    from edge_runtime.plan import model_for_plan
     from edge_runtime.model.weights_option import add_weights_option
     from edge_runtime.plan import make_plan
 

@@ -3,18 +3,18 @@
 Layout (docs/interfaces.md):
   k_pages, v_pages: [num_pages, num_layers, page_tokens, num_kv_heads, head_dim]
       (on the CUDA back end one such tensor per chunk of `pool_chunk_pages` pages:
-      engine/chunked_pool.py, addressed by the kernels through kernels/page_chunks.py)
+      kv/chunked_pool.py, addressed by the kernels through kernels/page_chunks.py)
       int8 (with k_scales, v_scales: [num_pages, num_layers, page_tokens, num_kv_heads] fp16),
       or fp16 / fp32 without scales (reference runs).
   k_inline, v_inline (+ scales): the same with num_slots / slot_tokens.
   k_window, v_window: [num_windows, num_layers, window_tokens, num_kv_heads, head_dim] fp16, no
       scales: each running sequence's most recent K/V kept exact next to its int8 copy (the
-      recent-key window, engine/recent_window.py); int8 KV only, allocated when num_windows > 0.
+      recent-key window, kv/recent_window.py); int8 KV only, allocated when num_windows > 0.
 A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` in the arena,
 `window * window_tokens + offset` in the windows).
   k_means: [num_layers, num_kv_heads, head_dim] fp32, in the stores' (rotated) basis, or None:
       the mean key of each layer and kv head for centred int8 keys (kernels/quantize.py; measured
-      by engine/key_means.py), set once before the first write and never changed after.
+      by kv/key_means.py), set once before the first write and never changed after.
 
 Invariants:
 - Block tables address pages by page id forever. The flat stores are never reallocated; a
@@ -38,8 +38,8 @@ import os
 
 import torch
 
-from edge_runtime.engine.chunked_pool import ChunkedStore
-from edge_runtime.engine.kv_store import Store, StoreView
+from edge_runtime.kv.chunked_pool import ChunkedStore
+from edge_runtime.kv.store import Store, StoreView
 from edge_runtime.kernels import hadamard
 
 KV_DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}

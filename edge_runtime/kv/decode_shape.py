@@ -1,4 +1,4 @@
-"""A decode step's index tensors at fixed shapes: engine/paged_kv.py's PagedKVContext built with a
+"""A decode step's index tensors at fixed shapes: kv/paged_context.py's PagedKVContext built with a
 `DecodeShape`, so that every step of one batch-size bucket has the same tensor names, shapes and
 dtypes and the same host values (span count, exact-block count), and a CUDA graph captured on one
 replays any other with new contents (engine/cuda_graphs.py).
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edge_runtime.cache.page_math import pages_for_sequence_at_most
+from edge_runtime.kv.page_math import pages_for_sequence_at_most
 from edge_runtime.kernels import positional_attention
 from edge_runtime.kernels.positional_attention_ref import NO_INLINE, PositionIndex
 
@@ -87,7 +87,7 @@ def pad(t: torch.Tensor | None, rows: int, fill: int, dtype=torch.int64) -> torc
 
 def exact_blocks(has: torch.Tensor, window: torch.Tensor, positions: torch.Tensor, W: int,
                  rows: int) -> tuple:
-    """The exact-block indices of engine/paged_kv.py's `exact` for a decode step padded to `rows`:
+    """The exact-block indices of kv/paged_context.py's `exact` for a decode step padded to `rows`:
     has, window, positions [n] (windowed, window id, position of each real token)."""
     n = positions.shape[0]
     offset = pad(torch.where(has, positions % W, 0), rows, 0)  # [rows]

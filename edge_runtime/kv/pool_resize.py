@@ -3,9 +3,9 @@
 The pool's page ids are split here into `num_chunks` ranges of `chunk_pages(num_pages)` pages (the
 last may be smaller). Shrinking takes the highest chunk still in service: the KVManager retires its
 page range (cached pages evicted, live pages relocated below it through CopyOps and block-table
-edits, cache/pool_shrink.py), the engine runs the copies, then KVStorage releases the range's
+edits, kv/pool_shrink.py), the engine runs the copies, then KVStorage releases the range's
 memory: on the CPU back end's flat pool with madvise(MADV_DONTNEED), so RSS falls; on the CUDA
-back end, whose pool is one allocation per chunk of these ranges (engine/chunked_pool.py), by
+back end, whose pool is one allocation per chunk of these ranges (kv/chunked_pool.py), by
 dropping the chunk's tensors and emptying the caching allocator's cache. Growing puts chunks back,
 the last retired first (the guard grows one at a time while there is room for it), and makes them
 resident (on CUDA: allocates them again).

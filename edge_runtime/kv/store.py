@@ -1,7 +1,7 @@
 """One store's tensors (the pool, the inline arena or the windows) and one layer's view of them,
 as the kernels see it: [num_blocks, num_layers, block_tokens, num_kv_heads, head_dim] K and V, plus
-fp16 scales for int8 (layout: engine/kv_storage.py). KVStorage holds the stores; a chunked pool
-(engine/chunked_pool.py) is a list of them, one per chunk."""
+fp16 scales for int8 (layout: kv/storage.py). KVStorage holds the stores; a chunked pool
+(kv/chunked_pool.py) is a list of them, one per chunk."""
 
 from __future__ import annotations
 

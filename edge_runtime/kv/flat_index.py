@@ -15,8 +15,8 @@ For every store ("pages": the pool, "inline": the arena):
   rows `[Hkv, L_s]` per store and a `[n, L]` mask, one entry of `prefill` (torch SDPA).
 Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
 
-A sequence that holds a recent-key window (engine/recent_window.py) reads by the position-only
-rule of cache/recent_windows.py: a query at position i reads the keys of its aligned block
+A sequence that holds a recent-key window (kv/recent_window.py) reads by the position-only
+rule of kv/recent_window.py: a query at position i reads the keys of its aligned block
 [i - i % W, i] exact and every older one from int8. A decode token reads its block from the
 window (its own K/V written there first). A prefill row reads int8 [0, B) (B: the block start of
 its last token; the mask keeps each query to the int8 keys before its own block) and its exact
@@ -41,7 +41,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from edge_runtime.cache.recent_windows import exact_from, window_offset
+from edge_runtime.kv.recent_window import exact_from, window_offset
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -177,7 +177,7 @@ class FlatKVIndex:
                 "inline": self._bases("inline", s.tail_ids, length - in_pages)}
 
     def _window_keys(self, s, keys, offset: int, window_writes) -> tuple[dict, np.ndarray | None]:
-        """A windowed sequence (the read rule of cache/recent_windows.py): its window writes (the
+        """A windowed sequence (the read rule of kv/recent_window.py): its window writes (the
         new tokens of its last block), its int8 keys cut where its last token's block begins, and
         the window rows it reads exact: a decode token's whole block; a prefill row's `carry`,
         the positions of its first block before its new tokens (returned, None for a decode)."""

@@ -48,7 +48,7 @@ class AWQLinear(nn.Module):
         self.out_features = out_features
         self.group_size = group_size
         groups = in_features // group_size
-        # non-persistent: checkpoints are read and written by quant/awq_model.py, not state_dict()
+        # non-persistent: checkpoints are read and written by model/awq_model.py, not state_dict()
         self.register_buffer("qweight", torch.zeros(in_features, out_features // 8, dtype=torch.int32),
                              persistent=False)
         self.register_buffer("qzeros", torch.zeros(groups, out_features // 8, dtype=torch.int32),

@@ -3,7 +3,7 @@
 Reading (`quantize_linears_from_checkpoint`, called by edge_runtime.model.loader.build_model on a
 model built on the meta device, BEFORE the float weights are assigned):
 - every `<path>.qweight` in the state dict turns the nn.Linear at `<path>` into a `QuantLinear` on
-  the runtime's blocked int4 format (quant/awq_blocked.py, exact; q/k/v and gate/up fused), or,
+  the runtime's blocked int4 format (model/awq_blocked.py, exact; q/k/v and gate/up fused), or,
   with another AWQ backend, an `AWQLinear`; its qweight/qzeros/scales(/bias) are popped from the
   state dict (consumed). Both keep their tensors as non-persistent buffers, so the loader's
   "expected keys" do not list them.
@@ -30,8 +30,8 @@ from torch import nn
 
 from edge_runtime import env
 from edge_runtime.errors import ModelLoadError
-from edge_runtime.quant.awq_blocked import awq_quant_linear, fuse_layers
-from edge_runtime.quant.awq_linear import BACKENDS, AWQLinear
+from edge_runtime.model.awq_blocked import awq_quant_linear, fuse_layers
+from edge_runtime.model.awq_linear import BACKENDS, AWQLinear
 from edge_runtime.quant.half_embed import HalfEmbedding, HalfLinear, set_module
 
 LOAD_BACKENDS = (*BACKENDS, "blocked")  # "auto" loads "blocked"
@@ -115,7 +115,7 @@ def _check_dtypes(path: str, qweight, qzeros, scales, bias) -> None:
 
 def _make_awq_linear(model: nn.Module, path: str, state: dict, group_size: int,
                      backend: str) -> None:
-    """backend "blocked": a QuantLinear (quant/awq_blocked.py); else an AWQLinear with it."""
+    """backend "blocked": a QuantLinear (model/awq_blocked.py); else an AWQLinear with it."""
     try:
         old = model.get_submodule(path)
     except AttributeError as exc:
@@ -182,8 +182,8 @@ def quantize_linears_from_checkpoint(model: nn.Module, state: dict, quant_config
     returns paths.
 
     backend: default from $EDGE_RUNTIME_AWQ_BACKEND (edge_runtime/env.py), else "auto", which is
-    "blocked": QuantLinear on the runtime's blocked format (quant/awq_blocked.py; both back ends,
-    q/k/v and gate/up fused). The others keep AWQLinear's own paths (quant/awq_linear.py), for
+    "blocked": QuantLinear on the runtime's blocked format (model/awq_blocked.py; both back ends,
+    q/k/v and gate/up fused). The others keep AWQLinear's own paths (model/awq_linear.py), for
     comparison: `reference` (exact, slow), `cpu-int4pack` (torch's bf16 op), `awq-gemm` (the
     tuned prepared-layout Triton kernel, docs/perf-gpu.md).
     """

@@ -1,6 +1,6 @@
 """AutoAWQ GEMM linears served as the runtime's blocked format (quant/int4_format.py): QuantLinear.
 
-At load (quant/awq_model.py, the default "blocked" AWQ backend) each checkpoint linear's
+At load (model/awq_model.py, the default "blocked" AWQ backend) each checkpoint linear's
 qweight / qzeros / scales become a `BlockedQuantWeight` (`int4_format.from_awq`: W = s q + (-s z),
 fp32 parameters, exact) in a `QuantLinear` (kernels/cpu_int4.py): the C kernels on the CPU back end,
 the blocked W4A16 Triton kernel on the CUDA back end, the same bytes for both, as for a GGUF. Then

@@ -37,7 +37,7 @@ class Segments:
     tail_len: int  # committed tokens in the tail
     tail_capacity: int  # reserved positions in the tail (>= tail_len)
     full_pages: tuple[int, ...] = ()  # inline: the full tail pages before the slots
-    window: int | None = None  # its recent-key window (cache/recent_windows.py), if it holds one
+    window: int | None = None  # its recent-key window (kv/recent_window.py), if it holds one
     window_start: int = 0  # the first position it computed itself: the window's offset 0
 
 
@@ -58,7 +58,7 @@ class SeqKV:
     capacity: int = 0  # positions [0, capacity) have storage
     took_over: bool = False  # admitted by taking over an idle cached tail page
     copied_from: int | None = None  # the shared partial page an inline end was copied from
-    window: int | None = None  # recent-key window held (cache/recent_windows.py), None: none
+    window: int | None = None  # recent-key window held (kv/recent_window.py), None: none
     window_start: int = 0  # first position computed by this sequence (the window's offset 0)
 
     @property
@@ -79,7 +79,7 @@ class SeqKV:
 
     def replace_page(self, old_id: int, new_id: int) -> None:
         """Point the block table at `new_id` where it held `old_id` (a page relocated by
-        cache/pool_shrink.py: same content, same positions)."""
+        kv/pool_shrink.py: same content, same positions)."""
         for table in (self.prefix_pages, self.tail_pages):
             if old_id in table:
                 table[table.index(old_id)] = new_id

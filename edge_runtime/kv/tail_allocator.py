@@ -26,12 +26,12 @@ for the next turn.
 
 from __future__ import annotations
 
-from edge_runtime.cache.inline_arena import InlineArena
-from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, SeqKV
-from edge_runtime.cache.observability import EventLog, KVCounters, LowFreePagesDump
-from edge_runtime.cache.page_math import ceil_div
-from edge_runtime.cache.page_pool import CACHED, LIVE, ROOT, PagePool
-from edge_runtime.cache.prefix_cache import PrefixCache
+from edge_runtime.kv.inline_arena import InlineArena
+from edge_runtime.kv.seq_kv import INLINE, PAGES, CopyOp, SeqKV
+from edge_runtime.kv.observability import EventLog, KVCounters, LowFreePagesDump
+from edge_runtime.kv.page_math import ceil_div
+from edge_runtime.kv.page_pool import CACHED, LIVE, ROOT, PagePool
+from edge_runtime.kv.prefix_cache import PrefixCache
 from edge_runtime.errors import OutOfPages
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from edge_runtime.cache.kv_types import PAGES, CopyOp, SeqKV
-from edge_runtime.cache.observability import EventLog
-from edge_runtime.cache.page_pool import CACHED, FREE, LIVE, PagePool
-from edge_runtime.cache.prefix_cache import PrefixCache
+from edge_runtime.kv.seq_kv import PAGES, CopyOp, SeqKV
+from edge_runtime.kv.observability import EventLog
+from edge_runtime.kv.page_pool import CACHED, FREE, LIVE, PagePool
+from edge_runtime.kv.prefix_cache import PrefixCache
 from edge_runtime.errors import OutOfPages
 
 

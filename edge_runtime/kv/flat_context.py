@@ -1,7 +1,7 @@
 """The CPU back end's KVContext (edge_runtime/model/kv_interface.py) for one engine step.
 
-The same segments as the CUDA back end's per-segment calls (engine/paged_kv.py) are turned once
-per step into slot mappings and row numbers of the whole store (engine/flat_kv_index.py);
+The same segments as the CUDA back end's per-segment calls (kv/paged_context.py) are turned once
+per step into slot mappings and row numbers of the whole store (kv/flat_index.py);
 kernels/flat_kv_cpu.py writes K/V and attends every token over prefix + tail in one softmax: in C
 for int8 and fp16 stores (kernels/csrc/flat_kv.c), a prefill chunk's tokens as rows like decode
 tokens (so a position reads bit for bit the same in either; a windowed prefill row's exact keys
@@ -10,7 +10,7 @@ tokens through torch ops and each prefill row through one causal SDPA call. A st
 are all gathered by the C attention (int8 or fp16 KV) also offers `native_decode_args` for the
 one-call C layer stack (kernels/cpu_decoder.py), prefill chunks included.
 
-Invariants: as engine/paged_kv.py's (new tokens outside the shared prefix, tail storage reserved,
+Invariants: as kv/paged_context.py's (new tokens outside the shared prefix, tail storage reserved,
 indexes built once per step in `__init__`, never per layer); the storage is on the CPU.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from edge_runtime.engine.flat_kv_index import FlatKVIndex
-from edge_runtime.engine.kv_context import StepKVContext
-from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.kv.flat_index import FlatKVIndex
+from edge_runtime.kv.step_context import StepKVContext
+from edge_runtime.kv.storage import KVStorage
 from edge_runtime.kernels import cpu_native
 from edge_runtime.kernels.flat_kv_cpu import (NATIVE_MAX_HEAD_DIM, NativeDecodeAttention,
                                               gather_decode_attention, gather_prefill_attention,

@@ -1,4 +1,4 @@
-"""What both back ends' per-step KV contexts share (engine/paged_kv.py, engine/flat_kv.py).
+"""What both back ends' per-step KV contexts share (kv/paged_context.py, kv/flat_context.py).
 
 A context is built once per engine step, on the host, from the step's `SeqStep`s and passed to
 CausalLM.forward as `kv` (model/kv_interface.py). Its index tensors reach the device through
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from edge_runtime.engine import step_tensors
+from edge_runtime.kv import step_tensors
 from edge_runtime.kernels import hadamard
 
 _NOT_METADATA = frozenset({"storage"})
@@ -34,7 +34,7 @@ class StepKVContext:
         raise NotImplementedError
 
     def metadata(self) -> dict[str, torch.Tensor]:
-        """Every index tensor the step reads on the device, by path (engine/step_tensors.py), for
+        """Every index tensor the step reads on the device, by path (kv/step_tensors.py), for
         the step's one packed upload (engine/step_transfers.py); the storage is not included."""
         return step_tensors.collect(self, _NOT_METADATA)
 
@@ -42,12 +42,6 @@ class StepKVContext:
         """Take `metadata()`'s tensors back, now on the device, under the same paths."""
         step_tensors.replace(self, parts, _NOT_METADATA)
         return self
-
-    def to(self, device: torch.device) -> "StepKVContext":
-        """Every index tensor on `device` in one packed copy (callers outside the engine)."""
-        from edge_runtime.engine.step_transfers import StepTransfers
-
-        return self.bind(StepTransfers(device).upload(self.metadata()))
 
     def native_decode_args(self, num_heads: int, head_dim: int):
         """Arguments for the one-call C decode step (kernels/cpu_decoder.py); None where it does

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edge_runtime.cache.page_math import pages_for_tokens
-from edge_runtime.cache.page_pool import LIVE, ROOT, Page, PagePool
+from edge_runtime.kv.page_math import pages_for_tokens
+from edge_runtime.kv.page_pool import LIVE, ROOT, Page, PagePool
 
 
 @dataclass

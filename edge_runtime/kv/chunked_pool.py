@@ -1,8 +1,8 @@
 """The CUDA back end's page pool: one tensor per chunk of pages (per K, V and scales), so a chunk
-the memory guard retires gives its memory back (engine/pool_resize.py).
+the memory guard retires gives its memory back (kv/pool_resize.py).
 
 Chunk c holds pages [c * chunk_pages, min((c + 1) * chunk_pages, num_pages)) in the layout of
-engine/kv_storage.py's stores ([pages, num_layers, page_tokens, Hkv, D] + [.., Hkv] fp16 scales);
+kv/storage.py's stores ([pages, num_layers, page_tokens, Hkv, D] + [.., Hkv] fp16 scales);
 block tables keep global page ids. The kernels address the chunks through a PageChunks
 (kernels/page_chunks.py): chunk 0's tensors as the base and the element offset of every chunk's
 tensors from them. Why not one tensor: device memory cannot be handed back piecewise from inside
@@ -26,7 +26,7 @@ import dataclasses
 
 import torch
 
-from edge_runtime.engine.kv_store import Store, StoreView
+from edge_runtime.kv.store import Store, StoreView
 from edge_runtime.kernels.page_chunks import PageChunks, element_offsets
 
 

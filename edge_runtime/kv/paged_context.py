@@ -8,7 +8,7 @@ an "inline" tail is F full tail pages followed by inline slots holding `[b, L)`,
 (write_kv), then reads, for a query at position i:
 
   keys [0, e):  from the int8 (or float) pool and arena by position, e = i + 1, or with a
-                recent-key window (engine/recent_window.py; the read rule: query i reads its
+                recent-key window (kv/recent_window.py; the read rule: query i reads its
                 block [i - i % W, i] exact) e = i - i % W: kernels/positional_attention.py,
                 spans of fixed absolute size, tiles aligned to absolute positions, each key's
                 address found from its position (prefix page, tail page or inline slot);
@@ -25,7 +25,7 @@ bits (tests/test_determinism.py). Three attention launches per layer, whatever t
 The kernels are kernels/dispatch.py's: Triton on CUDA tensors, and on CPU tensors inside
 `dispatch.prefer_triton()` (the CUDA back end under TRITON_INTERPRET=1, engine/backend.py); the
 torch references otherwise (the same values, not the same bits). The CPU back end's context is
-engine/flat_kv.py.
+kv/flat_context.py.
 
 Invariants:
 - Every new token's position is >= its sequence's prefix length (new tokens are never in the
@@ -34,7 +34,7 @@ Invariants:
   in `PagedKVContext.__init__`, never per layer.
 - Built with a `DecodeShape` (a decode step padded to a batch-size bucket, engine/cuda_graphs.py),
   every index tensor has the shape's sizes and the host values are the shape's, whatever the
-  sequences (engine/decode_shape.py); a step that does not fit raises DoesNotFit.
+  sequences (kv/decode_shape.py); a step that does not fit raises DoesNotFit.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 import torch
 
-from edge_runtime.cache.recent_windows import exact_from, window_offset
-from edge_runtime.engine import decode_shape
-from edge_runtime.engine.decode_shape import DecodeShape
-from edge_runtime.engine.kv_context import StepKVContext
-from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.kv.recent_window import exact_from, window_offset
+from edge_runtime.kv import decode_shape
+from edge_runtime.kv.decode_shape import DecodeShape
+from edge_runtime.kv.step_context import StepKVContext
+from edge_runtime.kv.storage import KVStorage
 from edge_runtime.kernels import positional_attention
 from edge_runtime.kernels.dispatch import (exact_block_attention, merge_in_order,
                                            positional_attention as read_by_position, write_kv)
@@ -65,7 +65,7 @@ class SeqStep:
     start: int
     num_new: int
     full_pages: tuple[int, ...] = ()  # inline: the full tail pages before the slots
-    window: int | None = None  # its recent-key window (engine/recent_window.py)
+    window: int | None = None  # its recent-key window (kv/recent_window.py)
     window_start: int = 0  # the window's offset 0: the first position the sequence computed
 
     @classmethod
@@ -180,7 +180,7 @@ class PagedKVContext(StepKVContext):
 
     def _windows(self, seqs: list[SeqStep], seq_of_token: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:
-        """Recent-key windows, by the read rule of cache/recent_windows.py (query i reads its
+        """Recent-key windows, by the read rule of kv/recent_window.py (query i reads its
         block [i - i % W, i] exact): every windowed token, decode or prefill, reads its block from
         the step's exact blocks (`_exact_blocks`); every new token in its sequence's last block is
         written to the window. Returns each token's key_end: the int8 keys it reads are

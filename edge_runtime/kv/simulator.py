@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from edge_runtime.cache.kv_manager import KVManager
+from edge_runtime.kv.manager import KVManager
 from edge_runtime.errors import OutOfPages
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from edge_runtime.cache.kv_types import INLINE
+from edge_runtime.kv.seq_kv import INLINE
 
 
 def _check_seq(mgr, seq) -> None:

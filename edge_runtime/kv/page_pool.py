@@ -195,7 +195,7 @@ class PagePool:
         """The empty LIVE page `new_id` takes over the bookkeeping of the LIVE page `old_id`
         (references, owner, tokens, tree position; the prefix cache's index is re-pointed
         separately, `PrefixCache.move`). `old_id` is left FREE outside the free queue: the
-        caller retires it (`retire_free`), as cache/pool_shrink.py does."""
+        caller retires it (`retire_free`), as kv/pool_shrink.py does."""
         old, new = self.pages[old_id], self.pages[new_id]
         assert old.state == LIVE and new.state == LIVE and not new.tokens, (old, new)
         new.ref_count, new.owner, new.tokens = old.ref_count, old.owner, old.tokens

@@ -4,12 +4,12 @@ Life of a sequence: `admit` maps the longest cached prefix (ref += 1 on each pag
 tail storage (an idle cached tail page taken over, an inline slot, or pages later); `reserve` gives
 storage for the tokens about to be written and returns the CopyOps the engine must run first
 (copy-on-write of a page or slot it does not own, an inline end that outgrows its slots, a page
-tail whose end continues in slots: cache/tail_allocator.py says when);
+tail whose end continues in slots: kv/tail_allocator.py says when);
 `commit` records the written tokens (first token of a page indexes it in the prefix cache, so a
 concurrent request can already share it); `finish` moves an inline tail into a page (CopyOp) so the
 next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
 reference. A sequence also holds a recent-key window while it runs when windows are configured
-(cache/recent_windows.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
+(kv/recent_window.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
 by finish/release/preempt). Pages whose count reaches 0 stay CACHED when they hold committed tokens and the prefix
 cache is on; committed tokens are K/V already written, so they are complete by definition.
 
@@ -22,23 +22,23 @@ Invariants (`check_invariants`, after every step in tests, `check_leaks` when id
 
 Structure: the manager owns the page pool, the prefix cache, the inline arena, the recent-key
 windows and the block tables (`seqs`); tail growth (pages, slots, copy-on-write) is its
-TailAllocator's (cache/tail_allocator.py), built on the same pool, prefix cache, arena, counters
-and log. The memory guard's retire runs cache/pool_shrink.py on those collaborators; the checks
-and stats (cache/kv_checks.py) read the manager's public state, listed in the class docstring.
+TailAllocator's (kv/tail_allocator.py), built on the same pool, prefix cache, arena, counters
+and log. The memory guard's retire runs kv/pool_shrink.py on those collaborators; the checks
+and stats (kv/checks.py) read the manager's public state, listed in the class docstring.
 """
 
 from __future__ import annotations
 
-from edge_runtime.cache import pool_shrink
-from edge_runtime.cache.inline_arena import InlineArena
-from edge_runtime.cache.kv_checks import check_manager, manager_stats
-from edge_runtime.cache.kv_types import INLINE, PAGES, CopyOp, Segments, SeqKV
-from edge_runtime.cache.observability import EventLog, KVCounters, LowFreePagesDump, dump_state
-from edge_runtime.cache.page_math import ceil_div
-from edge_runtime.cache.page_pool import CACHED, PagePool
-from edge_runtime.cache.prefix_cache import Match, PrefixCache
-from edge_runtime.cache.recent_windows import RecentWindows, aligned_cached
-from edge_runtime.cache.tail_allocator import TailAllocator
+from edge_runtime.kv import pool_shrink
+from edge_runtime.kv.inline_arena import InlineArena
+from edge_runtime.kv.checks import check_manager, manager_stats
+from edge_runtime.kv.seq_kv import INLINE, PAGES, CopyOp, Segments, SeqKV
+from edge_runtime.kv.observability import EventLog, KVCounters, LowFreePagesDump, dump_state
+from edge_runtime.kv.page_math import ceil_div
+from edge_runtime.kv.page_pool import CACHED, PagePool
+from edge_runtime.kv.prefix_cache import Match, PrefixCache
+from edge_runtime.kv.recent_window import RecentWindows, aligned_cached
+from edge_runtime.kv.tail_allocator import TailAllocator
 from edge_runtime.errors import OutOfPages, RequestError
 
 
@@ -122,7 +122,7 @@ class KVManager:
     def cached_prefix(self, prompt_ids) -> Match:
         """The prefix-cache hit a prompt gets: the longest cached prefix of all but its last
         token, cut back to a multiple of the recent-key window when windows are on (the read
-        rule, cache/recent_windows.py: a block's exact K/V are computed by the one sequence)."""
+        rule, kv/recent_window.py: a block's exact K/V are computed by the one sequence)."""
         if not self.enable_prefix_cache:
             return Match()
         m = self.prefix.match(list(prompt_ids[:-1]))

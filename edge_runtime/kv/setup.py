@@ -3,11 +3,11 @@ its EngineConfig and the model, both over the same pages, inline slots and recen
 
 from __future__ import annotations
 
-from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.engine import recent_window
-from edge_runtime.engine.key_means import key_means_for
-from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.pool_resize import chunk_pages
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv import recent_window
+from edge_runtime.kv.key_means import key_means_for
+from edge_runtime.kv.storage import KVStorage
+from edge_runtime.kv.pool_resize import chunk_pages
 
 
 def build_kv(loaded_model, cfg, num_pages: int, pool_in_chunks: bool) -> tuple[KVStorage, KVManager]:
