@@ -25,6 +25,9 @@ import torch
 
 from edge_runtime import env
 from edge_runtime.kernels.cpu_int4 import BlockedWeight, QuantLinear, blocked_weight_struct
+from edge_runtime.kernels import cpu_native
+from edge_runtime.kernels.cpu_linear import PackedLinear
+from edge_runtime.kernels.cpu_native import FlatPart
 
 if TYPE_CHECKING:
     from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
@@ -68,8 +71,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _declare(lib) -> None:
-    from edge_runtime.kernels.cpu_native import FlatPart
-
     fn = lib.decode_layers
     if fn.argtypes is None:
         fn.restype = ctypes.c_int
@@ -110,9 +111,6 @@ class FusedDecoder:
     @classmethod
     def for_model(cls, model) -> "FusedDecoder | None":
         """The fused stack when `model` qualifies (see the module doc), else None."""
-        from edge_runtime.kernels import cpu_native
-        from edge_runtime.kernels.cpu_linear import PackedLinear
-
         if not env.cpu_fused_decoder():
             return None
         lib = cpu_native.library()

@@ -33,6 +33,7 @@ from torch import nn
 from edge_runtime.kernels import dispatch
 from edge_runtime.kernels.huge_pages import HugePageArena
 from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight, lookup_rows
+from edge_runtime.kernels import cpu_native
 
 ARENA_ALIGN = 64  # bytes: each tensor in the arena starts on a cache line
 GEMM_MIN_ROWS = 32  # as cpu_linear.GEMM_MIN_ROWS: from here on BLAS over dequantized tiles
@@ -62,8 +63,6 @@ def declare(lib) -> None:
 
 
 def _library():
-    from edge_runtime.kernels import cpu_native
-
     lib = cpu_native.library()
     if lib is not None:
         declare(lib)

@@ -14,6 +14,12 @@ import time
 import torch
 
 from edge_runtime.bench.checks import parse_int_list
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.config import EngineConfig
+from edge_runtime.engine.engine import Engine
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.engine.step_transfers import SyncCounter
+from edge_runtime.kv.page_math import pages_for_tokens
 
 DEVICE = "cuda"
 
@@ -23,11 +29,6 @@ def median_ms(seconds: list[float]) -> float:
 
 
 def _engine(model: str, weights: str, args):
-    from edge_runtime.kv.page_math import pages_for_tokens
-    from edge_runtime.engine.config import EngineConfig
-    from edge_runtime.engine.engine import Engine
-    from edge_runtime.engine.placement import load_for, resolve
-
     placement = resolve(DEVICE, "cuda")
     loaded = load_for(model, placement, progress=lambda msg: None)
     batches, prefills = parse_int_list(args.batches, "--batches"), parse_int_list(args.prefill_tokens, "--prefill-tokens")
@@ -47,8 +48,6 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def _params(max_tokens: int):
-    from edge_runtime.engine.api import SamplingParams
-
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
@@ -67,8 +66,6 @@ def engine_rows(model: str, weights: str, args, log) -> list[dict]:
 
 
 def _decode(engine, weights: str, batch: int, prompt_len: int, steps: int, vocab: int) -> list[dict]:
-    from edge_runtime.engine.step_transfers import SyncCounter
-
     prefilled = engine.counters["prefill_tokens"] + batch * prompt_len
     for p in _prompts(batch, prompt_len, vocab, seed=batch):
         engine.add_request(p, _params(steps + 6))
@@ -129,8 +126,6 @@ def hf_rows(model: str, weights: str, args, compiled: bool) -> list[dict]:
     """transformers `generate` on the same GPU: decode tok/s = batch x (n - 1) / (t(n) - t(1)),
     each t the best of two runs after a warm-up."""
     from transformers import AutoModelForCausalLM
-
-    from edge_runtime.engine.placement import load_for, resolve
 
     path = load_for(model, resolve(DEVICE, "cuda"), progress=lambda msg: None).path
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float16).to(DEVICE).eval()

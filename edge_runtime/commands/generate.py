@@ -59,6 +59,7 @@ def register(subparsers) -> None:
 
 def read_requests(args) -> list[dict]:
     """[{prompt, chat, max_tokens}] from --prompt or --prompts-file; InputError/RequestError on bad input."""
+    # start-up time: loaded when the command runs
     from edge_runtime.errors import InputError, RequestError
 
     if args.max_tokens < 1:
@@ -66,11 +67,13 @@ def read_requests(args) -> list[dict]:
     if not args.temperature >= 0 or math.isinf(args.temperature):  # NaN fails every comparison
         raise RequestError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.page_tokens is not None:
+        # start-up time: loaded when the command runs
         from edge_runtime.budget import check_page_tokens
 
         check_page_tokens(args.page_tokens, "--page-tokens")  # as plan and simulate require
         if getattr(args, "config", None):  # and the budget's own rules (inline slots, windows)
             from edge_runtime.budget import load_budget
+            # start-up time: loaded when the command runs
             from edge_runtime.plan import check_page_size
 
             budget = load_budget(args.config)
@@ -115,17 +118,18 @@ def read_requests(args) -> list[dict]:
 
 def placement_of(args):
     """The device, back end and weight dtype of this run (engine/placement.py)."""
-    from edge_runtime.engine.placement import resolve
+    from edge_runtime.engine.placement import resolve  # start-up time: loaded when the command runs
 
     budget = None
     if getattr(args, "config", None):
-        from edge_runtime.budget import load_budget
+        from edge_runtime.budget import load_budget  # start-up time: loaded when the command runs
 
         budget = load_budget(args.config)
     return resolve(args.device, args.backend, budget, DTYPES.get(args.dtype))
 
 
 def build_backend(args):
+    # start-up time: loaded when the command runs
     from edge_runtime.engine.placement import load_for
 
     placement = placement_of(args)
@@ -136,6 +140,7 @@ def build_backend(args):
     args.placement = placement
     _log(f"model ready in {time.perf_counter() - start:.1f} s "
          f"({loaded.weight_bytes / 2**20:.0f} MiB of weights)")
+    # start-up time: loaded when the command runs
     from edge_runtime.engine.cli_backend import EngineBackend
 
     return EngineBackend(loaded, args)
@@ -162,7 +167,8 @@ class StreamPrinter:
 
 
 def run(args) -> int:
-    from edge_runtime.model.chat import encode_prompt
+    from edge_runtime.model.chat import encode_prompt  # start-up time: loaded when the command runs
+    # start-up time: loaded when the command runs
     from edge_runtime.model.simple_generate import check_prompt_fits
 
     requests = read_requests(args)

@@ -40,7 +40,7 @@ def _check_out_dir(out: Path) -> None:
     import os
     import tempfile
 
-    from edge_runtime.errors import InputError
+    from edge_runtime.errors import InputError  # start-up time: loaded when the command runs
 
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; give a folder name (it must not exist or be empty)")
@@ -61,7 +61,7 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _check_numbers(args) -> None:
-    from edge_runtime.errors import ConfigError
+    from edge_runtime.errors import ConfigError  # start-up time: loaded when the command runs
 
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
@@ -70,7 +70,7 @@ def _check_numbers(args) -> None:
 
 
 def _read_calibration(args) -> list[str]:
-    from edge_runtime.quant import calibration
+    from edge_runtime.quant import calibration  # start-up time: loaded when the command runs
 
     if args.calib:
         return calibration.read_text_file(args.calib)
@@ -79,7 +79,7 @@ def _read_calibration(args) -> list[str]:
 
 
 def _check_context(args, config) -> None:
-    from edge_runtime.errors import ConfigError
+    from edge_runtime.errors import ConfigError  # start-up time: loaded when the command runs
 
     if args.seq_len > config.max_position_embeddings:
         raise ConfigError(f"--seq-len {args.seq_len} is longer than the model's context "
@@ -111,10 +111,12 @@ def _quantize(args, out: Path, texts: list[str] | None) -> int:
     import torch
     from tqdm import tqdm
 
-    from edge_runtime.errors import ConfigError
+    from edge_runtime.errors import ConfigError  # start-up time: loaded when the command runs
+    # start-up time: loaded when the command runs
     from edge_runtime.engine.placement import pick_device
-    from edge_runtime.model.loader import load_model
-    from edge_runtime.model import awq_model
+    from edge_runtime.model.loader import load_model  # start-up time: loaded when the command runs
+    from edge_runtime.model import awq_model  # start-up time: loaded when the command runs
+    # start-up time: loaded when the command runs
     from edge_runtime.quant import awq_algo, awq_blocks, calibration
 
     start = time.perf_counter()

@@ -33,12 +33,18 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    # start-up time: loaded when the command runs
     from edge_runtime.paths import check_unix_socket_path
-    from edge_runtime.service.app import ServiceState
+    from edge_runtime.service.app import ServiceState  # start-up time: loaded when the command runs
+    # start-up time: loaded when the command runs
     from edge_runtime.service.engine_setup import load_all
+    # start-up time: loaded when the command runs
     from edge_runtime.service.sections import load_sections
+    # start-up time: loaded when the command runs
     from edge_runtime.service.sd_notify import SystemdNotifier
+    # start-up time: loaded when the command runs
     from edge_runtime.service.server import Server, bind_unix_socket
+    # start-up time: loaded when the command runs
     from edge_runtime.service.socket_activation import activated_unix_socket
 
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
@@ -61,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_model() -> str:
+    # start-up time: loaded when the command runs
     from edge_runtime.model.loader import DEFAULT_MODEL
 
     return DEFAULT_MODEL

@@ -12,6 +12,7 @@ from edge_runtime.kv.page_math import pages_for_tokens
 from edge_runtime.kv.recent_window import DEFAULT_WINDOW_TOKENS
 from edge_runtime.kv.storage import KV_DTYPES
 from edge_runtime.errors import ConfigError
+from edge_runtime.plan import make_plan
 
 DEFAULT_POOL_TOKENS = 8192  # when neither num_pages nor a memory plan is given
 
@@ -102,8 +103,6 @@ def budget_engine_config(budget, loaded, overrides: dict, **plan_options):
     """Budget -> memory plan -> EngineConfig, the one way every front end takes it: the plan for
     this loaded model (its config, weight bytes and folder name; `plan_options` as `make_plan`
     takes them), then `from_plan` with `overrides` on top. Returns (EngineConfig, MemoryPlan)."""
-    from edge_runtime.plan import make_plan
-
     plan = make_plan(budget, loaded.config, loaded.weight_bytes, model_name=loaded.path.name,
                      **plan_options)
     return EngineConfig.from_plan(plan, **overrides), plan

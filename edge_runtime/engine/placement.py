@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from edge_runtime.budget import DEVICE_PATTERN, TORCH_DTYPES
 from edge_runtime.errors import ConfigError
+from edge_runtime.model.weights_option import WEIGHTS
 
 DEVICE_HELP = ("auto (default: the budget's device:, else cuda when torch sees a CUDA device, "
                "else cpu), cpu, cuda or cuda:N")
@@ -60,7 +61,7 @@ def resolve(device: str = "auto", backend: str | None = None, budget=None,
     device = pick_device(device or "auto", budget, need_device)
     backend = backend or ("cpu" if device == "cpu" else "cuda")
     if need_device:
-        from edge_runtime.engine.backend import select_backend
+        from edge_runtime.engine.backend import select_backend  # start-up time: imports torch
 
         select_backend(backend, device)  # ConfigError when this pair cannot run here
     elif backend == "cpu" and device != "cpu":
@@ -104,8 +105,6 @@ def model_weights(placement: Placement, weights: str = "auto") -> str:
     that both run a GGUF's own blocks (the C kernels on the CPU back end, the blocked W4A16
     Triton kernel on the CUDA back end); auto on the CPU back end needs the C kernels built
     (model/gguf_int4.serve_from_blocks). Kept as the one place a back end could narrow it."""
-    from edge_runtime.model.weights_option import WEIGHTS
-
     if weights not in WEIGHTS:
         raise ConfigError(f"--weights {weights!r}: use one of {', '.join(WEIGHTS)}")
     return weights
@@ -114,8 +113,9 @@ def model_weights(placement: Placement, weights: str = "auto") -> str:
 def load_for(model: str, placement: Placement, progress=None, weights: str = "auto"):
     """The model loaded for `placement` and prepared for its back end (engine/backend.py);
     weights: `--weights` (model_weights says what it means on each back end)."""
+    # start-up time: imports torch
     from edge_runtime.engine.backend import prepare_model, select_backend
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.model.loader import load_model  # start-up time: imports torch
 
     kwargs = {} if progress is None else {"progress": progress}
     # AWQ layers: the blocked format (QuantLinear) on both back ends unless the environment picks

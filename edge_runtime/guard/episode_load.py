@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from edge_runtime.engine.api import SamplingParams
 
 
 def rss_bytes() -> int:
@@ -28,8 +29,6 @@ class ClosedLoopClients:
 
     def __init__(self, engine, n: int, max_tokens: int, prompt_tokens: int = 600,
                  shared_tokens: int = 0) -> None:
-        from edge_runtime.engine.api import SamplingParams
-
         assert 0 <= shared_tokens < prompt_tokens, (shared_tokens, prompt_tokens)
         self.engine, self.n, self.prompt_tokens = engine, n, prompt_tokens
         self.params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)

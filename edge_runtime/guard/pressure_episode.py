@@ -32,6 +32,11 @@ from dataclasses import asdict, dataclass
 
 from edge_runtime.guard.cgroup_sandbox import CgroupUnavailable, ChildCgroup
 from edge_runtime.guard.episode_load import ClosedLoopClients, Hog, rss_bytes
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.guard.engine_hooks import EngineGuardHooks
+from edge_runtime.guard.guard import MemoryGuard
+from edge_runtime.guard.telemetry import ProcMeminfoSource
+from edge_runtime.guard_config import GuardConfig
 
 MIB = 1 << 20
 STATE_RANK = {"ok": 0, "high": 1, "critical": 2}
@@ -55,9 +60,8 @@ class EpisodeConfig:
 
 class Episode:
     def __init__(self, cfg: EpisodeConfig, cgroup: ChildCgroup) -> None:
-        from edge_runtime.engine.config import EngineConfig
-        from edge_runtime.engine.engine import Engine
-        from edge_runtime.engine.placement import load_for, resolve
+        from edge_runtime.engine.config import EngineConfig  # start-up time: imports torch
+        from edge_runtime.engine.engine import Engine  # start-up time: imports numpy, torch
 
         self.cfg, self.cgroup = cfg, cgroup
         placement = resolve("auto")
@@ -70,11 +74,6 @@ class Episode:
         self.t0 = time.monotonic()
 
     def start_guard(self) -> None:
-        from edge_runtime.guard_config import GuardConfig
-        from edge_runtime.guard.engine_hooks import EngineGuardHooks
-        from edge_runtime.guard.guard import MemoryGuard
-        from edge_runtime.guard.telemetry import ProcMeminfoSource
-
         self.clients.warm_up()
         source = ProcMeminfoSource()
         idle = source.read().cgroup.working_set_bytes

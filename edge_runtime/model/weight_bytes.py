@@ -15,7 +15,7 @@ _DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32
 def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
     """Bytes of the weights in memory: float tensors at `float_bytes` per element, integer
     (packed/quantized) tensors as stored. Reads only the headers, checked as the loader does."""
-    from edge_runtime.model.safetensors_io import tensor_specs
+    from edge_runtime.model.safetensors_io import tensor_specs  # start-up time: imports torch
 
     total = 0
     for path in files:
@@ -29,8 +29,9 @@ def safetensors_weight_bytes(files: list[Path], float_bytes: int) -> int:
 
 
 def gguf_weight_bytes(source: Path, blocks: bool, float_bytes: int) -> int:
+    # start-up time: imports numpy, torch
     from edge_runtime.model.gguf_int4 import planned_weight_bytes
-    from edge_runtime.model.gguf_tensors import GGUFTensors
+    from edge_runtime.model.gguf_tensors import GGUFTensors  # start-up time: imports numpy
 
     if blocks:
         return planned_weight_bytes(source, float_bytes)
