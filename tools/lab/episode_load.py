@@ -1,4 +1,4 @@
-"""The load of a pressure episode (guard/pressure_episode.py): closed-loop clients on an Engine, and a
+"""The load of a pressure episode (tools/pressure_episode.py): closed-loop clients on an Engine, and a
 child process that holds anonymous memory in steps.
 
 Invariants: every request a client sends is counted once in `sent` and once in `answered` when its

@@ -1,4 +1,4 @@
-"""The GPU measurements of tools/gpu_check.py's engine level (bench/gpu_engine_check.py says what
+"""The GPU measurements of tools/gpu_check.py's engine level (gpu_lab/engine_check.py says what
 and why). Every function returns rows: dicts with system, weights, metric, batch, tokens, value,
 unit (and the step's counts for metric "step"). CUDA only: nothing here runs in CI.
 

@@ -92,7 +92,7 @@ def table(rows: list[dict], targets: dict) -> str:
 def run(args, log, out_json: Path) -> dict:
     """Every section in turn (a failed or skipped one is recorded, the others go on); the JSON is
     rewritten after each section so a crash or a timeout keeps what was measured."""
-    from edge_runtime.bench import gpu_engine_measure as m  # start-up time: imports torch
+    from gpu_lab import engine_measure as m  # start-up time: imports torch
 
     start = time.perf_counter()
     result = {"level": "engine", "model": args.model, "rows": [], "skipped": [], "errors": []}

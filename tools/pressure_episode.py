@@ -1,8 +1,8 @@
 """One measured memory-pressure episode in a memory cgroup: guard state, pool bytes, RSS, requests.
 
-  sudo .venv/bin/python -m edge_runtime.guard.pressure_episode --model M [--json OUT]
+  sudo .venv/bin/python tools/pressure_episode.py --model M [--json OUT]
 
-This process makes a child of its memory cgroup (guard/cgroup_sandbox.py) and enters it before
+This process makes a child of its memory cgroup (tools/lab/cgroup_sandbox.py) and enters it before
 the model loads, so the engine's memory is charged there; the limit is then set so that the idle
 working set is `idle_fraction` of it. Closed-loop clients (one request after another) keep the
 engine busy while, phase by phase:
@@ -30,13 +30,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from edge_runtime.guard.cgroup_sandbox import CgroupUnavailable, ChildCgroup
-from edge_runtime.guard.episode_load import ClosedLoopClients, Hog, rss_bytes
 from edge_runtime.engine.placement import load_for, resolve
 from edge_runtime.guard.engine_hooks import EngineGuardHooks
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import ProcMeminfoSource
 from edge_runtime.guard_config import GuardConfig
+from lab.cgroup_sandbox import CgroupUnavailable, ChildCgroup  # tools/ is sys.path[0]
+from lab.episode_load import ClosedLoopClients, Hog, rss_bytes
 
 MIB = 1 << 20
 STATE_RANK = {"ok": 0, "high": 1, "critical": 2}
@@ -212,7 +212,7 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge_runtime.guard.pressure_episode",
+    p = argparse.ArgumentParser(prog="tools/pressure_episode.py",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model name or folder (a small one)")
     p.add_argument("--num-pages", type=int, default=EpisodeConfig.num_pages)
