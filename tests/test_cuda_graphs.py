@@ -108,21 +108,22 @@ def _eager_and_padded_logits(engine, prompts):
     """Every decode step run twice on the same engine, eagerly and then padded to its bucket (a
     decode step writes the same K/V to the same slots both times) -> [(eager, padded) logits];
     engine.decode_contexts: the eager steps' contexts."""
-    pairs, graphs, forward, context = [], engine.graphs, engine._forward, engine.backend.context
+    runner = engine.runner
+    pairs, graphs, forward, context = [], runner.graphs, runner.forward, engine.backend.context
     engine.decode_contexts = []
 
     def both(ids, steps, rows):
         if len(ids) != len(steps):  # a prefill: once, eagerly
             return forward(ids, steps, rows)
-        engine.graphs = None
+        engine.runner.graphs = None
         engine.backend.context = lambda *a: engine.decode_contexts.append(context(*a)) or \
             engine.decode_contexts[-1]
         eager = forward(ids, steps, rows).clone()
-        engine.graphs, engine.backend.context = graphs, context
+        engine.runner.graphs, engine.backend.context = graphs, context
         pairs.append((eager, forward(ids, steps, rows).clone()))
         return pairs[-1][1]
 
-    engine._forward = both
+    engine.runner.forward = both
     engine.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     return pairs
 
@@ -146,7 +147,7 @@ def test_padded_decode_step_gives_the_real_rows_the_eager_logits(monkeypatch):
     engine.generate([system + [7]], SamplingParams(max_tokens=1))  # caches the system prompt
     prompts = [system + random_ids(3, 500, seed=2), random_ids(36, 500, seed=3), system[:33]]
     pairs = _eager_and_padded_logits(engine, prompts)
-    assert engine.graphs.counters["padded_eager_steps"] == len(pairs) == 1
+    assert engine.runner.graphs.counters["padded_eager_steps"] == len(pairs) == 1
     (ctx,) = engine.decode_contexts
     assert bool((ctx.index.row_bounds[:, 0] > 0).any()), "no row reads a shared prefix"
     assert bool((ctx.index.row_bounds[:, 2] != NO_INLINE).any()), "no row has an inline tail"
@@ -165,7 +166,8 @@ def test_steps_that_do_not_fit_a_bucket_run_eagerly():
     engine = engine_on("cuda", decode_buckets=(1, 2))
     prompts = [random_ids(3 + i, 500, seed=10 + i) for i in range(3)]
     results = engine.generate(prompts, GREEDY)  # 3 running sequences: larger than every bucket
-    assert engine.graphs.counters["eager_steps"] == 2 and engine.graphs.counters["padded_eager_steps"] == 0
+    counters = engine.runner.graphs.counters
+    assert counters["eager_steps"] == 2 and counters["padded_eager_steps"] == 0
     assert all(len(r.completions[0].token_ids) == 3 for r in results)
     # the eager steps are the engine's own path without buckets (tests/test_engine_backends.py)
 

@@ -52,9 +52,9 @@ class StreamingStandIn:
         return None
 
     async def call(self, fn):
-        running = [SimpleNamespace(request=SimpleNamespace(request_id=r)) for r in self.live]
-        return fn(SimpleNamespace(scheduler=SimpleNamespace(running=running),
-                                  requests=dict.fromkeys(self.live)))
+        live = frozenset(self.live)
+        return fn(SimpleNamespace(snapshot=lambda: SimpleNamespace(running_request_ids=live,
+                                                                   held_request_ids=live)))
 
 
 def _stand_in_state():

@@ -72,14 +72,14 @@ def _decode(engine, weights: str, batch: int, prompt_len: int, steps: int, vocab
     while engine.counters["prefill_tokens"] < prefilled:
         engine.step()  # the prefills (each row's first token comes with its last chunk)
     engine.step()  # warm: the first decode step
-    before = dict(engine.transfers.counters)
+    before = dict(engine.runner.transfers.counters)
     torch.cuda.synchronize()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t0)
-    per_step = {k: (engine.transfers.counters[k] - before.get(k, 0)) / steps
+    per_step = {k: (engine.runner.transfers.counters[k] - before.get(k, 0)) / steps
                 for k in ("uploads", "downloads", "bytes_up", "bytes_down")}
     with SyncCounter() as counter:
         engine.step()
@@ -87,11 +87,12 @@ def _decode(engine, weights: str, batch: int, prompt_len: int, steps: int, vocab
     while engine.has_unfinished():
         engine.step()
     tok_s = batch * steps / sum(times)
+    runner = engine.runner
     return [{"system": "edge", "weights": weights, "metric": "decode", "batch": batch, "tokens": prompt_len,
              "value": tok_s, "unit": "tok/s"},
             {"system": "edge", "weights": weights, "metric": "step", "batch": batch, "tokens": prompt_len,
              "step_ms": median_ms(times), "kernel_ms": kernel_ms, "launches": launches,
-             "host_syncs": counter.total_syncs, "graph": bool(engine.graphs and engine.graphs.graphs),
+             "host_syncs": counter.total_syncs, "graph": bool(runner.graphs and runner.graphs.graphs),
              "value": median_ms(times), "unit": "ms", **per_step}]
 
 
@@ -99,14 +100,14 @@ def _profile_eager_step(engine) -> tuple[int, float]:
     """Kernels launched by one eager decode step and the sum of their GPU times (ms)."""
     from torch.profiler import ProfilerActivity, profile
 
-    graphs, engine.graphs = engine.graphs, None
+    graphs, engine.runner.graphs = engine.runner.graphs, None
     try:
         engine.step()  # warm the eager shapes
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             engine.step()
             torch.cuda.synchronize()
     finally:
-        engine.graphs = graphs
+        engine.runner.graphs = graphs
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return len(kernels), sum(e.device_time for e in kernels) / 1e3
 
