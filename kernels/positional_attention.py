@@ -26,7 +26,7 @@ import torch
 
 from edge_runtime.kernels import page_chunks as _chunks
 from edge_runtime.kernels import paged_decode as _pd
-from edge_runtime.kernels.positional_attention_ref import (PositionIndex, check_index,
+from edge_runtime.kernels.positional_attention_ref import (NO_INLINE, PositionIndex, check_index,
                                                            merge_in_order_ref, positional_attention_ref)
 
 triton = _pd.triton
@@ -254,5 +254,6 @@ def merge_in_order_triton(p_out, p_lse, extra=None):
     return out
 
 
-__all__ = ["PositionIndex", "positional_attention_ref", "positional_attention_triton",
+# the kernel's argument types (the KV contexts build them), its references and kernels
+__all__ = ["NO_INLINE", "PositionIndex", "positional_attention_ref", "positional_attention_triton",
            "merge_in_order_ref", "merge_in_order_triton"]

@@ -24,7 +24,7 @@ import torch
 
 from edge_runtime.kv.page_math import pages_for_sequence_at_most
 from edge_runtime.kernels import positional_attention
-from edge_runtime.kernels.positional_attention_ref import NO_INLINE, PositionIndex
+from edge_runtime.kernels.positional_attention import NO_INLINE, PositionIndex
 
 
 class DoesNotFit(Exception):

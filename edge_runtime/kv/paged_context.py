@@ -51,7 +51,7 @@ from edge_runtime.kv.storage import KVStorage
 from edge_runtime.kernels import positional_attention
 from edge_runtime.kernels.dispatch import (exact_block_attention, merge_in_order,
                                            positional_attention as read_by_position, write_kv)
-from edge_runtime.kernels.positional_attention_ref import NO_INLINE, PositionIndex
+from edge_runtime.kernels.positional_attention import NO_INLINE, PositionIndex
 
 
 @dataclass(frozen=True)
