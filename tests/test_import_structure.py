@@ -3,9 +3,9 @@
 - The packages (and the top-level modules) have a declared order, ORDER, lowest first: each
   imports only those below it, so no package imports another in a cycle. A new package or
   top-level module is added to ORDER where it belongs (docs/architecture.md draws the same order).
-- An import of the package's own modules sits at the top of its file; one inside a function or
-  under a condition carries a comment on its line that says why (an optional library, start-up
-  time).
+- An import of the package's own modules sits at the top of its file (a module-level try or if,
+  for an optional library, counts as the top); one inside a function carries a comment on its
+  line, or on the line above, that says why (an optional library, start-up time).
 - No import cycle among edge_runtime's modules (kernels/ and quant/ included, as installed:
   edge_runtime.kernels, edge_runtime.quant). Imports inside functions count: one placed there
   to dodge a cycle still makes the two modules depend on each other.
@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # installed package -> source folder (pyproject.toml's package-dir)
 PACKAGE_DIRS = {"edge_runtime": ROOT / "edge_runtime", "edge_runtime.kernels": ROOT / "kernels",
                 "edge_runtime.quant": ROOT / "quant"}
-KV_DIR = ROOT / "edge_runtime" / "kv"
 
 # Lowest first. A room is a package under edge_runtime (kernels, quant included) or a top-level
 # module; `edge_runtime` itself is the root package's __init__.
@@ -45,15 +44,15 @@ ORDER = [
     "service", "voice",  # the API server; the voice loop (uses the service's tool calls)
     "bench", "commands", "cli", "__main__",
 ]
-KV_BOOKKEEPING = {f"edge_runtime.kv.{m}" for m in (
-    "", "checks", "inline_arena", "manager", "observability", "page_math", "page_pool",
-    "pool_shrink", "prefix_cache", "recent_window", "seq_kv", "simulator", "tail_allocator")}
-KV_BOOKKEEPING = {m.rstrip(".") for m in KV_BOOKKEEPING}
-# what the rest of the package may import of kv/ (its facade, its contexts' builders, the rules
-# the plan and the benches count with)
-KV_INTERFACE = KV_BOOKKEEPING | {f"edge_runtime.kv.{m}" for m in (
-    "setup", "storage", "flat_context", "paged_context", "decode_shape",
-    "pool_resize", "flat_index")}  # flat_index: the attention bench builds the CPU rows
+KV_BOOKKEEPING = {"edge_runtime.kv"} | {f"edge_runtime.kv.{m}" for m in (
+    "checks", "inline_arena", "manager", "observability", "page_math", "page_pool", "pool_shrink",
+    "prefix_cache", "recent_window", "seq_kv", "simulator", "tail_allocator")}
+# what the rest of the package may import of kv/: the KVManager facade and its types, the rules
+# the plan and the benches count with, the simulator, what builds the storage and resizes it, the
+# step contexts the back ends hand the forward (flat_index: the attention bench builds its rows)
+KV_INTERFACE = {"edge_runtime.kv"} | {f"edge_runtime.kv.{m}" for m in (
+    "manager", "seq_kv", "page_math", "recent_window", "simulator", "setup", "storage",
+    "pool_resize", "flat_context", "paged_context", "decode_shape", "flat_index")}
 
 
 def package_modules() -> dict[str, Path]:
