@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 
 import torch
+
 from edge_runtime.kernels import cpu_native
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from unittest import mock
 
 import torch
+
 from edge_runtime.kernels import awq_prepared as awp
 from edge_runtime.kernels import dispatch
 from edge_runtime.kernels.blocked_w4a16 import blocked_gemm_triton

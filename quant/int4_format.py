@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from edge_runtime.quant.awq_pack import unpack_int4
 
 BLOCK_N = 16  # output rows per block, as kernels/csrc/linear_f32.c

@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+
 from edge_runtime.bench.checks import check_context, parse_int_list
 from edge_runtime.bench.checks import check_min
 from edge_runtime.bench.report import Column, fmt_num, machine_info, markdown_table, write_json

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+
 from edge_runtime.bench.checks import check_min, parse_int_list
 from edge_runtime.bench.report import Column, fmt_mib, fmt_num, fmt_pct, markdown_table, write_json
 from edge_runtime.errors import ConfigError

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+
 from edge_runtime.engine.api import SamplingParams
 
 
