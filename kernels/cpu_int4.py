@@ -30,10 +30,9 @@ import ctypes
 import torch
 from torch import nn
 
-from edge_runtime.kernels import dispatch
+from edge_runtime.kernels import cpu_native, dispatch
 from edge_runtime.kernels.huge_pages import HugePageArena
 from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight, lookup_rows
-from edge_runtime.kernels import cpu_native
 
 ARENA_ALIGN = 64  # bytes: each tensor in the arena starts on a cache line
 GEMM_MIN_ROWS = 32  # as cpu_linear.GEMM_MIN_ROWS: from here on BLAS over dequantized tiles

@@ -28,8 +28,8 @@ from edge_runtime.kernels import awq_prepared as awp
 from edge_runtime.kernels import dispatch
 from edge_runtime.kernels.blocked_w4a16 import blocked_gemm_triton
 from edge_runtime.kernels.kv_write import write_kv_triton
-from edge_runtime.kernels.positional_attention import merge_in_order_triton
-from edge_runtime.kernels.positional_attention import positional_attention_triton
+from edge_runtime.kernels.positional_attention import (merge_in_order_triton,
+                                                       positional_attention_triton)
 from edge_runtime.kernels.positional_attention_ref import PositionIndex
 from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
 

@@ -26,7 +26,6 @@ from edge_runtime.errors import InputError, RequestError
 from edge_runtime.bench.hf_backend import HFBackend
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.placement import load_for, resolve
-from edge_runtime.engine.placement import resolve
 from edge_runtime.kernels.openmp_pool import release_thread_pool
 from edge_runtime.kv.page_math import pages_for_tokens
 from edge_runtime.kv.recent_window import window_bytes

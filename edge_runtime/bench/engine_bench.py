@@ -27,8 +27,8 @@ from edge_runtime.engine.placement import add_arguments as add_placement_argumen
 from edge_runtime.errors import InputError
 from edge_runtime.bench.bandwidth import BandwidthProbe
 from edge_runtime.bench.edge_systems import build_engine, check_pool, load
-from edge_runtime.bench.weights_compare import bench_interleaved, parse_weights
-from edge_runtime.bench.weights_compare import format_weight_ratios, weight_ratios
+from edge_runtime.bench.weights_compare import (bench_interleaved, format_weight_ratios,
+                                                parse_weights, weight_ratios)
 from edge_runtime.kernels import cpu_threads
 
 

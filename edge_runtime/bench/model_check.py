@@ -18,10 +18,8 @@ import subprocess
 import sys
 import time
 
-from edge_runtime.bench.checks import check_context, parse_int_list
-from edge_runtime.bench.checks import check_min
+from edge_runtime.bench.checks import check_context, check_min, parse_int_list
 from edge_runtime.bench.report import Column, fmt_num, machine_info, markdown_table, write_json
-from edge_runtime.bench.report import Column, machine_info, markdown_table, write_json
 
 _CHILD = r"""
 import json, sys, time

@@ -23,8 +23,7 @@ from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, markdown_table, w
 from edge_runtime.bench.stats import ratio
 from edge_runtime.errors import InputError
 from edge_runtime.bench.busy import BusyLoad
-from edge_runtime.bench.peer_servers import ServerProcess
-from edge_runtime.bench.peer_servers import edge_spec, free_port, llama_spec
+from edge_runtime.bench.peer_servers import ServerProcess, edge_spec, free_port, llama_spec
 from edge_runtime.bench.trace_worker import run_system
 
 DEFAULT_TRACES = "tools/traces/voice-home-5x12.jsonl,tools/traces/voice-car-5x12.jsonl"

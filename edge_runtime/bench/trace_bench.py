@@ -14,13 +14,12 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from edge_runtime.bench.checks import check_min
+from edge_runtime.bench.checks import check_context, check_fits_in_memory, check_min
 from edge_runtime.bench.replay import ARRIVALS, HISTORIES
 from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, fmt_pct, markdown_table, write_json
 from edge_runtime.bench.stats import ratio
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
-from edge_runtime.bench.checks import check_context, check_fits_in_memory
 from edge_runtime.bench.edge_systems import describe_backend
 from edge_runtime.bench.http_client import parse_target
 from edge_runtime.bench.plot import plot_trace

@@ -15,8 +15,7 @@ from edge_runtime.bench.monitor import PeakSampler, process_rss_bytes
 from edge_runtime.bench.replay import ReplayResult, replay
 from edge_runtime.bench.stats import percentile
 from edge_runtime.bench.trace import load_trace
-from edge_runtime.bench.edge_systems import EdgeBackend
-from edge_runtime.bench.edge_systems import load_hf_backend
+from edge_runtime.bench.edge_systems import EdgeBackend, load_hf_backend
 from edge_runtime.bench.engine_bench import set_threads
 from edge_runtime.bench.http_client import OpenAIChatBackend
 from edge_runtime.bench.jtop_cols import JtopRecorder, unavailable_columns

@@ -36,9 +36,7 @@ from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
 from edge_runtime.kernels.cpu_int4 import QuantLinear
 from edge_runtime.kernels.cpu_linear import PackedLinear
 from edge_runtime.kernels.cpu_threads import before_step
-from edge_runtime.kernels.dispatch import cpu_int4pack_available
-from edge_runtime.kernels.dispatch import prefer_triton
-from edge_runtime.kernels.dispatch import triton_importable
+from edge_runtime.kernels.dispatch import cpu_int4pack_available, prefer_triton, triton_importable
 from edge_runtime.kv.flat_context import FlatKVContext
 from edge_runtime.kv.paged_context import PagedKVContext
 from edge_runtime.model.linear_packing import pack_linears

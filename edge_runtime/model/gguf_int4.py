@@ -34,11 +34,11 @@ from edge_runtime.model.gguf_tensors import GGUFTensors
 from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.weights_option import WEIGHTS
 from edge_runtime.quant.gguf_blocks import UnsupportedType, grouped_rows
-from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, compatible, describe
+from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, blocked_nbytes,
+                                            compatible, describe)
 from edge_runtime.kernels import cpu_native
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
-from edge_runtime.quant.int4_format import blocked_nbytes
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF type -> (bits, group size, parameter bytes, offsets) of its runtime form (quant/gguf_blocks.py)

@@ -30,10 +30,8 @@ from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
 from edge_runtime.model.meta_init import no_weight_init
-from edge_runtime.model.gguf_convert import ensure_converted
-from edge_runtime.model.gguf_convert import gguf_architecture
-from edge_runtime.model.gguf_int4 import build_gguf_model, place
-from edge_runtime.model.gguf_int4 import serve_from_blocks
+from edge_runtime.model.gguf_convert import ensure_converted, gguf_architecture
+from edge_runtime.model.gguf_int4 import build_gguf_model, place, serve_from_blocks
 from edge_runtime.model.safetensors_io import load_state_dict
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
