@@ -10,6 +10,10 @@ import argparse
 
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.model.weights_option import add_weights_option
+from edge_runtime.paths import check_unix_socket_path
+from edge_runtime.service.sd_notify import SystemdNotifier
+from edge_runtime.service.sections import load_sections
+from edge_runtime.service.socket_activation import activated_unix_socket
 
 
 def register(subparsers) -> None:
@@ -33,19 +37,9 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    # start-up time: loaded when the command runs
-    from edge_runtime.paths import check_unix_socket_path
-    from edge_runtime.service.app import ServiceState  # start-up time: loaded when the command runs
-    # start-up time: loaded when the command runs
-    from edge_runtime.service.engine_setup import load_all
-    # start-up time: loaded when the command runs
-    from edge_runtime.service.sections import load_sections
-    # start-up time: loaded when the command runs
-    from edge_runtime.service.sd_notify import SystemdNotifier
-    # start-up time: loaded when the command runs
-    from edge_runtime.service.server import Server, bind_unix_socket
-    # start-up time: loaded when the command runs
-    from edge_runtime.service.socket_activation import activated_unix_socket
+    from edge_runtime.service.app import ServiceState  # optional library: aiohttp
+    from edge_runtime.service.engine_setup import load_all  # optional library: aiohttp
+    from edge_runtime.service.server import Server, bind_unix_socket  # optional library: aiohttp
 
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     limits, guard_config = load_sections(args.config)
@@ -67,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_model() -> str:
-    # start-up time: loaded when the command runs
-    from edge_runtime.model.loader import DEFAULT_MODEL
+    from edge_runtime.model.loader import DEFAULT_MODEL  # start-up time: imports numpy, torch
 
     return DEFAULT_MODEL
 

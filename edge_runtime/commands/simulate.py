@@ -14,6 +14,15 @@ import json
 import sys
 
 from edge_runtime.errors import InputError, OutOfPages
+from edge_runtime.bench.checks import parse_int_list
+from edge_runtime.bench.trace import load_trace
+from edge_runtime.budget import check_page_tokens
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.page_math import pages_for_sequence_at_most
+from edge_runtime.kv.simulator import SimRequest, Simulator
+from edge_runtime.model.chat import as_id_list
+from edge_runtime.paths import check_output_file, same_file
+from edge_runtime.plan import kv_bytes_per_token, model_for_plan
 
 
 def register(subparsers) -> None:
@@ -36,15 +45,11 @@ def register(subparsers) -> None:
 
 
 def _ids(encoded) -> list[int]:
-    from edge_runtime.model.chat import as_id_list  # start-up time: loaded when the command runs
-
     return as_id_list(encoded)
 
 
 def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
     """stream -> [SimRequest]: prompt ids and answer ids (end-of-turn token included)."""
-    from edge_runtime.kv.simulator import SimRequest  # start-up time: loaded when the command runs
-
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if not isinstance(eos, int) or eos < 0:
         eos = tokenizer.eos_token_id
@@ -70,18 +75,12 @@ def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
 
 def default_pages(streams: dict, page_tokens: int) -> int:
     """Enough pages that nothing is ever evicted, sharing or not."""
-    # start-up time: loaded when the command runs
-    from edge_runtime.kv.page_math import pages_for_sequence_at_most
-
     return sum(pages_for_sequence_at_most(len(r.prompt_ids) + len(r.answer_ids), page_tokens)
                for reqs in streams.values() for r in reqs)
 
 
 def simulate_all(streams: dict, page_sizes: list[int], args, bytes_per_token: int) -> list:
     import copy
-
-    from edge_runtime.kv.manager import KVManager  # start-up time: loaded when the command runs
-    from edge_runtime.kv.simulator import Simulator  # start-up time: loaded when the command runs
 
     results = []
     for P in page_sizes:
@@ -136,9 +135,6 @@ MAX_RUNNING = 10_000
 
 def _check_args(args) -> None:
     """Before any work; `--pages 0` used to mean the default and `--max-running 0` never ended."""
-    # start-up time: loaded when the command runs
-    from edge_runtime.paths import check_output_file, same_file
-
     for flag, value, least, most in (
             ("--pages", args.pages, 1, MAX_PAGES), ("--max-running", args.max_running, 1, MAX_RUNNING),
             ("--inline-slots", args.inline_slots, 0, MAX_INLINE_SLOTS),
@@ -156,15 +152,8 @@ def _check_args(args) -> None:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.trace import load_trace  # start-up time: loaded when the command runs
-    from edge_runtime.budget import check_page_tokens  # start-up time: loaded when the command runs
-    from edge_runtime.plan import model_for_plan  # start-up time: loaded when the command runs
-    # start-up time: loaded when the command runs
+    # start-up time: imports numpy, torch
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
-    from edge_runtime.plan import kv_bytes_per_token  # start-up time: loaded when the command runs
-
-    # start-up time: loaded when the command runs
-    from edge_runtime.bench.checks import parse_int_list
 
     sizes = parse_int_list(args.page_tokens, "--page-tokens")
     for P in sizes:

@@ -19,6 +19,10 @@ from pathlib import Path
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.model.weights_option import add_weights_option
 from edge_runtime.voice.usage import check_pipes_unshared as _check_pipes_unshared
+from edge_runtime.errors import ConfigError, EdgeError
+from edge_runtime.voice import report
+from edge_runtime.voice.prompting import load_system_prompt
+from edge_runtime.voice.usage import check_device, check_outputs, check_stagger
 
 
 def register(subparsers) -> None:
@@ -72,11 +76,7 @@ def register(subparsers) -> None:
 def _config(args):
     import dataclasses
 
-    from edge_runtime.errors import ConfigError  # start-up time: loaded when the command runs
-    # start-up time: loaded when the command runs
-    from edge_runtime.voice.config import load_voice_config
-    # start-up time: loaded when the command runs
-    from edge_runtime.voice.prompting import load_system_prompt
+    from edge_runtime.voice.config import load_voice_config  # start-up time: imports numpy
 
     config = load_voice_config(args.voice_config)
     changes = {}
@@ -96,11 +96,9 @@ def _config(args):
 
 
 def _sources(args, progress):
-    # start-up time: loaded when the command runs
-    from edge_runtime.errors import ConfigError, EdgeError
-    # start-up time: loaded when the command runs
+    # start-up time: imports numpy
     from edge_runtime.voice.audio_input import Source, parse_input_spec
-    # start-up time: loaded when the command runs
+    # start-up time: imports numpy
     from edge_runtime.voice.demo import DEMO_COMMANDS, build_demo_inputs
 
     if args.streams is not None and args.streams < 1:
@@ -137,14 +135,10 @@ def _sources(args, progress):
 
 
 def run(args: argparse.Namespace) -> int:
-    # start-up time: loaded when the command runs
-    from edge_runtime.model.loader import DEFAULT_MODEL
-    # start-up time: loaded when the command runs
-    from edge_runtime.voice.config import DEFAULT_CONFIG
-    # start-up time: loaded when the command runs
+    from edge_runtime.model.loader import DEFAULT_MODEL  # start-up time: imports numpy, torch
+    from edge_runtime.voice.config import DEFAULT_CONFIG  # start-up time: imports numpy
+    # start-up time: imports numpy
     from edge_runtime.voice.session import load_runtime, print_stderr
-    # start-up time: loaded when the command runs
-    from edge_runtime.voice.usage import check_device, check_outputs, check_stagger
 
     progress = (lambda msg: None) if args.quiet else print_stderr
     config = _config(args)
@@ -175,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args, runtime, config, sources, out: _Stdout, events_failed: list):
     """Run the streams -> (reports, engine stats or None, interrupted). Ctrl-C keeps the
     reports so far; a failed events write is appended to `events_failed`."""
-    # start-up time: loaded when the command runs
+    # start-up time: imports numpy
     from edge_runtime.voice.session import Interrupted, print_stderr, run_streams
 
     realtime = args.realtime or (args.demo and not args.fast)
@@ -258,8 +252,6 @@ def _print_engine(stats: dict, out: _Stdout) -> None:
 def _print_summary(reports, references, out: _Stdout | None = None) -> None:
     """Per-stream tables, the WER over every reference command (aligned with what was heard, so
     a dropped or split utterance is counted, never shifts the rows), the latency split."""
-    from edge_runtime.voice import report  # start-up time: loaded when the command runs
-
     out = out or _Stdout()
     events = [ev for r in reports for ev in r.events]
     for r in reports:
