@@ -7,7 +7,8 @@ source tree; setuptools copies the files into wheels, an editable install follow
 Invariants: a Budget is validated once in __post_init__ and never mutated; values derived from it
 (page count, bytes per token) live in `edge_runtime.plan.MemoryPlan`. Every error is a
 ConfigError whose sentence names the file and the key. `guard:` and `service:` are kept as raw
-mappings here and validated by their owners (GuardConfig / ServiceLimits) when importable.
+mappings here, validated on load by their schemas (guard_config.GuardConfig,
+service_limits.ServiceLimits), which sit below the budget so that it can check them.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ from typing import Any, Mapping
 
 import yaml
 
-from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
 from edge_runtime.config_checks import check_concurrent_sequences, parse_bytes, short_repr
 from edge_runtime.errors import ConfigError
+from edge_runtime.guard_config import GuardConfig
+from edge_runtime.kv.recent_window import DEFAULT_WINDOW_TOKENS
+from edge_runtime.service_limits import ServiceLimits
+
+SECTION_SCHEMAS = {"guard": GuardConfig, "service": ServiceLimits}
 
 CONFIG_DIR = Path(__file__).resolve().parent / "data" / "configs"
 KV_DTYPES = ("int8", "fp16", "fp32")
 WEIGHT_DTYPES = ("fp16", "bf16", "fp32")
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # weight dtype -> torch name
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 TOP_KEYS = {"name", "description", "device", "device_memory", "reserve", "activation_reserve",
             "weight_dtype", "kv", "inline", "max_concurrent_sequences", "stream_context_tokens",
@@ -196,18 +202,11 @@ def budget_from_dict(data: Any, source: str) -> Budget:
 
 
 def _validated(data: dict, key: str, source: str) -> dict:
-    """The raw section, after its owner's parser accepted it (when that module exists)."""
+    """The raw section, after its schema accepted it."""
     sec = _mapping(data, key, source)
     try:
-        if key == "guard":
-            from edge_runtime.guard.config import GuardConfig as parser
-        else:
-            from edge_runtime.service.limits import ServiceLimits as parser
-    except ImportError:
-        return sec
-    try:
-        parser.from_dict(sec)
-    except ConfigError as exc:  # the owners' messages mostly name the section already
+        SECTION_SCHEMAS[key].from_dict(sec)
+    except ConfigError as exc:  # the schemas' messages mostly name the section already
         message = str(exc) if str(exc).startswith(key) else f"{key}: {exc}"
         raise ConfigError(f"{source}: {message}") from exc
     return sec

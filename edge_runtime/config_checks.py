@@ -2,7 +2,7 @@
 
 Sizes (`parse_bytes`: bytes or strings such as '64GiB') and the concurrent-sequence bound are read
 the same way in the top level of a budget (edge_runtime/budget.py) and in its `service:` section
-(edge_runtime/service/limits.py); both import them from here. Every error is a ConfigError whose
+(edge_runtime/service_limits.py); both import them from here. Every error is a ConfigError whose
 sentence names the key (`where`) and what to write instead.
 """
 

@@ -4,6 +4,9 @@
 `model_config` is anything with num_layers, num_kv_heads, head_dim (a ModelConfig or a
 `ModelShape` below). `REFERENCE_MODELS` holds shapes of models we plan for without their weights
 (`plan --model llama-2-7b-awq`); their weight bytes are estimated from the shape.
+`model_for_plan(name, weight_dtype, weights, device)`: what the plan needs of a model (its config
+or shape and its weight bytes, model/weight_bytes.py), for `edge-runtime plan`, `simulate` and the
+service unit's limit check (service/unit_limits.py).
 
 Arithmetic (docs/pool.md):
   kv bytes/token = num_layers * 2 (K and V) * num_kv_heads * (head_dim * elem + scale bytes)
@@ -20,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from edge_runtime.budget import WINDOW_COST, Budget, check_page_tokens
-from edge_runtime.cache.page_math import pages_for_tokens
-from edge_runtime.cache.recent_windows import WINDOWS_PER_SEQUENCE, window_bytes
+from edge_runtime.budget import TORCH_DTYPES, WINDOW_COST, Budget, check_page_tokens
+from edge_runtime.kv.page_math import pages_for_tokens
+from edge_runtime.kv.recent_window import WINDOWS_PER_SEQUENCE, window_bytes
 from edge_runtime.errors import ConfigError
 
 KV_ELEM_BYTES = {"int8": 1, "fp16": 2, "fp32": 4}
@@ -94,7 +97,7 @@ class MemoryPlan:
     inline_slots: int
     inline_tokens: int
     inline_arena_bytes: int
-    recent_window: int  # int8 KV: newest positions per sequence kept exact (engine/recent_window.py)
+    recent_window: int  # int8 KV: newest positions per sequence kept exact (kv/recent_window.py)
     recent_window_bytes: int  # all windows (2 per concurrent sequence), allocated once
     centred_keys: bool  # int8 KV: keys centred on their layer's mean key (docs/engine.md)
     pool_bytes: int  # num_pages * bytes_per_page (what is actually allocated)
@@ -210,3 +213,36 @@ def _size(n: int) -> str:
         if n >= unit:
             return f"{n / unit:.2f} {name}"
     return f"{n} bytes"
+
+
+def gguf_blocks_served(source: Path | None, weights: str, weight_dtype: str, device: str) -> bool:
+    """Whether loading `source` with `weights` on `device` serves its own blocks (the loader's
+    rule; planning needs no GPU: a cuda device is not opened)."""
+    import torch  # start-up time: the plan imports no torch until a model file is read
+
+    from edge_runtime.model.gguf_int4 import serve_from_blocks  # start-up time: imports torch
+
+    return serve_from_blocks(weights, source, getattr(torch, TORCH_DTYPES[weight_dtype]), device)
+
+
+def model_for_plan(name: str, weight_dtype: str, weights: str = "auto", device: str = "cpu"):
+    """(model config or shape, weight bytes, display name). A GGUF model counts what serving it
+    on `device` with `weight_dtype` activations holds (the loader's own choice,
+    gguf_int4.serve_from_blocks): its blocks in the runtime's int4/int8 form with float tensors at
+    `weight_dtype` (model/gguf_int4.py), or its float conversion, every tensor at `weight_dtype`;
+    neither converts the file."""
+    if name in REFERENCE_MODELS:
+        shape = REFERENCE_MODELS[name]
+        return shape, estimate_weight_bytes(shape, weight_dtype), f"{name} (reference shape)"
+    # start-up time: the loader imports torch and transformers; a reference shape needs neither
+    from edge_runtime.model.loader import gguf_source, read_model_config, resolve_model_folder
+    from edge_runtime.model.safetensors_io import weight_files  # start-up time, as the loader
+    from edge_runtime.model.weight_bytes import gguf_weight_bytes, safetensors_weight_bytes  # as the loader
+
+    folder = resolve_model_folder(name)
+    config = read_model_config(folder)
+    source = gguf_source(name)
+    if source is not None:
+        blocks = gguf_blocks_served(source, weights, weight_dtype, device)
+        return config, gguf_weight_bytes(source, blocks, DTYPE_BYTES[weight_dtype]), name
+    return config, safetensors_weight_bytes(weight_files(folder), DTYPE_BYTES[weight_dtype]), name

@@ -54,7 +54,7 @@ def _compile_one(job):
 
 
 def compile_all(arches: list[int], jobs: int) -> list[dict]:
-    from edge_runtime.kernels.launch_variants import engine_variants
+    from edge_runtime.kernels.launch_variants import engine_variants  # start-up time: imports torch
 
     work = [(launch, arch) for arch in arches for launch in engine_variants()]
     with ProcessPoolExecutor(max_workers=jobs) as pool:

@@ -11,11 +11,11 @@ import ctypes
 
 import torch
 
+from edge_runtime.kernels import cpu_native
+
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """logits: [B, V] -> the argmax of every row, as ints."""
-    from edge_runtime.kernels import cpu_native
-
     assert logits.dim() == 2, logits.shape
     lib = cpu_native.library() if logits.device.type == "cpu" else None
     if lib is None or logits.dtype != torch.float32 or logits.stride(1) != 1 or logits.shape[1] == 0:

@@ -7,7 +7,7 @@ ops and Python around them were half of a batch-1 step (docs/perf.md, "CPU decod
 model/linear_packing.py) or blocked quantized (QuantLinear, kernels/cpu_int4.py) and the C library
 is built; `EDGE_RUNTIME_CPU_FUSED=0` turns it
 off (A/B runs, tests). `CausalLM.forward` uses it for a step whose KV context offers
-`native_decode_args()` (engine/flat_kv.py: the CPU back end, int8 or fp16 KV, every new token a
+`native_decode_args()` (kv/flat_context.py: the CPU back end, int8 or fp16 KV, every new token a
 row of the C attention: decode tokens and prefill chunks alike); any other step runs the layers in
 torch as before. Running every step here is what makes a position's logits independent of the
 step it is computed in (docs/engine.md, "What a position reads"): every row goes through the same
@@ -25,6 +25,9 @@ import torch
 
 from edge_runtime import env
 from edge_runtime.kernels.cpu_int4 import BlockedWeight, QuantLinear, blocked_weight_struct
+from edge_runtime.kernels import cpu_native
+from edge_runtime.kernels.cpu_linear import PackedLinear
+from edge_runtime.kernels.cpu_native import FlatPart
 
 if TYPE_CHECKING:
     from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
@@ -68,8 +71,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _declare(lib) -> None:
-    from edge_runtime.kernels.cpu_native import FlatPart
-
     fn = lib.decode_layers
     if fn.argtypes is None:
         fn.restype = ctypes.c_int
@@ -110,9 +111,6 @@ class FusedDecoder:
     @classmethod
     def for_model(cls, model) -> "FusedDecoder | None":
         """The fused stack when `model` qualifies (see the module doc), else None."""
-        from edge_runtime.kernels import cpu_native
-        from edge_runtime.kernels.cpu_linear import PackedLinear
-
         if not env.cpu_fused_decoder():
             return None
         lib = cpu_native.library()

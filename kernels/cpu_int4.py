@@ -30,7 +30,7 @@ import ctypes
 import torch
 from torch import nn
 
-from edge_runtime.kernels import dispatch
+from edge_runtime.kernels import cpu_native, dispatch
 from edge_runtime.kernels.huge_pages import HugePageArena
 from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight, lookup_rows
 
@@ -62,8 +62,6 @@ def declare(lib) -> None:
 
 
 def _library():
-    from edge_runtime.kernels import cpu_native
-
     lib = cpu_native.library()
     if lib is not None:
         declare(lib)

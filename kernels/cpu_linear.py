@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from edge_runtime import env
+from edge_runtime.kernels import cpu_native
 
 # Rows oneDNN's reordered layout is tuned for: decode batches of 1-16 are within 10% of their best.
 BATCH_HINT = 16
@@ -55,8 +56,6 @@ def backend() -> str | None:
     if choice == "dense":
         return None
     if choice in ("auto", "c-blocked"):
-        from edge_runtime.kernels import cpu_native
-
         if cpu_native.library() is not None:
             return "c-blocked"
     if choice in ("auto", "onednn", "c-blocked") and onednn_available():
@@ -120,8 +119,6 @@ class PackedLinear(nn.Module):
                 else linears[0].weight.detach()
             self.reordered = reorder or self.kind == "c-blocked"
             if self.kind == "c-blocked":
-                from edge_runtime.kernels import cpu_native
-
                 self._lib = cpu_native.library()
                 n, k = weight.shape
                 self.packed = block_weight(weight, None if arena is None

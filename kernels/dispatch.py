@@ -9,7 +9,7 @@ tests show that the Triton kernels really ran.
 "triton" | "torch-reference" | "torch-int4pack-cpu". What the engine runs as a whole (the CPU back
 end's C paths included) is named by its back end, engine/backend.py `describe()`.
 
-W4A16 on CPU: `AWQLinear` (quant/awq_linear.py) repacks its weights once for torch's CPU int4 op
+W4A16 on CPU: `AWQLinear` (model/awq_linear.py) repacks its weights once for torch's CPU int4 op
 and calls that directly; `awq_gemm` here (the dequantizing reference) is only its fallback, so
 `describe_backends` names "torch-int4pack-cpu" for awq_gemm on CPU when torch has that op.
 """
@@ -24,10 +24,9 @@ from edge_runtime.kernels import awq_prepared as _awp
 from edge_runtime.kernels import blocked_w4a16 as _bq
 from edge_runtime.kernels import kv_write as _kv
 from edge_runtime.kernels import paged_attention as _pa
-from edge_runtime.kernels import paged_decode as _pd
 from edge_runtime.kernels import positional_attention as _pos
 
-OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm", "awq_gemm_prepared", "paged_decode",
+OPS = ("write_kv", "paged_attention", "merge_attention", "awq_gemm", "awq_gemm_prepared",
        "positional_attention", "exact_block_attention", "merge_in_order", "blocked_gemm")
 
 
@@ -94,7 +93,6 @@ _IMPLS = {
     "awq_gemm": _Impl("awq_gemm", _awq.awq_gemm_ref, getattr(_awq, "awq_gemm_triton", None)),
     "awq_gemm_prepared": _Impl("awq_gemm_prepared", _awp.awq_gemm_prepared_ref,
                                _awp.awq_gemm_prepared_triton if _awp.triton is not None else None),
-    "paged_decode": _Impl("paged_decode", None, _pd.paged_decode if _pd.triton is not None else None),
     "positional_attention": _Impl("positional_attention", _pos.positional_attention_ref,
                                   _pos.positional_attention_triton if _pos.triton is not None else None),
     "exact_block_attention": _Impl("exact_block_attention", _pa.paged_attention_ref,
@@ -119,16 +117,9 @@ def write_kv(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k_mean=None
 
 def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx, kv_lens, sm_scale,
                     k_mean=None, chunks=None):
-    """Decode steps (at most one query per block-table row) on CUDA take paged_decode (1.5x faster
-    than paged_attention_triton on the H200, docs/perf-gpu.md); prefill and other layouts take
-    paged_attention_triton.
-    k_mean: the int8 store's mean key [Hkv, D] float32 (centred keys) or None; chunks: a chunked
-    store's PageChunks (kernels/page_chunks.py) or None."""
-    if (_use_triton(q, "paged_decode") and q.shape[0] <= block_table.shape[0]
-            and _pd.supported(q, k_cache, block_table)):
-        return _IMPLS["paged_decode"].triton(q, k_cache, v_cache, k_scale, v_scale,
-                                             [(block_table, seq_idx, kv_lens)], sm_scale, k_mean=k_mean,
-                                             chunks=chunks)
+    """k_mean: the int8 store's mean key [Hkv, D] float32 (centred keys) or None; chunks: a
+    chunked store's PageChunks (kernels/page_chunks.py) or None. (The page-tile decode kernel,
+    kernels/paged_decode.py, is the GPU checks' baseline, called by them directly.)"""
     return _pick("paged_attention", q)(q, k_cache, v_cache, k_scale, v_scale, block_table,
                                        seq_idx, kv_lens, sm_scale, k_mean=k_mean, chunks=chunks)
 
@@ -145,7 +136,7 @@ def positional_attention(q, pool, arena, index, sm_scale, k_mean=None, chunks=No
 
 def exact_block_attention(q, k_cache, v_cache, block_table, seq_idx, kv_lens, sm_scale):
     """Paged attention over a float store with one program per query token, whatever its row
-    (the recent-key window's exact blocks, engine/paged_kv.py): a token's result does not depend
+    (the recent-key window's exact blocks, kv/paged_context.py): a token's result does not depend
     on the other tokens of the step, so prefill and decode read a block the same way."""
     if _use_triton(q, "exact_block_attention"):
         return _IMPLS["exact_block_attention"].triton(q, k_cache, v_cache, block_table, seq_idx,
@@ -181,22 +172,6 @@ def blocked_gemm(x, weight):
     """x [M, K] @ W^T for a BlockedQuantWeight W (quant/int4_format.py) -> [M, N] in x's dtype:
     the W4A16 / W8A16 Triton kernel of kernels/blocked_w4a16.py, or its reference."""
     return _pick("blocked_gemm", x)(x, weight)
-
-
-def paged_decode(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale, k_mean=None, chunks=None):
-    """Decode attention over one or two segments [(block_table, seq_idx, kv_lens), ...] of one pool
-    -> (out, lse) as merge_attention of per-segment paged_attention. The Triton page-tile decode
-    kernel (one launch + one merge) on CUDA where paged_decode.supported; elsewhere per-segment
-    attention + merge."""
-    if _use_triton(q, "paged_decode") and all(_pd.supported(q, k_cache, seg[0]) for seg in segments):
-        return _IMPLS["paged_decode"].triton(q, k_cache, v_cache, k_scale, v_scale, segments, sm_scale,
-                                             k_mean=k_mean, chunks=chunks)
-    parts = [paged_attention(q, k_cache, v_cache, k_scale, v_scale, *seg, sm_scale, k_mean=k_mean,
-                             chunks=chunks) for seg in segments]
-    if len(parts) == 1:
-        return parts[0]
-    outs, lses = [p[0] for p in parts], [p[1] for p in parts]
-    return merge_attention(outs, lses), torch.logsumexp(torch.stack(lses), dim=0)
 
 
 def describe_backends(device=None) -> dict:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 
 from edge_runtime.kernels.quantize import quantize_int8, quantize_int8_keys
+from edge_runtime.kernels import cpu_native
+from edge_runtime.kernels.cpu_native import FlatPart
 
 
 def flat_rows(store_k: torch.Tensor) -> torch.Tensor:
@@ -66,8 +68,6 @@ def write_kv_flat(k, v, k_store, v_store, k_scale_store, v_scale_store, rows, k_
 
 def _write_native(k, v, k_store, v_store, k_scale_store, v_scale_store, rows, k_mean=None) -> bool:
     """The C writer (kernels/csrc/flat_kv.c) when it is built and the layouts fit; False: not used."""
-    from edge_runtime.kernels import cpu_native
-
     lib = cpu_native.library()
     fits = (k.dtype == v.dtype == torch.float32 and k.stride(2) == v.stride(2) == 1
             and k.stride(1) == v.stride(1) == k.shape[2] and rows.is_contiguous())
@@ -185,8 +185,6 @@ class NativeDecodeAttention:
         """parts: [(k_store, v_store, k_scale_store, v_scale_store, index long [R, Hkv, W],
         lens int32 [R], layer_stride)] with int8 stores; lens[r] entries of row r are valid.
         k_means: [layers, Hkv, D] float32 mean keys of centred int8 keys, or None."""
-        from edge_runtime.kernels.cpu_native import FlatPart
-
         self.lib, self.num_heads, self.sm_scale = lib, num_heads, sm_scale
         assert k_means is None or (k_means.dtype == torch.float32 and k_means.is_contiguous())
         self.k_means = k_means

@@ -19,7 +19,7 @@ bit-equal to a +- b) and the scale, 7 ops per tensor for head_dim 64 where the m
 on the CPU (torch, 1 thread, 9 heads of 64) ~80 us for one token against ~4 us; not measured on a
 GPU. kernels/csrc/decoder.c uses its own butterflies; both agree to rounding, and the C step's
 test bounds the int8 K/V differences.
-Applied by engine/kv_context.py (both back ends' contexts) and the C decode step exactly when the
+Applied by kv/step_context.py (both back ends' contexts) and the C decode step exactly when the
 KV storage says `rotated` (int8 stores, power-of-two head_dim); float stores are not rotated.
 """
 from __future__ import annotations

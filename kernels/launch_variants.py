@@ -24,6 +24,15 @@ from unittest import mock
 
 import torch
 
+from edge_runtime.kernels import awq_prepared as awp
+from edge_runtime.kernels import dispatch
+from edge_runtime.kernels.blocked_w4a16 import blocked_gemm_triton
+from edge_runtime.kernels.kv_write import write_kv_triton
+from edge_runtime.kernels.positional_attention import (merge_in_order_triton,
+                                                       positional_attention_triton)
+from edge_runtime.kernels.positional_attention_ref import PositionIndex
+from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
+
 MODELS = {  # geometry of the models the Orin budgets serve (config.json)
     "smollm2-135m": dict(heads=9, kv_heads=3, head_dim=64, hidden=576, intermediate=1536, group=64,
                          vocab=49152),
@@ -144,8 +153,6 @@ def _pool(m: dict, kv: str, pages: int = 4):
 
 
 def _write_kv(model, act, kv, centred):
-    from edge_runtime.kernels.kv_write import write_kv_triton
-
     m = MODELS[model]
     k = torch.zeros(3, m["kv_heads"], m["head_dim"], dtype=_dtype(act))
     mean = torch.zeros(m["kv_heads"], m["head_dim"]) if centred else None
@@ -163,9 +170,6 @@ def _attention_args(model, act, kv, centred, tokens, pages=3):
 
 
 def _positional_attention(model, act, kv, centred, inline):
-    from edge_runtime.kernels.positional_attention import positional_attention_triton
-    from edge_runtime.kernels.positional_attention_ref import PositionIndex
-
     q, pool, (table, seq, lens), mean = _attention_args(model, act, kv, centred, tokens=2)
     arena = _pool(MODELS[model], kv, pages=2) if inline else None
     index = PositionIndex(table, table, seq, lens, torch.zeros(2, 3, dtype=torch.int32), 256, 3)
@@ -173,8 +177,6 @@ def _positional_attention(model, act, kv, centred, inline):
 
 
 def _exact_block_attention(model, act):
-    from edge_runtime.kernels import dispatch
-
     m = MODELS[model]
     q = torch.zeros(40, m["heads"], m["head_dim"], dtype=_dtype(act))
     window = torch.zeros(3, 16, m["kv_heads"], m["head_dim"], dtype=torch.float16)  # fp16 blocks
@@ -185,8 +187,6 @@ def _exact_block_attention(model, act):
 
 
 def _merge_in_order(model, extra):
-    from edge_runtime.kernels.positional_attention import merge_in_order_triton
-
     m = MODELS[model]
     p_out = torch.zeros(2, m["heads"], 3, m["head_dim"])
     p_lse = torch.zeros(2, m["heads"], 3)
@@ -201,8 +201,6 @@ def _linear_shapes(m: dict) -> set[tuple[int, int]]:
 
 
 def _awq_gemm_prepared(model, rows, sms):
-    from edge_runtime.kernels import awq_prepared as awp
-
     m = MODELS[model]
     g = m["group"]
     meta = dict(device="meta")  # no memory, no compute: the prefill path's fp16 matmul is free
@@ -218,9 +216,6 @@ def _awq_gemm_prepared(model, rows, sms):
 
 
 def _blocked_gemm(model, act, form, rows):
-    from edge_runtime.kernels.blocked_w4a16 import blocked_gemm_triton
-    from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
-
     m = MODELS[model]
     bits, group, params, offsets = BLOCKED_FORMS[form]
     group = group or m["group"]

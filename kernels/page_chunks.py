@@ -1,6 +1,6 @@
 """A paged store split into chunks of pages, one allocation per chunk, as the kernels address it.
 
-The CUDA back end's pool is one tensor per chunk (per K, V and scales; engine/kv_storage.py), so a
+The CUDA back end's pool is one tensor per chunk (per K, V and scales; kv/storage.py), so a
 retired chunk's device memory goes back to the caching allocator and from there to the driver.
 Block tables keep global page ids; page `p` lives in chunk `c = p // chunk_pages`, row
 `p - c * chunk_pages`. The kernels get chunk 0's tensors (their pointers, strides, shapes) and

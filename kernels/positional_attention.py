@@ -14,7 +14,7 @@ function of the positions alone:
 - prefill and decode launch the same kernel with the same constexprs (a prefill token is one more
   query token), so a position's partials are the same bits in both;
 - `merge_in_order` merges a token's spans in position order, then the exact block of the
-  recent-key window (engine/paged_kv.py), by one formula; an empty span adds exact zeros, so the
+  recent-key window (kv/paged_context.py), by one formula; an empty span adds exact zeros, so the
   number of spans in the step does not matter.
 
 Arithmetic (from kernels/paged_decode.py): int8 K/V converted in registers with the
@@ -26,7 +26,7 @@ import torch
 
 from edge_runtime.kernels import page_chunks as _chunks
 from edge_runtime.kernels import paged_decode as _pd
-from edge_runtime.kernels.positional_attention_ref import (PositionIndex, check_index,
+from edge_runtime.kernels.positional_attention_ref import (NO_INLINE, PositionIndex, check_index,
                                                            merge_in_order_ref, positional_attention_ref)
 
 triton = _pd.triton
@@ -254,5 +254,6 @@ def merge_in_order_triton(p_out, p_lse, extra=None):
     return out
 
 
-__all__ = ["PositionIndex", "positional_attention_ref", "positional_attention_triton",
+# the kernel's argument types (the KV contexts build them), its references and kernels
+__all__ = ["NO_INLINE", "PositionIndex", "positional_attention_ref", "positional_attention_triton",
            "merge_in_order_ref", "merge_in_order_triton"]

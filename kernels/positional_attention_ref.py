@@ -30,7 +30,7 @@ _MAX_GATHERED = 1 << 24  # gathered key elements per chunk of tokens in the refe
 
 @dataclass
 class PositionIndex:
-    """Where every key of a step lives, built once per step (engine/paged_kv.py)."""
+    """Where every key of a step lives, built once per step (kv/paged_context.py)."""
 
     pool_table: torch.Tensor  # int32 [R, pool pages]: prefix pages, then tail pages
     arena_table: torch.Tensor  # int32 [R, slots]: inline slots (one zero column if none)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from edge_runtime.quant.awq_pack import unpack_int4
+
 BLOCK_N = 16  # output rows per block, as kernels/csrc/linear_f32.c
 GROUP_SIZES = (16, 32, 64, 128, 256)
 
@@ -111,8 +113,6 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
              group_size: int) -> GroupedRows:
     """AutoAWQ GEMM tensors (qweight [K, N/8], qzeros [K/G, N/8], scales fp16 [K/G, N]) -> rows.
     W = s (q - z) = s q + (-s z); s z is exact in fp32, not always in fp16."""
-    from edge_runtime.quant.awq_pack import unpack_int4
-
     q = unpack_int4(qweight).t().to(torch.uint8).contiguous()  # [N, K]
     z = unpack_int4(qzeros).t().float()  # [N, K/G]
     s = scales.t().float().contiguous()

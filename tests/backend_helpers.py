@@ -32,7 +32,8 @@ def tiny_awq_folder() -> Path:
     """Round-to-nearest int4 (group 32) of the tiny model, as `edge-runtime quantize --rtn` writes."""
     from transformers import AutoModelForCausalLM
 
-    from edge_runtime.quant import awq_algo, awq_blocks, awq_model
+    from edge_runtime.model import awq_model
+    from edge_runtime.quant import awq_algo, awq_blocks
 
     src = tiny_folder()
     hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()

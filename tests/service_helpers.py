@@ -132,7 +132,7 @@ def stub_state(**limits):
     from types import SimpleNamespace
 
     from edge_runtime.service.app import ServiceState
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     state = ServiceState(ServiceLimits(**limits), "m")
     config = SimpleNamespace(page_tokens=16, enable_inline=False, num_inline_slots=0,
@@ -275,7 +275,7 @@ def tiny_engine_state(limits: dict | None = None, **engine_cfg):
 
     from edge_runtime.engine.async_engine import AsyncEngine
     from edge_runtime.service.app import ServiceState
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     loaded = tiny()
     engine = engine_for(loaded, **engine_cfg)

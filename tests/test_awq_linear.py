@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edge_runtime.quant import awq_pack
-from edge_runtime.quant.awq_linear import AWQLinear
+from edge_runtime.model.awq_linear import AWQLinear
 from edge_runtime.quant.half_embed import HalfEmbedding, HalfLinear, halve_embeddings
 
 SHAPES = [(64, 8, 32), (128, 40, 64), (576, 192, 64), (256, 96, 128)]  # K, N, G

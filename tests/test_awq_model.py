@@ -16,9 +16,10 @@ from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.contiguous_kv import ContiguousKVCache
 from edge_runtime.model.loader import build_model, weight_bytes_of
 from edge_runtime.model.safetensors_io import load_state_dict
-from edge_runtime.quant import awq_algo, awq_blocks, awq_model, awq_pack
+from edge_runtime.model import awq_model
+from edge_runtime.quant import awq_algo, awq_blocks, awq_pack
 from edge_runtime.kernels.cpu_int4 import QuantLinear
-from edge_runtime.quant.awq_linear import AWQLinear
+from edge_runtime.model.awq_linear import AWQLinear
 
 
 def _load_ours(folder, backend="auto"):

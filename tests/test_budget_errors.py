@@ -1,5 +1,5 @@
 """Bad budgets and overrides: one ConfigError naming the file, the key and the fix; never a
-traceback, never a silent fallback (budget.py, plan.py, commands/plan.py, service/limits.py,
+traceback, never a silent fallback (budget.py, plan.py, commands/plan.py, service_limits.py,
 service/engine_setup.py, EngineConfig.from_plan)."""
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def test_no_room_adds_up_and_names_the_largest_part():
 
 
 def test_serve_refuses_a_capped_budget_before_loading_the_weights(tmp_path, monkeypatch):
-    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.guard_config import GuardConfig
     from edge_runtime.model import loader
     from edge_runtime.service.engine_setup import check_budget, load_all
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     model = tmp_path / "model"
     model.mkdir()
@@ -103,7 +103,7 @@ def test_section_errors_name_the_section_once(tmp_path):
 
 
 def test_service_sizes_take_units_like_the_rest_of_the_budget(tmp_path):
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
     from edge_runtime.service.sections import load_sections
 
     path = _write(tmp_path, {**BASE, "service": {"max_body_bytes": "1MiB"}})

@@ -213,7 +213,7 @@ def test_plan_cli_default_model_reads_config_and_headers(capsys):
 
 
 def test_bookkeeping_budget_and_plan_import_no_torch():
-    code = ("import sys, edge_runtime.cache, edge_runtime.cache.simulator, edge_runtime.budget, "
+    code = ("import sys, edge_runtime.kv, edge_runtime.kv.simulator, edge_runtime.budget, "
             "edge_runtime.plan; edge_runtime.budget.load_budget('cpu-dev'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run(code_argv(code), check=True)

@@ -100,7 +100,7 @@ def test_key_means_are_the_models_mean_roped_keys_after_the_sink():
     """measure_key_means against the model's own keys: each layer's roped keys of positions 1..
     of one prefill (recorded through a float KV context), averaged; rotated into the int8 basis."""
     from engine_helpers import tiny
-    from edge_runtime.engine.key_means import _KeyRecorder, key_means_for, measure_key_means
+    from edge_runtime.kv.key_means import _KeyRecorder, key_means_for, measure_key_means
     from edge_runtime.kernels import hadamard
 
     loaded = tiny()
@@ -120,7 +120,7 @@ def test_key_means_are_the_models_mean_roped_keys_after_the_sink():
 
 
 def test_calibration_ids_use_the_shipped_text_or_fixed_random_ids():
-    from edge_runtime.engine.key_means import calibration_ids
+    from edge_runtime.kv.key_means import calibration_ids
 
     class Tok:
         def __call__(self, text, add_special_tokens):
@@ -140,7 +140,7 @@ def test_key_means_of_a_model_with_a_short_context(tmp_path, monkeypatch):
     calibrated on its context's worth of tokens (it used to fail with an IndexError)."""
     from engine_helpers import TINY_VOCAB
     from model_helpers import save_random_model, tiny_hf_config
-    from edge_runtime.engine.key_means import key_means_for
+    from edge_runtime.kv.key_means import key_means_for
     from edge_runtime.model.loader import load_model
 
     folders = [save_random_model(tiny_hf_config(arch, vocab_size=TINY_VOCAB, num_hidden_layers=1, **kw),
@@ -237,7 +237,7 @@ def test_key_means_are_cached_on_disk_by_model_files(tmp_path, monkeypatch):
     import os
 
     from engine_helpers import tiny_folder
-    from edge_runtime.engine import key_means
+    from edge_runtime.kv import key_means
     from edge_runtime.model.loader import load_model
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

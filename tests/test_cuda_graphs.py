@@ -1,4 +1,4 @@
-"""Decode buckets (engine/cuda_graphs.py, engine/decode_shape.py): which bucket a step takes, the
+"""Decode buckets (engine/cuda_graphs.py, kv/decode_shape.py): which bucket a step takes, the
 fixed-shape context (padding rows read and write nothing; the real rows' attention is the same
 bits as unpadded), that a step padded to its bucket gives the real rows the logits of the
 unpadded eager step bit for bit, linears row by row (the CUDA back end on CPU tensors under the
@@ -14,9 +14,9 @@ from model_helpers import random_ids
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.config import EngineConfig
 from edge_runtime.engine.cuda_graphs import bucket_for
-from edge_runtime.engine.decode_shape import DecodeShape, DoesNotFit
-from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kv.decode_shape import DecodeShape, DoesNotFit
+from edge_runtime.kv.storage import KVStorage
+from edge_runtime.kv.paged_context import PagedKVContext, SeqStep
 from edge_runtime.kernels.positional_attention_ref import NO_INLINE
 from paged_kv_helpers import D, H, HKV, LAYERS
 from edge_runtime.errors import ConfigError
@@ -108,21 +108,22 @@ def _eager_and_padded_logits(engine, prompts):
     """Every decode step run twice on the same engine, eagerly and then padded to its bucket (a
     decode step writes the same K/V to the same slots both times) -> [(eager, padded) logits];
     engine.decode_contexts: the eager steps' contexts."""
-    pairs, graphs, forward, context = [], engine.graphs, engine._forward, engine.backend.context
+    runner = engine.runner
+    pairs, graphs, forward, context = [], runner.graphs, runner.forward, engine.backend.context
     engine.decode_contexts = []
 
     def both(ids, steps, rows):
         if len(ids) != len(steps):  # a prefill: once, eagerly
             return forward(ids, steps, rows)
-        engine.graphs = None
+        engine.runner.graphs = None
         engine.backend.context = lambda *a: engine.decode_contexts.append(context(*a)) or \
             engine.decode_contexts[-1]
         eager = forward(ids, steps, rows).clone()
-        engine.graphs, engine.backend.context = graphs, context
+        engine.runner.graphs, engine.backend.context = graphs, context
         pairs.append((eager, forward(ids, steps, rows).clone()))
         return pairs[-1][1]
 
-    engine._forward = both
+    engine.runner.forward = both
     engine.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     return pairs
 
@@ -146,7 +147,7 @@ def test_padded_decode_step_gives_the_real_rows_the_eager_logits(monkeypatch):
     engine.generate([system + [7]], SamplingParams(max_tokens=1))  # caches the system prompt
     prompts = [system + random_ids(3, 500, seed=2), random_ids(36, 500, seed=3), system[:33]]
     pairs = _eager_and_padded_logits(engine, prompts)
-    assert engine.graphs.counters["padded_eager_steps"] == len(pairs) == 1
+    assert engine.runner.graphs.counters["padded_eager_steps"] == len(pairs) == 1
     (ctx,) = engine.decode_contexts
     assert bool((ctx.index.row_bounds[:, 0] > 0).any()), "no row reads a shared prefix"
     assert bool((ctx.index.row_bounds[:, 2] != NO_INLINE).any()), "no row has an inline tail"
@@ -165,7 +166,8 @@ def test_steps_that_do_not_fit_a_bucket_run_eagerly():
     engine = engine_on("cuda", decode_buckets=(1, 2))
     prompts = [random_ids(3 + i, 500, seed=10 + i) for i in range(3)]
     results = engine.generate(prompts, GREEDY)  # 3 running sequences: larger than every bucket
-    assert engine.graphs.counters["eager_steps"] == 2 and engine.graphs.counters["padded_eager_steps"] == 0
+    counters = engine.runner.graphs.counters
+    assert counters["eager_steps"] == 2 and counters["padded_eager_steps"] == 0
     assert all(len(r.completions[0].token_ids) == 3 for r in results)
     # the eager steps are the engine's own path without buckets (tests/test_engine_backends.py)
 

@@ -4,8 +4,8 @@ The same three requests (two sharing a system prompt) are served cold and alone,
 prefix cache, after another request cached their system prompt, sharing it in one step,
 prefilled in chunks, batched with unrelated requests (admitted together, and arriving while those
 decode), after a preemption on a small pool, and as both children of n=2. Every way gives the
-tokens of the cold run, with int8 KV (the recent-key window's read rule, cache/recent_windows.py),
-fp16 and fp32 KV, on the CPU flat path and on the CUDA back end's context (engine/paged_kv.py)
+tokens of the cold run, with int8 KV (the recent-key window's read rule, kv/recent_window.py),
+fp16 and fp32 KV, on the CPU flat path and on the CUDA back end's context (kv/paged_context.py)
 with the torch reference kernels. The logits of every position are the same bit for bit on the
 CPU flat path with int8 or fp16 KV (the C attention and the one-call C layer stack for every
 step), and on the CUDA back end's context with its Triton kernels (under the interpreter, on a
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from edge_runtime.engine import sampler as sampler_module
-from edge_runtime.engine.paged_kv import PagedKVContext
+from edge_runtime.kv.paged_context import PagedKVContext
 from edge_runtime.kernels import cpu_native
 from edge_runtime.model.loader import load_model
 from engine_helpers import (_TMP, TINY_VOCAB, engine_for, greedy, tinier, tiny,

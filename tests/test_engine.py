@@ -104,7 +104,7 @@ def test_a_step_that_fails_after_committing_ahead_stops_the_engine(monkeypatch):
     def fail(*args):
         raise MemoryError("injected")
 
-    monkeypatch.setattr(eng, "_forward", fail)
+    monkeypatch.setattr(eng.runner, "forward", fail)
     with pytest.raises(MemoryError):
         eng.step()  # the second request was admitted over the first one's pages, committed ahead
     monkeypatch.undo()

@@ -47,7 +47,7 @@ def test_cuda_back_end_matches_the_cpu_back_end_greedy():
     launched = dispatch.TRITON_LAUNCHES - before
     assert got == _run(cpu)
     # the system prompt came from the cache, cut back to a multiple of the recent-key window (the
-    # read rule, cache/recent_windows.py): 32 of its 40 tokens, still a partial 64-token page
+    # read rule, kv/recent_window.py): 32 of its 40 tokens, still a partial 64-token page
     assert got[-1] == 40 - 40 % cpu.config.recent_window == 32
     assert cuda.kv.counters.inline_to_pages > 0  # the short prompt ran in an inline slot
     for kernel in ("write_kv", "positional_attention", "exact_block_attention", "merge_in_order"):

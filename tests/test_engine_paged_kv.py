@@ -5,9 +5,9 @@ prefix + decode mixed in one step, GQA."""
 import pytest
 import torch
 
-from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.flat_kv import FlatKVContext
-from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kv.storage import KVStorage
+from edge_runtime.kv.flat_context import FlatKVContext
+from edge_runtime.kv.paged_context import PagedKVContext, SeqStep
 from paged_kv_helpers import D, H, HKV, LAYERS, P, SLOT, dense as _dense, int8_read_back
 from paged_kv_helpers import fill_history
 

@@ -1,4 +1,4 @@
-"""Engine.shrink_pool / grow_pool (engine/pool_resize.py): whole chunks leave service while
+"""Engine.shrink_pool / grow_pool (kv/pool_resize.py): whole chunks leave service while
 requests run, live pages are relocated, outputs stay identical, memory goes back to the OS on CPU,
 and growing restores the budgeted pool."""
 

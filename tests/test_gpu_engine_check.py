@@ -5,12 +5,14 @@ spent budget skips the rest, the JSON holds what was measured)."""
 import argparse
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from edge_runtime.bench import gpu_engine_check as check
-from edge_runtime.bench import gpu_engine_measure as measure
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the gpu_lab package
+from gpu_lab import engine_check as check  # noqa: E402
+from gpu_lab import engine_measure as measure  # noqa: E402
 
 
 def _rows():

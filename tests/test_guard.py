@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from edge_runtime.errors import ConfigError
-from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard_config import GuardConfig
 from edge_runtime.guard.cgroup_memory import CgroupReading
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import MemorySample, ScriptedSource

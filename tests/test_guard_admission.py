@@ -12,11 +12,11 @@ import time
 import pytest
 
 from bench_helpers import make_tiny_llama
-from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard_config import GuardConfig
 from edge_runtime.guard.engine_hooks import EngineGuardHooks
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import ScriptedSource
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service_limits import ServiceLimits
 
 PAUSE_S = 0.3
 STEP_S = 0.02

@@ -144,7 +144,7 @@ def test_garbage_memory_stat_is_a_telemetry_error(tmp_path):
 
 
 def test_metrics_export_every_input_beside_the_fraction():
-    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.guard_config import GuardConfig
     from edge_runtime.guard.guard import MemoryGuard
     from edge_runtime.service.metrics import ServiceMetrics, render_prometheus
 

@@ -17,7 +17,7 @@ import pytest
 from bench_helpers import make_tiny_llama
 from edge_runtime.import_path import code_argv
 from edge_runtime.engine.api import SamplingParams
-from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard_config import GuardConfig
 from edge_runtime.guard.engine_hooks import EngineGuardHooks
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import ProcMeminfoSource

@@ -1,4 +1,4 @@
-"""The guard under real memory pressure in a memory cgroup (edge_runtime/guard/pressure_episode.py):
+"""The guard under real memory pressure in a memory cgroup (tools/pressure_episode.py):
 a tiny engine with four closed-loop clients in a child of this process's memory cgroup, limited so
 the idle working set is 55% of it. Page cache read inside the cgroup leaves the guard ok and
 retires nothing; anonymous memory to high and to critical makes it act (pool chunks back to the
@@ -13,14 +13,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from bench_helpers import make_tiny_llama
 
-from edge_runtime.import_path import module_argv
-
 MIB = 1 << 20
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
 def test_page_cache_is_ignored_and_anonymous_pressure_is_survived(tmp_path):
@@ -28,8 +29,8 @@ def test_page_cache_is_ignored_and_anonymous_pressure_is_survived(tmp_path):
         pytest.skip("making a memory cgroup needs root")
     folder = make_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "episode.json"
-    proc = subprocess.run(module_argv("edge_runtime.guard.pressure_episode",
-                                      "--model", str(folder), "--phase-s", "1", "--json", str(out)),
+    proc = subprocess.run([sys.executable, str(TOOLS / "pressure_episode.py"),
+                           "--model", str(folder), "--phase-s", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     if proc.returncode == 3:
         pytest.skip(proc.stderr.strip().splitlines()[-1])

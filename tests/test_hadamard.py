@@ -4,7 +4,7 @@ and that it lowers the int8 error of attention scores on keys with outlier chann
 import pytest
 import torch
 
-from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.kv.storage import KVStorage
 from edge_runtime.kernels import hadamard
 from edge_runtime.kernels.quantize import dequantize_int8, quantize_int8
 

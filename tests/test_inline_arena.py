@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_runtime.cache.inline_arena import InlineArena
+from edge_runtime.kv.inline_arena import InlineArena
 
 
 def test_slots_allocate_in_order_and_return_to_the_back():

@@ -10,11 +10,11 @@ from engine_helpers import tiny_folder
 from model_helpers import save_random_model, tiny_hf_config
 from native_helpers import portable_library
 
-from edge_runtime.engine.key_means import key_means_for
-from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.kv.key_means import key_means_for
+from edge_runtime.kv.storage import KVStorage
 from edge_runtime.engine.backend import CpuBackend
-from edge_runtime.engine.flat_kv import FlatKVContext
-from edge_runtime.engine.paged_kv import SeqStep
+from edge_runtime.kv.flat_context import FlatKVContext
+from edge_runtime.kv.paged_context import SeqStep
 from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native, cpu_threads, hadamard
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
 from edge_runtime.model.linear_packing import pack_linears
@@ -67,7 +67,7 @@ def _storage(cfg, kv_dtype, seed, means=None):
 
 def _step(loaded, specs, kv_dtype, fused: bool, threads: int = 1, seed: int = 0, centred=False):
     """One forward of `specs` (one new token each) -> (logits, storage after the step); centred:
-    the store centres keys on the model's mean keys (engine/key_means.py)."""
+    the store centres keys on the model's mean keys (kv/key_means.py)."""
     cfg, model = loaded.config, loaded.model
     means = None
     if centred:

@@ -124,20 +124,9 @@ def test_dispatch_uses_reference_on_cpu():
     assert torch.allclose(dispatch.awq_gemm(x, qweight, qzeros, scales, 32), x @ w, atol=1e-4)
 
 
-def test_dispatch_prepared_awq_and_two_segment_decode_on_cpu():
+def test_dispatch_prepared_awq_on_cpu():
     gen = torch.Generator().manual_seed(6)
     qweight, qzeros, scales, w = random_awq(64, 24, 32, gen)
     packed = dispatch.prepare_awq(qweight, qzeros, scales, 32)
     x = torch.randn(3, 64, generator=gen)
     assert torch.allclose(dispatch.awq_gemm_prepared(x, packed), x @ w, atol=1e-4)
-    d, heads, kv_heads = 16, 4, 2
-    pool = make_cache(8, 4, kv_heads, d, torch.int8, gen)
-    q = torch.randn(2, heads, d, generator=gen)
-    idx = torch.tensor([0, 1], dtype=torch.int32)
-    prefix = (torch.tensor([[5, 2], [5, 2]], dtype=torch.int32), idx, torch.tensor([6, 6], dtype=torch.int32))
-    tail = (random_block_table(2, 2, 8, gen), idx, torch.tensor([5, 0], dtype=torch.int32))
-    sc = default_scale(d)
-    out, lse = dispatch.paged_decode(q, *pool, [prefix, tail], sc)
-    (o1, l1), (o2, l2) = (paged_attention_ref(q, *pool, *seg, sc) for seg in (prefix, tail))
-    assert torch.allclose(out, merge_attention([o1, o2], [l1, l2]), atol=1e-5)
-    assert torch.allclose(lse, torch.logaddexp(l1, l2), atol=1e-5)

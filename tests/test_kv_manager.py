@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.cache.kv_types import CopyOp
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.seq_kv import CopyOp
 from edge_runtime.errors import OutOfPages
 
 

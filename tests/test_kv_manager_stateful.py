@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
-from edge_runtime.cache.kv_manager import KVManager
+from edge_runtime.kv.manager import KVManager
 from edge_runtime.errors import OutOfPages
 
 STEPS = {"n": 0}
@@ -39,7 +39,7 @@ class KVMachine(RuleBasedStateMachine):
                 slots_per_page=st.sampled_from([1, 2, 4]))
     def setup(self, page_tokens, num_pages, slots, cache, slots_per_page):
         # a slot as large as a page: short requests use it often; smaller: page tails continue
-        # in slots (cache/tail_allocator.py) and inline ends spill into pages
+        # in slots (kv/tail_allocator.py) and inline ends spill into pages
         inline = max(1, page_tokens // slots_per_page)
         self.mgr = KVManager(num_pages, page_tokens, slots, inline, enable_prefix_cache=cache,
                              enable_inline=slots > 0)

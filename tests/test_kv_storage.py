@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from edge_runtime.engine.kv_storage import KVStorage
+from edge_runtime.kv.storage import KVStorage
 
 
 @dataclass

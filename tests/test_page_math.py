@@ -1,4 +1,4 @@
-"""cache/page_math.py against the allocator itself: requests grown to full length in a KVManager
+"""kv/page_math.py against the allocator itself: requests grown to full length in a KVManager
 on a tiny pool (prefill, the engine's forks for n > 1, one token per choice per step), counting the
 pages it holds at the end (live pages only grow while the choices grow, so the end is the peak)."""
 
@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.cache.page_math import (pages_for_sequence_at_most, pages_for_tokens,
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.page_math import (pages_for_sequence_at_most, pages_for_tokens,
                                           request_pages_lenient)
 from edge_runtime.errors import OutOfPages
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge_runtime.cache.page_pool import PagePool
-from edge_runtime.cache.prefix_cache import PrefixCache
+from edge_runtime.kv.page_pool import PagePool
+from edge_runtime.kv.prefix_cache import PrefixCache
 from edge_runtime.errors import OutOfPages
 
 

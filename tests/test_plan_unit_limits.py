@@ -7,7 +7,7 @@ import pytest
 
 from edge_runtime.budget import available_budgets, load_budget
 from edge_runtime.errors import ConfigError
-from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard_config import GuardConfig
 from edge_runtime.plan import REFERENCE_MODELS, estimate_weight_bytes, make_plan
 from edge_runtime.service.unit_limits import (check_unit_limits, parse_systemd_size,
                                               planned_total, unit_memory_limits)

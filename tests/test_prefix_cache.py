@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from edge_runtime.cache.page_pool import ROOT, PagePool
-from edge_runtime.cache.prefix_cache import PrefixCache, common_len
+from edge_runtime.kv.page_pool import ROOT, PagePool
+from edge_runtime.kv.prefix_cache import PrefixCache, common_len
 
 
 def setup(n=8, P=4):

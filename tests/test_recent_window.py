@@ -1,4 +1,4 @@
-"""The recent-key window (engine/recent_window.py): bookkeeping, attention reads, engine runs.
+"""The recent-key window (kv/recent_window.py): bookkeeping, attention reads, engine runs.
 
 - KVManager hands out windows at admit/fork and takes them back at finish/release/preempt; a fork's
   window is a copy of its parent's; with every window in use a sequence runs without one; a
@@ -15,11 +15,11 @@
 import pytest
 import torch
 
-from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.cache.recent_windows import RecentWindows, aligned_cached, exact_from, window_offset
-from edge_runtime.engine.kv_storage import KVStorage
-from edge_runtime.engine.flat_kv import FlatKVContext
-from edge_runtime.engine.paged_kv import PagedKVContext, SeqStep
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.recent_window import RecentWindows, aligned_cached, exact_from, window_offset
+from edge_runtime.kv.storage import KVStorage
+from edge_runtime.kv.flat_context import FlatKVContext
+from edge_runtime.kv.paged_context import PagedKVContext, SeqStep
 from edge_runtime.kernels import cpu_native, hadamard
 from engine_helpers import engine_for, greedy, tiny, tiny_prompts
 from paged_kv_helpers import D, H, HKV, LAYERS, P, SLOT, dense as _dense, int8_read_back

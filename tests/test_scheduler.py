@@ -4,8 +4,8 @@ the newest with resume from the cache, admission gate, a request that can never 
 
 import itertools
 
-from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.cache.kv_types import PAGES, CopyOp
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.seq_kv import PAGES, CopyOp
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.scheduler import Scheduler
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus

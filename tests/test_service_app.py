@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard_config import GuardConfig
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import ScriptedSource
 from edge_runtime.service.app import ServiceState
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service_limits import ServiceLimits
 
 
 def test_health_follows_load_guard_and_shutdown():

@@ -101,7 +101,7 @@ def test_decoder_errors():
 
 def test_body_timeout_must_be_a_finite_positive_number():
     from edge_runtime.errors import ConfigError
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     assert ServiceLimits.from_dict({"body_timeout_s": 2.5}).body_timeout_s == 2.5
     for value in (0, -1, float("nan"), float("inf")):

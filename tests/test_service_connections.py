@@ -166,7 +166,7 @@ def test_accept_errors_are_counted_and_logged_once_per_interval(caplog):
 def test_a_cap_the_descriptor_limit_cannot_hold_is_refused_at_start():
     from edge_runtime.errors import ConfigError
     from edge_runtime.service.connections import RESERVED_DESCRIPTORS, check_descriptor_limit
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY:

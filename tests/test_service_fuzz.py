@@ -91,16 +91,16 @@ class StreamingStandIn:
         return None
 
     async def call(self, fn):
-        running = [SimpleNamespace(request=SimpleNamespace(request_id=r)) for r in self.live]
-        return fn(SimpleNamespace(scheduler=SimpleNamespace(running=running),
-                                  requests=dict.fromkeys(self.live)))
+        live = frozenset(self.live)
+        return fn(SimpleNamespace(snapshot=lambda: SimpleNamespace(running_request_ids=live,
+                                                                   held_request_ids=live)))
 
 
 def _stand_in_state():
     from engine_helpers import tiny
 
     from edge_runtime.service.app import ServiceState
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     loaded = tiny()  # its tokenizer (SmolLM2's) and sizes; the model itself is not run
     cfg = SimpleNamespace(page_tokens=16, enable_inline=False, num_inline_slots=0, inline_tokens=0)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from edge_runtime.service.generate import _check_length
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service_limits import ServiceLimits
 from edge_runtime.service.schema import ApiError, parse_completion
 
 

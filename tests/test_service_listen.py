@@ -1,4 +1,4 @@
-"""The TCP listener (service/listen.py, commands/serve.py, service/socket_activation.py): HOST:PORT
+"""The TCP listener (listen_address.py, commands/serve.py, service/socket_activation.py): HOST:PORT
 forms, the loopback rule, refusals before anything binds, and the sockets systemd passes.
 
 Only 127.0.0.1 is ever bound or connected to. A non-loopback address is only checked and
@@ -36,7 +36,7 @@ KEY = "0123456789abcdef" * 3
     ("[::ffff:10.0.0.1]:80", "::ffff:a00:1", 80, False),
 ])
 def test_listen_addresses_and_which_are_loopback(text, host, port, loopback):
-    from edge_runtime.service.listen import parse_listen
+    from edge_runtime.listen_address import parse_listen
 
     address = parse_listen(text)
     assert (address.host, address.port, address.is_loopback) == (host, port, loopback)
@@ -56,7 +56,7 @@ def test_listen_addresses_and_which_are_loopback(text, host, port, loopback):
 ])
 def test_a_malformed_listen_address_is_refused_saying_what_to_give(text, message):
     from edge_runtime.errors import ConfigError
-    from edge_runtime.service.listen import parse_listen
+    from edge_runtime.listen_address import parse_listen
 
     with pytest.raises(ConfigError, match="e.g. 127.0.0.1:8080") as err:
         parse_listen(text, "service.listen")
@@ -65,7 +65,7 @@ def test_a_malformed_listen_address_is_refused_saying_what_to_give(text, message
 
 def test_the_budget_refuses_a_malformed_service_listen(tmp_path):
     from edge_runtime.errors import ConfigError
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
     from edge_runtime.service.sections import load_sections
     from service_helpers import write_config
 
@@ -82,7 +82,7 @@ def test_the_budget_refuses_a_malformed_service_listen(tmp_path):
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "::ffff:192.0.2.1", "10.1.2.3"])
 def test_a_non_loopback_address_without_keys_is_refused(host):
     from edge_runtime.errors import ConfigError
-    from edge_runtime.service.listen import check_exposure
+    from edge_runtime.listen_address import check_exposure
 
     with pytest.raises(ConfigError, match=f"listens on {host}, which is not a loopback address.*"
                                           "--api-keys FILE or service.api_keys"):
@@ -92,7 +92,7 @@ def test_a_non_loopback_address_without_keys_is_refused(host):
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"])
 def test_loopback_needs_no_keys(host):
-    from edge_runtime.service.listen import check_exposure
+    from edge_runtime.listen_address import check_exposure
 
     check_exposure(host, False, "--listen x")
 
@@ -104,7 +104,7 @@ def _args(listen: str | None, sock: Path) -> argparse.Namespace:
 def test_serve_binds_both_sockets_and_cleans_up_when_the_port_is_taken(tmp_path):
     from edge_runtime.commands.serve import _listening_sockets
     from edge_runtime.errors import ConfigError
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     sock = tmp_path / "api.sock"
     socks, owns = _listening_sockets(_args("127.0.0.1:0", sock), ServiceLimits(), False)
@@ -136,7 +136,7 @@ def test_serve_binds_both_sockets_and_cleans_up_when_the_port_is_taken(tmp_path)
 def test_serve_refuses_a_non_loopback_address_without_keys_before_binding(tmp_path):
     from edge_runtime.commands.serve import _listening_sockets
     from edge_runtime.errors import ConfigError
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     sock = tmp_path / "api.sock"
     for listen, flag, limits in [("192.0.2.1:8080", "--listen", ServiceLimits()),
@@ -170,7 +170,7 @@ def test_the_cli_refuses_a_bad_keys_file_and_an_exposed_address_without_keys(tmp
 _ACTIVATED = """
 import argparse, json, os, socket, sys
 from edge_runtime.errors import ConfigError
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service_limits import ServiceLimits
 kinds, listen = sys.argv[1].split(","), sys.argv[2] or None
 made = []
 for i, kind in enumerate(kinds):  # what a socket unit's ListenStream= lines make

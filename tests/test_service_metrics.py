@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard_config import GuardConfig
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import ScriptedSource
 from edge_runtime.service.metrics import Histogram, ServiceMetrics, render_prometheus
@@ -66,7 +66,7 @@ def test_engine_counters_are_typed_counter_and_the_rest_gauge():
 
     from engine_helpers import engine_for, tiny
 
-    from edge_runtime.cache.observability import KVCounters
+    from edge_runtime.kv.observability import KVCounters
     from edge_runtime.engine.api import SamplingParams
 
     engine = engine_for(tiny(), num_pages=8, page_tokens=16)

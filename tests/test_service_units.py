@@ -100,9 +100,9 @@ def test_a_tcp_listener_is_a_second_listen_stream_and_keys_reach_serve(tmp_path,
 def test_memory_limits_come_from_the_budget_plan(tmp_path):
     from edge_runtime.budget import load_budget
     from edge_runtime.engine.placement import resolve
-    from edge_runtime.model.weight_bytes import model_for_plan
+    from edge_runtime.plan import model_for_plan
     from edge_runtime.plan import make_plan
-    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.guard_config import GuardConfig
     from edge_runtime.service.unit_limits import RUNTIME_OVERHEAD, unit_memory_limits
 
     config = ROOT / "configs/orin/orin-nx-16gb.yaml"
@@ -241,7 +241,7 @@ def test_install_puts_the_keys_file_where_only_the_service_user_reads_it(tmp_pat
 
 
 def test_the_template_limits_agree_with_the_default_guard():
-    from edge_runtime.guard.config import GuardConfig
+    from edge_runtime.guard_config import GuardConfig
     from edge_runtime.service.unit_limits import check_unit_limits, parse_systemd_size
 
     text = (ROOT / "systemd/edge-runtime.service").read_text()
@@ -267,7 +267,7 @@ def test_limit_nofile_holds_the_default_connection_cap():
     """The service's descriptors (service.max_connections + the rest of the process) must fit the
     unit's soft LimitNOFILE, and the hard one must leave room to raise the cap."""
     from edge_runtime.service.connections import RESERVED_DESCRIPTORS
-    from edge_runtime.service.limits import ServiceLimits
+    from edge_runtime.service_limits import ServiceLimits
 
     text = (ROOT / "systemd/edge-runtime.service").read_text()
     values = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("LimitNOFILE=")]

@@ -8,7 +8,7 @@ import threading
 from types import SimpleNamespace
 
 from edge_runtime.service.app import ServiceState
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service_limits import ServiceLimits
 from edge_runtime.service.sd_notify import SystemdNotifier
 from edge_runtime.service.server import Loaded, Server, engine_alive
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_runtime.cache.kv_manager import KVManager
-from edge_runtime.cache.simulator import SimRequest, Simulator
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.simulator import SimRequest, Simulator
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = 0

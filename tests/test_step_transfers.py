@@ -37,7 +37,7 @@ def test_step_tensors_finds_and_replaces_tensors_in_any_structure():
     import collections
     import dataclasses
 
-    from edge_runtime.engine import step_tensors
+    from edge_runtime.kv import step_tensors
 
     Pair = collections.namedtuple("Pair", "first second")
 
@@ -94,11 +94,11 @@ def _tensors(obj, seen=None):
 
 
 def _counted_step(engine):
-    before = engine.transfers.counters.copy()
+    before = engine.runner.transfers.counters.copy()
     with SyncCounter() as counter:
         events = engine.step()
     assert all(len(e.token_ids) == 1 for e in events if e.result is None), events
-    return counter, engine.transfers.counters - before
+    return counter, engine.runner.transfers.counters - before
 
 
 @pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")

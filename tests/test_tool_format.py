@@ -1,4 +1,4 @@
-"""model/tool_format.py: the tool-call text format, its grammar, and parsing (whole and streamed);
+"""service/tool_format.py: the tool-call text format, its grammar, and parsing (whole and streamed);
 service/tools_api.py: the OpenAI fields -> grammar, prompt, 400s naming the field."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from edge_runtime.model.tool_format import (CallStreamParser, ToolCall, ToolFunction, call_grammar,
+from edge_runtime.service.tool_format import (CallStreamParser, ToolCall, ToolFunction, call_grammar,
                                             parse_calls, render_call)
 from edge_runtime.service.schema import ApiError, parse_chat
 from edge_runtime.service.tools_api import parse_extras
@@ -125,7 +125,7 @@ def test_logprobs_and_response_format_map_to_the_engine():
 def test_completions_take_a_grammar_as_response_format_and_give_it_back():
     from edge_runtime.engine.api import GrammarSpec
     from edge_runtime.engine.grammar import schema_text
-    from edge_runtime.model.tool_format import call_grammar
+    from edge_runtime.service.tool_format import call_grammar
     from edge_runtime.service.schema import parse_completion
     from edge_runtime.service.tools_api import as_response_format
 

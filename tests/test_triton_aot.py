@@ -23,7 +23,7 @@ from edge_runtime.paths import cache_dir
 ROOT = Path(__file__).resolve().parent.parent
 ARCHES = (87, 90)
 # launched by a wrapper the engine never calls: its W4A16 is awq_gemm_prepared
-# (quant/awq_linear.py); awq_gemm.py's kernels serve the GPU sweeps and cross-checks
+# (model/awq_linear.py); awq_gemm.py's kernels serve the GPU sweeps and cross-checks
 NOT_LAUNCHED_BY_ENGINE = {"awq_gemm._awq_gemm_kernel", "awq_gemm._sum_splits_kernel",
                           "awq_gemm._awq_dequant_kernel",
                           # the engine reads attention by position (positional_attention.py); the

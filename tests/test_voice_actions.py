@@ -16,7 +16,7 @@ import pytest
 
 from edge_runtime.import_path import code_argv
 from edge_runtime.errors import ConfigError
-from edge_runtime.model.tool_format import ToolCall
+from edge_runtime.service.tool_format import ToolCall
 from edge_runtime.voice.actions import Dispatcher, load_actions
 from edge_runtime.voice.config import CONFIG_DIR
 

@@ -66,7 +66,7 @@ def test_actions_through_the_service_are_valid_calls(server):
 
     import jsonschema
 
-    from edge_runtime.model.tool_format import parse_calls
+    from edge_runtime.service.tool_format import parse_calls
     from edge_runtime.voice.config import CONFIG_DIR
     from edge_runtime.voice.prompting import load_system_prompt
     from edge_runtime.voice.session import load_runtime, run_streams

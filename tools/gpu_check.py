@@ -5,7 +5,7 @@
     python tools/gpu_check.py --tiny --json /tmp/tiny.json     # anywhere: tiny shapes; on CPU the
                                                                # kernels run under TRITON_INTERPRET=1
     python tools/gpu_check.py --engine --json engine.json      # CUDA: the engine level (below)
-Engine level (edge_runtime/bench/gpu_engine_check.py): the built-in model through the engine and
+Engine level (tools/gpu_lab/engine_check.py): the built-in model through the engine and
 through transformers on the same GPU (decode at batch 1/5/16 after 512 tokens, prefill 512/2048,
 launches, host syncs and bytes per step, the voice trace on the GPU and the CPU back end).
 Shapes (real): 32 heads, head_dim 128, 32 KV heads, 512-token pages; 5 sequences of 2,000 tokens
@@ -40,10 +40,10 @@ from edge_runtime.kernels import kv_write as kvw  # noqa: E402
 from edge_runtime.kernels import paged_attention as pa  # noqa: E402
 from edge_runtime.kernels import awq_prepared as awp  # noqa: E402
 from edge_runtime.kernels import paged_decode as pd  # noqa: E402
-from edge_runtime.bench import gpu_engine_check  # noqa: E402
 from edge_runtime.bench.checks import parse_int_list  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
+from gpu_lab import engine_check as gpu_engine_check  # noqa: E402
 from gpu_lab.checks import (DECODE_KERNELS, build_pool, check_awq, check_awq_prepared,  # noqa: E402
                             check_decode, check_kv_write, check_prefill, decode_ctx)
 from gpu_lab.sweep import STAGES, sweep, tuned_rows  # noqa: E402

@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/, when loaded by path
-from source_tree import ROOT, import_edge_runtime  # noqa: E402
+from source_tree import import_edge_runtime  # noqa: E402
 
 import_edge_runtime()  # the installed package, or the checkout's where it is not installed
-sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 
-import model_helpers as mh  # noqa: E402
+from lab import random_models as rm  # noqa: E402  (tools/ is sys.path[0])
 
 if "--make-assets" in sys.argv:
     from edge_runtime.model.loader import DEFAULT_MODEL, fp32_folder
@@ -43,7 +42,7 @@ def copy_tok(folder):
         shutil.copy(DEV / n, folder / n)
 
 
-mh.copy_tokenizer = copy_tok
+rm.copy_tokenizer = copy_tok
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from edge_runtime.model.loader import load_model  # noqa: E402
@@ -77,12 +76,12 @@ cases = {
     "mistral": ("mistral", dict(head_dim=32, hidden_size=96)),
 }
 for name, (arch, over) in cases.items():
-    folder = mh.save_random_model(mh.tiny_hf_config(arch, **over), TMP / name, seed=1)
+    folder = rm.save_random_model(rm.tiny_hf_config(arch, **over), TMP / name, seed=1)
     for dtype in (torch.float32, torch.bfloat16):
         ours = load_model(str(folder), dtype=dtype, device="cuda", progress=None).model
         ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).cuda().eval()
         for n in (1, 7, 200, 1000):
-            ids = mh.random_ids(n, 512, seed=n)
+            ids = rm.random_ids(n, 512, seed=n)
             a, b = logits_ours(ours, ids), logits_hf(ref, ids)
             rel = ((a - b).abs().max() / b.abs().max()).item()
             agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
@@ -91,7 +90,7 @@ for name, (arch, over) in cases.items():
             res["forward"].append(row)
             print(row, flush=True)
     model = load_model(str(folder), device="cuda", progress=None).model
-    ps = [mh.random_ids(k, 512, seed=k) for k in (3, 17, 1, 40)]
+    ps = [rm.random_ids(k, 512, seed=k) for k in (3, 17, 1, 40)]
     batch = generate(model, ps, 16, eos_token_ids=())
     alone = [generate(model, [p], 16, eos_token_ids=())[0] for p in ps]
     res["gen"][name] = [b.token_ids == a.token_ids for b, a in zip(batch, alone)]
@@ -111,7 +110,7 @@ for dtype in (torch.float32, torch.bfloat16):
     ours = load_model(str(folder), dtype=dtype, device="cuda", progress=None).model
     ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).cuda().eval()
     for bs in (1, 8):
-        ps = [mh.random_ids(64, 49152, seed=i) for i in range(bs)]
+        ps = [rm.random_ids(64, 49152, seed=i) for i in range(bs)]
         generate(ours, ps, 8, eos_token_ids=())
         torch.cuda.synchronize()
         t = time.perf_counter()

@@ -17,6 +17,8 @@ from edge_runtime.bench.checks import check_fits_in_memory, check_min, parse_int
 from edge_runtime.bench.engine_bench import set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.errors import InputError
+from edge_runtime.kernels import cpu_native
+from edge_runtime.kv.page_math import pages_for_tokens
 
 COLUMNS = [Column("rows", "rows"), Column("keys", "keys per row"),
            Column("ms", "ms per step (all layers)", "{:.2f}"),
@@ -27,15 +29,13 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
     """int8 K/V stores with random values and fp16 scales, and each row's index over its pages."""
     import torch
 
-    from edge_runtime.cache.page_math import pages_for_tokens
-
     pages_per_row = pages_for_tokens(keys, page)
     shape = (rows * pages_per_row, layers, page, kv_heads, head_dim)
     k = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     v = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     ks = (torch.rand(shape[:-1], generator=gen) * 0.02 + 0.001).half()
     vs = (torch.rand(shape[:-1], generator=gen) * 0.02 + 0.001).half()
-    from edge_runtime.engine.flat_kv_index import block_bases
+    from edge_runtime.kv.flat_index import block_bases  # start-up time: imports numpy, torch
 
     index = torch.empty(rows, kv_heads, keys, dtype=torch.long)
     for r in range(rows):  # row r's keys fill its own pages, as the engine's layer-0 rows
@@ -49,8 +49,6 @@ def _pool(rows: int, keys: int, layers: int, page: int, kv_heads: int, head_dim:
 
 def pool_bytes(rows: int, keys: int, args) -> int:
     """Bytes _pool allocates: int8 K and V, their fp16 scales, the int64 index."""
-    from edge_runtime.cache.page_math import pages_for_tokens
-
     pages = rows * pages_for_tokens(keys, args.page_tokens)
     slots = pages * args.layers * args.page_tokens * args.kv_heads
     return slots * (2 * args.head_dim + 2 * 2) + rows * args.kv_heads * keys * 8
@@ -59,6 +57,7 @@ def pool_bytes(rows: int, keys: int, args) -> int:
 def measure(lib, rows: int, keys: int, args, flush) -> dict:
     import torch
 
+    # start-up time: imports torch
     from edge_runtime.kernels.flat_kv_cpu import NativeDecodeAttention
 
     gen = torch.Generator().manual_seed(rows * 1000 + keys)
@@ -83,8 +82,6 @@ def measure(lib, rows: int, keys: int, args, flush) -> dict:
 
 def run(args) -> int:
     import torch
-
-    from edge_runtime.kernels import cpu_native
 
     rows_list, keys_list = parse_int_list(args.rows, "--rows"), parse_int_list(args.keys, "--keys")
     check_min(args, repeat=1, layers=1, heads=1, kv_heads=1, head_dim=1, page_tokens=1,

@@ -65,6 +65,7 @@ class BandwidthProbe:
         numel = size_mib * 2**20 // 4
         self.device = device
         if device == "cpu":
+            # start-up time: imports torch
             from edge_runtime.kernels.huge_pages import HugePageArena
 
             self._arena = HugePageArena(2 * numel)

@@ -79,6 +79,7 @@ def check_context(model: str, tokens: int, what: str) -> None:
     """`tokens` positions fit in the model's context (from config.json, no weights loaded); a
     request that hits the limit stops early and would time steps that do nothing (`what` names
     the flags that make up `tokens`)."""
+    # start-up time: imports torch
     from edge_runtime.model.loader import read_model_config, resolve_model_folder
 
     ctx = read_model_config(resolve_model_folder(model, progress=None)).max_position_embeddings

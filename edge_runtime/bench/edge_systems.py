@@ -10,7 +10,7 @@ And the `hf` baseline (bench/hf_backend.py) on the same converted fp32 weights.
 KV bytes held, sampled after every engine step (the step is wrapped, so each sample sees a
 consistent state from the engine's own thread): live pages (ref > 0) + inline slots in use, times
 their bytes (all layers, K+V, and the int8 scales), + the recent-key windows held by running
-sequences (int8 KV: W fp16 positions each, engine/recent_window.py). Cached pages (ref 0, evictable) are reported
+sequences (int8 KV: W fp16 positions each, kv/recent_window.py). Cached pages (ref 0, evictable) are reported
 separately as `peak_kv_cached_bytes`: they cost no new memory (the pool is allocated at start) and
 are reclaimed on demand.
 """
@@ -23,6 +23,13 @@ import time
 from edge_runtime.bench.monitor import Timeline
 from edge_runtime.bench.replay import Outcome
 from edge_runtime.errors import InputError, RequestError
+from edge_runtime.bench.hf_backend import HFBackend
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.kernels.openmp_pool import release_thread_pool
+from edge_runtime.kv.page_math import pages_for_tokens
+from edge_runtime.kv.recent_window import window_bytes
+from edge_runtime.model.chat import encode_messages
 
 SYSTEM_FLAGS = {  # system -> (kv_dtype, prefix cache, inline path)
     "edge": ("int8", True, True),
@@ -44,8 +51,6 @@ def load(model: str, weights: str | None = None, device: str = "auto", backend: 
     "gguf" (a GGUF's own blocks on either back end, model/gguf_int4.py), "fp32" | "fp16" | "bf16"
     (float weights in that dtype; a GGUF converted first), None: float weights in the back end's
     dtype."""
-    from edge_runtime.engine.placement import load_for, resolve
-
     if weights in ("auto", "gguf"):
         return load_for(model, resolve(device, backend), progress=_progress, weights=weights)
     return load_for(model, resolve(device, backend, weight_dtype=weights), progress=_progress,
@@ -54,15 +59,14 @@ def load(model: str, weights: str | None = None, device: str = "auto", backend: 
 
 def describe_backend(device: str = "auto", backend: str | None = None) -> dict:
     """The back end and every kernel it runs, for the bench JSON (engine/backend.py)."""
-    from edge_runtime.engine.backend import select_backend
-    from edge_runtime.engine.placement import resolve
+    from edge_runtime.engine.backend import select_backend  # start-up time: imports torch
 
     placement = resolve(device, backend)
     return {**placement.describe(), **select_backend(placement.backend, placement.device).describe()}
 
 
 def load_hf_backend(model: str, model_path: str | None = None):
-    from edge_runtime.bench.hf_backend import HFBackend
+    # start-up time: imports torch
     from edge_runtime.model.loader import fp32_folder, load_tokenizer
 
     folder = fp32_folder(model_path or model, _progress)  # transformers reads float weights
@@ -81,8 +85,8 @@ def build_engine(loaded, system: str, kv_dtype: str | None = None, num_pages: in
                  page_tokens: int | None = None, max_batch: int = 8, max_tokens: int = 0,
                  recent_window: int | None = None):
     """An Engine configured as `system`; `kv_dtype` overrides the system's KV dtype."""
-    from edge_runtime.engine.config import EngineConfig
-    from edge_runtime.engine.engine import Engine
+    from edge_runtime.engine.config import EngineConfig  # start-up time: imports torch
+    from edge_runtime.engine.engine import Engine  # start-up time: imports numpy, torch
 
     dtype, share, inline = SYSTEM_FLAGS[system]
     extra = {"page_tokens": page_tokens} if page_tokens else {}
@@ -99,8 +103,7 @@ def check_pool(max_batch: int, max_tokens: int, num_pages: int = 32,
                page_tokens: int | None = None) -> None:
     """`max_batch` sequences of `max_tokens` tokens fit in the bench's KV pool; cheap, so the
     commands call it before loading the model (build_engine checks it again)."""
-    from edge_runtime.cache.page_math import pages_for_tokens
-    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.config import EngineConfig  # start-up time: imports torch
 
     page_tokens = page_tokens or EngineConfig.page_tokens
     need = max_batch * pages_for_tokens(max_tokens, page_tokens)
@@ -112,11 +115,9 @@ def check_pool(max_batch: int, max_tokens: int, num_pages: int = 32,
 
 class KVProbe:
     """KV bytes held by an engine, from its stats: live pages + inline slots in use + the
-    recent-key windows of running sequences (engine/recent_window.py)."""
+    recent-key windows of running sequences (kv/recent_window.py)."""
 
     def __init__(self, engine, model_config) -> None:
-        from edge_runtime.cache.recent_windows import window_bytes
-
         cfg = engine.config
         per_token = kv_bytes_per_token(model_config, cfg.kv_dtype)
         self.page_bytes = per_token * cfg.page_tokens
@@ -147,8 +148,6 @@ class EdgeBackend:
     def __init__(self, loaded, system: str, engine) -> None:
         import collections
         import threading
-
-        from edge_runtime.kernels.openmp_pool import release_thread_pool
 
         self.name = system
         self.loaded = loaded
@@ -214,9 +213,6 @@ class EdgeBackend:
 
     async def complete(self, stream: str, messages: list[dict], max_tokens: int) -> Outcome:
         import asyncio
-
-        from edge_runtime.engine.api import SamplingParams
-        from edge_runtime.model.chat import encode_messages
 
         if self._error is not None:
             raise RuntimeError(f"{self.name} engine thread failed") from self._error

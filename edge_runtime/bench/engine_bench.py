@@ -25,6 +25,11 @@ from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.stats import Summary
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
+from edge_runtime.bench.bandwidth import BandwidthProbe
+from edge_runtime.bench.edge_systems import build_engine, check_pool, load
+from edge_runtime.bench.weights_compare import (bench_interleaved, format_weight_ratios,
+                                                parse_weights, weight_ratios)
+from edge_runtime.kernels import cpu_threads
 
 
 COLUMNS = [
@@ -110,7 +115,6 @@ def set_threads(threads: int | None) -> None:
     leave free, kernels/cpu_threads.py), for this process's CPU back end and torch."""
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be at least 1, got {threads}")
-    from edge_runtime.kernels import cpu_threads
 
     cpu_threads.configure(pinned=threads)
 
@@ -120,10 +124,6 @@ def _progress(msg: str) -> None:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.bandwidth import BandwidthProbe
-    from edge_runtime.bench.edge_systems import build_engine, check_pool, load
-    from edge_runtime.bench.weights_compare import bench_interleaved, parse_weights
-
     forms = parse_weights(args.weights)
     batches = parse_int_list(args.batch, "--batch")
     prompts = parse_int_list(args.prompt_tokens, "--prompt-tokens")
@@ -180,8 +180,6 @@ def run(args) -> int:
 
 def _report_forms(args, systems: dict, rows: list[dict], bw) -> int:
     """Several weight forms: one table with a weights column, and their ratios."""
-    from edge_runtime.bench.weights_compare import format_weight_ratios, weight_ratios
-
     for form, (_, loaded) in systems.items():
         print(f"{form}: {loaded.weight_bytes / 1e6:.1f} MB weights, quantization {loaded.quantization}")
     table = [{"weights": r["weights"], **t} for r, t in zip(rows, table_rows(rows))]

@@ -10,6 +10,7 @@ import random
 import time
 
 from edge_runtime.bench.stats import Summary
+from edge_runtime.engine.api import SamplingParams
 
 
 def random_prompts(rng: random.Random, vocab_size: int, special_ids: set, batch: int, length: int):
@@ -28,8 +29,6 @@ def random_prompts(rng: random.Random, vocab_size: int, special_ids: set, batch:
 
 def timed_run(engine, prompts: list[list[int]], gen_tokens: int) -> tuple[float, float]:
     """Run one batch to completion; returns (prefill seconds, decode seconds)."""
-    from edge_runtime.engine.api import SamplingParams
-
     params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
     rids = [engine.add_request(p, params) for p in prompts]

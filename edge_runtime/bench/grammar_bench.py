@@ -21,6 +21,10 @@ import time
 
 from edge_runtime.bench.checks import check_min, parse_int_list
 from edge_runtime.bench.report import Column, markdown_table, write_json
+from edge_runtime.bench.edge_systems import build_engine, check_pool, load
+from edge_runtime.bench.engine_bench import set_threads
+from edge_runtime.engine.api import GrammarSpec, SamplingParams
+from edge_runtime.model.chat import encode_messages
 
 SYSTEM = "You are a home assistant. Answer in JSON."
 
@@ -33,8 +37,6 @@ def answer_schema(gen_tokens: int) -> dict:
 
 
 def _prompts(tokenizer, batch: int, run: int) -> list[list[int]]:
-    from edge_runtime.model.chat import encode_messages
-
     return [encode_messages(tokenizer, [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": f"List notes about room {run * 100 + i} of the house."}])
@@ -64,6 +66,7 @@ def decode_rate(engine, prompts: list[list[int]], params) -> tuple[float, float]
 def apply_us(batch: int, vocab: int, repeat: int = 50) -> float:
     import torch
 
+    # start-up time: imports torch
     from edge_runtime.engine.grammar import allocate_bitmask, apply_bitmask
 
     bitmask = allocate_bitmask(batch, vocab)
@@ -86,8 +89,7 @@ def compile_ms(engine, spec) -> tuple[float, float]:
 
 
 def measure(engine, loaded, batches: list[int], gen_tokens: int, repeat: int, progress) -> list:
-    from edge_runtime.engine.api import GrammarSpec, SamplingParams
-    from edge_runtime.engine.grammar import schema_text
+    from edge_runtime.engine.grammar import schema_text  # start-up time: imports torch
 
     spec = GrammarSpec("json_schema", schema_text(answer_schema(gen_tokens)))
     first_ms, again_ms = compile_ms(engine, spec)
@@ -149,9 +151,6 @@ def _progress(msg: str) -> None:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.edge_systems import build_engine, check_pool, load
-    from edge_runtime.bench.engine_bench import set_threads
-
     batches = parse_int_list(args.batch, "--batch")
     check_min(args, gen_tokens=2, repeat=1)
     check_pool(max(batches), 64 + args.gen_tokens)

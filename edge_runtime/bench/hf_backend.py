@@ -15,6 +15,7 @@ import time
 
 from edge_runtime.bench.monitor import Timeline
 from edge_runtime.bench.replay import Outcome
+from edge_runtime.model.chat import encode_messages
 
 
 def cache_nbytes(cache) -> int:
@@ -66,8 +67,6 @@ class HFBackend:
         release_thread_pool()
 
     async def complete(self, stream: str, messages: list[dict], max_tokens: int) -> Outcome:
-        from edge_runtime.model.chat import encode_messages
-
         prompt_ids = encode_messages(self.tokenizer, messages)
         async with self._lock:
             return await asyncio.to_thread(self._generate, prompt_ids, max_tokens)

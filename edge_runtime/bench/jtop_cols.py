@@ -34,6 +34,7 @@ class JtopRecorder:
         try:
             from jtop import JtopException
 
+            # optional library: its jtop source needs jetson-stats
             from edge_runtime.guard.telemetry import JtopSource
         except ImportError as exc:
             return None, f"jetson-stats not importable ({exc})"

@@ -18,6 +18,8 @@ import time
 from edge_runtime.bench.checks import check_bandwidth_mib, check_min, parse_int_list
 from edge_runtime.bench.engine_bench import set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
+from edge_runtime.bench.bandwidth import measure_bandwidth
+from edge_runtime.kernels import cpu_native
 
 COLUMNS = [Column("backend", "backend"), Column("rows", "rows"),
            Column("ms", "ms per pass", "{:.2f}"), Column("gbps", "weight GB/s", "{:.1f}"),
@@ -35,7 +37,8 @@ def _dense_chain(model):
 def _packed_chain(model, kind: str):
     """The engine's fused chain with `kind` weights, built from the dense modules (a copy), stored
     as model/linear_packing.py stores them."""
-    from edge_runtime.kernels.cpu_linear import PackedLinear
+    from edge_runtime.kernels.cpu_linear import PackedLinear  # start-up time: imports torch
+    # start-up time: imports numpy, torch
     from edge_runtime.model.linear_packing import blocked_arena, linear_groups
 
     groups = linear_groups(model)
@@ -47,10 +50,10 @@ def quantized_chain(model_name: str) -> tuple[str, list]:
     """The QuantLinears of `model_name`'s GGUF blocks, prepared as the CPU back end prepares them
     (model/linear_packing.py), layer by layer then the head, and the file's quantization; ("", [])
     for a model that is not a GGUF or without the C kernels."""
-    from edge_runtime.kernels import cpu_native
-    from edge_runtime.kernels.cpu_int4 import QuantLinear
+    from edge_runtime.kernels.cpu_int4 import QuantLinear  # start-up time: imports numpy, torch
+    # start-up time: imports numpy, torch
     from edge_runtime.model.linear_packing import pack_linears
-    from edge_runtime.model.loader import gguf_source, load_model
+    from edge_runtime.model.loader import gguf_source, load_model  # start-up time: imports torch
 
     if cpu_native.library() is None or gguf_source(model_name) is None:
         return "", []
@@ -66,7 +69,7 @@ def _row(backend: str, rows: int, ms: float, weight_bytes: int, read_gbps: float
 
 
 def packed_kinds() -> list[str]:
-    from edge_runtime.kernels import cpu_linear, cpu_native
+    from edge_runtime.kernels import cpu_linear, cpu_native  # start-up time: imports torch
 
     kinds = ["onednn"] if cpu_linear.onednn_available() else []
     return kinds + (["c-blocked"] if cpu_native.library() is not None else [])
@@ -88,8 +91,7 @@ def _best_ms(chain, rows: int, repeat: int) -> float:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.bandwidth import measure_bandwidth
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.model.loader import load_model  # start-up time: imports torch
 
     rows_list = parse_int_list(args.rows, "--rows")
     check_min(args, repeat=1)

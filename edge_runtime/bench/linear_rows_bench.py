@@ -15,6 +15,7 @@ from edge_runtime.bench.checks import check_min, parse_int_list
 from edge_runtime.bench.engine_bench import set_threads
 from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.errors import InputError
+from edge_runtime.kernels import cpu_native
 
 COLUMNS = [Column("rows", "rows"), Column("c_ms", "C kernel ms", "{:.3f}"),
            Column("matmul_ms", "batched matmul ms", "{:.3f}"),
@@ -25,7 +26,7 @@ def _packed_copies(k: int, n: int, copies: int) -> list:
     import torch
     from torch import nn
 
-    from edge_runtime.kernels.cpu_linear import PackedLinear
+    from edge_runtime.kernels.cpu_linear import PackedLinear  # start-up time: imports torch
 
     torch.manual_seed(0)
     return [PackedLinear([nn.Linear(k, n, bias=False)], kind="c-blocked") for _ in range(copies)]
@@ -59,7 +60,6 @@ def measure(rows_list: list[int], k: int, n: int, copies: int, repeat: int) -> l
 def run(args) -> int:
     rows_list = parse_int_list(args.rows, "--rows")
     check_min(args, k=1, n=1, copies=1, repeat=1)
-    from edge_runtime.kernels import cpu_native
 
     if cpu_native.library() is None:
         raise InputError("bench linear-rows times the C kernel, which is not built here: install "

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from edge_runtime.bench.checks import check_context, check_min, parse_int_list
+from edge_runtime.bench.report import Column, fmt_num, machine_info, markdown_table, write_json
 from edge_runtime.import_path import code_argv
 
 _CHILD = r"""
@@ -68,9 +70,7 @@ def _spawn(model: str) -> dict:
 
 
 def run_startup(args) -> int:
-    from edge_runtime.bench.checks import check_min
-    from edge_runtime.bench.report import Column, fmt_num, machine_info, markdown_table, write_json
-    from edge_runtime.model.loader import resolve_model_folder
+    from edge_runtime.model.loader import resolve_model_folder  # start-up time: imports torch
 
     check_min(args, repeat=1)
     print(f"warm-up: resolving {args.model} (converts a GGUF on the first run) ...", file=sys.stderr)
@@ -104,10 +104,8 @@ def run_logits(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edge_runtime.bench.checks import check_context, parse_int_list
-    from edge_runtime.bench.report import Column, machine_info, markdown_table, write_json
-    from edge_runtime.model.contiguous_kv import ContiguousKVCache
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.model.contiguous_kv import ContiguousKVCache  # start-up time: imports torch
+    from edge_runtime.model.loader import load_model  # start-up time: imports torch
 
     lengths = parse_int_list(args.lengths, "--lengths")
     check_context(args.model, max(lengths), "--lengths")

@@ -22,6 +22,9 @@ from pathlib import Path
 from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, markdown_table, write_json
 from edge_runtime.bench.stats import ratio
 from edge_runtime.errors import InputError
+from edge_runtime.bench.busy import BusyLoad
+from edge_runtime.bench.peer_servers import ServerProcess, edge_spec, free_port, llama_spec
+from edge_runtime.bench.trace_worker import run_system
 
 DEFAULT_TRACES = "tools/traces/voice-home-5x12.jsonl,tools/traces/voice-car-5x12.jsonl"
 SYSTEMS = ("edge", "llama.cpp")
@@ -70,14 +73,12 @@ def check_paths(args) -> tuple[Path, Path, list[str]]:
 
 
 def _builtin_gguf() -> Path:
-    from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source
+    from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source  # start-up time: imports torch
 
     return gguf_source(DEFAULT_MODEL)
 
 
 def _specs(args, binary: Path, gguf: Path, workdir: Path) -> dict:
-    from edge_runtime.bench.peer_servers import edge_spec, free_port, llama_spec
-
     return {"edge": edge_spec(gguf, str(workdir / "edge.sock"), args.edge_config, args.edge_arg),
             "llama.cpp": llama_spec(binary, gguf, free_port(), args.np, args.np * args.slot_context,
                                     args.llama_arg)}
@@ -85,10 +86,6 @@ def _specs(args, binary: Path, gguf: Path, workdir: Path) -> dict:
 
 def run_one(spec, trace: str, busy: int, opts: dict, log: Path) -> dict:
     """Start `spec`'s server, replay `trace` with `busy` spinning processes, stop it: its row."""
-    from edge_runtime.bench.busy import BusyLoad
-    from edge_runtime.bench.peer_servers import ServerProcess
-    from edge_runtime.bench.trace_worker import run_system
-
     with ServerProcess(spec, log, ready_timeout_s=opts["ready_timeout_s"]) as server:
         load_before = os.getloadavg()[0]
         with BusyLoad(busy):

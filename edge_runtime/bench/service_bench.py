@@ -25,6 +25,13 @@ import time
 
 from edge_runtime.import_path import module_argv
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
+from edge_runtime.bench.checks import check_min
+from edge_runtime.bench.report import Column, fmt_ms, fmt_num, machine_info, markdown_table, write_json
+from edge_runtime.bench.stats import percentile
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.guard_config import GuardConfig
+from edge_runtime.model.chat import encode_messages
+from edge_runtime.service.sections import load_sections
 
 SYSTEM = "You are the voice assistant of a car. Answer in one short sentence."
 QUESTIONS = ["Turn on the lights.", "What is the weather like?", "Play some jazz.",
@@ -58,10 +65,7 @@ class _InProcess:
     mode = "in-process"
 
     def __init__(self, args) -> None:
-        from edge_runtime.engine.api import SamplingParams
-        from edge_runtime.guard.config import GuardConfig
-        from edge_runtime.service.engine_setup import load_all
-        from edge_runtime.service.sections import load_sections
+        from edge_runtime.service.engine_setup import load_all  # optional library: aiohttp
 
         limits, _ = load_sections(args.config)
         self.loaded = load_all(args.model, args.config, limits, GuardConfig(enabled=False),
@@ -69,8 +73,6 @@ class _InProcess:
         self.params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
 
     async def one(self, s: int, t: int) -> tuple[int, float]:
-        from edge_runtime.model.chat import encode_messages
-
         ids = encode_messages(self.loaded.model.tokenizer, _messages(s, t))
         t0, ttft, n = time.perf_counter(), None, 0
         async for ev in self.loaded.aengine.stream(ids, self.params):
@@ -184,13 +186,8 @@ def _progress(msg: str) -> None:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.checks import check_min
-    from edge_runtime.bench.report import Column, fmt_ms, fmt_num, machine_info, markdown_table, \
-        write_json
-
     check_min(args, streams=1, turns=1, max_tokens=1, repeat=1)
     rows = _measure(args)
-    from edge_runtime.bench.stats import percentile
 
     median = {m: percentile([r["tok_per_s"] for r in rows if r["mode"] == m], 50)
               for m in ("in-process", "service")}

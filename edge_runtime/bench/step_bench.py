@@ -28,6 +28,9 @@ from edge_runtime.bench.report import Column, markdown_table, write_json
 from edge_runtime.bench.step_phases import StepPhases
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
+from edge_runtime.bench.edge_systems import build_engine, check_pool, load
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.kernels import cpu_native
 
 
 def _hf_stepper(hf_folder, prompt_ids):
@@ -49,7 +52,7 @@ def _hf_stepper(hf_folder, prompt_ids):
 
 
 def _phase_times(threads: int):
-    from edge_runtime.kernels import cpu_native
+    # start-up time: imports numpy, torch
     from edge_runtime.kernels.cpu_decoder import read_phase_times
 
     return read_phase_times(cpu_native.library(), threads)
@@ -59,8 +62,6 @@ def measure(engine, loaded, hf_folder, batch, prompt_len, steps, rng, profiler=N
             decoder_phases: bool = False) -> dict:
     """hf_folder: the float weights transformers runs as the baseline (bench/edge_systems.py)."""
     import torch
-
-    from edge_runtime.engine.api import SamplingParams
 
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
     prompts = random_prompts(rng, loaded.config.vocab_size, special, batch, prompt_len)
@@ -134,8 +135,7 @@ def phase_lines(row: dict) -> list[str]:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.edge_systems import build_engine, check_pool, load
-    from edge_runtime.model.loader import fp32_folder
+    from edge_runtime.model.loader import fp32_folder  # start-up time: imports torch
 
     batches = parse_int_list(args.batch, "--batch")
     check_min(args, steps=3, prompt_tokens=1, profile=0, recent_window=0)

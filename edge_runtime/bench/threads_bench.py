@@ -20,6 +20,9 @@ from edge_runtime.bench.checks import check_context, check_min
 from edge_runtime.bench.engine_bench import set_threads
 from edge_runtime.bench.engine_runs import random_prompts
 from edge_runtime.bench.report import Column, markdown_table, write_json
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.kernels.openmp_pool import release_thread_pool
 
 MODES = ("main thread", "second thread, builder's pool alive", "second thread, pool released")
 COLUMNS = [Column("mode", "thread"), Column("prefill_step_ms", "prefill step ms", "{:.1f}"),
@@ -28,8 +31,6 @@ COLUMNS = [Column("mode", "thread"), Column("prefill_step_ms", "prefill step ms"
 
 def serve(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[float]]:
     """(first step s, later steps s) of serving `prompts` to the end."""
-    from edge_runtime.engine.api import SamplingParams
-
     for p in prompts:
         engine.add_request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     steps = []
@@ -49,8 +50,6 @@ def in_new_thread(fn):
 
 
 def measure(engine, loaded, args) -> list[dict]:
-    from edge_runtime.kernels.openmp_pool import release_thread_pool
-
     rng = random.Random(0)
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
     vocab = loaded.config.vocab_size
@@ -80,9 +79,8 @@ def measure(engine, loaded, args) -> list[dict]:
 def run(args) -> int:
     import torch
 
-    from edge_runtime.engine.config import EngineConfig
-    from edge_runtime.engine.engine import Engine
-    from edge_runtime.engine.placement import load_for, resolve
+    from edge_runtime.engine.config import EngineConfig  # start-up time: imports torch
+    from edge_runtime.engine.engine import Engine  # start-up time: imports numpy, torch
 
     check_min(args, rounds=1, prefix=1, suffix=1, requests=1, gen=2)
     check_context(args.model, args.prefix + args.suffix + args.gen, "--prefix + --suffix + --gen")

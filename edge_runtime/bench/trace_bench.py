@@ -14,12 +14,18 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from edge_runtime.bench.checks import check_min
+from edge_runtime.bench.checks import check_context, check_fits_in_memory, check_min
 from edge_runtime.bench.replay import ARRIVALS, HISTORIES
 from edge_runtime.bench.report import Column, fmt_mib, fmt_ms, fmt_pct, markdown_table, write_json
 from edge_runtime.bench.stats import ratio
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError
+from edge_runtime.bench.edge_systems import describe_backend
+from edge_runtime.bench.http_client import parse_target
+from edge_runtime.bench.plot import plot_trace
+from edge_runtime.bench.trace import load_trace
+from edge_runtime.bench.trace_worker import run_system
+from edge_runtime.plan import kv_bytes_per_token
 
 SYSTEMS = ("edge", "edge-noshare", "edge-fp16kv", "hf", "edge-fp32w")
 DEFAULT_SYSTEMS = ("edge", "edge-noshare", "edge-fp16kv", "hf")
@@ -104,8 +110,6 @@ def identical_answers(a: list[dict], b: list[dict]) -> dict:
 
 def _run_all(systems: list[str], trace: str, opts: dict, isolate: bool, save=None) -> dict:
     """Run each system in turn; `save(results)` after each one, so a long run keeps what it has."""
-    from edge_runtime.bench.trace_worker import run_system
-
     results = {}
     for system in systems:
         if isolate:
@@ -234,8 +238,6 @@ def load_results(paths: str) -> tuple[dict[str, dict], dict]:
 
 def run(args) -> int:
     if args.target:
-        from edge_runtime.bench.http_client import parse_target
-
         parse_target(args.target)  # a bad scheme is refused here, not as a KeyError after loading
     if args.from_json is not None:
         results, meta = load_results(args.from_json)
@@ -245,7 +247,6 @@ def run(args) -> int:
                          "tools/gen_trace.py writes one)")
     systems = [args.target] if args.target else parse_systems(args.systems)
     check_min(args, num_pages=1, page_tokens=1, recent_window=0)
-    from edge_runtime.bench.trace import load_trace
 
     trace = load_trace(args.trace).limit_streams(args.streams)
     if not args.target:
@@ -259,8 +260,6 @@ def run(args) -> int:
             "recent_window": args.recent_window, "device": args.device, "backend": args.backend}
     meta = _meta(args, trace)
     if any(s != "hf" for s in systems) and not args.target:
-        from edge_runtime.bench.edge_systems import describe_backend
-
         meta["edge_backend"] = describe_backend(args.device, args.backend)
     save = (lambda res: write_json(args.json, _payload(meta, res))) if args.json else None
     results = _run_all(systems, args.trace, opts, isolate=not args.no_isolate, save=save)
@@ -270,10 +269,9 @@ def run(args) -> int:
 def _check_engine_sizes(args, systems: list[str]) -> None:
     """The edge systems' KV pool and recent-key windows fit in memory and the model's context,
     checked from the model's config before any system loads."""
-    from edge_runtime.bench.checks import check_context, check_fits_in_memory
-    from edge_runtime.engine.config import EngineConfig
+    from edge_runtime.engine.config import EngineConfig  # start-up time: imports torch
+    # start-up time: imports torch
     from edge_runtime.model.loader import read_model_config, resolve_model_folder
-    from edge_runtime.plan import kv_bytes_per_token
 
     edge = [s for s in systems if s != "hf"]
     if not edge:
@@ -307,8 +305,6 @@ def _report(args, meta: dict, results: dict[str, dict]) -> int:
     if args.plot:
         from pathlib import Path
 
-        from edge_runtime.bench.plot import plot_trace
-
         plot_trace(args.plot, results,
                    title=f"{Path(str(meta['trace'])).stem}: {meta['streams']} streams")
     return 0
@@ -339,7 +335,7 @@ def register_subcommand(subparsers) -> None:
     p.add_argument("--num-pages", type=int, default=32, help="KV pool size of the edge systems")
     p.add_argument("--recent-window", type=int, default=None, metavar="W",
                    help="int8 systems: positions per sequence read exact (default: the engine's; "
-                        "0: off; engine/recent_window.py)")
+                        "0: off; kv/recent_window.py)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads in every edge system, fixed (default: the cores other "
                         "programs leave free, re-checked every second)")

@@ -15,6 +15,10 @@ from edge_runtime.bench.monitor import PeakSampler, process_rss_bytes
 from edge_runtime.bench.replay import ReplayResult, replay
 from edge_runtime.bench.stats import percentile
 from edge_runtime.bench.trace import load_trace
+from edge_runtime.bench.edge_systems import EdgeBackend, load_hf_backend
+from edge_runtime.bench.engine_bench import set_threads
+from edge_runtime.bench.http_client import OpenAIChatBackend
+from edge_runtime.bench.jtop_cols import JtopRecorder, unavailable_columns
 
 
 def later_turn_ttfts(turns) -> list[float]:
@@ -57,14 +61,9 @@ def summarize(system: str, result: ReplayResult, peak_kv, peak_rss, extra: dict)
 
 def _make_backend(system: str, opts: dict):
     if system.startswith(("unix:", "http://", "https://")):
-        from edge_runtime.bench.http_client import OpenAIChatBackend
-
         return OpenAIChatBackend(system, model=opts.get("target_model"))
     if system == "hf":
-        from edge_runtime.bench.edge_systems import load_hf_backend
-
         return load_hf_backend(opts["model"], opts.get("model_path"))
-    from edge_runtime.bench.edge_systems import EdgeBackend
 
     return EdgeBackend.create(opts["model"], system, opts)
 
@@ -96,9 +95,6 @@ async def _replay_async(backend, trace, opts, on_record):
 
 def run_system(system: str, trace_path: str, opts: dict) -> dict:
     """Load `system`, replay the trace, return {"row", "records", "ttft_s", "kv_timeline"}."""
-    from edge_runtime.bench.engine_bench import set_threads
-    from edge_runtime.bench.jtop_cols import JtopRecorder, unavailable_columns
-
     set_threads(opts.get("threads"))
 
     trace = load_trace(trace_path).limit_streams(opts.get("streams"))

@@ -12,6 +12,11 @@ import statistics
 import sys
 import time
 
+from edge_runtime.bench.checks import check_min, parse_int_list
+from edge_runtime.bench.report import Column, fmt_mib, fmt_num, fmt_pct, markdown_table, write_json
+from edge_runtime.errors import ConfigError
+from edge_runtime.kernels.cpu_threads import configure
+
 
 def register_subcommand(subparsers) -> None:
     p = subparsers.add_parser("weights", help="weight bytes and decode tokens/s: fp32 vs AWQ int4")
@@ -36,7 +41,7 @@ def decode_tokens_per_s(lm, batch: int, prompt_tokens: int, gen_tokens: int,
     """
     import torch
 
-    from edge_runtime.model.contiguous_kv import ContiguousKVCache
+    from edge_runtime.model.contiguous_kv import ContiguousKVCache  # start-up time: imports torch
 
     gen = torch.Generator().manual_seed(seed)
     cache = ContiguousKVCache.for_model(lm.config, dtype=torch.float32)
@@ -90,16 +95,11 @@ def _measure(models: dict, batches: list[int], args) -> list[dict]:
 def run(args) -> int:
     import torch
 
-    from edge_runtime.bench.checks import check_min, parse_int_list
-    from edge_runtime.bench.report import Column, fmt_mib, fmt_num, fmt_pct, markdown_table, write_json
-    from edge_runtime.errors import ConfigError
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.model.loader import load_model  # start-up time: imports torch
 
     batches = parse_int_list(args.batch, "--batch")
     check_min(args, prompt_tokens=1, gen_tokens=1, repeat=1, threads=1)
     if args.threads:
-        from edge_runtime.kernels.cpu_threads import configure
-
         configure(pinned=args.threads)
     models = {"fp32": load_model(args.model, weights="fp32"), "awq": load_model(args.awq)}
     if models["awq"].quantization == "none":

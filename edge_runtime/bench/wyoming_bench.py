@@ -26,6 +26,9 @@ from pathlib import Path
 
 from edge_runtime.bench.report import Column, machine_info, markdown_table, write_json
 from edge_runtime.bench.stats import percentile
+from edge_runtime.voice.report import wer
+from edge_runtime.bench.checks import check_min
+from edge_runtime.errors import InputError
 
 SPLIT = (("reply_s", "end of speech -> first reply audio (client)"),
          ("vad_s", "vad: end of speech -> cut"),
@@ -65,10 +68,10 @@ def rows_of(values: dict[str, list[float]]) -> list[dict]:
 
 
 async def measure(runtime, config, model: str, clients: int, turns: int, stagger_s: float):
-    from edge_runtime.voice.wyoming_satellite import run_satellite, spoken_commands
-    from edge_runtime.voice.command_set import SPEED, VOICES
-    from edge_runtime.voice.demo import DEMO_COMMANDS
-    from edge_runtime.voice.wyoming_service import wyoming_server
+    from edge_runtime.voice.wyoming_satellite import run_satellite, spoken_commands  # optional library
+    from edge_runtime.voice.command_set import SPEED, VOICES  # start-up time: imports numpy
+    from edge_runtime.voice.demo import DEMO_COMMANDS  # start-up time: imports numpy
+    from edge_runtime.voice.wyoming_service import wyoming_server  # optional library: wyoming
 
     spoken = [spoken_commands(list(DEMO_COMMANDS[i % len(DEMO_COMMANDS)][:turns]),
                               VOICES[i % len(VOICES)], SPEED) for i in range(clients)]
@@ -83,7 +86,6 @@ async def measure(runtime, config, model: str, clients: int, turns: int, stagger
 
 
 def summarize(spoken, runs, server_turns) -> dict:
-    from edge_runtime.voice.report import wer
 
     replies = [r for run in runs for r in run.replies]
     values: dict[str, list[float]] = {"reply_s": [r.latency_s for r in replies]}
@@ -109,11 +111,9 @@ def summarize(spoken, runs, server_turns) -> dict:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.checks import check_min
-    from edge_runtime.errors import InputError
-    from edge_runtime.model.loader import DEFAULT_MODEL
-    from edge_runtime.voice.config import load_voice_config
-    from edge_runtime.voice.session import load_runtime
+    from edge_runtime.model.loader import DEFAULT_MODEL  # start-up time: imports numpy, torch
+    from edge_runtime.voice.config import load_voice_config  # start-up time: imports numpy
+    from edge_runtime.voice.session import load_runtime  # start-up time: imports numpy
 
     check_min(args, clients=1, turns=1)
     if args.turns > 4:

@@ -21,10 +21,17 @@ import sys
 import time
 from pathlib import Path
 
-from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
+from edge_runtime.kv.recent_window import DEFAULT_WINDOW_TOKENS
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.errors import InputError, RequestError
 from edge_runtime.model.weights_option import add_weights_option
+from edge_runtime.budget import check_page_tokens
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.kernels.cpu_threads import configure
+from edge_runtime.kv.page_math import pages_for_sequence_at_most
+from edge_runtime.model.chat import encode_prompt
+from edge_runtime.paths import check_output_file
 
 CHAT_PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.",
@@ -105,9 +112,8 @@ def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: 
             chunk: int = 0, settings: dict | None = None):
     """An engine for scoring: it computes `chunk` positions per step (0: `window`, one prefill);
     settings: EngineConfig overrides (recent_window, centred_keys)."""
-    from edge_runtime.cache.page_math import pages_for_sequence_at_most
-    from edge_runtime.engine.config import EngineConfig
-    from edge_runtime.engine.engine import Engine
+    from edge_runtime.engine.config import EngineConfig  # start-up time: imports torch
+    from edge_runtime.engine.engine import Engine  # start-up time: imports numpy, torch
 
     pages = pages_for_sequence_at_most(window, page_tokens)
     chunk = chunk or max(window, 8)
@@ -120,7 +126,7 @@ def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: 
 
 def perplexity(loaded, windows: list[list[int]], kv_dtype: str, page_tokens: int,
                window: int, chunk: int = 0, settings: dict | None = None) -> dict:
-    from edge_runtime.engine.scoring import score_tokens
+    from edge_runtime.engine.scoring import score_tokens  # start-up time: imports numpy, torch
 
     engine = _engine(loaded, kv_dtype, page_tokens, window, False, chunk, settings)
     total, count, t0 = 0.0, 0, time.perf_counter()
@@ -141,7 +147,7 @@ def hf_perplexity(loaded, windows: list[list[int]]) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edge_runtime.model.loader import fp32_folder
+    from edge_runtime.model.loader import fp32_folder  # start-up time: imports numpy, torch
 
     folder = loaded.path
     if loaded.quantization.startswith("gguf-"):  # served from a GGUF's blocks: its float32 folder
@@ -168,7 +174,7 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
     noisy than a perplexity difference, whose per-token changes cancel."""
     import torch
 
-    from edge_runtime.engine.scoring import score_logits
+    from edge_runtime.engine.scoring import score_logits  # start-up time: imports numpy, torch
 
     engines = {d: _engine(loaded, d, page_tokens, window, False, chunk, settings)
                for d in (test, ref)}
@@ -194,9 +200,6 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
 
 def agreement(loaded, dtypes: list[str], n: int, max_tokens: int, page_tokens: int,
               settings: dict | None = None) -> dict:
-    from edge_runtime.engine.api import SamplingParams
-    from edge_runtime.model.chat import encode_prompt
-
     prompts = [encode_prompt(loaded.tokenizer, q, chat=True) for q in CHAT_PROMPTS[:n]]
     outs = {}
     for d in dtypes:
@@ -222,14 +225,8 @@ def _common_prefix(x: list[int], y: list[int]) -> int:
 def run(args) -> int:
     import torch
 
-    from edge_runtime.budget import check_page_tokens
-    from edge_runtime.engine.placement import load_for, resolve
-    from edge_runtime.paths import check_output_file
-
     dtypes = _dtypes(args.kv_dtype)
     if args.threads > 0:
-        from edge_runtime.kernels.cpu_threads import configure
-
         configure(pinned=args.threads)
     if args.window < 2 or args.page_tokens < 1 or args.chunk < 0:
         raise RequestError("--window must be >= 2, --page-tokens >= 1 and --chunk >= 0")

@@ -18,6 +18,11 @@ from pathlib import Path
 
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments  # no torch import
 from edge_runtime.model.weights_option import add_weights_option
+from edge_runtime.budget import check_page_tokens, load_budget
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.errors import InputError, RequestError
+from edge_runtime.model.chat import encode_prompt
+from edge_runtime.plan import check_page_size
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # == edge_runtime.model.loader.DEFAULT_MODEL (no torch import here)
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -59,19 +64,14 @@ def register(subparsers) -> None:
 
 def read_requests(args) -> list[dict]:
     """[{prompt, chat, max_tokens}] from --prompt or --prompts-file; InputError/RequestError on bad input."""
-    from edge_runtime.errors import InputError, RequestError
-
     if args.max_tokens < 1:
         raise RequestError(f"--max-tokens must be a positive integer, got {args.max_tokens}")
     if not args.temperature >= 0 or math.isinf(args.temperature):  # NaN fails every comparison
         raise RequestError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.page_tokens is not None:
-        from edge_runtime.budget import check_page_tokens
-
         check_page_tokens(args.page_tokens, "--page-tokens")  # as plan and simulate require
         if getattr(args, "config", None):  # and the budget's own rules (inline slots, windows)
             from edge_runtime.budget import load_budget
-            from edge_runtime.plan import check_page_size
 
             budget = load_budget(args.config)
             check_page_size(budget, args.page_tokens, getattr(args, "kv_dtype", None)
@@ -115,19 +115,13 @@ def read_requests(args) -> list[dict]:
 
 def placement_of(args):
     """The device, back end and weight dtype of this run (engine/placement.py)."""
-    from edge_runtime.engine.placement import resolve
-
     budget = None
     if getattr(args, "config", None):
-        from edge_runtime.budget import load_budget
-
         budget = load_budget(args.config)
     return resolve(args.device, args.backend, budget, DTYPES.get(args.dtype))
 
 
 def build_backend(args):
-    from edge_runtime.engine.placement import load_for
-
     placement = placement_of(args)
     _log(f"loading model {args.model} for the {placement.backend} back end on {placement.device} "
          f"({placement.weight_dtype}, --weights {args.weights}) ...")
@@ -136,7 +130,7 @@ def build_backend(args):
     args.placement = placement
     _log(f"model ready in {time.perf_counter() - start:.1f} s "
          f"({loaded.weight_bytes / 2**20:.0f} MiB of weights)")
-    from edge_runtime.engine.cli_backend import EngineBackend
+    from edge_runtime.engine.cli_backend import EngineBackend  # start-up time: imports numpy, torch
 
     return EngineBackend(loaded, args)
 
@@ -162,8 +156,7 @@ class StreamPrinter:
 
 
 def run(args) -> int:
-    from edge_runtime.model.chat import encode_prompt
-    from edge_runtime.model.simple_generate import check_prompt_fits
+    from edge_runtime.model.simple_generate import check_prompt_fits  # start-up time: imports torch
 
     requests = read_requests(args)
     backend = build_backend(args)

@@ -13,8 +13,14 @@ from __future__ import annotations
 import json
 import sys
 
-from edge_runtime.model.weight_bytes import gguf_blocks_served, model_for_plan
+from edge_runtime.plan import (REFERENCE_MODELS, check_page_size, gguf_blocks_served, make_plan,
+                               model_for_plan)
 from edge_runtime.model.weights_option import add_weights_option
+from edge_runtime.budget import load_budget
+from edge_runtime.engine.placement import model_weights, resolve
+from edge_runtime.guard_config import GuardConfig
+from edge_runtime.service.unit_limits import (check_unit_limits, parse_systemd_size, planned_total,
+                                              unit_memory_limits)
 
 
 def register(subparsers) -> None:
@@ -40,10 +46,6 @@ def register(subparsers) -> None:
 
 def unit_limits_for(budget, plan, memory_high=None, memory_max=None) -> dict:
     """The unit's MemoryHigh/MemoryMax (derived, or the given ones) after the guard check."""
-    from edge_runtime.guard.config import GuardConfig
-    from edge_runtime.service.unit_limits import (check_unit_limits, parse_systemd_size,
-                                                  planned_total, unit_memory_limits)
-
     guard = GuardConfig.from_dict(dict(budget.guard))
     high, hard = unit_memory_limits(budget, plan, guard)
     if memory_high:
@@ -98,14 +100,10 @@ def format_plan(plan, placement, weights_form: str | None = None) -> str:
 
 
 def run(args) -> int:
-    from edge_runtime.budget import load_budget
-    from edge_runtime.plan import check_page_size, make_plan
-
     budget = load_budget(args.config)
     if args.page_tokens is not None:  # 0 too: it is not "absent"
         check_page_size(budget, args.page_tokens, args.kv_dtype or budget.kv_dtype,
                         "--page-tokens")
-    from edge_runtime.engine.placement import model_weights, resolve
 
     placement = resolve(args.device, args.backend, budget, need_device=False)
     weights = model_weights(placement, args.weights)
@@ -128,11 +126,9 @@ def run(args) -> int:
 
 def weights_form(name: str, weights: str, placement) -> str | None:
     """"gguf blocks" when the plan counts a GGUF's own blocks, else None (the weight dtype)."""
-    from edge_runtime.plan import REFERENCE_MODELS
-
     if name in REFERENCE_MODELS:
         return None
-    from edge_runtime.model.loader import gguf_source
+    from edge_runtime.model.loader import gguf_source  # start-up time: imports numpy, torch
 
     served = gguf_blocks_served(gguf_source(name), weights, placement.weight_dtype, placement.device)
     return "gguf blocks" if served else None
@@ -143,6 +139,7 @@ def describe_backend(placement) -> dict:
     checking that its device exists here."""
     import torch
 
+    # start-up time: imports numpy, torch
     from edge_runtime.engine.backend import CpuBackend, CudaBackend
 
     cls = CpuBackend if placement.backend == "cpu" else CudaBackend

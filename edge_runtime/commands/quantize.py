@@ -10,6 +10,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from edge_runtime.engine.placement import pick_device
+from edge_runtime.errors import ConfigError, InputError
 
 
 def register(subparsers) -> None:
@@ -40,8 +42,6 @@ def _check_out_dir(out: Path) -> None:
     import os
     import tempfile
 
-    from edge_runtime.errors import InputError
-
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; give a folder name (it must not exist or be empty)")
     if out.is_dir() and any(out.iterdir()):
@@ -61,8 +61,6 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _check_numbers(args) -> None:
-    from edge_runtime.errors import ConfigError
-
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
     if args.seq_len < 16:
@@ -70,7 +68,7 @@ def _check_numbers(args) -> None:
 
 
 def _read_calibration(args) -> list[str]:
-    from edge_runtime.quant import calibration
+    from edge_runtime.quant import calibration  # start-up time: imports torch
 
     if args.calib:
         return calibration.read_text_file(args.calib)
@@ -79,8 +77,6 @@ def _read_calibration(args) -> list[str]:
 
 
 def _check_context(args, config) -> None:
-    from edge_runtime.errors import ConfigError
-
     if args.seq_len > config.max_position_embeddings:
         raise ConfigError(f"--seq-len {args.seq_len} is longer than the model's context "
                           f"({config.max_position_embeddings} tokens); give at most that")
@@ -111,10 +107,9 @@ def _quantize(args, out: Path, texts: list[str] | None) -> int:
     import torch
     from tqdm import tqdm
 
-    from edge_runtime.errors import ConfigError
-    from edge_runtime.engine.placement import pick_device
-    from edge_runtime.model.loader import load_model
-    from edge_runtime.quant import awq_algo, awq_blocks, awq_model, calibration
+    from edge_runtime.model.loader import load_model  # start-up time: imports numpy, torch
+    from edge_runtime.model import awq_model  # start-up time: imports numpy, torch
+    from edge_runtime.quant import awq_algo, awq_blocks, calibration  # start-up time: imports torch
 
     start = time.perf_counter()
     device = pick_device(args.device)

@@ -11,9 +11,17 @@ before anything binds; a non-loopback TCP address without them refuses to start.
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import PurePath
 
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
+from edge_runtime.errors import ConfigError
 from edge_runtime.model.weights_option import add_weights_option
+from edge_runtime.paths import check_unix_socket_path
+from edge_runtime.listen_address import bind_tcp_socket, check_exposure, parse_listen, tcp_host
+from edge_runtime.service.sd_notify import SystemdNotifier
+from edge_runtime.service.sections import load_sections
+from edge_runtime.service.socket_activation import activated_sockets
 
 
 def register(subparsers) -> None:
@@ -46,11 +54,9 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from edge_runtime.service.app import ServiceState
-    from edge_runtime.service.engine_setup import load_all
-    from edge_runtime.service.sections import load_sections
-    from edge_runtime.service.sd_notify import SystemdNotifier
-    from edge_runtime.service.server import Server
+    from edge_runtime.service.app import ServiceState  # optional library: aiohttp
+    from edge_runtime.service.engine_setup import load_all  # optional library: aiohttp
+    from edge_runtime.service.server import Server  # optional library: aiohttp
 
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     limits, guard_config = load_sections(args.config)
@@ -71,13 +77,7 @@ def run(args: argparse.Namespace) -> int:
 def _listening_sockets(args: argparse.Namespace, limits, has_keys: bool):
     """([Unix socket, TCP socket if any], the socket file to remove at exit or None): passed by
     systemd, else bound here; a non-loopback TCP address without keys refuses before any bind."""
-    import os
-
-    from edge_runtime.errors import ConfigError
-    from edge_runtime.paths import check_unix_socket_path
-    from edge_runtime.service.listen import bind_tcp_socket, check_exposure, tcp_host
-    from edge_runtime.service.server import bind_unix_socket
-    from edge_runtime.service.socket_activation import activated_sockets
+    from edge_runtime.service.server import bind_unix_socket  # optional library: aiohttp
 
     listen, listen_flag = _listen_option(args, limits)
     activated = activated_sockets()
@@ -110,7 +110,6 @@ def _listening_sockets(args: argparse.Namespace, limits, has_keys: bool):
 
 def _listen_option(args: argparse.Namespace, limits):
     """(ListenAddress or None, the flag that named it)."""
-    from edge_runtime.service.listen import parse_listen
 
     if args.listen is not None:
         return parse_listen(args.listen, "--listen"), "--listen"
@@ -121,7 +120,7 @@ def _listen_option(args: argparse.Namespace, limits):
 
 def _api_keys(args: argparse.Namespace, limits):
     """ApiKeys from --api-keys, else service.api_keys; None when neither is set."""
-    from edge_runtime.service.api_keys import load_api_keys
+    from edge_runtime.service.api_keys import load_api_keys  # optional library: aiohttp
 
     if args.api_keys is not None:
         return load_api_keys(args.api_keys, "--api-keys")
@@ -131,14 +130,12 @@ def _api_keys(args: argparse.Namespace, limits):
 
 
 def _default_model() -> str:
-    from edge_runtime.model.loader import DEFAULT_MODEL
+    from edge_runtime.model.loader import DEFAULT_MODEL  # start-up time: imports numpy, torch
 
     return DEFAULT_MODEL
 
 
 def _served_name(model: str) -> str:
     """The id clients send as "model": the built-in name, or the file/folder name of a path."""
-    from pathlib import PurePath
-
     name = PurePath(model).name
     return name[:-5] if name.endswith(".gguf") else name

@@ -5,7 +5,7 @@ tokenized by the model's own tokenizer; the generated tokens are the trace's `an
 as the chat template renders it, ending with the end-of-turn token), or, where a line has no
 answer, a synthetic answer of `--synthetic-answer-words` words. Every page size is replayed
 twice: with prefix sharing + inline slots, and with neither (the baseline), same pool size.
-See edge_runtime/cache/simulator.py for the replay rules.
+See edge_runtime/kv/simulator.py for the replay rules.
 """
 
 from __future__ import annotations
@@ -14,6 +14,15 @@ import json
 import sys
 
 from edge_runtime.errors import InputError, OutOfPages
+from edge_runtime.bench.checks import parse_int_list
+from edge_runtime.bench.trace import load_trace
+from edge_runtime.budget import check_page_tokens
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.page_math import pages_for_sequence_at_most
+from edge_runtime.kv.simulator import SimRequest, Simulator
+from edge_runtime.model.chat import as_id_list
+from edge_runtime.paths import check_output_file, same_file
+from edge_runtime.plan import kv_bytes_per_token, model_for_plan
 
 
 def register(subparsers) -> None:
@@ -36,15 +45,11 @@ def register(subparsers) -> None:
 
 
 def _ids(encoded) -> list[int]:
-    from edge_runtime.model.chat import as_id_list
-
     return as_id_list(encoded)
 
 
 def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
     """stream -> [SimRequest]: prompt ids and answer ids (end-of-turn token included)."""
-    from edge_runtime.cache.simulator import SimRequest
-
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if not isinstance(eos, int) or eos < 0:
         eos = tokenizer.eos_token_id
@@ -70,17 +75,12 @@ def build_requests(trace, tokenizer, synthetic_words: int) -> dict:
 
 def default_pages(streams: dict, page_tokens: int) -> int:
     """Enough pages that nothing is ever evicted, sharing or not."""
-    from edge_runtime.cache.page_math import pages_for_sequence_at_most
-
     return sum(pages_for_sequence_at_most(len(r.prompt_ids) + len(r.answer_ids), page_tokens)
                for reqs in streams.values() for r in reqs)
 
 
 def simulate_all(streams: dict, page_sizes: list[int], args, bytes_per_token: int) -> list:
     import copy
-
-    from edge_runtime.cache.kv_manager import KVManager
-    from edge_runtime.cache.simulator import Simulator
 
     results = []
     for P in page_sizes:
@@ -135,8 +135,6 @@ MAX_RUNNING = 10_000
 
 def _check_args(args) -> None:
     """Before any work; `--pages 0` used to mean the default and `--max-running 0` never ended."""
-    from edge_runtime.paths import check_output_file, same_file
-
     for flag, value, least, most in (
             ("--pages", args.pages, 1, MAX_PAGES), ("--max-running", args.max_running, 1, MAX_RUNNING),
             ("--inline-slots", args.inline_slots, 0, MAX_INLINE_SLOTS),
@@ -154,13 +152,8 @@ def _check_args(args) -> None:
 
 
 def run(args) -> int:
-    from edge_runtime.bench.trace import load_trace
-    from edge_runtime.budget import check_page_tokens
-    from edge_runtime.model.weight_bytes import model_for_plan
+    # start-up time: imports numpy, torch
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
-    from edge_runtime.plan import kv_bytes_per_token
-
-    from edge_runtime.bench.checks import parse_int_list
 
     sizes = parse_int_list(args.page_tokens, "--page-tokens")
     for P in sizes:

@@ -19,6 +19,11 @@ from pathlib import Path
 from edge_runtime.engine.placement import add_arguments as add_placement_arguments
 from edge_runtime.model.weights_option import add_weights_option
 from edge_runtime.voice.usage import check_pipes_unshared as _check_pipes_unshared
+from edge_runtime.errors import ConfigError, EdgeError
+from edge_runtime.voice import report
+from edge_runtime.voice.prompting import load_system_prompt
+from edge_runtime.voice.usage import check_device, check_outputs, check_stagger
+from edge_runtime.voice.wyoming_config import parse_listen
 
 
 def register(subparsers) -> None:
@@ -78,9 +83,7 @@ def register(subparsers) -> None:
 def _config(args):
     import dataclasses
 
-    from edge_runtime.errors import ConfigError
-    from edge_runtime.voice.config import load_voice_config
-    from edge_runtime.voice.prompting import load_system_prompt
+    from edge_runtime.voice.config import load_voice_config  # start-up time: imports numpy
 
     config = load_voice_config(args.voice_config)
     changes = {}
@@ -100,9 +103,10 @@ def _config(args):
 
 
 def _sources(args, progress):
-    from edge_runtime.errors import ConfigError, EdgeError
+    # start-up time: imports numpy
     from edge_runtime.voice.audio_input import Source, parse_input_spec
-    from edge_runtime.voice.demo import DEMO_COMMANDS, build_demo_inputs
+    # start-up time: imports numpy
+    from edge_runtime.voice.demo import DEMO_COMMANDS, build_demo_inputs  # start-up time: imports numpy
 
     if args.streams is not None and args.streams < 1:
         raise ConfigError(f"--streams must be >= 1, got {args.streams}")
@@ -138,10 +142,10 @@ def _sources(args, progress):
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_runtime.model.loader import DEFAULT_MODEL
-    from edge_runtime.voice.config import DEFAULT_CONFIG
-    from edge_runtime.voice.session import load_runtime, print_stderr
-    from edge_runtime.voice.usage import check_device, check_outputs, check_stagger
+    from edge_runtime.model.loader import DEFAULT_MODEL  # start-up time: imports numpy, torch
+    from edge_runtime.voice.config import DEFAULT_CONFIG  # start-up time: imports numpy
+    # start-up time: imports numpy
+    from edge_runtime.voice.session import load_runtime, print_stderr  # start-up time: imports numpy
 
     progress = (lambda msg: None) if args.quiet else print_stderr
     config = _config(args)
@@ -174,8 +178,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _wyoming_address(args, config):
     """(host, port) to serve Wyoming on, or None for the input streams."""
-    from edge_runtime.errors import ConfigError
-    from edge_runtime.voice.wyoming_config import parse_listen
 
     if args.wyoming is None:
         if args.input or args.demo or config.wyoming.listen is None:
@@ -193,10 +195,10 @@ def _wyoming_address(args, config):
 
 def _serve_wyoming(args, config, address) -> int:
     """Load the model and recognizer, then serve Wyoming until Ctrl-C or SIGTERM."""
-    from edge_runtime.model.loader import DEFAULT_MODEL
+    from edge_runtime.model.loader import DEFAULT_MODEL  # start-up time: imports numpy, torch
+    # start-up time: imports numpy
     from edge_runtime.voice.session import EventsFile, load_runtime, print_stderr
-    from edge_runtime.voice.usage import check_device
-    from edge_runtime.voice.wyoming_service import run_wyoming
+    from edge_runtime.voice.wyoming_service import run_wyoming  # optional library: wyoming
 
     check_device(args.device, args.server)
     model = args.model or DEFAULT_MODEL
@@ -225,6 +227,7 @@ def _serve_wyoming(args, config, address) -> int:
 def _serve(args, runtime, config, sources, out: _Stdout, events_failed: list):
     """Run the streams -> (reports, engine stats or None, interrupted). Ctrl-C keeps the
     reports so far; a failed events write is appended to `events_failed`."""
+    # start-up time: imports numpy
     from edge_runtime.voice.session import Interrupted, print_stderr, run_streams
 
     realtime = args.realtime or (args.demo and not args.fast)
@@ -307,8 +310,6 @@ def _print_engine(stats: dict, out: _Stdout) -> None:
 def _print_summary(reports, references, out: _Stdout | None = None) -> None:
     """Per-stream tables, the WER over every reference command (aligned with what was heard, so
     a dropped or split utterance is counted, never shifts the rows), the latency split."""
-    from edge_runtime.voice import report
-
     out = out or _Stdout()
     events = [ev for r in reports for ev in r.events]
     for r in reports:

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from edge_runtime.engine.api import GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.engine import Engine
 from edge_runtime.kernels.openmp_pool import release_thread_pool
+from edge_runtime.errors import RequestError
 
 
 class EngineLoopStopped(RuntimeError):
@@ -64,8 +65,6 @@ class AsyncEngine:
             raise _stopped(self._error) from self._error
         rid = request_id or f"areq-{next(self._ids)}"
         if rid in self._queues:
-            from edge_runtime.errors import RequestError
-
             raise RequestError(f"request id {rid!r} is already streaming; pick another")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)

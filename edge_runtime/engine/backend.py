@@ -1,9 +1,9 @@
 """The engine's two back ends, chosen once when an Engine is built (docs/engine.md, "Back ends").
 
-- CPU back end: flat KV rows (engine/flat_kv.py) with the C kernels of kernels/csrc, fp32 linears
+- CPU back end: flat KV rows (kv/flat_context.py) with the C kernels of kernels/csrc, fp32 linears
   packed for kernels/cpu_linear.py and, for every step with int8 or fp16 KV (prefill chunks
   included), the one-call C layer stack (kernels/cpu_decoder.py).
-- CUDA back end: the paged store read by position (engine/paged_kv.py) by the Triton kernels of
+- CUDA back end: the paged store read by position (kv/paged_context.py) by the Triton kernels of
   kernels/dispatch.py, torch linears in the model's weight dtype (fp16 on the Orin budgets), a
   GGUF's own int4/int8 blocks and AWQ layers (QuantLinear) through the blocked W4A16 Triton kernel
   (kernels/blocked_w4a16.py) on the bytes the CPU kernels read. On a CPU device
@@ -29,6 +29,17 @@ import torch
 
 from edge_runtime import env
 from edge_runtime.errors import ConfigError
+from edge_runtime.engine.device_sampler import DeviceSampler
+from edge_runtime.engine.sampler import HostSampler
+from edge_runtime.engine.step_transfers import StepTransfers
+from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
+from edge_runtime.kernels.cpu_int4 import QuantLinear
+from edge_runtime.kernels.cpu_linear import PackedLinear
+from edge_runtime.kernels.cpu_threads import before_step
+from edge_runtime.kernels.dispatch import cpu_int4pack_available, prefer_triton, triton_importable
+from edge_runtime.kv.flat_context import FlatKVContext
+from edge_runtime.kv.paged_context import PagedKVContext
+from edge_runtime.model.linear_packing import pack_linears
 
 BACKENDS = ("cpu", "cuda")
 
@@ -42,9 +53,6 @@ class CpuBackend:
         self.device = device
 
     def prepare_model(self, model) -> None:
-        from edge_runtime.kernels.cpu_int4 import QuantLinear
-        from edge_runtime.model.linear_packing import pack_linears
-
         if model.dtype != torch.float32 and any(isinstance(m, QuantLinear) for m in model.modules()):
             raise ConfigError(f"the CPU back end runs quantized weights (a GGUF's blocks, AWQ) with "
                               f"float32 activations, not {str(model.dtype).removeprefix('torch.')}: "
@@ -52,23 +60,15 @@ class CpuBackend:
         pack_linears(model)  # fp32 on CPU: blocked/oneDNN packed weights (model/linear_packing.py)
 
     def context(self, storage, steps, sm_scale: float):
-        from edge_runtime.engine.flat_kv import FlatKVContext
-
         return FlatKVContext(storage, steps, sm_scale)
 
     def transfers(self):
-        from edge_runtime.engine.step_transfers import StepTransfers
-
         return StepTransfers(self.device, pack=False)  # host tensors are already where they run
 
     def sampler(self, transfers):
-        from edge_runtime.engine.sampler import HostSampler
-
         return HostSampler(transfers)
 
     def forward(self, model, ids, positions, ctx, last_rows, num_positions=None) -> torch.Tensor:
-        from edge_runtime.kernels.cpu_threads import before_step
-
         before_step()  # the team sized to the cores other programs leave free (cpu_threads.py)
         fused_args = None
         if model.fused_decoder is not None:
@@ -76,7 +76,6 @@ class CpuBackend:
         return model(ids, positions, ctx, last_rows, fused_args=fused_args, num_positions=num_positions)
 
     def describe(self) -> dict:
-        from edge_runtime.kernels import cpu_decoder, cpu_linear, cpu_native
         linear = cpu_linear.backend()
         native = cpu_native.library() is not None
         fused = native and linear == "c-blocked" and env.cpu_fused_decoder()
@@ -109,8 +108,6 @@ class CudaBackend:
         as QuantLinear modules, which run the blocked W4A16 Triton kernel on this back end
         (kernels/cpu_int4.py). fp32 linears packed for the CPU kernels (c-blocked / oneDNN
         PackedLinear) are refused: this back end does not run that format."""
-        from edge_runtime.kernels.cpu_linear import PackedLinear
-
         if any(isinstance(m, PackedLinear) for m in model.modules()):
             raise ConfigError("this model's float linears are packed for the CPU kernels (c-blocked "
                               "or oneDNN); load the model again for the CUDA back end "
@@ -118,24 +115,16 @@ class CudaBackend:
         model.fused_decoder = None  # the CPU back end's C layer stack
 
     def context(self, storage, steps, sm_scale: float):
-        from edge_runtime.engine.paged_kv import PagedKVContext
-
         return PagedKVContext(storage, steps, sm_scale)  # on the host: the engine uploads it
 
     def transfers(self):
         """Packed uploads also under the interpreter (CPU tensors), so CI runs the GPU's path."""
-        from edge_runtime.engine.step_transfers import StepTransfers
-
         return StepTransfers(self.device, pack=True)
 
     def sampler(self, transfers):
-        from edge_runtime.engine.device_sampler import DeviceSampler
-
         return DeviceSampler(transfers)
 
     def forward(self, model, ids, positions, ctx, last_rows, num_positions=None) -> torch.Tensor:
-        from edge_runtime.kernels.dispatch import prefer_triton
-
         with prefer_triton() if self.interpreted else contextlib.nullcontext():
             return model(ids, positions, ctx, last_rows, num_positions=num_positions)
 
@@ -157,9 +146,7 @@ class CudaBackend:
 
 def _awq_kernel(blocked: str, awq_gemm: str) -> str:
     """What AWQ layers run: the blocked format's kernel, unless $EDGE_RUNTIME_AWQ_BACKEND picks
-    one of AWQLinear's own backends (quant/awq_model.py)."""
-    from edge_runtime.kernels.dispatch import cpu_int4pack_available
-
+    one of AWQLinear's own backends (model/awq_model.py)."""
     choice = env.awq_backend(("auto", "blocked", "cpu-int4pack", "awq-gemm", "reference"))
     return {"awq-gemm": awq_gemm, "reference": "torch-reference",
             "cpu-int4pack": "torch-int4pack-cpu" if cpu_int4pack_available() else "torch-reference",
@@ -178,7 +165,6 @@ def select_backend(name: str | None, device: str | torch.device):
             raise ConfigError(f"the CPU back end runs on --device cpu, not {device}; use "
                               f"--backend cuda on a CUDA device")
         return CpuBackend(device)
-    from edge_runtime.kernels.dispatch import triton_importable
 
     if not triton_importable():
         raise ConfigError("the CUDA back end needs triton: pip install 'edge-runtime[gpu]'")

@@ -23,17 +23,20 @@ ends, so each completion's tokens arrive in one event at the end.
 
 The first step starts from one sequence (the prompt, prefilled once), which equals transformers'
 k identical beams with scores [0, -1e9, ...]: no candidate can come from the -1e9 rows.
+
+This module decides; the Engine acts: `step` returns the beams to go on with (or None: the search
+is over, `completions` says with what), `advance` says which parents go on, which fork and which
+are dropped, and the Engine forks, drops and schedules the sequences. The candidates are computed
+on the device by the step runner (StepRunner.top_candidates).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from edge_runtime.engine.api import Completion, TokenEvent
-from edge_runtime.engine.step_transfers import device_region
+from edge_runtime.engine.api import Completion
 
 _NEG = -1.0e9
 
@@ -47,26 +50,27 @@ class BeamGroup:
     improvable: bool = True
 
 
-def start(engine, req) -> None:
+def start(req, eos_token_ids) -> None:
+    """The search's state on `req`, running its first sequence (the prompt)."""
     p = req.params
     stop_ids = set(p.stop_token_ids)
     if not p.ignore_eos:
-        stop_ids |= set(engine.model_config.eos_token_ids)
-    first = req.seqs[0]
-    req.beam_state = BeamGroup(p.beam_width, frozenset(stop_ids), running=[first])
-    engine.scheduler.add(first)
+        stop_ids |= set(eos_token_ids)
+    req.beam_state = BeamGroup(p.beam_width, frozenset(stop_ids), running=[req.seqs[0]])
 
 
-def step(engine, req, group: list, events: list) -> None:
-    """group: [(seq, logits row)] for the beams that computed their last token this step."""
+def step(runner, req, group: list) -> list | None:
+    """group: [(seq, logits row)] for the beams that computed their last token this step ->
+    the next beams, [(parent index in the running beams, token, score)], or None: the search is
+    over (`completions(state)` holds its result)."""
     state: BeamGroup = req.beam_state
     rows = dict((id(s), r) for s, r in group)
     assert set(rows) == {id(s) for s in state.running}, "beams out of lockstep"
     k, num_prompt = state.width, len(req.prompt_ids)
     vocab = group[0][1].shape[-1]
     keep = min(max(2, 1 + len(state.stop_ids)) * k, len(state.running) * vocab)
-    top_vals, top_idx = _top_candidates(engine.transfers, [rows[id(s)] for s in state.running],
-                                        [s.beam_score for s in state.running], keep)
+    top_vals, top_idx = runner.top_candidates([rows[id(s)] for s in state.running],
+                                              [s.beam_score for s in state.running], keep)
     parents, tokens = (top_idx // vocab).tolist(), (top_idx % vocab).tolist()
     gen_len = state.running[0].num_generated + 1  # generated tokens including this one
     at_max = gen_len >= req.params.max_tokens
@@ -79,23 +83,8 @@ def step(engine, req, group: list, events: list) -> None:
         worst = min(score for score, _ in state.finished)
         state.improvable = best_running / gen_len > worst
     if all(hits) or not state.improvable:
-        _finish(engine, req, state, events)
-        return
-    chosen = [(parents[j], tokens[j], float(next_vals[i])) for i, j in enumerate(next_pos.tolist())]
-    _advance(engine, req, state, chosen)
-
-
-def _top_candidates(transfers, logits_rows: list, scores: list[float], keep: int):
-    """The `keep` best (beam, token) candidates, computed where the logits are; only those cross
-    to the host (one upload of the scores, one download) -> (float32 values, long flat indices)."""
-    dev = transfers.upload({"scores": torch.tensor(scores, dtype=torch.float32)})
-    with device_region():
-        logits = torch.stack(logits_rows).float()  # [nb, V]
-        acc = (torch.log_softmax(logits, dim=-1) + dev["scores"][:, None]).reshape(-1)  # [nb * V]
-        top_vals, top_idx = torch.topk(acc, keep)
-        flat = transfers.download(torch.cat([top_vals.double(), top_idx.double()]))
-    return (torch.tensor(flat[:keep], dtype=torch.float32),
-            torch.tensor([int(i) for i in flat[keep:]], dtype=torch.long))
+        return None
+    return [(parents[j], tokens[j], float(next_vals[i])) for i, j in enumerate(next_pos.tolist())]
 
 
 def _add_finished(state, req, parents, tokens, vals, hits, gen_len) -> None:
@@ -110,58 +99,49 @@ def _add_finished(state, req, parents, tokens, vals, hits, gen_len) -> None:
     del state.finished[state.width:]
 
 
-def _advance(engine, req, state: BeamGroup, chosen: list) -> None:
+def advance(state: BeamGroup, chosen: list):
+    """-> (next: [(parent seq or None, token, score)] in the new running order, forks: [(slot in
+    next, parent, token, score)], dropped: parents nobody chose). A parent's first pick keeps its
+    sequence; a further pick of the same parent is a fork (None in `next` until the Engine makes
+    it), made before any parent gets its new token."""
     old = state.running
     used: set[int] = set()
-    new_running = []
-    forks = []
+    next_beams, forks = [], []
     for parent_idx, token, score in chosen:
         parent = old[parent_idx]
         if parent_idx not in used:
             used.add(parent_idx)
-            new_running.append((parent, token, score))
+            next_beams.append((parent, token, score))
         else:
-            forks.append((len(new_running), parent, token, score))
-            new_running.append(None)
-    for slot, parent, token, score in forks:  # fork before any parent gets its new token
-        child = engine.new_seq(req, len(req.seqs), list(parent.token_ids))
-        engine.fork_kv(parent, child)
-        child.num_computed = parent.num_computed
-        engine.scheduler.add_running(child)
-        new_running[slot] = (child, token, score)
-    for i, seq in enumerate(old):
-        if i not in used:
-            engine.drop_seq(seq, cached=False)
+            forks.append((len(next_beams), parent, token, score))
+            next_beams.append(None)
+    return next_beams, forks, [seq for i, seq in enumerate(old) if i not in used]
+
+
+def take_tokens(state: BeamGroup, next_beams: list) -> None:
+    """The chosen beams, each with its new token and score, are the running ones."""
     state.running = []
-    for seq, token, score in new_running:
+    for seq, token, score in next_beams:
         seq.token_ids.append(token)
         seq.beam_score = score
         state.running.append(seq)
-    if req.first_token_at is None:
-        req.first_token_at = time.perf_counter()
 
 
-def cut_short_completions(engine, req, reason: str) -> list[Completion]:
+def cut_short_completions(req, tokenizer, reason: str) -> list[Completion]:
     """A search cancelled or failed midway: its running beams, best score first, ending `reason`
     (sequence 0 may have been dropped long before, so req.seqs[0] says nothing)."""
     comps = []
     for seq in sorted(req.beam_state.running, key=lambda s: -s.beam_score):
         ids = seq.token_ids[len(req.prompt_ids):]
-        comps.append(Completion(engine.tokenizer.decode(ids), list(ids), reason))
+        comps.append(Completion(tokenizer.decode(ids), list(ids), reason))
     return comps
 
 
-def _finish(engine, req, state: BeamGroup, events: list) -> None:
-    for seq in state.running:
-        engine.drop_seq(seq, cached=True)
+def completions(state: BeamGroup, tokenizer) -> list[Completion]:
+    """The finished hypotheses, best first: their text without the stop tokens."""
     comps = []
-    for index, (_, ids) in enumerate(state.finished):
+    for ids in (ids for _, ids in state.finished):
         text_ids = [t for t in ids if t not in state.stop_ids]
         reason = "stop" if ids and ids[-1] in state.stop_ids else "length"
-        text = engine.tokenizer.decode(text_ids)
-        comps.append(Completion(text, list(ids), reason))
-        events.append(TokenEvent(req.request_id, index, list(ids), text))
-    if req.first_token_at is None:
-        req.first_token_at = time.perf_counter()
-    engine.counters["requests_finished"] += 1
-    engine.finish_request(req, events, completions=comps)
+        comps.append(Completion(tokenizer.decode(text_ids), list(ids), reason))
+    return comps

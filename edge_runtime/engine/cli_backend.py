@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import sys
 
-from edge_runtime.cache.page_math import pages_for_sequence_at_most, pages_for_tokens
+from edge_runtime.kv.page_math import pages_for_sequence_at_most, pages_for_tokens
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.config import DEFAULT_POOL_TOKENS, EngineConfig, budget_engine_config
 from edge_runtime.engine.engine import Engine
+from edge_runtime.budget import load_budget
 
 
 def engine_config(args, loaded, requests: list[tuple[list[int], int]]) -> EngineConfig:
@@ -27,8 +28,6 @@ def engine_config(args, loaded, requests: list[tuple[list[int], int]]) -> Engine
     if args.page_tokens:
         overrides["page_tokens"] = args.page_tokens
     if args.config:
-        from edge_runtime.budget import load_budget
-
         return budget_engine_config(load_budget(args.config), loaded, overrides,
                                     kv_dtype=args.kv_dtype, page_tokens=args.page_tokens)[0]
     page = overrides.get("page_tokens", 512)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from edge_runtime.cache.page_math import pages_for_tokens
-from edge_runtime.cache.recent_windows import DEFAULT_WINDOW_TOKENS
-from edge_runtime.engine.kv_storage import KV_DTYPES
+from edge_runtime.kv.page_math import pages_for_tokens
+from edge_runtime.kv.recent_window import DEFAULT_WINDOW_TOKENS
+from edge_runtime.kv.storage import KV_DTYPES
 from edge_runtime.errors import ConfigError
+from edge_runtime.plan import make_plan
 
 DEFAULT_POOL_TOKENS = 8192  # when neither num_pages nor a memory plan is given
 
@@ -24,10 +25,10 @@ class EngineConfig:
     num_inline_slots: int = 8
     inline_tokens: int = 128
     # int8 KV: each running sequence's last recent_window positions are also kept exact (fp16) and
-    # attention reads them from there (engine/recent_window.py); 0 = off. CPU flat path only.
+    # attention reads them from there (kv/recent_window.py); 0 = off. CPU flat path only.
     recent_window: int = DEFAULT_WINDOW_TOKENS
     # int8 KV: store each key centred on its layer's mean key where that lowers its absmax
-    # (kernels/quantize.py; the means are measured at start, engine/key_means.py)
+    # (kernels/quantize.py; the means are measured at start, kv/key_means.py)
     centred_keys: bool = True
     enable_prefix_cache: bool = True
     enable_inline: bool = True
@@ -102,8 +103,6 @@ def budget_engine_config(budget, loaded, overrides: dict, **plan_options):
     """Budget -> memory plan -> EngineConfig, the one way every front end takes it: the plan for
     this loaded model (its config, weight bytes and folder name; `plan_options` as `make_plan`
     takes them), then `from_plan` with `overrides` on top. Returns (EngineConfig, MemoryPlan)."""
-    from edge_runtime.plan import make_plan
-
     plan = make_plan(budget, loaded.config, loaded.weight_bytes, model_name=loaded.path.name,
                      **plan_options)
     return EngineConfig.from_plan(plan, **overrides), plan

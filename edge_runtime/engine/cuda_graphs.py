@@ -3,7 +3,7 @@
 A decode step of n sequences (one new token each, no prefill in the step) runs as the smallest
 bucket B >= n: rows n..B-1 are padding (token 0 at position 0, an empty read, slot -1: nothing
 written, nothing read; their logits rows are ignored). Every bucket has ONE shape: the step's
-PagedKVContext built with the bucket's `DecodeShape` (engine/decode_shape.py: table widths that
+PagedKVContext built with the bucket's `DecodeShape` (kv/decode_shape.py: table widths that
 hold any sequence up to max_position_embeddings, the span count of the longest read, one exact
 block per row), so every step of the bucket has the same index tensors (names, shapes, dtypes)
 and host values. The step's ids, positions, last rows and the context's `metadata()` are copied
@@ -34,8 +34,8 @@ import time
 
 import torch
 
-from edge_runtime.engine.decode_shape import DecodeShape, DoesNotFit
-from edge_runtime.engine.paged_kv import PagedKVContext
+from edge_runtime.kv.decode_shape import DecodeShape, DoesNotFit
+from edge_runtime.kv.paged_context import PagedKVContext
 from edge_runtime.engine.step_transfers import StepTransfers, device_region
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
@@ -58,18 +58,18 @@ def padded_inputs(inputs: dict[str, torch.Tensor], rows: int) -> dict[str, torch
     return out
 
 
-def decode_graphs_for(engine) -> "DecodeGraphs | None":
-    """The engine's decode buckets (EngineConfig.decode_buckets; None: DEFAULT_BUCKETS on a CUDA
-    device), captured now on a GPU; None where there are none (the CPU back end, buckets off)."""
-    buckets = engine.config.decode_buckets
+def decode_graphs_for(backend, model, storage, sm_scale: float, transfers: StepTransfers, config,
+                      max_positions: int) -> "DecodeGraphs | None":
+    """The decode buckets of an engine's step runner (EngineConfig.decode_buckets; None:
+    DEFAULT_BUCKETS on a CUDA device), captured now on a GPU; None where there are none (the CPU
+    back end, buckets off)."""
+    buckets = config.decode_buckets
     if buckets is None:
-        buckets = DEFAULT_BUCKETS if torch.device(engine.config.device).type == "cuda" else ()
-    if not buckets or not engine.backend.decode_graphs:
+        buckets = DEFAULT_BUCKETS if torch.device(config.device).type == "cuda" else ()
+    if not buckets or not backend.decode_graphs:
         return None
-    max_positions = engine.model_config.max_position_embeddings
-    shapes = {b: DecodeShape.for_storage(engine.storage, b, max_positions) for b in buckets}
-    graphs = DecodeGraphs(engine.backend, engine.model, engine.storage, engine.sm_scale,
-                          engine.transfers, shapes, max_positions)
+    shapes = {b: DecodeShape.for_storage(storage, b, max_positions) for b in buckets}
+    graphs = DecodeGraphs(backend, model, storage, sm_scale, transfers, shapes, max_positions)
     graphs.capture(log=logging.getLogger(__name__).info)
     return graphs
 

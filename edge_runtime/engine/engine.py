@@ -1,8 +1,10 @@
 """The Engine: requests in, one batched forward per `step()`, token events out (docs/interfaces.md).
 
-One step = scheduler decision -> CopyOps on the tensors -> one forward over the flattened varlen
-batch through the back end's KV context (engine/backend.py: CPU flat rows or CUDA paged segments)
--> commit written tokens to the KVManager -> sample -> stop checks.
+One step = scheduler decision -> CopyOps on the tensors -> the step runner's forward over the
+flattened varlen batch (engine/step_runner.py: the back end's KV context, or a decode graph)
+-> commit written tokens to the KVManager -> the runner samples -> the Engine appends each token
+(grammar, stop checks), forks the choices of an n > 1 request, advances beam searches
+(engine/beam.py decides) and emits the events.
 
 The back end is chosen once here from `EngineConfig.backend` and `.device`; the model must have
 been prepared for it beforehand (`backend.prepare_model`, model preparation, not engine building).
@@ -23,20 +25,20 @@ import time
 
 import torch
 
-from edge_runtime.engine import beam, token_emit
+from edge_runtime.engine import beam
 from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.constraints import Constraints
-from edge_runtime.engine.cuda_graphs import decode_graphs_for
-from edge_runtime.engine.kv_setup import build_kv
-from edge_runtime.engine.paged_kv import SeqStep
-from edge_runtime.engine.pool_resize import PoolChunks
+from edge_runtime.engine.snapshot import EngineSnapshot
+from edge_runtime.kv.setup import build_kv
+from edge_runtime.kv.paged_context import SeqStep
+from edge_runtime.kv.pool_resize import PoolChunks
 from edge_runtime.engine.request_limits import check_request
-from edge_runtime.engine.sampler import make_generator
+from edge_runtime.engine.sampler import SampleRows, SamplerRow, make_generator
 from edge_runtime.engine.scheduler import Scheduler
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
-from edge_runtime.engine.step_transfers import device_region
+from edge_runtime.engine.step_runner import StepRunner
 from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
 
@@ -48,8 +50,6 @@ class Engine:
         self.model = loaded_model.model
         self.backend = select_backend(self.config.backend, self.config.device)
         check_prepared(self.model, self.backend)
-        self.transfers = self.backend.transfers()  # every host<->device copy of a step
-        self.sampler = self.backend.sampler(self.transfers)
         self.tokenizer = loaded_model.tokenizer
         mc = self.model_config = loaded_model.config
         cfg = self.config
@@ -60,8 +60,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
-        self.sm_scale = mc.head_dim ** -0.5
-        self.graphs = decode_graphs_for(self)  # None: every step runs eagerly
+        self.runner = StepRunner(loaded_model, self.backend, self.storage, cfg)
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()
         self._lock = threading.RLock()
@@ -93,12 +92,11 @@ class Engine:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
             req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
             req.compiled_grammar = grammar
-            first = self.new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
+            first = self._new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
             self.requests[rid] = req
             if req.is_beam:
-                beam.start(self, req)
-            else:
-                self.scheduler.add(first)
+                beam.start(req, self.model_config.eos_token_ids)
+            self.scheduler.add(first)
             return rid
 
     def has_unfinished(self) -> bool:
@@ -110,15 +108,16 @@ class Engine:
             req = self.requests.get(request_id)
             if req is None or req.result is not None:
                 return
-            comps = beam.cut_short_completions(self, req, "cancelled") if req.is_beam else None
+            comps = (beam.cut_short_completions(req, self.tokenizer, "cancelled") if req.is_beam
+                     else None)
             for seq in req.seqs:
                 if seq.status is SeqStatus.FINISHED:
                     continue
-                self.drop_seq(seq, cached=False)
+                self._drop_seq(seq, cached=False)
                 delta = seq.stop.finish_cancelled()
                 self._events.append(TokenEvent(request_id, seq.index, [], delta))
             self.counters["requests_cancelled"] += 1
-            self.finish_request(req, self._events, completions=comps)
+            self._finish_request(req, self._events, completions=comps)
 
     def step(self) -> list[TokenEvent]:
         with self._lock:
@@ -169,8 +168,18 @@ class Engine:
                         kv_dtype=self.config.kv_dtype, page_tokens=self.config.page_tokens,
                         num_pages=self.num_pages, kv_bytes=self.storage.nbytes(),
                         backends=self.backend.describe(), kv=self.kv.stats(),
-                        decode_graphs=None if self.graphs is None else self.graphs.stats(),
+                        decode_graphs=None if self.runner.graphs is None else self.runner.graphs.stats(),
                         **self.constraints.stats())
+
+    def snapshot(self) -> EngineSnapshot:
+        """What the service and the guard read of the engine, at one moment (engine/snapshot.py)."""
+        with self._lock:
+            return EngineSnapshot(
+                running_request_ids=frozenset(s.request.request_id for s in self.scheduler.running),
+                held_request_ids=frozenset(self.requests),
+                pool_bytes=self.storage.pool.nbytes(), num_pages=self.num_pages,
+                next_regrow_pages=self.pool_chunks.next_regrow_pages(),
+                pool_bytes_released=self.counters["pool_bytes_released"])
 
     # --- memory-guard hooks (docs/interfaces.md) --------------------------------------------
     def admission_gate(self) -> bool:
@@ -188,7 +197,7 @@ class Engine:
             return self.kv.evict(max_pages)
 
     def shrink_pool(self, n_chunks: int) -> int:
-        """Return up to n_chunks whole pool chunks to the OS (engine/pool_resize.py)."""
+        """Return up to n_chunks whole pool chunks to the OS (kv/pool_resize.py)."""
         with self._lock:
             done, released = self.pool_chunks.shrink(self.kv, self.storage, n_chunks)
             self.counters["pool_bytes_released"] += released
@@ -229,47 +238,112 @@ class Engine:
             counter = "decode_tokens" if n == 1 and seq.num_generated > 0 else "prefill_tokens"
             self.counters[counter] += n
         masks = self.constraints.start_masks(sampled)  # filled while the forward runs
-        logits = self._forward(ids, steps, last_rows)
+        logits = self.runner.forward(ids, steps, last_rows)
         for seq, n in scheduled:
             start = seq.num_computed
             if seq.seq_id not in committed:
                 self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
             seq.num_computed += n
-        token_emit.sample_and_emit(self, sampled, logits, events, masks)
+        self._sample_and_emit(sampled, logits, events, masks)
 
-    def _forward(self, ids: list[int], steps: list[SeqStep], last_rows: list[int]) -> torch.Tensor:
-        """-> float32 [B, vocab] logits of rows `last_rows`, on the back end's device. The step's
-        inputs and the KV context's index tensors go up in one upload; nothing inside waits for it."""
-        positions = [p for s in steps for p in range(s.start, s.start + s.num_new)]
-        inputs = {"ids": torch.tensor(ids, dtype=torch.long),
-                  "positions": torch.tensor(positions, dtype=torch.long)}
-        if len(last_rows) < len(ids):  # rows increase: as many as ids are every row, none to pick
-            inputs["last_rows"] = torch.tensor(last_rows, dtype=torch.long)
-        if self.graphs is not None and len(ids) == len(steps) == len(last_rows):  # a decode step
-            logits = self.graphs.run(steps, inputs)
-            if logits is not None:
-                return logits
-        ctx = self.backend.context(self.storage, steps, self.sm_scale)
-        dev = self.transfers.upload({**inputs, **ctx.metadata()})
-        ctx.bind(dev)
-        num_positions = max(s.start + s.num_new for s in steps)
-        with torch.inference_mode(), device_region():
-            return self.backend.forward(self.model, dev["ids"], dev["positions"], ctx,
-                                        dev.get("last_rows"), num_positions)
+    # --- tokens out -------------------------------------------------------------------------
+    def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
+                         events: list[TokenEvent], masks=None) -> None:
+        """A token for each of `seqs` (row i of `logits`: seqs[i]; beam requests go to their
+        search), the choices of an n > 1 request forked at its first token, the events out."""
+        plain_rows, plain_seqs = [], []  # plain_rows: the logits row of each plain sequence
+        beam_groups: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
+        for i, seq in enumerate(seqs):
+            if seq.request.is_beam:
+                beam_groups.setdefault(seq.request.request_id, []).append((seq, logits[i]))
+                continue
+            for s in self._fork_choices(seq) + [seq]:  # n > 1: children share the prompt's pages
+                plain_rows.append(i)
+                plain_seqs.append(s)
+        if plain_seqs:
+            rows = SampleRows(plain_rows,
+                              [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)
+                               for s in plain_seqs],
+                              [s.request.params.logprobs for s in plain_seqs])
+            tokens, lps = self.runner.sample(logits, rows, self.constraints, masks)
+            for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
+                self._append_token(seq, tok, events, lp)
+        for group in beam_groups.values():
+            self._beam_step(group[0][0].request, group, events)
+
+    def _fork_choices(self, parent: Sequence) -> list[Sequence]:
+        """The other n - 1 choices of `parent`'s request at its first token, sharing its KV."""
+        req = parent.request
+        if req.params.n == 1 or len(req.seqs) > 1 or parent.num_generated > 0:
+            return []
+        return [self._fork(parent, i, seed_offset=i) for i in range(1, req.params.n)]
+
+    def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent], logprob=None) -> None:
+        """`token` onto `seq`: grammar, stop checks, the event; a finished sequence leaves the
+        scheduler and its request ends when its last sequence does."""
+        req = seq.request
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        seq.token_ids.append(int(token))
+        grammar_ended = self.constraints.accept(seq, int(token))
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        delta, reason = seq.stop.append(int(token))
+        if reason is None and len(seq.token_ids) >= self.model_config.max_position_embeddings:
+            delta += seq.stop.finish_cancelled()
+            seq.stop.finish_reason = reason = "length"
+        if reason is None and grammar_ended:  # e.g. under ignore_eos: nothing more may follow
+            delta += seq.stop.finish_cancelled()
+            seq.stop.finish_reason = reason = "stop"
+        events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta,
+                                 logprobs=None if logprob is None else [logprob]))
+        if reason is not None:
+            self._drop_seq(seq, cached=True)
+            if all(s.status is SeqStatus.FINISHED for s in req.seqs):
+                self.counters["requests_finished"] += 1
+                self._finish_request(req, events)
+
+    def _beam_step(self, req: Request, group: list, events: list[TokenEvent]) -> None:
+        """One step of `req`'s beam search (engine/beam.py decides): the chosen beams forked and
+        carried on, the others dropped; or, when the search is over, its completions out."""
+        chosen = beam.step(self.runner, req, group)
+        state = req.beam_state
+        if chosen is not None:
+            next_beams, forks, dropped = beam.advance(state, chosen)
+            for slot, parent, token, score in forks:  # fork before any parent gets its new token
+                next_beams[slot] = (self._fork(parent, len(req.seqs)), token, score)
+            for seq in dropped:
+                self._drop_seq(seq, cached=False)
+            beam.take_tokens(state, next_beams)
+        else:
+            for seq in state.running:
+                self._drop_seq(seq, cached=True)
+            comps = beam.completions(state, self.tokenizer)
+            for index, comp in enumerate(comps):
+                events.append(TokenEvent(req.request_id, index, list(comp.token_ids), comp.text))
+            self.counters["requests_finished"] += 1
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        if chosen is None:
+            self._finish_request(req, events, completions=comps)
 
     # --- bookkeeping helpers ----------------------------------------------------------------
-    def fork_kv(self, parent: Sequence, child: Sequence) -> None:
-        """The child shares the parent's KV (KVManager.fork) and gets a copy of its recent-key
-        window."""
+    def _fork(self, parent: Sequence, index: int, seed_offset: int = 0) -> Sequence:
+        """A running sequence `index` of the parent's request over the parent's tokens, sharing
+        its KV (KVManager.fork) with a copy of its recent-key window."""
+        child = self._new_seq(parent.request, index, list(parent.token_ids), seed_offset)
         self.kv.fork(parent.seq_id, child.seq_id)
         op = self.kv.window_copy(parent.seq_id, child.seq_id)
         if op is not None:
             self.storage.copy(op)
+        child.num_computed = parent.num_computed
+        self.scheduler.add_running(child)
+        return child
 
-    def new_seq(self, req: Request, index: int, token_ids: list[int], seed_offset: int = 0):
+    def _new_seq(self, req: Request, index: int, token_ids: list[int], seed_offset: int = 0):
         """A sequence of `req` (choice or beam `index`) over `token_ids`, with its sampler (seed:
         the request's + `seed_offset`), stop checker and grammar matcher; appended to `req.seqs`,
-        not yet scheduled. Called with the lock held (beam.py forks beams through it)."""
+        not yet scheduled. Called with the lock held."""
         p = req.params
         seed = None if p.seed is None else p.seed + seed_offset
         seq = Sequence(f"{req.request_id}/{index}", req, index, token_ids, next(self._arrival),
@@ -279,7 +353,7 @@ class Engine:
         req.seqs.append(seq)
         return seq
 
-    def drop_seq(self, seq: Sequence, cached: bool) -> None:
+    def _drop_seq(self, seq: Sequence, cached: bool) -> None:
         """Take a sequence out of the scheduler and give its KV back: kept in the prefix cache
         (`cached`: it finished) or released (cancelled, failed, a beam that lost)."""
         if seq.status is SeqStatus.RUNNING:
@@ -293,17 +367,17 @@ class Engine:
 
     def _fail_seq(self, seq: Sequence, message: str, events: list[TokenEvent]) -> None:
         req = seq.request
-        comps = beam.cut_short_completions(self, req, "error") if req.is_beam else None
+        comps = beam.cut_short_completions(req, self.tokenizer, "error") if req.is_beam else None
         for s in req.seqs:
             if s.status is not SeqStatus.FINISHED:
-                self.drop_seq(s, cached=False)
+                self._drop_seq(s, cached=False)
                 s.stop.finish_cancelled()
                 s.stop.finish_reason = "error"
         req.error = message
         self.counters["requests_failed"] += 1
-        self.finish_request(req, events, completions=comps)
+        self._finish_request(req, events, completions=comps)
 
-    def finish_request(self, req: Request, events: list[TokenEvent],
+    def _finish_request(self, req: Request, events: list[TokenEvent],
                        completions: list[Completion] | None = None) -> None:
         """End `req` once (later calls do nothing): its result, `completions` or one per choice
         from its sequences, goes out as a final event appended to `events`."""

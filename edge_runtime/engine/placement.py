@@ -9,7 +9,7 @@ Every command that runs the model takes `--device auto|cpu|cuda[:N]` and `--back
 - weight dtype: the CUDA back end on a GPU loads the budget's `weight_dtype` (fp16 on the Orin
   budgets; fp16 without a budget); the CPU back end, and the CUDA back end on CPU tensors (the
   Triton interpreter, for tests), load fp32. AWQ layers stay int4 either way (the blocked format
-  both back ends read, quant/awq_blocked.py).
+  both back ends read, model/awq_blocked.py).
 `load_for` loads a model for a placement and prepares it for its back end. `--weights` (a GGUF's
 own int4 blocks or its float conversion) is separate: auto means the blocks on both back ends (in
 the weight dtype's activations on CUDA), fp32 the float conversion in the weight dtype.
@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge_runtime.budget import DEVICE_PATTERN, TORCH_DTYPES
 from edge_runtime.errors import ConfigError
+from edge_runtime.model.weights_option import WEIGHTS
 
 DEVICE_HELP = ("auto (default: the budget's device:, else cuda when torch sees a CUDA device, "
                "else cpu), cpu, cuda or cuda:N")
 BACKEND_HELP = ("cpu (flat store, C kernels) or cuda (paged store, Triton kernels); default: the "
                 "device's. --device cpu --backend cuda runs the Triton kernels in the interpreter "
                 "(TRITON_INTERPRET=1; slow, for tests)")
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def resolve(device: str = "auto", backend: str | None = None, budget=None,
     device = pick_device(device or "auto", budget, need_device)
     backend = backend or ("cpu" if device == "cpu" else "cuda")
     if need_device:
-        from edge_runtime.engine.backend import select_backend
+        from edge_runtime.engine.backend import select_backend  # start-up time: imports torch
 
         select_backend(backend, device)  # ConfigError when this pair cannot run here
     elif backend == "cpu" and device != "cpu":
@@ -75,8 +76,6 @@ def resolve(device: str = "auto", backend: str | None = None, budget=None,
 
 def pick_device(device: str, budget=None, need_device: bool = True) -> str:
     """auto | cpu | cuda | cuda:N -> the device to use (auto resolved as the module doc says)."""
-    from edge_runtime.budget import DEVICE_PATTERN
-
     if not DEVICE_PATTERN.fullmatch(device):
         raise ConfigError(f"--device {device!r}: use auto, cpu, cuda or cuda:N")
     if device == "auto" and budget is not None:
@@ -106,8 +105,6 @@ def model_weights(placement: Placement, weights: str = "auto") -> str:
     that both run a GGUF's own blocks (the C kernels on the CPU back end, the blocked W4A16
     Triton kernel on the CUDA back end); auto on the CPU back end needs the C kernels built
     (model/gguf_int4.serve_from_blocks). Kept as the one place a back end could narrow it."""
-    from edge_runtime.model.weights_option import WEIGHTS
-
     if weights not in WEIGHTS:
         raise ConfigError(f"--weights {weights!r}: use one of {', '.join(WEIGHTS)}")
     return weights
@@ -116,12 +113,13 @@ def model_weights(placement: Placement, weights: str = "auto") -> str:
 def load_for(model: str, placement: Placement, progress=None, weights: str = "auto"):
     """The model loaded for `placement` and prepared for its back end (engine/backend.py);
     weights: `--weights` (model_weights says what it means on each back end)."""
+    # start-up time: imports torch
     from edge_runtime.engine.backend import prepare_model, select_backend
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.model.loader import load_model  # start-up time: imports torch
 
     kwargs = {} if progress is None else {"progress": progress}
     # AWQ layers: the blocked format (QuantLinear) on both back ends unless the environment picks
-    # one of AWQLinear's backends (quant/awq_model.py)
+    # one of AWQLinear's backends (model/awq_model.py)
     loaded = load_model(model, dtype=placement.torch_dtype, device=placement.device,
                         weights=model_weights(placement, weights), **kwargs)
     prepare_model(loaded.model, select_backend(placement.backend, placement.device))

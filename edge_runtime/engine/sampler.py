@@ -23,6 +23,7 @@ import torch
 
 from edge_runtime.engine.api import SamplingParams, TokenLogprob
 from edge_runtime.kernels.argmax_cpu import argmax_rows
+from edge_runtime.engine.constraints import token_logprobs
 
 
 @dataclass
@@ -54,8 +55,6 @@ class HostSampler:
     def choose(self, logits: torch.Tensor, batch: SampleRows, constraints, masks
                ) -> tuple[list[int], list[TokenLogprob | None]]:
         """-> (one token id per row, its log-probs or None per row)."""
-        from edge_runtime.engine.constraints import token_logprobs
-
         same = batch.source_rows == list(range(logits.shape[0]))
         raw = logits if same else logits[torch.tensor(batch.source_rows)]
         keep_raw = masks is not None and any(t is not None for t in batch.tops)

@@ -1,9 +1,9 @@
 """Scoring a token sequence through the engine's own paged KV path (perplexity).
 
 `score_tokens` admits a temporary sequence in the engine's KVManager, prefills it in chunks of
-`max_batch_tokens` through the back end's KV context (K/V quantized and stored exactly as for generation,
-every chunk attending to the chunks before it from the pages), asks the forward for logits at every
-position, and returns the negative log-likelihood of each next token. The sequence is released at
+`max_batch_tokens` through the step runner's forward (the back end's KV context; K/V quantized
+and stored exactly as for generation, every chunk attending to the chunks before it from the
+pages), asks for logits at every position, and returns the negative log-likelihood of each next token. The sequence is released at
 the end, so the pool is as before (its committed pages stay cached, as for any request).
 
 Invariants: runs under the engine lock between steps; every position is computed (a prefix-cache
@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from edge_runtime.engine.paged_kv import SeqStep
+from edge_runtime.kv.paged_context import SeqStep
 
 _ids = itertools.count()
 
@@ -46,19 +46,8 @@ def score_logits(engine, token_ids: list[int]):
                 for op in kv.reserve(seq_id, len(ids)):
                     engine.storage.copy(op)
                 step = SeqStep.from_segments(kv.segments(seq_id), start, len(ids))
-                logits = _all_logits(engine, ids, step)  # [n, vocab]
+                logits = engine.runner.every_position_logits(ids, step)  # [n, vocab]
                 kv.commit(seq_id, ids)
                 yield start, logits
         finally:
             kv.release(seq_id)
-
-
-def _all_logits(engine, ids: list[int], step: SeqStep) -> torch.Tensor:
-    device = engine.storage.device
-    ctx = engine.backend.context(engine.storage, [step], engine.sm_scale)
-    ctx.bind(engine.transfers.upload(ctx.metadata()))
-    positions = torch.arange(step.start, step.start + step.num_new, device=device)
-    with torch.inference_mode():
-        logits = engine.backend.forward(engine.model, torch.tensor(ids, dtype=torch.long, device=device),
-                                        positions, ctx, None)
-    return logits.float().cpu()

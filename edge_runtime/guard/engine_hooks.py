@@ -1,7 +1,7 @@
 """The guard's actions on a live Engine (docs/interfaces.md "Memory guard hooks").
 
 A thin adapter: every action is an Engine method that takes the engine lock, so no step runs
-while pages are evicted, sequences preempted or pool chunks retired (engine/pool_resize.py).
+while pages are evicted, sequences preempted or pool chunks retired (kv/pool_resize.py).
 It also totals the bytes handed back to the OS, for the guard's log and tests.
 """
 
@@ -23,9 +23,9 @@ class EngineGuardHooks:
         return self.engine.preempt_newest(k)
 
     def shrink_pool(self, n_chunks: int) -> int:
-        before = self.engine.counters["pool_bytes_released"]
+        before = self.engine.snapshot().pool_bytes_released
         done = self.engine.shrink_pool(n_chunks)
-        self.released_bytes += self.engine.counters["pool_bytes_released"] - before
+        self.released_bytes += self.engine.snapshot().pool_bytes_released - before
         return done
 
     def grow_pool(self, n_chunks: int) -> int:
@@ -33,8 +33,8 @@ class EngineGuardHooks:
 
     def next_regrow_bytes(self) -> int:
         """Bytes the next regrown chunk makes resident again (0: nothing to regrow)."""
-        pages = self.engine.pool_chunks.next_regrow_pages()
-        return self.engine.storage.pool.nbytes() * pages // self.engine.num_pages
+        snapshot = self.engine.snapshot()
+        return snapshot.pool_bytes * snapshot.next_regrow_pages // snapshot.num_pages
 
     def refuse_waiting(self, message: str) -> int:
         return self.engine.refuse_waiting(message)

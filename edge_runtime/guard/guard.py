@@ -7,7 +7,7 @@ Invariants:
 - Every transition is logged and counted in `transitions[(from, to)]`; every action's effect
   (pages evicted, sequences preempted, chunks released/regrown) is summed in `action_counts`.
 - high: admission paused, and each poll returns up to `shrink_chunks_on_high` whole pool chunks to
-  the OS (their cached pages evicted, live pages moved below them: engine/pool_resize.py); on the
+  the OS (their cached pages evicted, live pages moved below them: kv/pool_resize.py); on the
   CPU back end the pool is resident, so evicting pages alone would lower nothing.
   critical: additionally, each poll evicts every cached page, preempts the newest sequences and
   returns up to `shrink_chunks_on_critical` chunks. Back to ok: admission resumes, and each poll
@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from edge_runtime.guard.config import GuardConfig
+from edge_runtime.guard_config import GuardConfig
 from edge_runtime.guard.telemetry import MemorySample
 
 log = logging.getLogger(__name__)

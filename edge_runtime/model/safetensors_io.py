@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.model.gguf_convert import cache_root
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -43,8 +44,6 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def _corrupt(path: Path, exc: Exception) -> ModelLoadError:
-    from edge_runtime.model.gguf_convert import cache_root
-
     fix = ""
     if cache_root() in path.resolve().parents:  # a GGUF conversion of ours: it is redone if gone
         fix = f"; delete {path.parent} and the GGUF is converted again"

@@ -72,5 +72,5 @@ def split(book: dict[str, str], engine_running: set[str], engine_held: set[str])
 def engine_requests(engine) -> tuple[set[str], set[str]]:
     """(ids with a sequence in the batch, ids the engine holds unfinished); call it on the engine's
     loop thread between steps (AsyncEngine.call), where the two are read at one moment."""
-    running = {seq.request.request_id for seq in engine.scheduler.running}
-    return running, set(engine.requests)
+    snapshot = engine.snapshot()
+    return set(snapshot.running_request_ids), set(snapshot.held_request_ids)

@@ -12,7 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
-from edge_runtime.model.tool_format import CallStreamParser
+from edge_runtime.service.tool_format import CallStreamParser
 from edge_runtime.service import responses as R
 
 

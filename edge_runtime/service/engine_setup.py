@@ -11,9 +11,15 @@ from __future__ import annotations
 import logging
 
 from edge_runtime.errors import ConfigError
-from edge_runtime.guard.config import GuardConfig
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.guard_config import GuardConfig
+from edge_runtime.service_limits import ServiceLimits
 from edge_runtime.service.server import Loaded
+from edge_runtime.budget import load_budget
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.guard.engine_hooks import EngineGuardHooks
+from edge_runtime.guard.guard import MemoryGuard
+from edge_runtime.guard.telemetry import open_source
+from edge_runtime.plan import make_plan
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +27,7 @@ log = logging.getLogger(__name__)
 def engine_config(budget, limits: ServiceLimits, loaded, placement, runtime_bytes: int = 0):
     """budget: the loaded Budget, or None without --config. runtime_bytes: the CUDA context and
     workspace measured at start-up (engine/cuda_memory.py)."""
+    # start-up time: imports torch
     from edge_runtime.engine.config import EngineConfig, budget_engine_config
 
     overrides = dict(max_num_seqs=limits.max_concurrent_sequences, **placement.engine_settings())
@@ -56,7 +63,7 @@ def check_graph_memory(engine, budget) -> None:
 def _check_free_memory(plan, device: str) -> None:
     """On CUDA: say so when the pool about to be allocated exceeds what is free now (MemAvailable
     on unified memory); the allocation may still succeed as the kernel reclaims caches."""
-    from edge_runtime.engine.cuda_memory import free_bytes
+    from edge_runtime.engine.cuda_memory import free_bytes  # start-up time: imports torch
 
     free = free_bytes(device)
     if free is not None and plan.pool_bytes > free:
@@ -72,8 +79,8 @@ def check_budget(model_name: str, budget) -> None:
     it before the weights load."""
     if budget is None:
         return
+    # start-up time: imports torch
     from edge_runtime.model.loader import read_model_config, resolve_model_folder
-    from edge_runtime.plan import make_plan
 
     folder = resolve_model_folder(model_name)
     config = read_model_config(folder)
@@ -86,17 +93,15 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
     """The budget YAML is read once here; everything after takes the loaded Budget. Device, back
     end and weight dtype (engine/placement.py): `--device auto` takes the budget's `device:`, else
     CUDA where torch sees one, else the CPU."""
-    from edge_runtime.budget import load_budget
-    from edge_runtime.engine.async_engine import AsyncEngine
-    from edge_runtime.engine.engine import Engine
-    from edge_runtime.engine.placement import load_for, resolve
+    from edge_runtime.engine.async_engine import AsyncEngine  # start-up time: imports numpy, torch
+    from edge_runtime.engine.engine import Engine  # start-up time: imports numpy, torch
 
     budget = load_budget(config_path) if config_path else None
     check_budget(model_name, budget)
     placement = resolve(device, backend, budget)
     log.info("model %s on the %s back end, device %s, %s weights", model_name, placement.backend,
              placement.device, placement.weight_dtype)
-    from edge_runtime.engine.cuda_memory import runtime_overhead
+    from edge_runtime.engine.cuda_memory import runtime_overhead  # start-up time: imports torch
 
     runtime_bytes = runtime_overhead(placement.device)  # before the weights: context + workspace
     if runtime_bytes:
@@ -107,9 +112,5 @@ def load_all(model_name: str, config_path: str | None, limits: ServiceLimits,
     aengine = AsyncEngine(engine)
     guard = None
     if guard_config.enabled:
-        from edge_runtime.guard.engine_hooks import EngineGuardHooks
-        from edge_runtime.guard.guard import MemoryGuard
-        from edge_runtime.guard.telemetry import open_source
-
         guard = MemoryGuard(guard_config, open_source(), EngineGuardHooks(engine))
     return Loaded(loaded, engine, aengine, engine.backend.describe(), guard)

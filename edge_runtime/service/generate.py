@@ -29,7 +29,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
-from edge_runtime.cache.page_math import request_pages_lenient
+from edge_runtime.kv.page_math import request_pages_lenient
 from edge_runtime.engine.async_engine import EngineLoopStopped
 from edge_runtime.errors import EdgeError, MemoryPressure, OutOfPages, RequestError
 from edge_runtime.service import responses as R
@@ -37,6 +37,7 @@ from edge_runtime.service.body import read_body
 from edge_runtime.service.choice_stream import ChoiceStream
 from edge_runtime.service.schema import ApiError, ApiRequest, parse_body, parse_chat, parse_completion
 from edge_runtime.service.state import STATE_KEY, ServiceState
+from edge_runtime.model.chat import encode_messages, encode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,6 @@ def _admit(state: ServiceState) -> None:
 
 
 def _encode(state: ServiceState, req: ApiRequest) -> list[int]:
-    from edge_runtime.model.chat import encode_messages, encode_prompt
-
     if req.kind == "chat":
         return list(encode_messages(state.tokenizer, list(req.messages)))
     if isinstance(req.prompt, tuple):

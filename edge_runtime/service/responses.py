@@ -15,7 +15,7 @@ import time
 import uuid
 
 from edge_runtime.engine.api import GenerationResult
-from edge_runtime.model import tool_format
+from edge_runtime.service import tool_format
 
 
 def usage(result: GenerationResult) -> dict:

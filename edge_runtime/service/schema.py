@@ -134,7 +134,7 @@ def parse_chat(body: dict, max_tokens_cap: int) -> ApiRequest:
 
 
 def _tool_or_plain_message(i: int, m) -> dict:
-    from edge_runtime.service import tools_api
+    from edge_runtime.service import tools_api  # start-up time: imports torch
 
     return (tools_api.tool_message(i, m) if isinstance(m, dict) else None) or _message(i, m)
 

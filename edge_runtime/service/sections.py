@@ -1,15 +1,15 @@
 """The `service:` and `guard:` sections of a budget, read for the service.
 
-Kept apart from service/limits.py because the budget loader validates its `service:` section with
-ServiceLimits: limits.py must not import the budget module in turn.
+Kept apart from service_limits.py because the budget loader validates its `service:` section with
+ServiceLimits: the schema sits below the budget and must not import it in turn.
 """
 
 from __future__ import annotations
 
 from edge_runtime.budget import load_budget
 from edge_runtime.errors import ConfigError
-from edge_runtime.guard.config import GuardConfig
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.guard_config import GuardConfig
+from edge_runtime.service_limits import ServiceLimits
 
 
 def load_sections(config: str | None) -> tuple[ServiceLimits, GuardConfig]:

@@ -36,8 +36,10 @@ from aiohttp import web
 from edge_runtime.errors import ConfigError
 from edge_runtime.service.app import ServiceState, build_app
 from edge_runtime.service.connections import check_descriptor_limit, start_listening
-from edge_runtime.service.listen import describe
+from edge_runtime.listen_address import describe
 from edge_runtime.service.sd_notify import SystemdNotifier
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.guard.guard import run_guard_thread
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +182,6 @@ class Server:
         return not self.stop_event.is_set()
 
     async def _warm_up(self) -> None:
-        from edge_runtime.engine.api import SamplingParams
-
         self.notifier.status("warming up")
         tok = self.loaded.model.tokenizer
         ids = tok.encode("Hello", add_special_tokens=False) or [0]
@@ -190,8 +190,6 @@ class Server:
 
     async def _serve(self) -> None:
         if self.loaded.guard is not None:
-            from edge_runtime.guard.guard import run_guard_thread
-
             run_guard_thread(self.loaded.guard, self._guard_stop)
         watchdog = asyncio.ensure_future(self._watchdog())
         try:

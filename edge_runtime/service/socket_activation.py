@@ -7,7 +7,7 @@ Invariants:
   never shutdown() them, and closing ours leaves systemd's copy listening for the next start.
 - After reading, the LISTEN_* variables are removed from os.environ so children don't claim fds.
 - At most one Unix stream socket (the local API) and one TCP stream socket (the optional TCP
-  listener, service/listen.py) are accepted; anything else is a ConfigError naming the fix.
+  listener, listen_address.py) are accepted; anything else is a ConfigError naming the fix.
 """
 
 from __future__ import annotations

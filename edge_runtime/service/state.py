@@ -11,7 +11,7 @@ import time
 from aiohttp import web
 
 from edge_runtime.service.accounting import InFlight, RequestBook, engine_requests, split
-from edge_runtime.service.limits import ServiceLimits
+from edge_runtime.service_limits import ServiceLimits
 from edge_runtime.service.metrics import ServiceMetrics
 
 STATE_KEY = web.AppKey("edge_state", object)

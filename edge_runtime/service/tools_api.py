@@ -1,7 +1,7 @@
 """OpenAI chat fields for tools and constrained output: `tools`, `tool_choice`,
 `parallel_tool_calls`, `response_format`, `logprobs`/`top_logprobs`, assistant `tool_calls` and
 `role: "tool"` messages in the history -> what the engine gets (a grammar, a log-prob count, the
-messages rendered as text by model/tool_format.py).
+messages rendered as text by service/tool_format.py).
 
 Invariants:
 - Like schema.py: any body raises only ApiError (400 naming the field) or returns `ChatExtras`.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from edge_runtime.engine.api import MAX_TOP_LOGPROBS, GrammarSpec
 from edge_runtime.engine.grammar import schema_text
-from edge_runtime.model.tool_format import (NAME_PATTERN, ToolCall, ToolFunction, call_grammar,
+from edge_runtime.service.tool_format import (NAME_PATTERN, ToolCall, ToolFunction, call_grammar,
                                             render_call, tool_response_text, tools_system_text)
 from edge_runtime.service.api_error import ApiError
 

@@ -30,7 +30,12 @@ import math
 import re
 import sys
 
-from edge_runtime.errors import ConfigError
+from edge_runtime.errors import ConfigError, EdgeError
+from edge_runtime.budget import load_budget
+from edge_runtime.engine.placement import resolve
+from edge_runtime.guard_config import GuardConfig
+from edge_runtime.model.weights_option import add_weights_option
+from edge_runtime.plan import make_plan, model_for_plan
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -100,14 +105,6 @@ def _gib(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edge_runtime.budget import load_budget
-    from edge_runtime.engine.placement import resolve
-    from edge_runtime.errors import EdgeError
-    from edge_runtime.guard.config import GuardConfig
-    from edge_runtime.model.weight_bytes import model_for_plan
-    from edge_runtime.model.weights_option import add_weights_option
-    from edge_runtime.plan import make_plan
-
     p = argparse.ArgumentParser(prog="python -P -m edge_runtime.service.unit_limits")
     p.add_argument("--config", required=True)
     p.add_argument("--model", default="smollm2-135m-instruct")

@@ -2,7 +2,7 @@
 
 Each action is a function with JSON-schema parameters (device names as enums, numbers with
 ranges); the voice loop renders them as tools into the shared system prompt and decodes every
-command as exactly one call of one of them (model/tool_format.py's grammar), then `dispatch` runs
+command as exactly one call of one of them (service/tool_format.py's grammar), then `dispatch` runs
 the action's handler:
 
 - `events` (default): nothing runs; the call and its arguments are recorded in the events file;
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from edge_runtime.errors import ConfigError
-from edge_runtime.model.tool_format import NAME_PATTERN, ToolCall, ToolFunction
+from edge_runtime.service.tool_format import NAME_PATTERN, ToolCall, ToolFunction
 
 log = logging.getLogger(__name__)
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -99,7 +99,7 @@ def _action(entry, where: str) -> Action:
 
 def actions_prompt_text(actions: list[Action]) -> str:
     """The actions as system-prompt lines, one per action with its arguments' choices, and the
-    call format. Plainer than the service's JSON signatures (model/tool_format.py), which the
+    call format. Plainer than the service's JSON signatures (service/tool_format.py), which the
     135M model follows worse: tools/voice_action_probe.py, docs/voice.md "Actions"."""
     lines = ["Functions:"]
     for action in actions:

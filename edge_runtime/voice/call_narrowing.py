@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from difflib import SequenceMatcher
 
-from edge_runtime.model.tool_format import ToolFunction
+from edge_runtime.service.tool_format import ToolFunction
 from edge_runtime.voice.report import normalize, number_words
 
 # difflib's ratio above which a heard word stands for a device's word: "bliders" for "blinds"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import jsonschema
 
-from edge_runtime.model.tool_format import parse_calls
+from edge_runtime.service.tool_format import parse_calls
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import Callable
 
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.errors import EdgeError
-from edge_runtime.model.tool_format import ToolFunction, call_grammar, parse_calls
+from edge_runtime.service.tool_format import ToolFunction, call_grammar, parse_calls
 from edge_runtime.voice.actions import Dispatcher
 from edge_runtime.voice.asr import ASRPool, ASRResult
 from edge_runtime.voice.call_narrowing import narrow_functions
@@ -48,7 +48,7 @@ ACTION_MIN_TOKENS = 96  # a call with its arguments is ~40 tokens; a cut call do
 
 
 def action_params(functions: list[ToolFunction], max_tokens: int) -> SamplingParams:
-    """Greedy, exactly one call of one of the functions (model/tool_format.py's grammar)."""
+    """Greedy, exactly one call of one of the functions (service/tool_format.py's grammar)."""
     grammar = call_grammar(functions, "required", parallel=False, what="the actions")
     return SamplingParams(max_tokens=max(max_tokens, ACTION_MIN_TOKENS), temperature=0.0,
                           grammar=grammar)

@@ -22,6 +22,9 @@ from edge_runtime.voice.config import VoiceConfig
 from edge_runtime.voice.loop import LoopSettings, StreamReport, VoiceLoop
 from edge_runtime.voice.actions import Dispatcher
 from edge_runtime.voice.prompting import load_system_prompt
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.kernels import cpu_threads
+from edge_runtime.voice.remote import RemoteEngine
 
 
 def print_stderr(msg: str) -> None:
@@ -46,6 +49,7 @@ class Runtime:
 def engine_config(num_streams: int, budget, loaded, placement):
     """`budget`: a loaded Budget (configs/orin/*.yaml) or None for the engine's defaults;
     `placement`: device and back end (engine/placement.py)."""
+    # start-up time: imports torch
     from edge_runtime.engine.config import EngineConfig, budget_engine_config
 
     overrides = dict(max_num_seqs=max(8, num_streams), **placement.engine_settings())
@@ -57,8 +61,6 @@ def engine_config(num_streams: int, budget, loaded, placement):
 def _engine_threads(config: VoiceConfig) -> str:
     """Set the engine's CPU team policy: cpu.engine_threads pins it; 0 adapts it to the cores
     other programs leave free, at most the cores left after ASR (kernels/cpu_threads.py)."""
-    from edge_runtime.kernels import cpu_threads
-
     cap = config.resolved_engine_threads()
     if config.engine_threads:
         cpu_threads.configure(pinned=cap)
@@ -70,9 +72,8 @@ def _engine_threads(config: VoiceConfig) -> str:
 def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str | None,
                   device: str, progress: Callable[[str], None], backend: str | None = None,
                   weights: str = "auto"):
-    from edge_runtime.engine.async_engine import AsyncEngine
-    from edge_runtime.engine.engine import Engine
-    from edge_runtime.engine.placement import load_for, resolve
+    from edge_runtime.engine.async_engine import AsyncEngine  # start-up time: imports torch
+    from edge_runtime.engine.engine import Engine  # start-up time: imports torch
 
     if budget:  # a bad budget name fails before the model load, not after
         from edge_runtime.budget import load_budget
@@ -90,8 +91,8 @@ def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str
 
 
 def _remote_engine(model: str, server: str, progress: Callable[[str], None], retry_s: float):
+    # start-up time: imports torch
     from edge_runtime.model.loader import load_tokenizer, resolve_model_folder
-    from edge_runtime.voice.remote import RemoteEngine
 
     progress(f"using the service at {server}; loading the tokenizer of {model} ...")
     tokenizer = load_tokenizer(resolve_model_folder(model, progress=None))

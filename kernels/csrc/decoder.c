@@ -10,7 +10,7 @@
  * down_proj + residual. Every row is one query token: a decode token, or a token of a prefill
  * chunk (whose keys the attention parts list like a decode token's at its position). With
  * `rotate_kv`, q, k and v heads are Hadamard-rotated after rope and the attention output rotated
- * back, as engine/paged_kv.py does around its attention for rotated (int8) stores.
+ * back, as kv/paged_context.py does around its attention for rotated (int8) stores.
  *
  * Math: fp32 throughout, the same formulas as the torch path (rms_norm: x * rsqrt(mean(x^2) + eps)
  * * w; rope in the rotate-half form; silu(g) = g * sigmoid(g)); sums run in another order, so the

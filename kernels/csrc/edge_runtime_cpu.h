@@ -9,7 +9,7 @@
 typedef struct {
     const int8_t *k, *v;        /* flat rows [*, D]: int8, or fp16 bits when ks == NULL */
     const uint16_t *ks, *vs;    /* fp16 scales [*] (same row numbers); NULL: an fp16 part (the
-                                   recent-key window, engine/recent_window.py), read unscaled */
+                                   recent-key window, kv/recent_window.py), read unscaled */
     const int64_t *index;       /* [R, Hkv, width] layer-0 row numbers */
     const int32_t *lens;        /* [R] valid entries of each row's list */
     int64_t width;

@@ -8,7 +8,7 @@
  * so a query reads bit for bit the same whatever its sequence's storage layout. Per (row, kv head): scores for the G query heads in one pass over the keys,
  * softmax, then one pass over the values. fp32 math; int8 K/V with fp16 per-(token, head) scales.
  * A part without scales (ks == NULL) holds fp16 K/V: a sequence's recent-key window
- * (engine/recent_window.py), whose positions the int8 parts then leave out.
+ * (kv/recent_window.py), whose positions the int8 parts then leave out.
  * Row numbers are layer-0 rows; `layer_offset` of each part moves them to the layer at hand.
  *
  * write_kv_int8: quantize new K/V rows (symmetric absmax per token and head, kernels/quantize.py)

@@ -1,0 +1,162 @@
+"""The K/V tensors: the page pool and the inline arena, allocated once and touched at start.
+
+Layout (docs/interfaces.md):
+  k_pages, v_pages: [num_pages, num_layers, page_tokens, num_kv_heads, head_dim]
+      (on the CUDA back end one such tensor per chunk of `pool_chunk_pages` pages:
+      kv/chunked_pool.py, addressed by the kernels through kernels/page_chunks.py)
+      int8 (with k_scales, v_scales: [num_pages, num_layers, page_tokens, num_kv_heads] fp16),
+      or fp16 / fp32 without scales (reference runs).
+  k_inline, v_inline (+ scales): the same with num_slots / slot_tokens.
+  k_window, v_window: [num_windows, num_layers, window_tokens, num_kv_heads, head_dim] fp16, no
+      scales: each running sequence's most recent K/V kept exact next to its int8 copy (the
+      recent-key window, kv/recent_window.py); int8 KV only, allocated when num_windows > 0.
+A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` in the arena,
+`window * window_tokens + offset` in the windows).
+  k_means: [num_layers, num_kv_heads, head_dim] fp32, in the stores' (rotated) basis, or None:
+      the mean key of each layer and kv head for centred int8 keys (kernels/quantize.py; measured
+      by kv/key_means.py), set once before the first write and never changed after.
+
+Invariants:
+- Block tables address pages by page id forever. The flat stores are never reallocated; a
+  chunked pool reallocates only a chunk the guard retired, when it is regrown.
+- A page id addresses all layers, and a page's bytes are contiguous, so a range of page ids is a
+  contiguous byte range of each tensor. `release_pages` gives such a range back: in the flat pool
+  (CPU back end) with madvise(MADV_DONTNEED) (RSS really falls; whole OS pages inside the range
+  read back as zeros, the unaligned edges keep their old bytes), in a chunked pool (CUDA back end)
+  by dropping the chunk's tensors (the range must be a whole chunk). `regrow_pages` makes the
+  range resident again, zeros.
+- The caller (the memory guard through the engine) only releases pages that hold no live or cached
+  K/V; this module does not know page states.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import mmap
+import os
+
+import torch
+
+from edge_runtime.kv.chunked_pool import ChunkedStore
+from edge_runtime.kv.store import Store, StoreView
+from edge_runtime.kernels import hadamard
+
+KV_DTYPES = {"int8": torch.int8, "fp16": torch.float16, "fp32": torch.float32}
+_MADV_DONTNEED = 4
+
+
+class KVStorage:
+    """Pool + arena tensors for one model."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_pages: int,
+                 page_tokens: int, num_inline_slots: int = 0, inline_tokens: int = 0,
+                 kv_dtype: str = "int8", device: str | torch.device = "cpu",
+                 num_windows: int = 0, window_tokens: int = 0, pool_chunk_pages: int | None = None):
+        """pool_chunk_pages: None, the pool as one tensor per K/V/scales (the CPU back end's flat
+        rows read it); else one per chunk of that many pages (the CUDA back end)."""
+        assert kv_dtype in KV_DTYPES, kv_dtype
+        dtype = KV_DTYPES[kv_dtype]
+        self.kv_dtype = kv_dtype
+        # int8 stores hold each head's K and V rotated by the normalized Hadamard matrix
+        # (kernels/hadamard.py): same attention, better int8 precision; readers and writers
+        # rotate q/k/v in and the attention output back
+        self.rotated = kv_dtype == "int8" and hadamard.applies(head_dim)
+        self.device = torch.device(device)
+        self.key_shape = (num_layers, num_kv_heads, head_dim)
+        if pool_chunk_pages is None:
+            self.pool = Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
+        else:
+
+            self.pool = ChunkedStore(num_pages, pool_chunk_pages, num_layers, page_tokens,
+                                     num_kv_heads, head_dim, dtype, device)
+        self.inline = None
+        if num_inline_slots > 0:
+            self.inline = Store(num_inline_slots, num_layers, inline_tokens, num_kv_heads,
+                                 head_dim, dtype, device)
+        self.window = None
+        if num_windows > 0 and window_tokens > 0:
+            assert kv_dtype == "int8", "the recent-key window is for int8 KV (float KV is exact)"
+            self.window = Store(num_windows, num_layers, window_tokens, num_kv_heads, head_dim,
+                                 torch.float16, device)
+        self.released: set[int] = set()
+        self.k_means: torch.Tensor | None = None
+
+    def set_key_means(self, means: torch.Tensor) -> None:
+        """Centre int8 keys on `means` [num_layers, num_kv_heads, head_dim] (rotated basis) from
+        now on; only before anything is written, since stored keys are read with these means."""
+        assert self.kv_dtype == "int8", "centred keys are an int8 store's"
+        shape = self.key_shape
+        assert tuple(means.shape) == shape, f"key means {tuple(means.shape)} for a store of {shape}"
+        self.k_means = means.to(torch.float32, copy=True).contiguous()
+
+    def key_mean(self, name: str, layer: int) -> torch.Tensor | None:
+        """The layer's mean key for store `name`'s int8 keys; None for the fp16 window."""
+        if self.k_means is None or name == "window":
+            return None
+        return self.k_means[layer]
+
+    def store(self, name: str) -> Store:
+        assert name in ("pages", "inline", "window"), name
+        st = {"pages": self.pool, "inline": self.inline, "window": self.window}[name]
+        assert st is not None, f"store {name!r} is not allocated"
+        return st
+
+    def view(self, name: str, layer: int) -> StoreView:
+        v = self.store(name).view(layer)
+        mean = self.key_mean(name, layer)
+        return v if mean is None else dataclasses.replace(v, k_mean=mean)
+
+    def nbytes(self) -> int:
+        return sum(st.nbytes() for st in (self.pool, self.inline, self.window) if st is not None)
+
+    def copy(self, op) -> None:
+        """Execute a CopyOp: num_tokens tokens (all layers, K, V and scales) from src to dst."""
+        src, dst = self.store(op.src_store), self.store(op.dst_store)
+        dst.write(op.dst_slot_start, src.read(op.src_slot_start, op.num_tokens))
+
+    def release_pages(self, start: int, end: int) -> int:
+        """Give pages [start, end) back (a whole chunk in a chunked pool); returns the bytes
+        released: madvise'd whole OS pages (flat pool), the chunk's tensor bytes (chunked)."""
+        assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
+        if start == end:
+            return 0
+        if isinstance(self.pool, Store):
+            if self.device.type != "cpu":
+                return 0  # a flat pool on a device: no piecewise release (tests only)
+            released = sum(_madvise_dontneed(t, start, end) for t in self.pool.tensors())
+        else:
+            released = self.pool.release(start, end)
+        self.released.update(range(start, end))
+        return released
+
+    def regrow_pages(self, start: int, end: int) -> None:
+        """Make pages [start, end) resident again (zeros), after release_pages."""
+        assert 0 <= start <= end <= self.pool.num_blocks, (start, end)
+        if isinstance(self.pool, Store):
+            for t in self.pool.tensors():
+                t[start:end].zero_()
+        elif start < end:
+            self.pool.regrow(start, end)
+        self.released.difference_update(range(start, end))
+
+
+def _madvise_dontneed(t: torch.Tensor, start: int, end: int) -> int:
+    """madvise(MADV_DONTNEED) on the whole OS pages inside t[start:end]'s bytes."""
+    assert t.is_contiguous()
+    row = t[0].numel() * t.element_size()
+    lo = t.data_ptr() + start * row
+    hi = t.data_ptr() + end * row
+    page = mmap.PAGESIZE
+    lo_aligned = (lo + page - 1) // page * page  # round inward: never touch a neighbour's bytes
+    hi_aligned = hi // page * page
+    if hi_aligned <= lo_aligned:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    rc = libc.madvise(ctypes.c_void_p(lo_aligned), ctypes.c_size_t(hi_aligned - lo_aligned),
+                      _MADV_DONTNEED)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"madvise(MADV_DONTNEED) failed: {os.strerror(err)}")
+    return hi_aligned - lo_aligned
