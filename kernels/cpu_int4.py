@@ -202,7 +202,7 @@ def _aligned(nbytes: int) -> int:
 
 
 class QuantEmbedding(nn.Module):
-    """Token rows of a QuantLinear's weight (a tied LM head): ids long [...] -> `dtype`
+    """Token rows of a QuantLinear's (or a Float16Linear's) weight (a tied LM head): ids long [...] -> `dtype`
     [..., embedding_dim], the dequantized table's values (rounded to `dtype`, as a float
     embedding in that dtype would hold them)."""
 
@@ -218,7 +218,9 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         head, flat = self.head[0], ids if ids.dim() == 1 else ids.reshape(-1)
-        if dispatch.device_kernels(head.data):
+        if not isinstance(head, QuantLinear):  # a 16-bit table (kernels/float16_linear.py)
+            rows = head.rows_of(flat)
+        elif dispatch.device_kernels(head.data):
             rows = head.weight.rows_of(flat)
         else:  # numpy views of the same bytes: the CPU back end's decode step looks up here
             rows = torch.from_numpy(lookup_rows(

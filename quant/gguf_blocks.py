@@ -213,6 +213,14 @@ def q6_k(raw: np.ndarray) -> GroupedRows:
 _CONVERTERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1, "Q8_0": q8_0, "Q2_K": q2_k,
                "Q3_K": q3_k, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "IQ4_NL": iq4_nl,
                "IQ4_XS": iq4_xs}
+# GGUF type -> its runtime form: (bits, group size, parameter bytes, offsets, signed); what plan
+# counts without converting (model/gguf_int4.planned_weight_bytes); tests check it on each converter
+RUNTIME_FORM = {"Q4_0": (4, 32, 2, True, False), "Q4_1": (4, 32, 2, True, False),
+                "Q5_0": (5, 32, 2, False, True), "Q5_1": (5, 32, 2, True, False),
+                "Q8_0": (8, 32, 2, False, False), "Q2_K": (4, 16, 4, True, False),
+                "Q3_K": (4, 16, 4, True, False), "Q4_K": (4, 32, 4, True, False),
+                "Q5_K": (5, 32, 4, True, False), "Q6_K": (8, 16, 4, False, False),
+                "IQ4_NL": (8, 32, 2, False, False), "IQ4_XS": (8, 32, 4, False, False)}
 FLOAT_TYPES = ("F32", "F16", "BF16")  # served as floats (16-bit ones in 16 bits), not as blocks
 
 

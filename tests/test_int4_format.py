@@ -64,6 +64,9 @@ def test_gguf_blocks_dequantize_exactly_as_gguf(qtype, rows, cols):
     grouped = gguf_blocks.grouped_rows(raw, qtype.name)
     assert grouped.bits == _BITS[qtype]
     _exact(grouped, raw, qtype)
+    bits, group, param_bytes, offsets, signed = gguf_blocks.RUNTIME_FORM[qtype.name]
+    assert (grouped.bits, grouped.group_size, grouped.scales.element_size(),
+            grouped.offsets is not None, grouped.signed) == (bits, group, param_bytes, offsets, signed)
     blocked = BlockedQuantWeight.from_rows(grouped)
     ids = torch.tensor([rows - 1, 0, min(9, rows - 1)])
     assert torch.equal(blocked.rows_of(ids), grouped.dequantize()[ids])
