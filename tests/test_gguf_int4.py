@@ -52,7 +52,7 @@ def test_a_file_with_a_type_not_served_is_refused_before_loading(tmp_path):
     """The tensor, its type and the served list, all true; nothing converted first."""
     import gguf
 
-    from edge_runtime.model.gguf_int4 import check_served
+    from edge_runtime.model.gguf_int4 import check_served, tensor_kernels
     from edge_runtime.quant.gguf_blocks import SUPPORTED
 
     path = tmp_path / "iq2.gguf"
@@ -70,6 +70,24 @@ def test_a_file_with_a_type_not_served_is_refused_before_loading(tmp_path):
     message = str(err.value)
     assert "blk.0.ffn_down.weight is stored as GGUF type IQ2_XXS" in message
     assert f"(served: {', '.join(SUPPORTED)}, F32, F16, BF16)" in message
+    kernels = {t["tensor"]: t for t in tensor_kernels(path, "cpu")}  # what plan prints
+    assert kernels["blk.0.ffn_down.weight"]["kernel"] == "refused at load"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_plan_names_each_tensors_form_and_kernel(backend):
+    from backend_helpers import tiny_gguf_file
+
+    from edge_runtime.model.gguf_int4 import tensor_kernels
+
+    rows = {t["tensor"]: t for t in tensor_kernels(tiny_gguf_file("Q5_0", "Q8_0"), backend)}
+    q, v = rows["blk.0.attn_q.weight"], rows["blk.0.attn_v.weight"]
+    assert (q["type"], q["form"], v["form"]) == ("Q5_0", "sint5 g32 fp16", "int8 g32 fp16")
+    want = "linear_int4.c int5" if backend == "cpu" else "blocked_w4a16 Triton W5A16"
+    assert q["kernel"].startswith(want)
+    assert rows["blk.0.attn_norm.weight"]["form"] == "float32"
+    half = {t["tensor"]: t for t in tensor_kernels(tiny_gguf_file("F16", "Q8_0"), backend)}
+    assert half["blk.0.attn_q.weight"]["kernel"].startswith("Float16Linear")
 
 
 def test_unknown_weights_option_and_gguf_on_a_folder_are_refused(tmp_path):

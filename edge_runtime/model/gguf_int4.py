@@ -243,6 +243,46 @@ def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
     return total
 
 
+def _form_name(type_name: str) -> str:
+    if type_name in _HALF_TYPES:
+        return f"{type_name.lower()} (16-bit)"
+    if type_name not in RUNTIME_FORM:
+        return "float32"
+    bits, group, param_bytes, offsets, signed = RUNTIME_FORM[type_name]
+    params = "fp16" if param_bytes == 2 else "fp32"
+    return f"{'s' if signed else ''}int{bits} g{group} {params}{' +offset' if offsets else ''}"
+
+
+def _kernel_name(type_name: str, name: str, backend: str) -> str:
+    """What computes with a tensor of `type_name` on `backend` (the loader's modules' choice)."""
+    if name.endswith(("norm.weight", ".bias")):
+        return "float32 parameter" if backend == "cpu" else "parameter in the activation dtype"
+    if type_name in _HALF_TYPES:
+        kernel = ("Float16Linear: float32 BLAS tiles widened per call (no fast kernel yet)"
+                  if backend == "cpu" else "Float16Linear: torch matmul in the activation dtype")
+    elif type_name not in RUNTIME_FORM:
+        kernel = "torch linear"
+    elif backend == "cpu":
+        kernel = (f"linear_int4.c int{RUNTIME_FORM[type_name][0]} (prefill from 32 rows: "
+                  "dequantized tiles + BLAS)")
+    else:
+        kernel = f"blocked_w4a16 Triton W{RUNTIME_FORM[type_name][0]}A16"
+    return kernel + ("; the embedding looks its rows up" if name == "token_embd.weight" else "")
+
+
+def tensor_kernels(gguf_path: Path, backend: str) -> list[dict]:
+    """Per tensor of the file: its GGUF type, the runtime form it is held in and the kernel that
+    computes with it on `backend` ("cpu" or "cuda"), for `plan`. A type the loader refuses says so."""
+    rows = []
+    for info in GGUFTensors(gguf_path).infos.values():
+        served = info.type_name in SUPPORTED or info.type_name in _FLOAT_TYPES
+        rows.append({"tensor": info.name, "type": info.type_name,
+                     "form": _form_name(info.type_name) if served else "not served",
+                     "kernel": _kernel_name(info.type_name, info.name, backend) if served
+                     else "refused at load"})
+    return rows
+
+
 def _stderr_bar(total: int):
     from tqdm import tqdm
 
