@@ -115,6 +115,20 @@ def compatible(a: GroupedRows, b: GroupedRows) -> bool:
             and (a.offsets is None) == (b.offsets is None))
 
 
+def widened(parts: list[GroupedRows]) -> list[GroupedRows] | None:
+    """`parts` as 8-bit rows when they differ only in their integers' width (4-, 5- or 8-bit with
+    the same group, parameter dtype and offsets: Q5_0 q / k next to a Q8_0 v), so they can share
+    one blocked weight; the same values (every 4- and 5-bit integer is an int8). Else None."""
+    first = parts[0]
+    same = all(p.q.shape[1] == first.q.shape[1] and p.group_size == first.group_size
+               and p.scales.dtype == first.scales.dtype
+               and (p.offsets is None) == (first.offsets is None) for p in parts)
+    if not same:
+        return None
+    return [p if p.bits == 8 else GroupedRows(p.q.to(torch.int8), p.scales, p.offsets, 8,
+                                              p.group_size) for p in parts]
+
+
 def describe(r: GroupedRows) -> str:
     dtype = str(r.scales.dtype).removeprefix("torch.")
     kind = f"{'s' if r.signed else ''}int{r.bits}"

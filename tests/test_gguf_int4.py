@@ -121,11 +121,13 @@ def test_builtin_model_from_its_blocks_computes_the_fp32_model():
 
 @pytest.mark.parametrize("layer_type,v_down_type", [
     ("Q4_1", "Q8_0"), ("Q5_0", "Q8_0"), ("Q5_1", "Q4_0"), ("F16", "Q8_0"), ("BF16", "Q5_0")])
-def test_mixed_types_in_a_layer_load_unfused_and_compute_the_reference(layer_type, v_down_type):
+def test_mixed_types_in_a_layer_load_and_compute_the_reference(layer_type, v_down_type):
     """A layer whose q/k/v (or gate/up) parts differ in type (a Q4_K_M file keeps attn_v in Q8_0
-    next to Q5_0 q and k): one linear per part under its Hugging Face name; the C kernels and the
-    Triton kernel (the CUDA back end's, interpreted) compute the plain-torch dequantized
-    reference; plan's byte count is still exact. 16-bit layers stay 16-bit (Float16Linear)."""
+    next to Q5_0 q and k): parts that differ only in their integers' width are widened to 8 bits
+    and stay one fused linear (the C one-call step runs them), others get one linear per part
+    under its Hugging Face name; the C kernels and the Triton kernel (the CUDA back end's,
+    interpreted) compute the plain-torch dequantized reference; plan's byte count is still exact.
+    16-bit layers stay 16-bit (Float16Linear)."""
     from backend_helpers import gguf_config, tiny_gguf_file
 
     from edge_runtime.kernels import dispatch
@@ -134,17 +136,22 @@ def test_mixed_types_in_a_layer_load_unfused_and_compute_the_reference(layer_typ
 
     path = tiny_gguf_file(layer_type, v_down_type)
     model, _ = build_gguf_model(path, gguf_config(), "llama")
-    attn = model.model.layers[0].self_attn
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     bits = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}
-    assert attn.qkv_proj is None and attn.v_proj.bits == bits[v_down_type]
-    if layer_type in bits:
-        assert attn.q_proj.bits == bits[layer_type]
-        assert isinstance(model.model.layers[0].mlp.gate_up_proj, QuantLinear)  # same type: fused
+    if (layer_type, v_down_type) in (("Q5_0", "Q8_0"), ("Q5_1", "Q4_0")):  # widened, fused
+        assert attn.qkv_proj.bits == 8 and attn.qkv_proj.out_splits == (64, 32, 32)
+        assert mlp.down_proj.bits == bits[v_down_type] and mlp.gate_up_proj.bits == bits[layer_type]
+        assert model.fused_decoder is not None
+    elif layer_type in bits:  # Q4_1 has offsets, Q8_0 none: one linear per part
+        assert attn.qkv_proj is None and attn.v_proj.bits == 8 and attn.q_proj.bits == 4
+        assert isinstance(mlp.gate_up_proj, QuantLinear)  # same type: fused
+        assert model.fused_decoder is None  # the one-call C step needs fused q/k/v
     else:
+        assert attn.qkv_proj is None and attn.v_proj.bits == bits[v_down_type]
         assert isinstance(attn.q_proj, Float16Linear) and attn.q_proj.weight.dtype == getattr(
             torch, {"F16": "float16", "BF16": "bfloat16"}[layer_type])
-        assert isinstance(model.model.layers[0].mlp.gate_up_proj, Float16Linear)
-    assert model.fused_decoder is None  # the one-call C step needs fused q/k/v
+        assert isinstance(mlp.gate_up_proj, Float16Linear)
+        assert model.fused_decoder is None
     rope = weight_bytes_of(model.model.rotary_emb)
     assert planned_weight_bytes(path) == weight_bytes_of(model) - rope
     ids = random_ids(12, 500, seed=3)

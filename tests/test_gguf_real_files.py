@@ -71,6 +71,9 @@ def test_qwen_q4_k_m_is_served_from_its_blocks_within_the_file_size(qwen):
     bits = Counter(m.bits for m in loaded.model.modules() if isinstance(m, QuantLinear))
     assert set(bits) == {4, 5, 8}, bits  # Q4_K; Q5_0; Q8_0 and Q6_K
     assert not any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())
+    # Q5_0 q / k widened to 8 bits next to a Q8_0 v: every layer fused, the one-call C step runs
+    assert all(layer.self_attn.qkv_proj is not None for layer in loaded.model.model.layers)
+    assert loaded.model.fused_decoder is not None
     rope = weight_bytes_of(loaded.model.model.rotary_emb)
     assert planned_weight_bytes(path) == loaded.weight_bytes - rope
     tensor_bytes = sum(i.nbytes for i in GGUFTensors(path).infos.values())

@@ -161,3 +161,19 @@ def test_row_lookup_on_numpy_arrays_equals_torch(kind):
                       w.signed)
     assert torch.equal(torch.from_numpy(got), w.rows_of(ids))
     assert torch.equal(w.rows_of(ids), rows.dequantize()[ids])
+
+
+def test_widened_rows_keep_their_values_and_fuse():
+    """Q5_0 q / k next to a Q8_0 v: the same values as 8-bit rows, one blocked weight; parts
+    with other parameters (Q4_1's offsets) are not widened."""
+    from edge_runtime.quant.int4_format import compatible, widened
+
+    q5 = gguf_blocks.grouped_rows(_random_raw(QT.Q5_0, 24, 128, 7), "Q5_0")
+    q8 = gguf_blocks.grouped_rows(_random_raw(QT.Q8_0, 8, 128, 8), "Q8_0")
+    wide = widened([q5, q8])
+    assert [w.bits for w in wide] == [8, 8] and compatible(*wide)
+    assert torch.equal(wide[0].dequantize(), q5.dequantize()) and wide[1] is q8
+    fused = BlockedQuantWeight.from_rows(GroupedRows.cat(wide))
+    assert torch.equal(fused.dequantize(), torch.cat([q5.dequantize(), q8.dequantize()]))
+    q4_1 = gguf_blocks.grouped_rows(_random_raw(QT.Q4_1, 8, 128, 9), "Q4_1")
+    assert widened([q4_1, q8]) is None

@@ -38,7 +38,8 @@ from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.weights_option import WEIGHTS
 from edge_runtime.quant.gguf_blocks import (FLOAT_TYPES, RUNTIME_FORM, SUPPORTED, UnsupportedType,
                                             grouped_rows, served_types)
-from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, compatible, describe
+from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, compatible, describe,
+                                            widened)
 
 _FLOAT_TYPES = FLOAT_TYPES
 _HALF_TYPES = ("F16", "BF16")  # matrices kept in their 16 bits
@@ -147,7 +148,11 @@ def _set_linears(owner: nn.Module, fused_name: str, hf_names: tuple[str, ...],
                  parts: list, names: list[str], biases: list) -> None:
     """One fused linear when the parts share a form, else one per part under its Hugging
     Face name (a Q4_K_M file keeps attn_v in Q8_0 next to Q5_0 q and k: the model runs them
-    one by one, without the CPU's one-call layer stack)."""
+    one by one, without the CPU's one-call layer stack). Block parts that differ only in their
+    integers' width are widened to 8 bits first (int4_format.widened: the same values), so a Q5_0
+    q / k and a Q8_0 v still make one fused linear and the model keeps the one-call stack."""
+    if not _same_form(parts) and all(isinstance(p, GroupedRows) for p in parts):
+        parts = widened(parts) or parts
     if _same_form(parts):
         bias = None if all(b is None for b in biases) else torch.cat(
             [torch.zeros(p.shape[0]) if b is None else b for p, b in zip(parts, biases)])
@@ -232,12 +237,15 @@ def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
         key = ".".join(_FUSED.get(p, p) for p in parts)
         groups.setdefault(key, []).append(info)
     for infos in groups.values():
-        if len({RUNTIME_FORM[i.type_name] for i in infos}) > 1:  # not fused: one weight each
-            parts = [[i] for i in infos]
-        else:
-            parts = [infos]
-        for part in parts:
-            bits, group, param_bytes, offsets, _ = RUNTIME_FORM[part[0].type_name]
+        forms = [RUNTIME_FORM[i.type_name] for i in infos]
+        if len(set(forms)) == 1:
+            parts = [(infos, forms[0][0])]
+        elif len({f[1:4] for f in forms}) == 1:  # widened to 8 bits and fused (_set_linears)
+            parts = [(infos, 8)]
+        else:  # not fused: one weight each
+            parts = [([i], f[0]) for i, f in zip(infos, forms)]
+        for part, bits in parts:
+            _, group, param_bytes, offsets, _ = RUNTIME_FORM[part[0].type_name]
             total += blocked_nbytes(bits, sum(i.shape[0] for i in part), part[0].shape[1],
                                     group, param_bytes, offsets)
     return total
