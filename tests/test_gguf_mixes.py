@@ -1,0 +1,127 @@
+"""Files quantized to each of llama.cpp's usual mixes, served from their own blocks: greedy output
+equal to transformers' on the same file's dequantization (fp32 KV).
+
+The files are made here: the built-in SmolLM2 GGUF rewritten with F16 matrices (its own
+dequantized values: `f16_copy`), then llama.cpp's `llama-quantize` makes each mix from it. That
+tool is not a Python package: tools/build_llama_server.sh's way (llama.cpp from
+llama-cpp-python's sdist, cmake -DGGML_NATIVE=OFF, target llama-quantize) builds it; the tests
+look for it at $EDGE_RUNTIME_LLAMA_QUANTIZE, on PATH, or under /work/peers*/build/bin, and skip,
+saying so, without it. SmolLM2's 576-wide rows are not a multiple of 256, so every K-quant mix
+also holds its fallback types (Q5_0, Q5_1, Q8_0, IQ4_NL...), as small models' files do.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.model.chat import encode_prompt
+from edge_runtime.model.gguf_tensors import GGUFTensors
+from engine_helpers import engine_for, hf_greedy
+
+gguf = pytest.importorskip("gguf")
+
+MIXES = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K",
+         "IQ4_NL", "IQ4_XS"]
+MAX_NEW = 16
+PROMPTS = [("The capital of France is", False), ("Turn on the kitchen lights.", True)]
+_TMP = tempfile.TemporaryDirectory(prefix="edge-gguf-mixes-")
+
+
+def llama_quantize() -> str | None:
+    found = os.environ.get("EDGE_RUNTIME_LLAMA_QUANTIZE") or shutil.which("llama-quantize")
+    if found:
+        return found
+    built = sorted(glob.glob("/work/peers*/build/bin/llama-quantize"))
+    return built[0] if built else None
+
+
+def f16_copy(src: Path, dst: Path) -> Path:
+    """`src` with every matrix as F16 (its dequantized values) and its metadata as it is."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    for t in reader.tensors:
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        writer.add_tensor(t.name, w.astype(np.float16 if w.ndim == 2 else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@functools.lru_cache(maxsize=1)
+def _f16_file() -> Path:
+    from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source
+
+    return f16_copy(gguf_source(DEFAULT_MODEL), Path(_TMP.name) / "smollm2-f16.gguf")
+
+
+def mix_file(mix: str) -> Path:
+    if mix == "F16":  # made here, no tool needed
+        return _f16_file()
+    tool = llama_quantize()
+    if tool is None:
+        pytest.skip("llama.cpp's llama-quantize is not built (see this module's doc)")
+    out = Path(_TMP.name) / f"smollm2-{mix}.gguf"
+    if not out.is_file():
+        proc = subprocess.run([tool, str(_f16_file()), str(out), mix, "2"], capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def _engine_greedy(loaded, prompts: list[list[int]]) -> list[list[int]]:
+    engine = engine_for(loaded, kv_dtype="fp32", num_pages=4, check_invariants_every_step=False)
+    out = []
+    for ids in prompts:
+        rid = engine.add_request(ids, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
+        tokens = []
+        while engine.has_unfinished():
+            for ev in engine.step():
+                if ev.request_id == rid:
+                    tokens += ev.token_ids
+        out.append(tokens)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mix", MIXES)
+def test_mix_greedy_equals_transformers_on_its_dequantization(mix):
+    from transformers import AutoModelForCausalLM
+
+    from edge_runtime.model.loader import load_model
+
+    path = mix_file(mix)
+    types = Counter(i.type_name for i in GGUFTensors(path).infos.values())
+    loaded = load_model(str(path), weights="gguf", progress=None)
+    if mix == "F16":  # 16-bit matrices held in 16 bits
+        from edge_runtime.kernels.float16_linear import Float16Linear
+
+        assert any(isinstance(m, Float16Linear) for m in loaded.model.modules())
+    prompts = [encode_prompt(loaded.tokenizer, p, chat=chat) for p, chat in PROMPTS]
+    ours = _engine_greedy(loaded, prompts)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                              torch_dtype=torch.float32)
+    eos = set(loaded.config.eos_token_ids)
+    for ids, got in zip(prompts, ours):
+        want = hf_greedy(hf, ids, MAX_NEW)
+        stop = next((i + 1 for i, t in enumerate(want) if t in eos), len(want))
+        assert got == want[:stop], (mix, dict(types), loaded.tokenizer.decode(got),
+                                    loaded.tokenizer.decode(want))
