@@ -1,9 +1,10 @@
 """Files quantized to each of llama.cpp's usual mixes, served from their own blocks: greedy output
 equal to transformers' on the same file's dequantization (fp32 KV).
 
-The files are made here: the built-in SmolLM2 GGUF rewritten with F16 matrices (its own
-dequantized values: `f16_copy`), then llama.cpp's `llama-quantize` makes each mix from it. That
-tool is not a Python package: tools/build_llama_server.sh's way (llama.cpp from
+The files are made here from the built-in SmolLM2 GGUF (its own dequantized values): rewritten
+with F16 matrices, or with every matrix in Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 by the gguf package's
+own quantizer (`requantized_copy`); llama.cpp's `llama-quantize` makes the K and IQ4 mixes from the
+F16 file. That tool is not a Python package: tools/build_llama_server.sh's way (llama.cpp from
 llama-cpp-python's sdist, cmake -DGGML_NATIVE=OFF, target llama-quantize) builds it; the tests
 look for it at $EDGE_RUNTIME_LLAMA_QUANTIZE, on PATH, or under /work/peers*/build/bin, and skip,
 saying so, without it. SmolLM2's 576-wide rows are not a multiple of 256, so every K-quant mix
@@ -31,8 +32,8 @@ from engine_helpers import engine_for, hf_greedy
 
 gguf = pytest.importorskip("gguf")
 
-MIXES = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K",
-         "IQ4_NL", "IQ4_XS"]
+MADE_HERE = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]  # gguf's quantizer: no tool needed
+MIXES = MADE_HERE + ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
 MAX_NEW = 16
 PROMPTS = [("The capital of France is", False), ("Turn on the kitchen lights.", True)]
 _TMP = tempfile.TemporaryDirectory(prefix="edge-gguf-mixes-")
@@ -46,8 +47,10 @@ def llama_quantize() -> str | None:
     return built[0] if built else None
 
 
-def f16_copy(src: Path, dst: Path) -> Path:
-    """`src` with every matrix as F16 (its dequantized values) and its metadata as it is."""
+def requantized_copy(src: Path, dst: Path, kind: str = "F16") -> Path:
+    """`src` with every matrix as `kind` (F16, or a type gguf.quants.quantize makes, from the
+    dequantized values) and its metadata as it is."""
+    qtype = gguf.GGMLQuantizationType[kind]
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for field in reader.fields.values():
@@ -55,10 +58,16 @@ def f16_copy(src: Path, dst: Path) -> Path:
             continue
         sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{kind}"))
     for t in reader.tensors:
         w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-        writer.add_tensor(t.name, w.astype(np.float16 if w.ndim == 2 else np.float32))
+        if w.ndim == 1:
+            writer.add_tensor(t.name, w.astype(np.float32))
+        elif kind == "F16":
+            writer.add_tensor(t.name, w.astype(np.float16))
+        else:
+            writer.add_tensor(t.name, gguf.quants.quantize(w.astype(np.float32), qtype),
+                              raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -70,12 +79,17 @@ def f16_copy(src: Path, dst: Path) -> Path:
 def _f16_file() -> Path:
     from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source
 
-    return f16_copy(gguf_source(DEFAULT_MODEL), Path(_TMP.name) / "smollm2-f16.gguf")
+    return requantized_copy(gguf_source(DEFAULT_MODEL), Path(_TMP.name) / "smollm2-F16.gguf")
 
 
 def mix_file(mix: str) -> Path:
-    if mix == "F16":  # made here, no tool needed
+    if mix == "F16":
         return _f16_file()
+    if mix in MADE_HERE:
+        from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source
+
+        out = Path(_TMP.name) / f"smollm2-{mix}.gguf"
+        return out if out.is_file() else requantized_copy(gguf_source(DEFAULT_MODEL), out, mix)
     tool = llama_quantize()
     if tool is None:
         pytest.skip("llama.cpp's llama-quantize is not built (see this module's doc)")
