@@ -4,8 +4,8 @@ equal to transformers' on the same file's dequantization (fp32 KV).
 The files are made here from the built-in SmolLM2 GGUF (its own dequantized values): rewritten
 with F16 matrices, or with every matrix in Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 by the gguf package's
 own quantizer (`requantized_copy`); llama.cpp's `llama-quantize` makes the K and IQ4 mixes from the
-F16 file. That tool is not a Python package: tools/build_llama_server.sh's way (llama.cpp from
-llama-cpp-python's sdist, cmake -DGGML_NATIVE=OFF, target llama-quantize) builds it; the tests
+F16 file. That tool is not a Python package: `LLAMA_TARGETS=llama-quantize
+tools/build_llama_server.sh` builds it (llama.cpp from llama-cpp-python's sdist); the tests
 look for it at $EDGE_RUNTIME_LLAMA_QUANTIZE, on PATH, or under /work/peers*/build/bin, and skip,
 saying so, without it. SmolLM2's 576-wide rows are not a multiple of 256, so every K-quant mix
 also holds its fallback types (Q5_0, Q5_1, Q8_0, IQ4_NL...), as small models' files do.
@@ -33,7 +33,16 @@ from engine_helpers import engine_for, hf_greedy
 gguf = pytest.importorskip("gguf")
 
 MADE_HERE = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]  # gguf's quantizer: no tool needed
-MIXES = MADE_HERE + ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
+MIXES = MADE_HERE + ["Q2_K", "Q2_K:ffn_down", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL",
+                     "IQ4_XS"]
+# the block types each mix's file holds besides F32 (SmolLM2's 576-wide rows take llama.cpp's
+# fallbacks; "Q2_K:ffn_down" forces ffn_down, the one 1536-wide matrix, to Q2_K, which the plain
+# Q2_K mix gives Q3_K here)
+HOLDS = {"Q2_K": {"Q3_K", "Q4_0", "Q8_0"}, "Q2_K:ffn_down": {"Q2_K", "Q4_0", "Q8_0"},
+         "Q3_K_M": {"Q4_K", "Q5_K", "Q4_0", "Q5_0", "Q5_1", "Q8_0"},
+         "Q4_K_M": {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}, "Q5_K_M": {"Q5_K", "Q6_K", "Q5_1", "Q8_0"},
+         "Q6_K": {"Q6_K", "Q8_0"}, "IQ4_NL": {"IQ4_NL", "Q5_K", "Q8_0"},
+         "IQ4_XS": {"IQ4_XS", "IQ4_NL", "Q5_K", "Q8_0"}}
 MAX_NEW = 16
 PROMPTS = [("The capital of France is", False), ("Turn on the kitchen lights.", True)]
 _TMP = tempfile.TemporaryDirectory(prefix="edge-gguf-mixes-")
@@ -93,10 +102,12 @@ def mix_file(mix: str) -> Path:
     tool = llama_quantize()
     if tool is None:
         pytest.skip("llama.cpp's llama-quantize is not built (see this module's doc)")
-    out = Path(_TMP.name) / f"smollm2-{mix}.gguf"
+    out = Path(_TMP.name) / f"smollm2-{mix.replace(':', '-')}.gguf"
+    kind, _, forced = mix.partition(":")
+    extra = ["--tensor-type", f"{forced}={kind.lower()}"] if forced else []
     if not out.is_file():
-        proc = subprocess.run([tool, str(_f16_file()), str(out), mix, "2"], capture_output=True,
-                              text=True, timeout=600)
+        proc = subprocess.run([tool, *extra, str(_f16_file()), str(out), kind, "2"],
+                              capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 
@@ -124,6 +135,8 @@ def test_mix_greedy_equals_transformers_on_its_dequantization(mix):
 
     path = mix_file(mix)
     types = Counter(i.type_name for i in GGUFTensors(path).infos.values())
+    if mix in HOLDS:
+        assert set(types) - {"F32"} == HOLDS[mix], (mix, types)
     loaded = load_model(str(path), weights="gguf", progress=None)
     if mix == "F16":  # 16-bit matrices held in 16 bits
         from edge_runtime.kernels.float16_linear import Float16Linear
