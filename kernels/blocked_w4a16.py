@@ -2,10 +2,12 @@
 
 The format is quant/int4_format.py's `BlockedQuantWeight`, the one the CPU kernels read
 (kernels/csrc/linear_int4.c): blocks of 16 output rows; 4-bit data uint8 [NB, K, 8], byte j of
-(b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high); 8-bit data int8 [NB, K, 16];
+(b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high); 5-bit data uint8 [NB, K, 10], the
+4-bit form's 8 bytes then 2 bytes of fifth bits (bit j: row 16 b + j, weighing 16, or -16 when
+signed); 8-bit data int8 [NB, K, 16];
 scales / offsets [NB, K / G, 16] fp16 or fp32 (offsets None: zero). W[n, k] = s q + o.
-So a GGUF Q4_0 / Q4_1 / Q4_K or AutoAWQ model converted once serves both back ends from the same
-bytes. y = x @ W^T, x [M, K] -> y [M, N] in x's dtype, fp32 accumulation.
+So a GGUF model (every served block type, quant/gguf_blocks.py) or an AutoAWQ one converted once
+serves both back ends from the same bytes. y = x @ W^T, x [M, K] -> y [M, N] in x's dtype, fp32 accumulation.
 
 `blocked_gemm_ref` is the plain-torch reference (dequantize, matmul in fp32); `blocked_gemm_triton`
 the kernel: a tile of BLOCK_M rows x BLOCK_N outputs (a whole number of 16-row blocks) walks K in
@@ -42,7 +44,8 @@ def blocked_gemm_ref(x: torch.Tensor, weight: BlockedQuantWeight) -> torch.Tenso
 if triton is not None:
     @triton.jit
     def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, y_ptr, M, N, K, group_size,
-                             s_xm, s_ym, BITS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                             s_xm, s_ym, BITS: tl.constexpr, SIGNED: tl.constexpr,
+                             HAS_OFFSETS: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_NT: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         NB, KG = (N + 15) // 16, K // group_size  # derived here: fewer arguments to specialise on
@@ -60,6 +63,14 @@ if triton is not None:
                 byte = tl.load(data_ptr + block[None, :] * K * 8 + k[:, None] * 8 + lane[None, :] % 8,
                                mask=(k[:, None] < K) & in_blocks[None, :], other=0)
                 q = ((byte.to(tl.int32) >> ((lane[None, :] // 8) * 4)) & 0xF).to(tl.float32)
+            elif BITS == 5:  # the nibble, then the fifth bit from byte 8 + j // 8, bit j % 8
+                line = data_ptr + block[None, :] * K * 10 + k[:, None] * 10
+                inside = (k[:, None] < K) & in_blocks[None, :]
+                byte = tl.load(line + lane[None, :] % 8, mask=inside, other=0).to(tl.int32)
+                high = tl.load(line + 8 + lane[None, :] // 8, mask=inside, other=0).to(tl.int32)
+                fifth = (high >> (lane[None, :] % 8)) & 1
+                q = ((byte >> ((lane[None, :] // 8) * 4)) & 0xF) + fifth * (-16 if SIGNED else 16)
+                q = q.to(tl.float32)
             else:
                 q = tl.load(data_ptr + block[None, :] * K * 16 + k[:, None] * 16 + lane[None, :],
                             mask=(k[:, None] < K) & in_blocks[None, :], other=0).to(tl.float32)
@@ -99,7 +110,7 @@ def blocked_gemm_triton(x: torch.Tensor, weight: BlockedQuantWeight, *, block_m:
     offsets = weight.offsets if weight.offsets is not None else weight.scales  # unread then
     grid = (triton.cdiv(m, block_m), triton.cdiv(nb * BLOCK_N, block_n))
     _blocked_gemm_kernel[grid](x, weight.data, weight.scales, offsets, y, m, n, k, g,
-                               x.stride(0), y.stride(0), BITS=weight.bits,
+                               x.stride(0), y.stride(0), BITS=weight.bits, SIGNED=weight.signed,
                                HAS_OFFSETS=weight.offsets is not None, BLOCK_M=block_m,
                                BLOCK_NT=block_n, BLOCK_K=block_k)
     return y

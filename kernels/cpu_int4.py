@@ -45,7 +45,7 @@ class BlockedWeight(ctypes.Structure):
 
     _fields_ = [("data", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("offsets", ctypes.c_void_p), ("bits", ctypes.c_int32), ("group", ctypes.c_int32),
-                ("params_f32", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+                ("params_f32", ctypes.c_int32), ("signed5", ctypes.c_int32)]
 
 
 def declare(lib) -> None:
@@ -89,7 +89,7 @@ class QuantLinear(nn.Module):
                              f"groups per row; the CPU kernels take at most {MAX_GROUPS} "
                              "(quantize with a larger group size)")
         self.in_features, self.out_features = weight.in_features, weight.out_features
-        self.bits, self.group_size = weight.bits, weight.group_size
+        self.bits, self.group_size, self.signed = weight.bits, weight.group_size, weight.signed
         self.out_splits = out_splits or (self.out_features,)
         assert sum(self.out_splits) == self.out_features, (self.out_splits, self.out_features)
         self.register_buffer("data", weight.data, persistent=False)
@@ -102,12 +102,13 @@ class QuantLinear(nn.Module):
     @property
     def weight(self) -> BlockedQuantWeight:
         return BlockedQuantWeight(self.data, self.scales, self.offsets, self.bits, self.group_size,
-                                  self.out_features, self.in_features)
+                                  self.out_features, self.in_features, self.signed)
 
     def c_weight(self) -> BlockedWeight:
         return BlockedWeight(self.data.data_ptr(), self.scales.data_ptr(),
                              None if self.offsets is None else self.offsets.data_ptr(), self.bits,
-                             self.group_size, int(self.scales.dtype == torch.float32), 0)
+                             self.group_size, int(self.scales.dtype == torch.float32),
+                             int(self.signed))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] -> [..., out_features] in x's dtype (float32 on the CPU back end)."""
@@ -199,7 +200,7 @@ def _aligned(nbytes: int) -> int:
 
 
 class QuantEmbedding(nn.Module):
-    """Token rows of a QuantLinear's weight (a tied LM head): ids long [...] -> `dtype`
+    """Token rows of a QuantLinear's (or a Float16Linear's) weight (a tied LM head): ids long [...] -> `dtype`
     [..., embedding_dim], the dequantized table's values (rounded to `dtype`, as a float
     embedding in that dtype would hold them)."""
 
@@ -215,12 +216,15 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         head, flat = self.head[0], ids if ids.dim() == 1 else ids.reshape(-1)
-        if dispatch.device_kernels(head.data):
+        if not isinstance(head, QuantLinear):  # a 16-bit table (kernels/float16_linear.py)
+            rows = head.rows_of(flat)
+        elif dispatch.device_kernels(head.data):
             rows = head.weight.rows_of(flat)
         else:  # numpy views of the same bytes: the CPU back end's decode step looks up here
             rows = torch.from_numpy(lookup_rows(
                 flat.numpy(), head.data.numpy(), head.scales.numpy(),
-                None if head.offsets is None else head.offsets.numpy(), head.bits, head.group_size))
+                None if head.offsets is None else head.offsets.numpy(), head.bits, head.group_size,
+                head.signed))
         if rows.dtype != self.dtype:  # no no-op .to / .view trips for a step's float32 rows
             rows = rows.to(self.dtype)
         return rows if ids.dim() == 1 else rows.view(*ids.shape, self.embedding_dim)

@@ -40,13 +40,16 @@ MODELS = {  # geometry of the models the Orin budgets serve (config.json)
                        vocab=32000),
 }
 # the blocked int4/int8 forms QuantLinear holds (quant/int4_format.py, docs/weights.md):
-# (bits, group size or None for the model's AWQ group, parameter dtype, offsets)
+# (bits, group size or None for the model's AWQ group, parameter dtype, offsets, signed)
 BLOCKED_FORMS = {
-    "gguf-q4_0-q4_1": (4, 32, "fp16", True),  # the built-in SmolLM2's layers
-    "gguf-q8_0": (8, 32, "fp16", False),  # its embedding / LM head
-    "gguf-q4_k": (4, 32, "fp32", True),
-    "gguf-q6_k": (8, 16, "fp32", False),
-    "awq": (4, None, "fp32", True),
+    "gguf-q4_0-q4_1": (4, 32, "fp16", True, False),  # the built-in SmolLM2's layers
+    "gguf-q8_0": (8, 32, "fp16", False, False),  # its embedding / LM head; IQ4_NL
+    "gguf-q4_k": (4, 32, "fp32", True, False),
+    "gguf-q6_k": (8, 16, "fp32", False, False),
+    "gguf-q5_0": (5, 32, "fp16", False, True),  # most of a small model's Q4_K_M file
+    "gguf-q5_1-q5_k": (5, 32, "fp32", True, False),  # Q5_K's; Q5_1's fp16 compiles alike
+    "gguf-q2_k-q3_k": (4, 16, "fp32", True, False),
+    "awq": (4, None, "fp32", True, False),
 }
 ACT_DTYPES = ("fp16", "fp32")  # the model's dtype on CUDA: the budget's weight_dtype
 KV_FORMATS = (("int8", False), ("int8", True), ("fp16", False))  # KV dtype, centred keys
@@ -217,16 +220,16 @@ def _awq_gemm_prepared(model, rows, sms):
 
 def _blocked_gemm(model, act, form, rows):
     m = MODELS[model]
-    bits, group, params, offsets = BLOCKED_FORMS[form]
+    bits, group, params, offsets, signed = BLOCKED_FORMS[form]
     group = group or m["group"]
     meta = dict(device="meta")
     for n, k in sorted(_linear_shapes(m) | {(m["vocab"], m["hidden"])}):  # the head too
         nb = -(-n // BLOCK_N)
-        data = (torch.empty(nb, k, 8, dtype=torch.uint8, **meta) if bits == 4
+        data = (torch.empty(nb, k, bits * 2, dtype=torch.uint8, **meta) if bits in (4, 5)
                 else torch.empty(nb, k, 16, dtype=torch.int8, **meta))
         scales = torch.empty(nb, k // group, 16, dtype=_dtype(params), **meta)
         weight = BlockedQuantWeight(data, scales, torch.empty_like(scales) if offsets else None,
-                                    bits, group, n, k)
+                                    bits, group, n, k, signed)
         blocked_gemm_triton(torch.empty(rows, k, dtype=_dtype(act), **meta), weight)
 
 

@@ -2,19 +2,37 @@
 
 gguf.GGUFReader gives a quantized tensor as uint8 [N, bytes per row] (each row a run of blocks);
 the integers and the block parameters are taken out of those bytes as they are (no float weights
-in between). Block layouts (ggml-common.h; gguf.quants is the reference the tests compare with):
+in between). Block layouts (ggml-common.h; gguf.quants is the reference the tests compare with),
+each with the runtime form it becomes (bits, group, parameters):
 - Q4_0, 18 bytes per 32 weights: fp16 d, then 16 bytes; weight j < 16 is byte j's low nibble,
-  weight 16 + j its high nibble. W = d (q - 8).
-- Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes as Q4_0. W = d q + m.
+  weight 16 + j its high nibble. W = d (q - 8): 4-bit, scale d, offset -8 d (fp16).
+- Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes as Q4_0. W = d q + m: 4-bit, d, m (fp16).
+- Q5_0, 22 bytes: fp16 d, 32 bits of fifth bits (bit j: weight j), 16 bytes as Q4_0.
+  W = d (q - 16): signed 5-bit q - 16, scale d (fp16), no offset.
+- Q5_1, 24 bytes: fp16 d, fp16 m, then as Q5_0. W = d q + m: unsigned 5-bit, d, m (fp16).
+- Q8_0, 34 bytes per 32: fp16 d, 32 int8. W = d q (8-bit rows, no offset).
+- Q2_K, 84 bytes per 256: 16 bytes of 4-bit (sc, mn) pairs (one per 16 weights), 64 bytes of
+  2-bit q (bits 2 i of byte j of 32-byte half h: weight 128 h + 32 i + j), fp16 d, fp16 dmin. W = (d sc) q - dmin mn: 4-bit codes 0..3, group 16, fp32 parameters.
+- Q3_K, 110 bytes per 256: 32 bytes of high bits, 64 bytes of low 2-bit pairs, 12 bytes of 6-bit
+  scales, fp16 d. W = d (sc - 32) q3 with q3 in -4..3: 4-bit codes q3 + 4, scale d (sc - 32),
+  offset -4 d (sc - 32) (fp32: the sum is d (sc - 32) q3 exactly), group 16.
 - Q4_K, 144 bytes per 256: fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, mn) pairs for 8 groups of
   32, then 128 bytes: byte j of 32-byte chunk c holds weight j of group 2c (low nibble) and of group
-  2c + 1 (high). W = d sc q - dmin mn.
-- Q8_0, 34 bytes per 32: fp16 d, 32 int8. W = d q (8-bit rows, no offset).
+  2c + 1 (high). W = d sc q - dmin mn: 4-bit, fp32 parameters (11 + 6 bits, exact).
+- Q5_K, 176 bytes per 256: as Q4_K with 32 bytes of fifth bits (bit i of byte j: weight j of group
+  i) before the nibbles. Unsigned 5-bit, fp32 parameters.
 - Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales
   (one per 16 weights), fp16 d. Per half of 128: weight l < 32 and 64 + l take byte l's low / high
   nibble, 32 + l and 96 + l byte 32 + l's, with bits 0-1 / 4-5 and 2-3 / 6-7 of qh byte l on top.
   W = (d sc) (q - 32): 8-bit rows holding q - 32, scale d sc (exact in fp32), group 16, no offset.
-Other quantized types (Q5_*, Q2_K, Q3_K, IQ*) are refused with their name: `UnsupportedType`.
+- IQ4_NL, 18 bytes per 32: fp16 d, 16 bytes of 4-bit indices (as Q4_0) into a 16-entry int8
+  codebook. W = d code[i]: 8-bit rows holding code[i], scale d (fp16), no offset.
+- IQ4_XS, 136 bytes per 256: fp16 d, 2 + 4 bytes of 6-bit scales (one per 32), 128 bytes of
+  indices (16 per group of 32, as Q4_0). W = d (ls - 32) code[i]: 8-bit codes, fp32 scale.
+The IQ4 codebook as 8-bit integers costs 8.5 / 9 bits per weight against the file's 4.5 / 4.25;
+Q2_K / Q3_K as 4-bit with fp32 parameters per 16 cost 8 against 2.6 / 3.4; Q6_K 10 against 6.6.
+Other quantized types (IQ1_*, IQ2_*, IQ3_*, TQ*, MXFP4, ...) are refused with their name and the
+served list: `UnsupportedType`. F16 / BF16 / F32 are not blocks: model/gguf_int4.py serves them.
 """
 from __future__ import annotations
 
@@ -23,7 +41,10 @@ import torch
 
 from edge_runtime.quant.int4_format import GroupedRows
 
-SUPPORTED = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0")
+SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+             "IQ4_NL", "IQ4_XS")
+IQ4_CODEBOOK = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                        np.int8)  # ggml's kvalues_iq4nl
 
 
 class UnsupportedType(ValueError):
@@ -38,6 +59,15 @@ def _f16(raw: np.ndarray) -> torch.Tensor:
 def _nibbles_32(qs: np.ndarray) -> np.ndarray:
     """[..., 16] bytes -> [..., 32] values: low nibbles then high nibbles."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """[..., 4] bytes (a little-endian uint32) -> [..., 32] values 0 / 16: bit j for weight j."""
+    return np.unpackbits(qh, axis=-1, bitorder="little") << 4
+
+
+def _f32(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
 def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -62,6 +92,69 @@ def q4_1(raw: np.ndarray) -> GroupedRows:
     return GroupedRows(q, _f16(b[..., 0:2]), _f16(b[..., 2:4]), 4, 32)
 
 
+def q5_0(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 22)
+    q = (_nibbles_32(b[..., 6:]) | _fifth_bits(b[..., 2:6])).astype(np.int8) - np.int8(16)
+    return GroupedRows(torch.from_numpy(q.reshape(b.shape[0], -1)), _f16(b[..., 0:2]), None, 5, 32)
+
+
+def q5_1(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 24)
+    q = _nibbles_32(b[..., 8:]) | _fifth_bits(b[..., 4:8])
+    return GroupedRows(torch.from_numpy(q.reshape(b.shape[0], -1)), _f16(b[..., 0:2]),
+                       _f16(b[..., 2:4]), 5, 32)
+
+
+def iq4_nl(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 18)
+    q = IQ4_CODEBOOK[_nibbles_32(b[..., 2:])]
+    return GroupedRows(torch.from_numpy(q.reshape(b.shape[0], -1)), _f16(b[..., 0:2]), None, 8, 32)
+
+
+def iq4_xs(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 136)
+    n, nsb = b.shape[:2]
+    d = _f16(b[..., 0:2]).float().numpy()  # [N, S]
+    high = b[..., 2].astype(np.uint16) | (b[..., 3].astype(np.uint16) << 8)
+    high = (high[..., None] >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [N, S, 8]
+    low = b[..., 4:8, None] >> np.array([0, 4], np.uint8)  # [N, S, 4, 2]: group 2 i + h
+    ls = (low.reshape(n, nsb, 8) & 0x0F) | (high.astype(np.uint8) << 4)
+    scales = d[..., None] * (ls.astype(np.float32) - 32)  # d (ls - 32): 11 + 6 bits, exact
+    q = IQ4_CODEBOOK[_nibbles_32(b[..., 8:].reshape(n, nsb, 8, 16))]
+    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), _f32(scales.reshape(n, -1)), None, 8, 32)
+
+
+def q2_k(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 84)
+    n, nsb = b.shape[:2]
+    sc = b[..., 0:16]
+    d, dmin = _f16(b[..., 80:82]).float().numpy(), _f16(b[..., 82:84]).float().numpy()
+    scales = d[..., None] * (sc & 0x0F).astype(np.float32)  # [N, S, 16]: d sc, 11 + 4 bits
+    offsets = -(dmin[..., None] * (sc >> 4).astype(np.float32))
+    # 64 bytes as 2 x 32: shift 2 i of byte j of half h is weight 128 h + 32 i + j
+    qs = b[..., 16:80].reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    q = (qs & 3).reshape(n, -1)
+    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q)), _f32(scales.reshape(n, -1)),
+                       _f32(offsets.reshape(n, -1)), 4, 16)
+
+
+def q3_k(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 110)
+    n, nsb = b.shape[:2]
+    hmask, qs, packed = b[..., 0:32], b[..., 32:96], b[..., 96:108]
+    d = _f16(b[..., 108:110]).float().numpy()
+    low = (packed[..., 0:8, None] >> np.array([0, 4], np.uint8)).transpose(0, 1, 3, 2)  # [N,S,2,8]
+    high = (packed[..., 8:12, None] >> np.array([0, 2, 4, 6], np.uint8)).transpose(0, 1, 3, 2)
+    sc = (low.reshape(n, nsb, 16) & 0x0F) | ((high.reshape(n, nsb, 16) & 3) << 4)
+    scales = d[..., None] * (sc.astype(np.float32) - 32)  # d (sc - 32): 11 + 6 bits, exact
+    ql = (qs.reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3
+    qh = (hmask.reshape(n, nsb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
+    # q3 = ql - 4 (1 - h); stored as the code q3 + 4 = ql + 4 h in 0..7
+    q = ql.reshape(n, nsb, 8, 32) + (qh << 2)
+    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q.reshape(n, -1))),
+                       _f32(scales.reshape(n, -1)), _f32((-4 * scales).reshape(n, -1)), 4, 16)
+
+
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 12-byte 6-bit (sc, mn) pairs of Q4_K -> two [..., 8] uint8 arrays (ggml's
     get_scale_min_k4)."""
@@ -84,6 +177,20 @@ def q4_k(raw: np.ndarray) -> GroupedRows:
     return GroupedRows(torch.from_numpy(q.reshape(n, -1)), scales, offsets, 4, 32)
 
 
+def q5_k(raw: np.ndarray) -> GroupedRows:
+    b = _blocks(raw, 176)
+    n, nsb = b.shape[:2]
+    d, dmin = _f16(b[..., 0:2]).float(), _f16(b[..., 2:4]).float()
+    sc, mn = _k_scale_min(b[..., 4:16])
+    scales = (d[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(n, nsb * 8)
+    offsets = -(dmin[..., None] * torch.from_numpy(mn.astype(np.float32))).reshape(n, nsb * 8)
+    chunks = b[..., 48:].reshape(n, nsb, 4, 32)
+    low = np.stack([chunks & 0x0F, chunks >> 4], axis=3).reshape(n, nsb, 8, 32)  # group 2c + h
+    fifth = (b[..., 16:48].reshape(n, nsb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
+    q = low | (fifth << 4)
+    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), scales, offsets, 5, 32)
+
+
 def q8_0(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 34)
     q = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(b.shape[0], -1))
@@ -103,7 +210,23 @@ def q6_k(raw: np.ndarray) -> GroupedRows:
     return GroupedRows(torch.from_numpy(q.reshape(n, -1)), scales, None, 8, 16)
 
 
-_CONVERTERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q4_K": q4_k, "Q6_K": q6_k, "Q8_0": q8_0}
+_CONVERTERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1, "Q8_0": q8_0, "Q2_K": q2_k,
+               "Q3_K": q3_k, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "IQ4_NL": iq4_nl,
+               "IQ4_XS": iq4_xs}
+# GGUF type -> its runtime form: (bits, group size, parameter bytes, offsets, signed); what plan
+# counts without converting (model/gguf_int4.planned_weight_bytes); tests check it on each converter
+RUNTIME_FORM = {"Q4_0": (4, 32, 2, True, False), "Q4_1": (4, 32, 2, True, False),
+                "Q5_0": (5, 32, 2, False, True), "Q5_1": (5, 32, 2, True, False),
+                "Q8_0": (8, 32, 2, False, False), "Q2_K": (4, 16, 4, True, False),
+                "Q3_K": (4, 16, 4, True, False), "Q4_K": (4, 32, 4, True, False),
+                "Q5_K": (5, 32, 4, True, False), "Q6_K": (8, 16, 4, False, False),
+                "IQ4_NL": (8, 32, 2, False, False), "IQ4_XS": (8, 32, 4, False, False)}
+FLOAT_TYPES = ("F32", "F16", "BF16")  # served as floats (16-bit ones in 16 bits), not as blocks
+
+
+def served_types() -> str:
+    """The GGUF tensor types the runtime serves, for messages."""
+    return ", ".join(SUPPORTED + FLOAT_TYPES)
 
 
 def grouped_rows(raw: np.ndarray, type_name: str, name: str = "tensor") -> GroupedRows:
@@ -112,7 +235,7 @@ def grouped_rows(raw: np.ndarray, type_name: str, name: str = "tensor") -> Group
     convert = _CONVERTERS.get(type_name)
     if convert is None:
         raise UnsupportedType(
-            f"{name} is stored as GGUF type {type_name}, which the runtime cannot serve quantized "
-            f"(supported: {', '.join(SUPPORTED)}); run with --weights fp32, or use a "
-            "Q4_0/Q4_1/Q4_K_S/Q4_K_M/Q8_0 file")
+            f"{name} is stored as GGUF type {type_name}, which the runtime cannot serve "
+            f"(served: {served_types()}); use a file quantized to one of those (llama.cpp's "
+            "Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, ... mixes are)")
     return convert(np.asarray(raw, dtype=np.uint8))

@@ -1,4 +1,4 @@
-"""The runtime's quantized weight format: 4-bit (or 8-bit) integers with a per-group scale and offset.
+"""The runtime's quantized weight format: 4-, 5- or 8-bit integers with a per-group scale and offset.
 
     W[n, k] = scale[n, g] * q[n, k] + offset[n, g]      g = k // group_size
 
@@ -7,17 +7,23 @@ One format holds every 4-bit source exactly (no value changes, nothing goes thro
 - GGUF Q4_0, W = d (q - 8): scale d, offset -8 d (fp16, exact),
 - GGUF Q4_1, W = d q + m: scale d, offset m (fp16, the file's own values),
 - GGUF Q4_K, W = (d sc) q - dmin mn: scale d sc, offset -dmin mn (fp32: 17 mantissa bits),
-and, with 8-bit integers and no offset, GGUF Q8_0 (W = d q). Exact means bit for bit: s q is exact
-in fp32 (at most 21 significant bits), so `s * q + o` rounds once, like gguf's own dequantize
-(quant/gguf_blocks.py builds these from GGUF blocks; tests compare with gguf.quants).
+and, with 8-bit integers and no offset, GGUF Q8_0 (W = d q); quant/gguf_blocks.py maps every other
+served GGUF type onto the same three widths (docs/weights.md has the table). Exact means bit for
+bit: `s * q + o` rounds as gguf's own dequantize does (tests compare with gguf.quants).
+
+5-bit integers are unsigned (0..31: Q5_1, Q5_K) or signed (two's complement, -16..15: Q5_0's
+q - 16 needs no offset then); the `signed` flag says which. Stored as the 4-bit form's nibbles plus
+a plane of fifth bits, so a 5-bit weight costs 5 bits as in the file.
 
 Two forms:
-- `GroupedRows`: row-major [N, K] integers (uint8 0..15, or int8), scales/offsets [N, K / G]. What
+- `GroupedRows`: row-major [N, K] integers (uint8 0..15 or 0..31, or int8), scales/offsets [N, K / G]. What
   sources convert into; rows concatenate (fused q/k/v) and permute (GGUF's rope order) exactly.
 - `BlockedQuantWeight`: the layout kernels/csrc/linear_int4.c reads, blocks of 16 output rows as
   the fp32 kernel's (kernels/cpu_linear.py): 4-bit `data` uint8 [NB, K, 8], byte j of (b, k) holds
   row 16 b + j in its low nibble and row 16 b + j + 8 in its high one; 8-bit `data` int8
-  [NB, K, 16]; `scales` / `offsets` [NB, K / G, 16] (fp16 or fp32, offsets None: zero). Rows past N
+  [NB, K, 16]; 5-bit `data` uint8 [NB, K, 10]: the 4-bit form's 8 bytes, then a little-endian
+  uint16 whose bit j is row 16 b + j's fifth bit (weighing +16, or -16 when signed);
+  `scales` / `offsets` [NB, K / G, 16] (fp16 or fp32, offsets None: zero). Rows past N
   are zero (scale 0, offset 0).
 
 Invariants: `dequantize()` of either form is the plain-torch reference the kernels are tested
@@ -42,7 +48,7 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 
 @dataclass
 class GroupedRows:
-    q: torch.Tensor  # [N, K] uint8 in 0..15 (bits 4) or int8 (bits 8)
+    q: torch.Tensor  # [N, K] uint8 in 0..15 (bits 4), uint8 0..31 or int8 -16..15 (bits 5), int8 (bits 8)
     scales: torch.Tensor  # [N, K / G] float16 or float32
     offsets: torch.Tensor | None  # like scales, or None (zero)
     bits: int
@@ -50,8 +56,9 @@ class GroupedRows:
 
     def __post_init__(self) -> None:
         n, k = self.q.shape
-        assert self.bits in (4, 8), self.bits
-        assert self.q.dtype == (torch.uint8 if self.bits == 4 else torch.int8), self.q.dtype
+        assert self.bits in (4, 5, 8), self.bits
+        assert self.q.dtype in ((torch.uint8,) if self.bits == 4 else (torch.int8,) if self.bits == 8
+                                else (torch.uint8, torch.int8)), (self.bits, self.q.dtype)
         assert self.group_size in GROUP_SIZES and k % self.group_size == 0, (k, self.group_size)
         assert self.scales.shape == (n, k // self.group_size), (self.scales.shape, n, k)
         assert self.scales.dtype in (torch.float16, torch.float32), self.scales.dtype
@@ -61,6 +68,11 @@ class GroupedRows:
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
+
+    @property
+    def signed(self) -> bool:
+        """5-bit integers in two's complement (-16..15) rather than 0..31."""
+        return self.bits == 5 and self.q.dtype == torch.int8
 
     def dequantize(self) -> torch.Tensor:
         """Reference: float32 [N, K]."""
@@ -101,12 +113,28 @@ def blocked_nbytes(bits: int, rows: int, cols: int, group_size: int, param_bytes
 def compatible(a: GroupedRows, b: GroupedRows) -> bool:
     """Rows of `a` and `b` can share one blocked weight (same K, bits, group, parameter types)."""
     return (a.q.shape[1] == b.q.shape[1] and a.bits == b.bits and a.group_size == b.group_size
-            and a.scales.dtype == b.scales.dtype and (a.offsets is None) == (b.offsets is None))
+            and a.q.dtype == b.q.dtype and a.scales.dtype == b.scales.dtype
+            and (a.offsets is None) == (b.offsets is None))
+
+
+def widened(parts: list[GroupedRows]) -> list[GroupedRows] | None:
+    """`parts` as 8-bit rows when they differ only in their integers' width (4-, 5- or 8-bit with
+    the same group, parameter dtype and offsets: Q5_0 q / k next to a Q8_0 v), so they can share
+    one blocked weight; the same values (every 4- and 5-bit integer is an int8). Else None."""
+    first = parts[0]
+    same = all(p.q.shape[1] == first.q.shape[1] and p.group_size == first.group_size
+               and p.scales.dtype == first.scales.dtype
+               and (p.offsets is None) == (first.offsets is None) for p in parts)
+    if not same:
+        return None
+    return [p if p.bits == 8 else GroupedRows(p.q.to(torch.int8), p.scales, p.offsets, 8,
+                                              p.group_size) for p in parts]
 
 
 def describe(r: GroupedRows) -> str:
     dtype = str(r.scales.dtype).removeprefix("torch.")
-    return f"int{r.bits} g{r.group_size} {dtype}{'' if r.offsets is not None else ' no offset'}"
+    kind = f"{'s' if r.signed else ''}int{r.bits}"
+    return f"{kind} g{r.group_size} {dtype}{'' if r.offsets is not None else ' no offset'}"
 
 
 def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -121,13 +149,14 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
 
 @dataclass
 class BlockedQuantWeight:
-    data: torch.Tensor  # uint8 [NB, K, 8] (4-bit) or int8 [NB, K, 16] (8-bit)
+    data: torch.Tensor  # uint8 [NB, K, 8] (4-bit), uint8 [NB, K, 10] (5-bit), int8 [NB, K, 16] (8-bit)
     scales: torch.Tensor  # [NB, K / G, 16]
     offsets: torch.Tensor | None
     bits: int
     group_size: int
     out_features: int
     in_features: int
+    signed: bool = False  # 5-bit only: the fifth bit weighs -16
 
     @classmethod
     def from_rows(cls, rows: GroupedRows) -> "BlockedQuantWeight":
@@ -142,17 +171,27 @@ class BlockedQuantWeight:
             return a.reshape(nb, BLOCK_N, a.shape[1]).transpose(0, 2, 1)
 
         q = blocked(rows.q)  # [NB, K, 16]
-        if rows.bits == 4:
-            q = q[:, :, :8] | (q[:, :, 8:] << 4)
+        if rows.bits in (4, 5):
+            u = q.view(np.uint8)
+            nibbles = (u[:, :, :8] & 0xF) | ((u[:, :, 8:] & 0xF) << 4)
+            if rows.bits == 5:  # bit j of the uint16: row j's fifth bit
+                fifth = np.packbits((u >> 4) & 1, axis=2, bitorder="little")  # [NB, K, 2]
+                nibbles = np.concatenate([nibbles, fifth], axis=2)
+            q = nibbles
         offsets = None if rows.offsets is None else _tensor(blocked(rows.offsets))
         return cls(_tensor(q), _tensor(blocked(rows.scales)), offsets, rows.bits, rows.group_size,
-                   n, k)
+                   n, k, rows.signed)
 
     def lanes(self) -> torch.Tensor:
-        """The integers as [NB, K, 16] (uint8 values 0..15 or int8)."""
+        """The integers as [NB, K, 16] (uint8 values 0..15, 0..31, or int8)."""
         if self.bits == 8:
             return self.data
-        return torch.cat([self.data & 0xF, self.data >> 4], dim=2)
+        q = torch.cat([self.data[:, :, :8] & 0xF, self.data[:, :, :8] >> 4], dim=2)
+        if self.bits == 4:
+            return q
+        bit = torch.arange(16, dtype=torch.int32)
+        fifth = (self.data[:, :, 8].int() | (self.data[:, :, 9].int() << 8))[:, :, None] >> bit & 1
+        return q.to(torch.int8) - (fifth * 16).to(torch.int8) if self.signed else q | (fifth * 16).to(torch.uint8)
 
     def dequantize(self) -> torch.Tensor:
         """Reference: float32 [N, K] (the transposes of the blocked form)."""
@@ -164,7 +203,8 @@ class BlockedQuantWeight:
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (long [M]) of W as float32 [M, K]: an embedding lookup on a tied head."""
-        return lookup_rows(ids, self.data, self.scales, self.offsets, self.bits, self.group_size)
+        return lookup_rows(ids, self.data, self.scales, self.offsets, self.bits, self.group_size,
+                           self.signed)
 
     @property
     def nbytes(self) -> int:
@@ -173,10 +213,10 @@ class BlockedQuantWeight:
 
     def describe(self) -> str:
         dtype = str(self.scales.dtype).removeprefix("torch.")
-        return f"int{self.bits} g{self.group_size} {dtype}"
+        return f"{'s' if self.signed else ''}int{self.bits} g{self.group_size} {dtype}"
 
 
-def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int):
+def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int, signed: bool = False):
     """`BlockedQuantWeight.rows_of` on torch tensors or on numpy arrays (views of a CPU weight's
     bytes: a decode step's few rows cost several times less in numpy's small-array ops than in
     torch's, kernels/cpu_int4.py), with the same values either way: each group's scale (and
@@ -187,6 +227,9 @@ def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int):
         q = data[block, :, lane]
     else:  # row 16 b + j: byte j's low nibble, row 16 b + j + 8: its high one
         q = (data[block, :, lane % 8] >> ((lane >= 8) * 4)[:, None]) & 0xF  # [M, K]
+        if bits == 5:  # byte 8 + j // 8, bit j % 8: the fifth bit
+            fifth = (data[block, :, 8 + lane // 8] >> (lane % 8)[:, None]) & 1
+            q = f32(q) + f32(fifth) * (-16.0 if signed else 16.0)  # small integers: exact
     m = q.shape[0]
     w = f32(q).reshape(m, -1, group_size) * f32(scales[block, :, lane])[:, :, None]
     if offsets is not None:

@@ -48,6 +48,48 @@ def test_rope_order_undoes_llama_cpp_permutation():
     assert torch.equal(gguf_rows[rope_order(heads * dim, heads)], hf)
 
 
+def test_a_file_with_a_type_not_served_is_refused_before_loading(tmp_path):
+    """The tensor, its type and the served list, all true; nothing converted first."""
+    import gguf
+
+    from edge_runtime.model.gguf_int4 import check_served, tensor_kernels
+    from edge_runtime.quant.gguf_blocks import SUPPORTED
+
+    path = tmp_path / "iq2.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 64), np.float32))
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ2_XXS]
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((2, 256 // block * size), np.uint8),
+                      raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError) as err:
+        check_served(GGUFTensors(path))
+    message = str(err.value)
+    assert "blk.0.ffn_down.weight is stored as GGUF type IQ2_XXS" in message
+    assert f"(served: {', '.join(SUPPORTED)}, F32, F16, BF16)" in message
+    kernels = {t["tensor"]: t for t in tensor_kernels(path, "cpu")}  # what plan prints
+    assert kernels["blk.0.ffn_down.weight"]["kernel"] == "refused at load"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_plan_names_each_tensors_form_and_kernel(backend):
+    from backend_helpers import tiny_gguf_file
+
+    from edge_runtime.model.gguf_int4 import tensor_kernels
+
+    rows = {t["tensor"]: t for t in tensor_kernels(tiny_gguf_file("Q5_0", "Q8_0"), backend)}
+    q, v = rows["blk.0.attn_q.weight"], rows["blk.0.attn_v.weight"]
+    assert (q["type"], q["form"], v["form"]) == ("Q5_0", "sint5 g32 fp16", "int8 g32 fp16")
+    want = "linear_int4.c int5" if backend == "cpu" else "blocked_w4a16 Triton W5A16"
+    assert q["kernel"].startswith(want)
+    assert rows["blk.0.attn_norm.weight"]["form"] == "float32"
+    half = {t["tensor"]: t for t in tensor_kernels(tiny_gguf_file("F16", "Q8_0"), backend)}
+    assert half["blk.0.attn_q.weight"]["kernel"].startswith("Float16Linear")
+
+
 def test_unknown_weights_option_and_gguf_on_a_folder_are_refused(tmp_path):
     with pytest.raises(ModelLoadError, match="unknown --weights"):
         load_model(DEFAULT_MODEL, weights="int3")
@@ -77,22 +119,39 @@ def test_builtin_model_from_its_blocks_computes_the_fp32_model():
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-def test_mixed_types_in_a_layer_load_unfused_and_compute_the_reference():
-    """A layer whose q/k/v (or gate/up) parts differ in type (Q4_K_M keeps attn_v in Q6_K): one
-    QuantLinear per part under its Hugging Face name; the C kernels and the Triton kernel (the
-    CUDA back end's, interpreted) compute the plain-torch dequantized reference; plan's byte
-    count is still exact."""
+@pytest.mark.parametrize("layer_type,v_down_type", [
+    ("Q4_1", "Q8_0"), ("Q5_0", "Q8_0"), ("Q5_1", "Q4_0"), ("F16", "Q8_0"), ("BF16", "Q5_0")])
+def test_mixed_types_in_a_layer_load_and_compute_the_reference(layer_type, v_down_type):
+    """A layer whose q/k/v (or gate/up) parts differ in type (a Q4_K_M file keeps attn_v in Q8_0
+    next to Q5_0 q and k): parts that differ only in their integers' width are widened to 8 bits
+    and stay one fused linear (the C one-call step runs them), others get one linear per part
+    under its Hugging Face name; the C kernels and the Triton kernel (the CUDA back end's,
+    interpreted) compute the plain-torch dequantized reference; plan's byte count is still exact.
+    16-bit layers stay 16-bit (Float16Linear)."""
     from backend_helpers import gguf_config, tiny_gguf_file
 
     from edge_runtime.kernels import dispatch
+    from edge_runtime.kernels.float16_linear import Float16Linear
     from edge_runtime.model.gguf_int4 import build_gguf_model
 
-    path = tiny_gguf_file("Q4_1", "Q8_0")
+    path = tiny_gguf_file(layer_type, v_down_type)
     model, _ = build_gguf_model(path, gguf_config(), "llama")
-    attn = model.model.layers[0].self_attn
-    assert attn.qkv_proj is None and attn.v_proj.bits == 8 and attn.q_proj.bits == 4
-    assert isinstance(model.model.layers[0].mlp.gate_up_proj, QuantLinear)  # same type: fused
-    assert model.fused_decoder is None  # the one-call C step needs fused q/k/v
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    bits = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}
+    if (layer_type, v_down_type) in (("Q5_0", "Q8_0"), ("Q5_1", "Q4_0")):  # widened, fused
+        assert attn.qkv_proj.bits == 8 and attn.qkv_proj.out_splits == (64, 32, 32)
+        assert mlp.down_proj.bits == bits[v_down_type] and mlp.gate_up_proj.bits == bits[layer_type]
+        assert model.fused_decoder is not None
+    elif layer_type in bits:  # Q4_1 has offsets, Q8_0 none: one linear per part
+        assert attn.qkv_proj is None and attn.v_proj.bits == 8 and attn.q_proj.bits == 4
+        assert isinstance(mlp.gate_up_proj, QuantLinear)  # same type: fused
+        assert model.fused_decoder is None  # the one-call C step needs fused q/k/v
+    else:
+        assert attn.qkv_proj is None and attn.v_proj.bits == bits[v_down_type]
+        assert isinstance(attn.q_proj, Float16Linear) and attn.q_proj.weight.dtype == getattr(
+            torch, {"F16": "float16", "BF16": "bfloat16"}[layer_type])
+        assert isinstance(mlp.gate_up_proj, Float16Linear)
+        assert model.fused_decoder is None
     rope = weight_bytes_of(model.model.rotary_emb)
     assert planned_weight_bytes(path) == weight_bytes_of(model) - rope
     ids = random_ids(12, 500, seed=3)
@@ -103,6 +162,8 @@ def test_mixed_types_in_a_layer_load_unfused_and_compute_the_reference():
     for m in model.modules():
         if isinstance(m, QuantLinear):
             m._lib = None  # the plain-torch reference: dequantize, then matmul
+        if isinstance(m, Float16Linear):  # the float32 reference of its module doc
+            m.forward = lambda x, m=m: torch.nn.functional.linear(x, m.weight.float(), m.bias)
     torch.testing.assert_close(our_logits(model, ids), got, rtol=0, atol=1e-5)
 
 

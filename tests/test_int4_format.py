@@ -18,18 +18,24 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
 
 
+# types gguf cannot quantize: (byte offset, count) of their fp16 block parameters
+_FP16_PARAMS = {QT.Q2_K: (80, 2), QT.Q3_K: (108, 1), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2),
+                QT.Q6_K: (208, 1), QT.IQ4_NL: (0, 1), QT.IQ4_XS: (0, 1)}
+SERVED = [QT[name] for name in gguf_blocks.SUPPORTED]
+
+
 def _random_raw(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
     """Random blocks of `qtype`: quantized from random floats where gguf can quantize, else
-    random bytes with finite fp16 parameters (Q4_K: d, dmin first; Q6_K: d last)."""
+    random bytes with finite fp16 parameters of either sign (_FP16_PARAMS)."""
     rng = np.random.default_rng(seed)
-    if qtype in (QT.Q4_K, QT.Q6_K):
+    if qtype in _FP16_PARAMS:
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
         nb = cols // block_size
         raw = rng.integers(0, 256, (rows, nb, type_size), dtype=np.uint8)
-        count = 2 if qtype == QT.Q4_K else 1
-        params = rng.uniform(0.001, 0.05, (rows, nb, count)).astype(np.float16)
-        where = slice(0, 4) if qtype == QT.Q4_K else slice(type_size - 2, type_size)
-        raw[..., where] = params.view(np.uint8).reshape(rows, nb, 2 * count)
+        at, count = _FP16_PARAMS[qtype]
+        params = rng.uniform(0.001, 0.05, (rows, nb, count)) * rng.choice([-1, 1], (rows, nb, count))
+        params[0] = rng.uniform(1e-7, 1e-5, (nb, count))  # fp16 subnormals in one row
+        raw[..., at: at + 2 * count] = params.astype(np.float16).view(np.uint8).reshape(rows, nb, -1)
         return raw.reshape(rows, -1)
     w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
     w[0, :] += 0.5  # rows of one sign: Q4_1's offset positive
@@ -45,13 +51,42 @@ def _exact(rows: GroupedRows, raw: np.ndarray, qtype: QT) -> None:
     assert torch.equal(blocked.dequantize(), want)
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K])
+_BITS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.Q2_K: 4, QT.Q3_K: 4,
+         QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 8, QT.IQ4_NL: 8, QT.IQ4_XS: 8}
+
+
+@pytest.mark.parametrize("qtype", SERVED, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,cols", [(16, 256), (37, 512), (5, 768)])
 def test_gguf_blocks_dequantize_exactly_as_gguf(qtype, rows, cols):
+    """Every served block type: the runtime form's values are gguf.quants.dequantize's, bit for
+    bit, in both forms (row-major and blocked) and through the row lookup."""
     raw = _random_raw(qtype, rows, cols, seed=rows * 7 + cols + int(qtype))
     grouped = gguf_blocks.grouped_rows(raw, qtype.name)
-    assert grouped.bits == (8 if qtype in (QT.Q8_0, QT.Q6_K) else 4)
+    assert grouped.bits == _BITS[qtype]
     _exact(grouped, raw, qtype)
+    bits, group, param_bytes, offsets, signed = gguf_blocks.RUNTIME_FORM[qtype.name]
+    assert (grouped.bits, grouped.group_size, grouped.scales.element_size(),
+            grouped.offsets is not None, grouped.signed) == (bits, group, param_bytes, offsets, signed)
+    blocked = BlockedQuantWeight.from_rows(grouped)
+    ids = torch.tensor([rows - 1, 0, min(9, rows - 1)])
+    assert torch.equal(blocked.rows_of(ids), grouped.dequantize()[ids])
+
+
+def test_every_served_type_is_tested_and_the_list_is_true():
+    assert set(_BITS) == set(SERVED)
+    for name in gguf_blocks.SUPPORTED:  # each listed type converts (not only parses)
+        gguf_blocks.grouped_rows(_random_raw(QT[name], 16, 256, 0), name)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q5_1, QT.Q5_K])
+def test_5_bit_types_keep_5_bits(qtype):
+    """Q5_0 as signed 5-bit without an offset: its blocked bytes are the file's, 22 per 32."""
+    raw = _random_raw(qtype, 32, 256, 2)
+    blocked = BlockedQuantWeight.from_rows(gguf_blocks.grouped_rows(raw, qtype.name))
+    assert blocked.bits == 5 and blocked.data.shape == (2, 256, 10)
+    assert blocked.signed == (qtype == QT.Q5_0)
+    if qtype == QT.Q5_0:
+        assert blocked.offsets is None and blocked.nbytes == raw.nbytes
 
 
 def test_q4_0_and_q4_1_keep_fp16_parameters():
@@ -61,10 +96,14 @@ def test_q4_0_and_q4_1_keep_fp16_parameters():
         assert grouped.scales.dtype == torch.float16 and grouped.offsets.dtype == torch.float16
 
 
-@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q5_K, QT.Q2_K, QT.BF16])
-def test_unsupported_types_are_refused_by_name(qtype):
-    with pytest.raises(gguf_blocks.UnsupportedType, match=qtype.name):
+@pytest.mark.parametrize("qtype", [QT.IQ2_XXS, QT.IQ3_S, QT.TQ1_0, QT.IQ1_M])
+def test_unsupported_types_are_refused_by_name_with_the_served_list(qtype):
+    with pytest.raises(gguf_blocks.UnsupportedType) as err:
         gguf_blocks.grouped_rows(np.zeros((1, 210), dtype=np.uint8), qtype.name, "blk.0.ffn_down")
+    message = str(err.value)
+    assert f"blk.0.ffn_down is stored as GGUF type {qtype.name}" in message
+    served = message.split("(served: ")[1].split(")")[0].split(", ")
+    assert served == list(gguf_blocks.SUPPORTED) + ["F32", "F16", "BF16"]
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
@@ -112,12 +151,29 @@ def test_builtin_model_tensors_exactly_as_gguf():
         _exact(gguf_blocks.grouped_rows(raw, name, t.name), raw, t.tensor_type)
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q5_0", "Q5_1"])
 def test_row_lookup_on_numpy_arrays_equals_torch(kind):
     rows = gguf_blocks.grouped_rows(_random_raw(QT[kind], 37, 128, 6), kind)
     w = BlockedQuantWeight.from_rows(rows)
     ids = torch.tensor([36, 0, 9, 17, 8, 31, 9])
     offsets = None if w.offsets is None else w.offsets.numpy()
-    got = lookup_rows(ids.numpy(), w.data.numpy(), w.scales.numpy(), offsets, w.bits, w.group_size)
+    got = lookup_rows(ids.numpy(), w.data.numpy(), w.scales.numpy(), offsets, w.bits, w.group_size,
+                      w.signed)
     assert torch.equal(torch.from_numpy(got), w.rows_of(ids))
     assert torch.equal(w.rows_of(ids), rows.dequantize()[ids])
+
+
+def test_widened_rows_keep_their_values_and_fuse():
+    """Q5_0 q / k next to a Q8_0 v: the same values as 8-bit rows, one blocked weight; parts
+    with other parameters (Q4_1's offsets) are not widened."""
+    from edge_runtime.quant.int4_format import compatible, widened
+
+    q5 = gguf_blocks.grouped_rows(_random_raw(QT.Q5_0, 24, 128, 7), "Q5_0")
+    q8 = gguf_blocks.grouped_rows(_random_raw(QT.Q8_0, 8, 128, 8), "Q8_0")
+    wide = widened([q5, q8])
+    assert [w.bits for w in wide] == [8, 8] and compatible(*wide)
+    assert torch.equal(wide[0].dequantize(), q5.dequantize()) and wide[1] is q8
+    fused = BlockedQuantWeight.from_rows(GroupedRows.cat(wide))
+    assert torch.equal(fused.dequantize(), torch.cat([q5.dequantize(), q8.dequantize()]))
+    q4_1 = gguf_blocks.grouped_rows(_random_raw(QT.Q4_1, 8, 128, 9), "Q4_1")
+    assert widened([q4_1, q8]) is None

@@ -25,9 +25,14 @@ pytestmark = pytest.mark.skipif(cpu_native.library() is None, reason="kernels/cs
 
 def random_rows(n: int, k: int, bits: int = 4, group: int = 32, param_dtype=torch.float16,
                 offsets: bool = True, seed: int = 0) -> GroupedRows:
+    """bits -5: signed 5-bit integers (Q5_0's form)."""
     g = torch.Generator().manual_seed(seed)
     if bits == 4:
         q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    elif bits == 5:
+        q = torch.randint(0, 32, (n, k), generator=g, dtype=torch.uint8)
+    elif bits == -5:
+        q, bits = torch.randint(-16, 16, (n, k), generator=g, dtype=torch.int8), 5
     else:
         q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
     scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).half()
@@ -51,6 +56,9 @@ CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
     (24, 64, 8, 16, torch.float32, True, True),
     (40, 256, 8, 16, torch.float32, False, False),  # Q6_K
     (56, 128, 4, 32, torch.float16, True, True),  # two block pairs, the second one ragged
+    (51, 128, -5, 32, torch.float16, False, False),  # Q5_0: signed 5-bit, no offset
+    (37, 96, 5, 32, torch.float16, True, True),  # Q5_1
+    (72, 256, 5, 32, torch.float32, True, False),  # Q5_K
 ]
 
 
@@ -104,8 +112,9 @@ def test_threads_do_not_change_results():
         torch.set_num_threads(before)
 
 
-def test_embedding_reads_the_heads_rows():
-    head = quant_linear(random_rows(70, 64, bits=8, offsets=False, seed=9))
+@pytest.mark.parametrize("bits,offsets", [(8, False), (-5, False), (5, True)])
+def test_embedding_reads_the_heads_rows(bits, offsets):
+    head = quant_linear(random_rows(70, 64, bits=bits, offsets=offsets, seed=9))
     ids = torch.tensor([[0, 15, 16], [69, 8, 7]])
     torch.testing.assert_close(QuantEmbedding(head)(ids), head.weight.dequantize()[ids], rtol=0, atol=0)
 

@@ -5,6 +5,10 @@
 #
 #   tools/build_llama_server.sh [PEER_DIR] [LLAMA_CPP_PYTHON_VERSION]
 #
+# LLAMA_TARGETS (default llama-server) names other targets too: `LLAMA_TARGETS="llama-server
+# llama-quantize"` also builds the quantizer tests/test_gguf_mixes.py makes its K / IQ4 files with
+# (it finds PEER_DIR/build/bin/llama-quantize under /work/peers*, or $EDGE_RUNTIME_LLAMA_QUANTIZE).
+#
 # PEER_DIR defaults to /work/peers/llama.cpp; the binary ends up at PEER_DIR/build/bin/llama-server.
 # The version defaults to the newest sdist on PyPI; pass one (e.g. 0.3.16) to rebuild the same code.
 set -euo pipefail
@@ -43,7 +47,9 @@ build_dir=$peer_dir/build
 nice -n 19 cmake -S "$llama_dir" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON \
   -DBUILD_SHARED_LIBS=OFF
-nice -n 19 cmake --build "$build_dir" --target llama-server -j2
+for target in ${LLAMA_TARGETS:-llama-server}; do
+  nice -n 19 cmake --build "$build_dir" --target "$target" -j2
+done
 echo "$sdist" > "$peer_dir/SOURCE"
 "$build_dir/bin/llama-server" --version 2>&1 | head -3 || true
 echo "built: $build_dir/bin/llama-server"

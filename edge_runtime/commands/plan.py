@@ -113,15 +113,41 @@ def run(args) -> int:
     plan = make_plan(budget, config, weight_bytes, args.kv_dtype, args.page_tokens, name)
     unit = unit_limits_for(budget, plan, args.memory_high, args.memory_max)
     backend = describe_backend(placement)
+    form = weights_form(args.model, weights, placement)
+    tensors = gguf_tensor_kernels(args.model, placement) if form else []
     if args.json:
         print(json.dumps({**plan.as_dict(), **placement.describe(), "unit_limits": unit,
-                          "kernel_backends": backend}, indent=2))
+                          "kernel_backends": backend, "gguf_tensors": tensors}, indent=2))
     else:
-        print(format_plan(plan, placement, weights_form(args.model, weights, placement)))
+        print(format_plan(plan, placement, form))
         print(format_unit_limits(unit))
         print(f"kernels of the {backend['backend']} back end: "
               + ", ".join(f"{op}={b}" for op, b in backend["kernels"].items()))
+        if tensors:
+            print(format_tensor_kernels(tensors))
     return 0
+
+
+def gguf_tensor_kernels(name: str, placement) -> list[dict]:
+    """Per tensor of a GGUF served from its blocks: type, runtime form, kernel (model/gguf_int4.py)."""
+    from edge_runtime.model.gguf_int4 import tensor_kernels  # start-up time: imports numpy, torch
+    from edge_runtime.model.loader import gguf_source  # start-up time: imports numpy, torch
+
+    return tensor_kernels(gguf_source(name), placement.backend)
+
+
+def format_tensor_kernels(tensors: list[dict]) -> str:
+    """One line per (type, form, kernel): how many tensors, and the first one's name."""
+    from collections import Counter
+
+    groups = Counter((t["type"], t["form"], t["kernel"]) for t in tensors)
+    first = {}
+    for t in tensors:
+        first.setdefault((t["type"], t["form"], t["kernel"]), t["tensor"])
+    lines = ["GGUF tensors (type: count, held as -> kernel; --json lists every tensor):"]
+    for (kind, form, kernel), count in groups.items():
+        lines.append(f"  {kind}: {count} (e.g. {first[(kind, form, kernel)]}), {form} -> {kernel}")
+    return "\n".join(lines)
 
 
 def weights_form(name: str, weights: str, placement) -> str | None:

@@ -13,9 +13,11 @@ Invariants:
 - The model computes what the fp32 folder that gguf_convert.py writes from the same file computes:
   every weight dequantizes to the same float (tests/test_int4_format.py), q/k rows are put back in
   Hugging Face's rope order as transformers does for `llama` GGUFs (a row permutation, exact).
-- A tensor that cannot be served quantized (a type other than Q4_0/Q4_1/Q4_K/Q6_K/Q8_0) is a
-  ModelLoadError naming the tensor and type, with `--weights fp32` as the way out. Parts of
-  different types (Q4_K_M: attn_v / ffn_down in Q6_K) are not fused: one QuantLinear each.
+- Every block type of quant/gguf_blocks.SUPPORTED is served from its blocks, F16 / BF16 matrices
+  in their 16 bits (kernels/float16_linear.py), F32 ones as float32. A file holding any other
+  type is refused before anything is loaded (`check_served`): a ModelLoadError naming the first
+  such tensor, its type and the served list. Parts of different forms (Q4_K_M: attn_v in Q8_0
+  next to Q5_0 q and k) are not fused: one linear each.
 """
 from __future__ import annotations
 
@@ -29,21 +31,21 @@ from torch import nn
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
+from edge_runtime.kernels.float16_linear import Float16Linear
 from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.gguf_tensors import GGUFTensors
 from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.weights_option import WEIGHTS
-from edge_runtime.quant.gguf_blocks import UnsupportedType, grouped_rows
+from edge_runtime.quant.gguf_blocks import (FLOAT_TYPES, RUNTIME_FORM, SUPPORTED, UnsupportedType,
+                                            grouped_rows, served_types)
 from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, blocked_nbytes,
-                                            compatible, describe)
+                                            compatible, describe, widened)
 from edge_runtime.kernels import cpu_native
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
 
-_FLOAT_TYPES = ("F32", "F16", "BF16")
-# GGUF type -> (bits, group size, parameter bytes, offsets) of its runtime form (quant/gguf_blocks.py)
-_RUNTIME_FORM = {"Q4_0": (4, 32, 2, True), "Q4_1": (4, 32, 2, True), "Q4_K": (4, 32, 4, True),
-                 "Q6_K": (8, 16, 4, False), "Q8_0": (8, 32, 2, False)}
+_FLOAT_TYPES = FLOAT_TYPES
+_HALF_TYPES = ("F16", "BF16")  # matrices kept in their 16 bits
 _FUSED = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up",
           "ffn_up": "ffn_gate_up"}
 
@@ -66,15 +68,27 @@ class _Tensors:
     def type_name(self, name: str) -> str:
         return self.file.info(name).type_name
 
-    def rows(self, name: str, shape: tuple[int, int]) -> GroupedRows:
-        try:
-            rows = grouped_rows(self.file[name], self.type_name(name), name)
-        except UnsupportedType as exc:
-            raise ModelLoadError(str(exc)) from exc
-        if rows.shape != shape:
+    def rows(self, name: str, shape: tuple[int, int]) -> "GroupedRows | torch.Tensor":
+        """A matrix as GroupedRows (a block type) or a float tensor in the file's own width
+        (float16 / bfloat16 / float32)."""
+        kind = self.type_name(name)
+        if kind in _FLOAT_TYPES:
+            rows = self._float_matrix(name, kind)
+        else:
+            try:
+                rows = grouped_rows(self.file[name], kind, name)
+            except UnsupportedType as exc:
+                raise ModelLoadError(str(exc)) from exc
+        if tuple(rows.shape) != shape:
             raise ModelLoadError(f"{name} has shape {list(rows.shape)}, the GGUF's config expects "
                                  f"{list(shape)}; re-download the file")
         return rows
+
+    def _float_matrix(self, name: str, kind: str) -> torch.Tensor:
+        data = np.array(self.file[name])  # a copy: the map can go
+        if kind == "BF16":
+            return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(data)
 
     def floats(self, name: str) -> torch.Tensor:
         kind = self.type_name(name)
@@ -93,18 +107,56 @@ class _Tensors:
         return f"gguf-{kinds.most_common(1)[0][0]}" if kinds else "none"
 
 
-def _linear(parts: list[GroupedRows], names: list[str], bias: torch.Tensor | None) -> QuantLinear:
-    assert all(compatible(parts[0], p) for p in parts), [describe(p) for p in parts]
-    rows = GroupedRows.cat(parts) if len(parts) > 1 else parts[0]
-    return QuantLinear(BlockedQuantWeight.from_rows(rows), bias, tuple(p.shape[0] for p in parts))
+def check_served(file: GGUFTensors) -> None:
+    """Refuse a file holding a type the runtime cannot serve, before any tensor is converted."""
+    for info in file.infos.values():
+        if info.type_name not in SUPPORTED and info.type_name not in _FLOAT_TYPES:
+            raise ModelLoadError(
+                f"{info.name} is stored as GGUF type {info.type_name}, which the runtime cannot "
+                f"serve (served: {served_types()}); use a file quantized to one of those "
+                "(llama.cpp's Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, ... mixes are)")
+
+
+def _same_form(parts: list) -> bool:
+    first = parts[0]
+    if isinstance(first, GroupedRows):
+        return all(isinstance(p, GroupedRows) and compatible(first, p) for p in parts)
+    return all(isinstance(p, torch.Tensor) and p.dtype == first.dtype for p in parts)
+
+
+def _permuted(rows, order: torch.Tensor):
+    return rows.permute_rows(order) if isinstance(rows, GroupedRows) else rows[order]
+
+
+def _linear(parts: list, names: list[str], bias: torch.Tensor | None) -> nn.Module:
+    """One linear over `parts` (same form): a QuantLinear for blocks, a Float16Linear for 16-bit
+    floats, an nn.Linear for float32."""
+    assert _same_form(parts), [describe(p) if isinstance(p, GroupedRows) else p.dtype for p in parts]
+    splits = tuple(p.shape[0] for p in parts)
+    if isinstance(parts[0], GroupedRows):
+        rows = GroupedRows.cat(parts) if len(parts) > 1 else parts[0]
+        return QuantLinear(BlockedQuantWeight.from_rows(rows), bias, splits)
+    weight = torch.cat(parts) if len(parts) > 1 else parts[0]
+    if weight.dtype != torch.float32:
+        return Float16Linear(weight, bias, splits)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.float(), False)
+    linear.out_splits = splits
+    return linear
 
 
 def _set_linears(owner: nn.Module, fused_name: str, hf_names: tuple[str, ...],
-                 parts: list[GroupedRows], names: list[str], biases: list) -> None:
-    """One fused QuantLinear when the parts share a form, else one per part under its Hugging
-    Face name (a Q4_K_M file keeps attn_v in Q6_K next to Q4_K q and k: the model runs them
-    one by one, without the CPU's one-call layer stack)."""
-    if all(compatible(parts[0], p) for p in parts):
+                 parts: list, names: list[str], biases: list) -> None:
+    """One fused linear when the parts share a form, else one per part under its Hugging
+    Face name (a Q4_K_M file keeps attn_v in Q8_0 next to Q5_0 q and k: the model runs them
+    one by one, without the CPU's one-call layer stack). Block parts that differ only in their
+    integers' width are widened to 8 bits first (int4_format.widened: the same values), so a Q5_0
+    q / k and a Q8_0 v still make one fused linear and the model keeps the one-call stack."""
+    if not _same_form(parts) and all(isinstance(p, GroupedRows) for p in parts):
+        parts = widened(parts) or parts
+    if _same_form(parts):
         bias = None if all(b is None for b in biases) else torch.cat(
             [torch.zeros(p.shape[0]) if b is None else b for p, b in zip(parts, biases)])
         setattr(owner, fused_name, _linear(parts, names, bias))
@@ -126,7 +178,7 @@ def _layer(tensors: _Tensors, cfg: ModelConfig, i: int, layer: nn.Module, permut
     k = tensors.rows(p + "attn_k.weight", (kv_heads * d, h))
     v = tensors.rows(p + "attn_v.weight", (kv_heads * d, h))
     if permute:
-        q, k = q.permute_rows(rope_order(heads * d, heads)), k.permute_rows(rope_order(kv_heads * d, kv_heads))
+        q, k = _permuted(q, rope_order(heads * d, heads)), _permuted(k, rope_order(kv_heads * d, kv_heads))
     attn, mlp = layer.self_attn, layer.mlp
     _set_linears(attn, "qkv_proj", ("q_proj", "k_proj", "v_proj"), [q, k, v],
                  [p + f"attn_{n}.weight" for n in "qkv"],
@@ -146,19 +198,19 @@ def _layer(tensors: _Tensors, cfg: ModelConfig, i: int, layer: nn.Module, permut
 def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -> None:
     shape = (cfg.vocab_size, cfg.hidden_size)
     tied = not tensors.has("output.weight")
-    if tensors.type_name("token_embd.weight") in _FLOAT_TYPES:
+    if tensors.type_name("token_embd.weight") == "F32":
         embed = tensors.floats("token_embd.weight").view(shape)
         model.model.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
         head = None
-    else:
-        head = QuantLinear(BlockedQuantWeight.from_rows(tensors.rows("token_embd.weight", shape)))
+    else:  # blocks or 16-bit floats: the embedding reads the head's rows
+        head = _linear([tensors.rows("token_embd.weight", shape)], ["token_embd.weight"], None)
         model.model.embed_tokens = QuantEmbedding(head, owns=not tied)
     if not tied:
-        if tensors.type_name("output.weight") in _FLOAT_TYPES:
+        if tensors.type_name("output.weight") == "F32":
             model.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
             model.lm_head.weight = nn.Parameter(tensors.floats("output.weight").view(shape), False)
         else:
-            model.lm_head = QuantLinear(BlockedQuantWeight.from_rows(tensors.rows("output.weight", shape)))
+            model.lm_head = _linear([tensors.rows("output.weight", shape)], ["output.weight"], None)
     elif head is not None:
         model.lm_head = head
     else:
@@ -168,28 +220,76 @@ def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -
 
 def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
     """The bytes `build_gguf_model` + `place` will hold for this file, from its tensor table alone
-    (plan and the budgets): blocked integers and parameters per fused linear, float tensors (norms)
-    at `float_bytes` (the activation dtype's: 4 on the CPU back end, 2 for fp16 on CUDA). A type
-    the loader refuses counts as floats too (it is refused at load, with its name)."""
+    (plan and the budgets): blocked integers and parameters per fused linear, 16-bit matrices in
+    16 bits, biases in float32 (the linears keep them so), other float tensors (norms, float32
+    matrices) at `float_bytes` (the activation dtype's: 4 on the CPU back end, 2 for fp16 on
+    CUDA). A type the loader refuses counts as floats too (it is refused at load, with its name)."""
     groups: dict[str, list] = {}
     total = 0
     for info in GGUFTensors(gguf_path).infos.values():
-        if info.type_name not in _RUNTIME_FORM or len(info.shape) != 2:
-            total += float_bytes * int(np.prod(info.shape))
+        if len(info.shape) == 2 and info.type_name in _HALF_TYPES:
+            total += 2 * int(np.prod(info.shape))
+            continue
+        if info.type_name not in RUNTIME_FORM or len(info.shape) != 2:
+            per = 4 if info.name.endswith(".bias") else float_bytes
+            total += per * int(np.prod(info.shape))
             continue
         parts = info.name.split(".")
         key = ".".join(_FUSED.get(p, p) for p in parts)
         groups.setdefault(key, []).append(info)
     for infos in groups.values():
-        if len({i.type_name for i in infos}) > 1:  # not fused: one blocked weight each
-            parts = [[i] for i in infos]
-        else:
-            parts = [infos]
-        for part in parts:
-            form = _RUNTIME_FORM[part[0].type_name]
-            total += blocked_nbytes(form[0], sum(i.shape[0] for i in part), part[0].shape[1],
-                                    *form[1:])
+        forms = [RUNTIME_FORM[i.type_name] for i in infos]
+        if len(set(forms)) == 1:
+            parts = [(infos, forms[0][0])]
+        elif len({f[1:4] for f in forms}) == 1:  # widened to 8 bits and fused (_set_linears)
+            parts = [(infos, 8)]
+        else:  # not fused: one weight each
+            parts = [([i], f[0]) for i, f in zip(infos, forms)]
+        for part, bits in parts:
+            _, group, param_bytes, offsets, _ = RUNTIME_FORM[part[0].type_name]
+            total += blocked_nbytes(bits, sum(i.shape[0] for i in part), part[0].shape[1],
+                                    group, param_bytes, offsets)
     return total
+
+
+def _form_name(type_name: str) -> str:
+    if type_name in _HALF_TYPES:
+        return f"{type_name.lower()} (16-bit)"
+    if type_name not in RUNTIME_FORM:
+        return "float32"
+    bits, group, param_bytes, offsets, signed = RUNTIME_FORM[type_name]
+    params = "fp16" if param_bytes == 2 else "fp32"
+    return f"{'s' if signed else ''}int{bits} g{group} {params}{' +offset' if offsets else ''}"
+
+
+def _kernel_name(type_name: str, name: str, backend: str) -> str:
+    """What computes with a tensor of `type_name` on `backend` (the loader's modules' choice)."""
+    if name.endswith(("norm.weight", ".bias")):
+        return "float32 parameter" if backend == "cpu" else "parameter in the activation dtype"
+    if type_name in _HALF_TYPES:
+        kernel = ("Float16Linear: float32 BLAS tiles widened per call (no fast kernel yet)"
+                  if backend == "cpu" else "Float16Linear: torch matmul in the activation dtype")
+    elif type_name not in RUNTIME_FORM:
+        kernel = "torch linear"
+    elif backend == "cpu":
+        kernel = (f"linear_int4.c int{RUNTIME_FORM[type_name][0]} (prefill from 32 rows: "
+                  "dequantized tiles + BLAS)")
+    else:
+        kernel = f"blocked_w4a16 Triton W{RUNTIME_FORM[type_name][0]}A16"
+    return kernel + ("; the embedding looks its rows up" if name == "token_embd.weight" else "")
+
+
+def tensor_kernels(gguf_path: Path, backend: str) -> list[dict]:
+    """Per tensor of the file: its GGUF type, the runtime form it is held in and the kernel that
+    computes with it on `backend` ("cpu" or "cuda"), for `plan`. A type the loader refuses says so."""
+    rows = []
+    for info in GGUFTensors(gguf_path).infos.values():
+        served = info.type_name in SUPPORTED or info.type_name in _FLOAT_TYPES
+        rows.append({"tensor": info.name, "type": info.type_name,
+                     "form": _form_name(info.type_name) if served else "not served",
+                     "kernel": _kernel_name(info.type_name, info.name, backend) if served
+                     else "refused at load"})
+    return rows
 
 
 def _stderr_bar(total: int):
@@ -203,6 +303,7 @@ def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
                      progress: Callable[[str], None] | None = None):
     """A CausalLM on the CPU with the GGUF's quantized blocks; returns (model, quantization)."""
     tensors = _Tensors(gguf_path)
+    check_served(tensors.file)
     with torch.device("meta"), no_weight_init():
         model = CausalLM(config)
     bar = _stderr_bar(config.num_layers) if progress is not None else None
@@ -219,7 +320,7 @@ def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
     model.model.rotary_emb = Rotary(config)
     model.model.rotary_emb.build(FULL_ROPE_TABLE)
     model.eval()
-    model.linears_packed = sum(isinstance(m, QuantLinear) for m in model.modules())
+    model.linears_packed = sum(isinstance(m, (QuantLinear, Float16Linear)) for m in model.modules())
     model.fused_decoder = FusedDecoder.for_model(model)
     return model, quantization
 

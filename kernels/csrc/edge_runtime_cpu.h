@@ -99,7 +99,7 @@ int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64
 typedef struct {
     const void *data;
     const void *scales, *offsets;
-    int32_t bits, group, params_f32, reserved;
+    int32_t bits, group, params_f32, signed5; /* signed5: 5-bit integers in two's complement */
 } blocked_weight;
 
 /* Output blocks [b0, b1) of any blocked weight for all R rows (one thread's share). */

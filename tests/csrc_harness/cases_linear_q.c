@@ -1,4 +1,4 @@
-/* linear_int4.c's cases: test_kernel_cpu_int4.py's (4- and 8-bit weights, fp16 and fp32
+/* linear_int4.c's cases: test_kernel_cpu_int4.py's (4-, 5- (signed and not) and 8-bit weights, fp16 and fp32
  * parameters, with and without offsets, groups of 16 to 128, ragged N, bias, every row count of a
  * pass, thread counts): each row's output must be the same bits alone and in any pass on any
  * number of threads, close to linear_f32.c's over the dequantized weights (the quantized kernel
@@ -12,7 +12,7 @@
 
 typedef struct {
     int64_t n, k;
-    int bits, group, params_f32, offsets, bias;
+    int bits, group, params_f32, offsets, bias, signed5;
 } q_case;
 
 /* random integers and parameters in the blocked layout; `dequant` gets the fp32 blocked values */
@@ -45,6 +45,11 @@ static blocked_weight make_weight(rng *g, const q_case *c, float *dequant) {
                 if (c->bits == 4) {
                     q = past ? 0 : (int)(next_u64(g) % 16);
                     data[(b * c->k + i) * 8 + lane % 8] |= (uint8_t)(q << (lane / 8 * 4));
+                } else if (c->bits == 5) { /* the nibble, then the fifth bit's plane */
+                    q = past ? 0 : (int)(next_u64(g) % 32) - (c->signed5 ? 16 : 0);
+                    uint8_t *line = data + (b * c->k + i) * 10;
+                    line[lane % 8] |= (uint8_t)((q & 15) << (lane / 8 * 4));
+                    line[8 + lane / 8] |= (uint8_t)(((q >> 4) & 1) << (lane % 8));
                 } else {
                     q = past ? 0 : (int)(next_u64(g) % 256) - 128;
                     ((int8_t *)data)[(b * c->k + i) * 16 + lane] = (int8_t)q;
@@ -53,7 +58,7 @@ static blocked_weight make_weight(rng *g, const q_case *c, float *dequant) {
                 dequant[(b * c->k + i) * LINEAR_BLOCK_N + lane] = s[p] * (float)q + o[p];
             }
     free(s), free(o);
-    return (blocked_weight){data, scales, offsets, c->bits, c->group, c->params_f32, 0};
+    return (blocked_weight){data, scales, offsets, c->bits, c->group, c->params_f32, c->signed5};
 }
 
 static void linear_q_case(const q_case *c) {
@@ -69,8 +74,8 @@ static void linear_q_case(const q_case *c) {
     float *x = xcalloc(MOST * ldx, 4), *want = xcalloc(MOST * n, 4), *y = xcalloc(MOST * n, 4);
     fill_normal(&g, x, MOST * ldx, 1.0f);
     char name[64];
-    snprintf(name, sizeof name, "linear_q/n%lld/k%lld/int%d/g%d/%s%s%s", (long long)n, (long long)k,
-             c->bits, c->group, c->params_f32 ? "f32" : "f16", c->offsets ? "/off" : "",
+    snprintf(name, sizeof name, "linear_q/n%lld/k%lld/%sint%d/g%d/%s%s%s", (long long)n,
+             (long long)k, c->signed5 ? "s" : "", c->bits, c->group, c->params_f32 ? "f32" : "f16", c->offsets ? "/off" : "",
              c->bias ? "/bias" : "");
     if (dequant_blocks_q(&wt, k, 0, nb, tiles, 2) || memcmp(tiles, wb, sizeof(float) * nb * k * 16))
         fail("%s: dequant_blocks_q is not the dequantized weight", name);
@@ -106,12 +111,16 @@ static void linear_q_case(const q_case *c) {
 
 void cases_linear_q(void) {
     static const q_case cases[] = {
-        {16, 64, 4, 32, 0, 1, 0},    /* GGUF Q4_0 / Q4_1 */
-        {37, 96, 4, 32, 0, 1, 1},    /* ragged N: a partial last block */
-        {200, 256, 4, 64, 1, 1, 0},  /* AWQ / Q4_K parameters */
-        {72, 256, 4, 128, 0, 1, 1},
-        {51, 128, 8, 32, 0, 0, 0},   /* Q8_0 */
-        {40, 256, 8, 16, 1, 0, 0},   /* Q6_K */
+        {16, 64, 4, 32, 0, 1, 0, 0},    /* GGUF Q4_0 / Q4_1 */
+        {37, 96, 4, 32, 0, 1, 1, 0},    /* ragged N: a partial last block */
+        {200, 256, 4, 64, 1, 1, 0, 0},  /* AWQ / Q4_K parameters */
+        {72, 256, 4, 128, 0, 1, 1, 0},
+        {51, 128, 8, 32, 0, 0, 0, 0},   /* Q8_0 */
+        {40, 256, 8, 16, 1, 0, 0, 0},   /* Q6_K */
+        {51, 128, 5, 32, 0, 0, 0, 1}, /* Q5_0: signed 5-bit, no offset */
+        {37, 96, 5, 32, 0, 1, 1, 0},  /* Q5_1 */
+        {72, 256, 5, 32, 1, 1, 0, 0}, /* Q5_K */
+        {24, 64, 4, 16, 1, 1, 0, 0},  /* Q2_K / Q3_K */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) linear_q_case(&cases[c]);
 }
