@@ -60,7 +60,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
-        self.sm_scale = mc.head_dim ** -0.5
+        self.sm_scale = mc.attention_scale  # head_dim ** -0.5, or Gemma's query_pre_attn_scalar
         self.graphs = decode_graphs_for(self)  # None: every step runs eagerly
         self.requests: dict[str, Request] = {}
         self._arrival = itertools.count()

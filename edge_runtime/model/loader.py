@@ -28,7 +28,7 @@ import torch
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
-from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
+from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM
 from edge_runtime.model.meta_init import no_weight_init
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -157,6 +157,7 @@ def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | 
 
 _SHAPE_KEYS = (  # tensor name part -> the config.json keys that decide its shape
     (("embed_tokens", "lm_head"), "vocab_size, hidden_size"),
+    (("q_norm", "k_norm"), "head_dim"),
     (("q_proj",), "num_attention_heads, head_dim, hidden_size"),
     (("k_proj", "v_proj"), "num_key_value_heads, head_dim, hidden_size"),
     (("o_proj",), "hidden_size, num_attention_heads, head_dim"),
@@ -231,8 +232,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
     except RuntimeError as exc:
         raise ModelLoadError(f"checkpoint does not match config.json: {exc}") from exc
     model.tie_weights()
-    model.model.rotary_emb = Rotary(config).to(device)  # rope tables on the target device
-    model.model.rotary_emb.build(FULL_ROPE_TABLE)
+    model.model.build_rotary(config, device, FULL_ROPE_TABLE)  # rope tables on the target device
     model.eval()
     return model, quantization
 
