@@ -113,7 +113,7 @@ class FusedDecoder:
         from edge_runtime.kernels import cpu_native
         from edge_runtime.kernels.cpu_linear import PackedLinear
 
-        if not env.cpu_fused_decoder():
+        if not env.cpu_fused_decoder() or not cls.carries(model.config):
             return None
         lib = cpu_native.library()
         if lib is None:
@@ -129,6 +129,14 @@ class FusedDecoder:
             if any(w.dtype != torch.float32 for w in norms):
                 return None
         return cls(lib, model)
+
+    @staticmethod
+    def carries(config) -> bool:
+        """The C step implements this family's layer: Llama's, plus Qwen3's q/k norms. Gemma 3's
+        (sandwich and (1 + w) norms, GeGLU, local layers with their own rotary) runs the torch
+        layer loop over the same KV context."""
+        return not (config.sandwich_norms or config.norm_unit_offset or config.has_local_layers
+                    or config.hidden_act != "silu" or config.qk_norm)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  args: NativeDecodeArgs, sm_scale: float) -> torch.Tensor:
