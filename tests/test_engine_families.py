@@ -74,3 +74,19 @@ def test_gemma3_engine_refuses_a_prompt_past_the_window():
     engine = engine_on("gemma3", "cpu")
     with pytest.raises(RequestError, match=f"at most {WINDOW - 1} .*sliding window of {WINDOW}"):
         engine.generate([random_ids(WINDOW + 3, 512, seed=1)], _greedy(2))
+
+
+@pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_int8_kv_back_ends_agree(name):
+    """int8 KV: the CPU back end (Qwen3 through the one-call C layer stack, kernels/cpu_decoder.py;
+    Gemma 3 through the torch layer loop) and the CUDA back end give the same greedy tokens."""
+    prompts = [random_ids(n, 512, seed=40 + n) for n in (6, 25)]
+    got = {}
+    for backend in ("cpu", "cuda"):
+        engine = engine_on(name, backend, kv_dtype="int8")
+        if backend == "cpu":
+            fused = engine.model.fused_decoder is not None
+            assert fused == (name == "qwen3"), (name, fused)
+        got[backend] = [r.completions[0].token_ids for r in engine.generate(prompts, _greedy(8))]
+    assert got["cpu"] == got["cuda"]
