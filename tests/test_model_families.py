@@ -129,3 +129,25 @@ def test_gemma3_attention_softcapping_is_refused():
     hf["attn_logit_softcapping"] = 50.0
     with pytest.raises(ModelLoadError, match="attn_logit_softcapping"):
         ModelConfig.from_hf(hf)
+
+
+def test_gemma3_chat_template_folds_the_system_message_into_the_first_user_turn(family):
+    """A Gemma 3 tokenizer without a template (the GGUF has none) gets Gemma's own: no system
+    role, the system text opens the first user turn; <end_of_turn> ends generation."""
+    name, ours, _, folder = family
+    if name != "gemma3":
+        pytest.skip("Gemma 3 only")
+    from edge_runtime.model.chat import encode_prompt
+    from edge_runtime.model.family_chat import complete_chat
+    from edge_runtime.model.loader import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    tok.chat_template = None
+    tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    config = complete_chat(ours.config, tok)
+    ids = encode_prompt(tok, "Hi there", chat=True, system="Be brief.")
+    text = tok.decode(ids)
+    assert text.endswith("<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n"
+                         "<start_of_turn>model\n"), text
+    assert "system" not in text
+    assert tok.convert_tokens_to_ids("<end_of_turn>") in config.eos_token_ids

@@ -239,6 +239,14 @@ def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, dev
         if weights == "gguf":
             raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
         return False
+    from edge_runtime.model.gguf_convert import BLOCK_ARCHITECTURES, gguf_architecture
+
+    arch = gguf_architecture(source)
+    if arch not in BLOCK_ARCHITECTURES:  # its layer has tensors the blocks path does not build
+        if weights == "gguf":
+            raise ModelLoadError(f"serving a {arch!r} GGUF from its blocks is not implemented "
+                                 "(q/k head norms, Gemma's extra norms); use --weights fp32")
+        return False
     if weights == "gguf" or str(device) != "cpu":
         return True
     from edge_runtime.kernels import cpu_native

@@ -28,6 +28,7 @@ import torch
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
+from edge_runtime.model.family_chat import complete_chat
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM
 from edge_runtime.model.meta_init import no_weight_init
 
@@ -286,6 +287,7 @@ def _load_from_blocks(source: Path, progress: Callable[[str], None] | None,
     folder = resolve_model_folder(str(source), progress)
     config = read_model_config(folder)
     tokenizer = load_tokenizer(folder)
+    config = complete_chat(config, tokenizer)
     model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
     place(model, dtype, device)
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
@@ -310,6 +312,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)
     tokenizer = load_tokenizer(folder)
+    config = complete_chat(config, tokenizer)
     state = load_state_dict(folder, dtype, device)
     model, quantization = build_model(config, state, cfg_dict.get("quantization_config"), device,
                                       awq_backend)
