@@ -137,10 +137,11 @@ class FusedDecoder:
     @staticmethod
     def carries(config) -> bool:
         """The C step implements this family's layer: Llama's, plus Qwen3's q/k head norms.
-        Gemma 3's (sandwich and (1 + w) norms, GeGLU, local layers with their own rotary) runs
-        the torch layer loop over the same KV context."""
+        Gemma 3's (sandwich and (1 + w) norms, GeGLU, local layers with their own rotary) and
+        SmolLM3's (layers without rotary) run the torch layer loop over the same KV context."""
         return not (config.sandwich_norms or config.norm_unit_offset or config.has_local_layers
-                    or config.hidden_act != "silu" or config.embed_scale is not None)
+                    or config.hidden_act != "silu" or config.embed_scale is not None
+                    or (config.rope_layers is not None and not all(config.rope_layers)))
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  args: NativeDecodeArgs, sm_scale: float) -> torch.Tensor:

@@ -50,16 +50,19 @@ def copy_tokenizer(folder: Path) -> None:
 
 
 def tiny_hf_config(arch: str, **overrides):
-    """A small transformers config of `arch` ("llama" | "qwen2" | "mistral" | "qwen3" | "gemma3")
-    with GQA. qwen3: head_dim 32 (not hidden / heads = 16). gemma3: head_dim 32, three layers
+    """A small transformers config of `arch` ("llama" | "qwen2" | "mistral" | "qwen3" | "gemma3" |
+    "smollm3") with GQA. smollm3: four layers, the third without rotary. qwen3: head_dim 32 (not hidden / heads = 16). gemma3: head_dim 32, three layers
     (two local with window 8, then a global one), query_pre_attn_scalar 24, logit softcapping."""
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
+                              SmolLM3Config)
 
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                   rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
-           "qwen3": Qwen3Config, "gemma3": Gemma3TextConfig}[arch]
+           "qwen3": Qwen3Config, "gemma3": Gemma3TextConfig, "smollm3": SmolLM3Config}[arch]
+    if arch == "smollm3":  # layers 0, 1 and 3 with rotary, layer 2 without (NoPE)
+        common.update(num_hidden_layers=4, no_rope_layers=[1, 1, 0, 1], pad_token_id=0)
     if arch == "mistral":
         common["sliding_window"] = 4096
     if arch == "qwen3":

@@ -1,4 +1,4 @@
-"""Qwen3 and Gemma 3 through the Engine on both back ends (CPU: flat store, C kernels; CUDA: paged
+"""Qwen3, Gemma 3 and SmolLM3 through the Engine on both back ends (CPU: flat store, C kernels; CUDA: paged
 store, Triton kernels through the interpreter on CPU tensors), fp32 KV: greedy tokens equal to
 transformers' generate on tiny random checkpoints (tests/model_helpers.py). Gemma 3's engine
 context is its window (the KV stores do not mask local layers yet, model/config.py), so its test
@@ -22,13 +22,13 @@ from edge_runtime.kernels import dispatch
 WINDOW = 64
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=3)
 def family_folder(name: str) -> Path:
     overrides = {"sliding_window": WINDOW} if name == "gemma3" else {}
     return save_random_model(tiny_hf_config(name, **overrides), Path(_TMP.name) / name, seed=21)
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)  # one at a time: each test runs one family
 def hf_model(name: str):
     from transformers import AutoModelForCausalLM
 
@@ -58,7 +58,7 @@ BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "smollm3"])
 def test_engine_greedy_matches_transformers(name, backend):
     engine = engine_on(name, backend)
     prompts = [random_ids(n, 512, seed=n) for n in (5, 19, 30)]
@@ -77,10 +77,10 @@ def test_gemma3_engine_refuses_a_prompt_past_the_window():
 
 
 @pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
-@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "smollm3"])
 def test_int8_kv_back_ends_agree(name):
     """int8 KV: the CPU back end (Qwen3 through the one-call C layer stack, kernels/cpu_decoder.py;
-    Gemma 3 through the torch layer loop) and the CUDA back end give the same greedy tokens."""
+    Gemma 3 and SmolLM3 through the torch layer loop) and the CUDA back end give the same greedy tokens."""
     prompts = [random_ids(n, 512, seed=40 + n) for n in (6, 25)]
     got = {}
     for backend in ("cpu", "cuda"):

@@ -1,11 +1,12 @@
-"""Qwen3 and Gemma 3 (text) against transformers: tiny random checkpoints made from each config
+"""Qwen3, Gemma 3 (text) and SmolLM3 against transformers: tiny random checkpoints made from each config
 class (tests/model_helpers.py, tiny_hf_config), our logits at every position of a prefill and of
 one-token decode steps, max |diff| <= 1e-4 * max |logit| (fp32, the contiguous reference cache).
 
 Qwen3: q/k RMSNorm per head before rotary, head_dim 32 with hidden 64 and 4 heads. Gemma 3: two
 local layers (window 8, rotary base 10k) and a global one (base 1M), (1 + w) norms, sandwich
 norms, GeGLU, sqrt(hidden) embeddings, query_pre_attn_scalar 24, final logit softcapping; prompts
-of 1 to 40 tokens, so most positions read past the window. Families we refuse are refused naming
+of 1 to 40 tokens, so most positions read past the window. SmolLM3: a layer without rotary
+(no_rope_layers). Families we refuse are refused naming
 what is missing.
 """
 
@@ -32,7 +33,7 @@ def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, rel: float = REL_
     assert diff <= rel * scale, f"max abs diff {diff:.3g} > {rel} * max|logit| {scale:.3g}"
 
 
-@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma3", "smollm3"])
 def family(request, tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
@@ -70,7 +71,7 @@ def test_batched_decode_matches_transformers(family):
     row), against each one alone in transformers."""
     _, ours, ref, _ = family
     prompts = [random_ids(n, ours.config.vocab_size, seed=n) for n in (3, 12, 20)]
-    results = generate(ours.model, prompts, max_tokens=12)
+    results = generate(ours.model, prompts, max_tokens=12, eos_token_ids=())
     for prompt, res in zip(prompts, results):
         with torch.inference_mode():
             out = ref.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
@@ -82,6 +83,10 @@ def test_batched_decode_matches_transformers(family):
 def test_configs_exercise_their_features(family):
     name, ours, _, _ = family
     cfg = ours.config
+    if name == "smollm3":
+        assert cfg.rope_layers == (True, True, False, True)
+        assert ours.model.model.layers[2].self_attn.rope is not ours.model.model.layers[0].self_attn.rope
+        return
     assert cfg.qk_norm and cfg.head_dim * cfg.num_heads != cfg.hidden_size
     attn = ours.model.model.layers[0].self_attn
     assert attn.q_norm.weight.std() > 0.05
@@ -113,7 +118,6 @@ def test_gemma3_old_config_dialect():
 
 @pytest.mark.parametrize("arch,missing", [
     ("Phi3ForCausalLM", "partial_rotary_factor"),
-    ("SmolLM3ForCausalLM", "no_rope_layers"),
     ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
 ])
 def test_refused_families_name_what_is_missing(arch, missing):

@@ -28,21 +28,20 @@ from dataclasses import dataclass
 from edge_runtime.errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
-                           "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+                           "Qwen3ForCausalLM", "Gemma3ForCausalLM", "SmolLM3ForCausalLM")
 _MODEL_TYPE_TO_ARCH = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 # families people run that the forward does not carry, and what each would need
 REFUSED_ARCHITECTURES = {
     "Phi3ForCausalLM": "Phi-3/Phi-4-mini fuse q/k/v into one qkv_proj and gate/up into one "
                        "gate_up_proj in the checkpoint and rotate only part of each head "
                        "(partial_rotary_factor); neither is implemented",
-    "SmolLM3ForCausalLM": "SmolLM3 skips rotary on some layers (no_rope_layers); per-layer "
-                          "NoPE is not implemented",
     "Gemma3ForConditionalGeneration": "this is Gemma 3's vision-language checkpoint; only the "
                                       "text model (Gemma3ForCausalLM, model_type gemma3_text) "
                                       "is served",
@@ -50,7 +49,7 @@ REFUSED_ARCHITECTURES = {
                          "kernels do not implement",
     "Qwen3MoeForCausalLM": "mixture-of-experts MLPs are not implemented",
 }
-_MODEL_TYPE_REFUSED = {"phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+_MODEL_TYPE_REFUSED = {"phi3": "Phi3ForCausalLM",
                        "gemma3": "Gemma3ForConditionalGeneration", "gemma2": "Gemma2ForCausalLM",
                        "qwen3_moe": "Qwen3MoeForCausalLM"}
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -97,6 +96,7 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...] | None = None  # per layer: local window, None global
     local_rope_theta: float | None = None  # rotary base of the local layers
     model_context: int = 0  # the model's own longest sequence (0: max_position_embeddings)
+    rope_layers: tuple[bool, ...] | None = None  # per layer: rotary applied (SmolLM3's NoPE layers)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -168,8 +168,8 @@ class ModelConfig:
         else:
             (rope_theta, rope_scaling), local_theta = _rope(cfg), None
         qkv_bias = arch == "Qwen2ForCausalLM" or _flag(cfg, "attention_bias")
-        o_bias = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM") and _flag(
-            cfg, "attention_bias")
+        o_bias = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
+                          "SmolLM3ForCausalLM") and _flag(cfg, "attention_bias")
         window = _sliding_window(cfg, arch)
         layer_windows = _gemma_layer_windows(cfg, window) if gemma else None
         if gemma and not any(w is not None for w in layer_windows):
@@ -216,6 +216,7 @@ class ModelConfig:
             layer_windows=layer_windows,
             local_rope_theta=local_theta,
             model_context=model_context if gemma else max_pos,
+            rope_layers=_rope_layers(cfg) if arch == "SmolLM3ForCausalLM" else None,
         )
 
 
@@ -316,11 +317,25 @@ def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
 
 def _sliding_window(cfg: dict, arch: str) -> int | None:
     window = cfg.get("sliding_window")
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not _flag(cfg, "use_sliding_window"):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM") and not _flag(
+            cfg, "use_sliding_window"):
         return None
     if window is None or (window == 0 and not isinstance(window, bool)):
         return None  # null or 0: no window
     return _positive_int(cfg, "sliding_window")
+
+
+def _rope_layers(cfg: dict) -> tuple[bool, ...]:
+    """SmolLM3: per layer whether rotary applies (no_rope_layers: 1 rope, 0 none), else every
+    no_rope_layer_interval-th layer without (transformers' default)."""
+    layers = _positive_int(cfg, "num_hidden_layers")
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = _positive_int({"no_rope_layer_interval": 4, **cfg}, "no_rope_layer_interval")
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(flags, list) or len(flags) != layers or any(f not in (0, 1) for f in flags):
+        raise ValueError(f"no_rope_layers must list 0 or 1 per layer ({layers}), got {flags!r}")
+    return tuple(bool(f) for f in flags)
 
 
 def _gemma_rope(cfg: dict) -> tuple[float, RopeScaling | None, float]:

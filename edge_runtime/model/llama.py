@@ -1,4 +1,4 @@
-"""The decoder forward for Llama, Qwen2, Mistral, Qwen3 and Gemma 3 in plain torch (one code path,
+"""The decoder forward for Llama, Qwen2, Mistral, Qwen3, Gemma 3 and SmolLM3 in plain torch (one code path,
 config fields: model/config.py).
 
 What the families add to Llama's layer: Qwen3 and Gemma 3 an RMSNorm over each head's q and k
@@ -6,7 +6,8 @@ before rotary (`q_norm`, `k_norm`); Gemma 3 norms scaled by (1 + weight), a norm
 and around the MLP (`post_attention_layernorm` on the attention output, `pre_feedforward_layernorm`
 / `post_feedforward_layernorm`), GeGLU with tanh GELU, embeddings times sqrt(hidden), a softmax
 scale from query_pre_attn_scalar (the KV context's `sm_scale`), local layers with their own rotary
-base (`rotary_local`) whose attention the KV context masks to the window.
+base (`rotary_local`) whose attention the KV context masks to the window; SmolLM3 no rotary on
+its NoPE layers (`config.rope_layers`).
 
 Contract (docs/interfaces.md): `CausalLM.forward(input_ids[T], positions[T], kv, logits_indices[B])`
 runs on a flattened varlen batch: the new tokens of every sequence concatenated. Nothing here knows
@@ -132,6 +133,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
+def _no_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -151,6 +156,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         windows = config.layer_windows
         self.window = None if windows is None else windows[layer]  # local layer: its window
+        # SmolLM3's NoPE layers: q and k go to attention without rotary
+        self.rope = apply_rope if config.rope_layers is None or config.rope_layers[layer] else _no_rope
         # set by model/linear_packing.py: q, k, v rows in one packed weight (q/k/v_proj removed)
         self.qkv_proj: nn.Module | None = None
 
@@ -160,12 +167,12 @@ class Attention(nn.Module):
             return self._forward_qk_norm(x, cos, sin, kv)
         if self.qkv_proj is not None:
             qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) * D]
-            qk = apply_rope(qkv[:, : (h + hkv) * d].view(t, h + hkv, d), cos, sin)  # one pass for q and k
+            qk = self.rope(qkv[:, : (h + hkv) * d].view(t, h + hkv, d), cos, sin)  # one pass for q and k
             q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, (h + hkv) * d:].view(t, hkv, d)
         else:
-            q = apply_rope(self.q_proj(x).view(t, h, d), cos, sin)  # [T, H, D]
-            k = apply_rope(self.k_proj(x).view(t, hkv, d), cos, sin)  # [T, Hkv, D]
+            q = self.rope(self.q_proj(x).view(t, h, d), cos, sin)  # [T, H, D]
+            k = self.rope(self.k_proj(x).view(t, hkv, d), cos, sin)  # [T, Hkv, D]
             v = self.v_proj(x).view(t, hkv, d)  # [T, Hkv, D]
         out = kv.attend(self.layer, q, k, v)  # [T, H, D]
         return self.o_proj(out.reshape(t, h * d))
