@@ -155,3 +155,18 @@ def test_gemma3_chat_template_folds_the_system_message_into_the_first_user_turn(
                          "<start_of_turn>model\n"), text
     assert "system" not in text
     assert tok.convert_tokens_to_ids("<end_of_turn>") in config.eos_token_ids
+
+
+def test_a_refused_gguf_family_names_what_is_missing(tmp_path):
+    """A Phi-4-mini GGUF (general.architecture phi3) is refused from its header, with the reason."""
+    import gguf
+
+    from edge_runtime.model.gguf_convert import check_supported
+
+    path = tmp_path / "phi4-mini.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor.*supported: .*gemma3"):
+        check_supported(path)

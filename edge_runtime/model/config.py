@@ -52,6 +52,9 @@ REFUSED_ARCHITECTURES = {
 _MODEL_TYPE_REFUSED = {"phi3": "Phi3ForCausalLM",
                        "gemma3": "Gemma3ForConditionalGeneration", "gemma2": "Gemma2ForCausalLM",
                        "qwen3_moe": "Qwen3MoeForCausalLM"}
+# GGUF `general.architecture` names of the refused families
+GGUF_REFUSED = {"phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                "qwen3moe": "Qwen3MoeForCausalLM"}
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 

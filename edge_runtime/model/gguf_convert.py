@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.model.config import GGUF_REFUSED, REFUSED_ARCHITECTURES
 from edge_runtime.paths import cache_dir
 
 CONVERT_VERSION = 1
@@ -204,8 +205,10 @@ def check_supported(gguf_path: Path) -> None:
     """The file is a GGUF of a supported architecture (header only: before any conversion work)."""
     arch = gguf_architecture(gguf_path)
     if arch not in GGUF_ARCHITECTURES:
+        why = f" ({REFUSED_ARCHITECTURES[GGUF_REFUSED[arch]]})" if arch in GGUF_REFUSED else ""
         raise ModelLoadError(
-            f"GGUF architecture {arch!r} is not supported; supported: " + ", ".join(GGUF_ARCHITECTURES)
+            f"GGUF architecture {arch!r} is not supported{why}; supported: "
+            + ", ".join(GGUF_ARCHITECTURES)
         )
 
 
