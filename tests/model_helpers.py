@@ -51,8 +51,9 @@ def copy_tokenizer(folder: Path) -> None:
 
 def tiny_hf_config(arch: str, **overrides):
     """A small transformers config of `arch` ("llama" | "qwen2" | "mistral" | "qwen3" | "gemma3" |
-    "smollm3") with GQA. smollm3: four layers, the third without rotary. qwen3: head_dim 32 (not hidden / heads = 16). gemma3: head_dim 32, three layers
-    (two local with window 8, then a global one), query_pre_attn_scalar 24, logit softcapping."""
+    "smollm3") with GQA. qwen3: head_dim 32 (not hidden / heads = 16). gemma3: head_dim 32, three
+    layers (two local with window 8, then a global one), query_pre_attn_scalar 24, logit
+    softcapping. smollm3: four layers, the third without rotary."""
     from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
                               SmolLM3Config)
 

@@ -5,11 +5,11 @@ context is its window (the KV stores do not mask local layers yet, model/config.
 config has a 64-token window and its requests fit in it; a longer prompt is refused."""
 
 import functools
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from backend_helpers import _TMP
 from model_helpers import random_ids, save_random_model, tiny_hf_config
 
 from edge_runtime.engine.api import SamplingParams
@@ -20,6 +20,7 @@ from edge_runtime.errors import RequestError
 from edge_runtime.kernels import dispatch
 
 WINDOW = 64
+_TMP = tempfile.TemporaryDirectory(prefix="edge-family-tests-")
 
 
 @functools.lru_cache(maxsize=3)
