@@ -1,5 +1,5 @@
-"""Qwen3, Gemma 3 and SmolLM3 through the Engine on both back ends (CPU: flat store, C kernels; CUDA: paged
-store, Triton kernels through the interpreter on CPU tensors), fp32 KV: greedy tokens equal to
+"""Qwen3, Gemma 3 and SmolLM3 through the Engine on both back ends (CPU: flat store, C kernels;
+CUDA: paged store, Triton kernels through the interpreter on CPU tensors), fp32 KV: greedy tokens equal to
 transformers' generate on tiny random checkpoints (tests/model_helpers.py). Gemma 3's engine
 context is its window (the KV stores do not mask local layers yet, model/config.py), so its test
 config has a 64-token window and its requests fit in it; a longer prompt is refused."""
@@ -67,7 +67,8 @@ def test_engine_greedy_matches_transformers(name, backend):
     results = engine.generate(prompts, _greedy(10))
     results += engine.generate([shared], _greedy(10))
     for prompt, res in zip(prompts + [shared], results):
-        assert res.completions[0].token_ids == hf_greedy(name, prompt, 10), (name, backend, len(prompt))
+        want = hf_greedy(name, prompt, 10)
+        assert res.completions[0].token_ids == want, (name, backend, len(prompt))
     engine.kv.check_leaks()
 
 
@@ -81,7 +82,8 @@ def test_gemma3_engine_refuses_a_prompt_past_the_window():
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "smollm3"])
 def test_int8_kv_back_ends_agree(name):
     """int8 KV: the CPU back end (Qwen3 through the one-call C layer stack, kernels/cpu_decoder.py;
-    Gemma 3 and SmolLM3 through the torch layer loop) and the CUDA back end give the same greedy tokens."""
+    Gemma 3 and SmolLM3 through the torch layer loop) and the CUDA back end give the same greedy
+    tokens."""
     prompts = [random_ids(n, 512, seed=40 + n) for n in (6, 25)]
     got = {}
     for backend in ("cpu", "cuda"):

@@ -92,7 +92,7 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm over each head's q and k before rotary (Qwen3, Gemma 3)
     hidden_act: str = "silu"  # MLP gate: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU, Gemma)
     norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
-    sandwich_norms: bool = False  # norms after attention and MLP too, and one before the MLP (Gemma 3)
+    sandwich_norms: bool = False  # Gemma 3: norms after attention and MLP, one before the MLP
     embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(hidden))
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)

@@ -1,5 +1,5 @@
-"""The decoder forward for Llama, Qwen2, Mistral, Qwen3, Gemma 3 and SmolLM3 in plain torch (one code path,
-config fields: model/config.py).
+"""The decoder forward for Llama, Qwen2, Mistral, Qwen3, Gemma 3 and SmolLM3 in plain torch (one
+code path, config fields: model/config.py).
 
 What the families add to Llama's layer: Qwen3 and Gemma 3 an RMSNorm over each head's q and k
 before rotary (`q_norm`, `k_norm`); Gemma 3 norms scaled by (1 + weight), a norm after attention
@@ -54,7 +54,8 @@ class RMSNorm(nn.Module):
             if dtype == torch.float32:
                 return nn.functional.rms_norm(x, self.weight.shape, scale, self.eps)
             x32 = x.float()
-            return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * scale).to(dtype)
+            normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (normed * scale).to(dtype)
         if dtype == torch.float32 and self.weight.dtype == torch.float32:
             # one fused op (the same math in fp32): 61 norms per decode step, each 6 ops otherwise
             return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -157,7 +158,8 @@ class Attention(nn.Module):
         windows = config.layer_windows
         self.window = None if windows is None else windows[layer]  # local layer: its window
         # SmolLM3's NoPE layers: q and k go to attention without rotary
-        self.rope = apply_rope if config.rope_layers is None or config.rope_layers[layer] else _no_rope
+        rotates = config.rope_layers is None or config.rope_layers[layer]
+        self.rope = apply_rope if rotates else _no_rope
         # set by model/linear_packing.py: q, k, v rows in one packed weight (q/k/v_proj removed)
         self.qkv_proj: nn.Module | None = None
 
@@ -234,7 +236,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, kv):
         if self.sandwich:
-            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv))
+            attn = self.self_attn(self.input_layernorm(x), cos, sin, kv)
+            x = x + self.post_attention_layernorm(attn)
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
         return x + self.mlp(self.post_attention_layernorm(x))

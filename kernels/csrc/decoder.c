@@ -5,7 +5,8 @@
  * Why: with the linears at the machine's read bandwidth (linear_f32.c), the ~30 small torch ops
  * per layer (norms, rope, the KV write, attention, silu, residual adds) and the Python around them
  * cost as much as the weights' reads at batch 1 (docs/perf.md, "CPU decode step"). Here a step
- * is one call: per layer RMSNorm -> fused q/k/v -> (Qwen3: RMSNorm of each q and k head) -> rope -> int8 KV write -> decode attention over
+ * is one call: per layer RMSNorm -> fused q/k/v -> (Qwen3: RMSNorm of each q and k head)
+ * -> rope -> int8 KV write -> decode attention over
  * the flat rows (flat_kv.c; fp16 rows for a recent-key window) -> o_proj + residual -> RMSNorm -> fused gate/up -> silu * up ->
  * down_proj + residual. Every row is one query token: a decode token, or a token of a prefill
  * chunk (whose keys the attention parts list like a decode token's at its position). With
