@@ -38,7 +38,8 @@ ENV_SWITCH = env.CPU_FUSED
 class LayerWeights(ctypes.Structure):
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p)] + [
         (name, BlockedWeight if name.endswith("_w") else ctypes.c_void_p)
-        for name in ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "gate_up_b", "down_w", "down_b")]
+        for name in ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "gate_up_b", "down_w", "down_b")
+    ] + [("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)]  # [D] each, or NULL (Qwen3)
 
 
 class DecoderDims(ctypes.Structure):
@@ -99,7 +100,9 @@ class FusedDecoder:
             tensors = dict(input_norm=layer.input_layernorm.weight.detach(),
                            post_norm=layer.post_attention_layernorm.weight.detach(),
                            qkv_b=a.qkv_proj.bias, o_b=a.o_proj.bias, gate_up_b=m.gate_up_proj.bias,
-                           down_b=m.down_proj.bias)
+                           down_b=m.down_proj.bias,
+                           q_norm=None if a.q_norm is None else a.q_norm.weight.detach(),
+                           k_norm=None if a.k_norm is None else a.k_norm.weight.detach())
             for name, t in tensors.items():
                 assert t is None or (t.dtype == torch.float32 and t.is_contiguous()), name
                 setattr(slot, name, _ptr(t))
@@ -111,7 +114,7 @@ class FusedDecoder:
     @classmethod
     def for_model(cls, model) -> "FusedDecoder | None":
         """The fused stack when `model` qualifies (see the module doc), else None."""
-        if not env.cpu_fused_decoder():
+        if not env.cpu_fused_decoder() or not cls.carries(model.config):
             return None
         lib = cpu_native.library()
         if lib is None:
@@ -123,10 +126,20 @@ class FusedDecoder:
             if not all((isinstance(x, PackedLinear) and x.kind == "c-blocked")
                        or isinstance(x, QuantLinear) for x in mods):
                 return None
-            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight) + tuple(
+                n.weight for n in (layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None)
             if any(w.dtype != torch.float32 for w in norms):
                 return None
         return cls(lib, model)
+
+    @staticmethod
+    def carries(config) -> bool:
+        """The C step implements this family's layer: Llama's, plus Qwen3's q/k head norms.
+        Gemma 3's (sandwich and (1 + w) norms, GeGLU, local layers with their own rotary) and
+        SmolLM3's (layers without rotary) run the torch layer loop over the same KV context."""
+        return not (config.sandwich_norms or config.norm_unit_offset or config.has_local_layers
+                    or config.hidden_act != "silu" or config.embed_scale is not None
+                    or (config.rope_layers is not None and not all(config.rope_layers)))
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  args: NativeDecodeArgs, sm_scale: float) -> torch.Tensor:

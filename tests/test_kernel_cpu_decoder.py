@@ -287,3 +287,24 @@ def test_read_ahead_walks_the_ranges_in_order_and_stops_at_its_budget():
     assert _walk(ranges, 2, 3, 5) == (3, [2, 1, 0, 0, 0])  # the budget
     assert _walk(ranges, 0, 100, 3) == (0, [0, 0, 0])
     assert _walk([(base, base)], 4, 100, 2) == (0, [0, 0])
+
+
+def _qwen3(tmp_path):
+    """Qwen3: RMSNorm of each q and k head before rope, head_dim 32 (not hidden / heads)."""
+    folder = save_random_model(tiny_hf_config("qwen3"), tmp_path / "qwen3")
+    return _packed(folder)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_step_does_the_qwen3_head_norms(tmp_path, threads):
+    m = _qwen3(tmp_path)
+    assert isinstance(m.model.fused_decoder, FusedDecoder)
+    got, _ = _step(m, DECODE, "int8", fused=True, threads=threads)
+    want, _ = _step(m, DECODE, "int8", fused=False)
+    torch.testing.assert_close(got, want, atol=2e-4 * float(want.abs().max()), rtol=0)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_gemma3_runs_the_layer_loop(tmp_path):
+    folder = save_random_model(tiny_hf_config("gemma3"), tmp_path / "gemma3")
+    assert _packed(folder).model.fused_decoder is None  # its layer is not decoder.c's

@@ -12,8 +12,12 @@ def check_request(prompt_ids: list[int], model_config, capacity_tokens: int) -> 
         raise RequestError("the prompt is empty; give at least one token")
     limit = model_config.max_position_embeddings
     if len(prompt_ids) >= limit:
+        why = ""
+        if limit < getattr(model_config, "model_context", limit):  # capped to a sliding window
+            why = (f" (its sliding window of {model_config.sliding_window} tokens: the engine "
+                   "does not mask sliding-window layers yet)")
         raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this model accepts "
-                           f"at most {limit - 1}")
+                           f"at most {limit - 1}{why}")
     vocab = model_config.vocab_size
     bad = [t for t in prompt_ids if not 0 <= t < vocab]
     if bad:

@@ -29,7 +29,7 @@ class StepRunner:
         self.storage = storage
         self.transfers = backend.transfers()  # every host<->device copy of a step
         self.sampler = backend.sampler(self.transfers)
-        self.sm_scale = loaded_model.config.head_dim ** -0.5
+        self.sm_scale = loaded_model.config.attention_scale  # Gemma's is query_pre_attn_scalar ** -0.5
         self.graphs = decode_graphs_for(backend, self.model, storage, self.sm_scale, self.transfers,
                                         config, loaded_model.config.max_position_embeddings)
 

@@ -1,14 +1,20 @@
 """`ModelConfig`: the architecture facts our forward needs, read once from a HF config.json.
 
 Invariants (checked in `__post_init__`):
-- `architecture` is one of SUPPORTED_ARCHITECTURES; Llama, Qwen2 and Mistral share one forward
-  (edge_runtime/model/llama.py) and differ only in the flags recorded here.
+- `architecture` is one of SUPPORTED_ARCHITECTURES; Llama, Qwen2, Mistral, Qwen3 and Gemma 3 (text)
+  share one forward (edge_runtime/model/llama.py) and differ only in the fields recorded here.
+  Families we know but do not carry are refused naming what is missing (REFUSED_ARCHITECTURES).
 - `num_heads % num_kv_heads == 0` (grouped-query attention), `head_dim` is even (rotary).
 - `rope_scaling` is None (plain RoPE) or a `RopeScaling` of type "llama3" or "linear"; anything
   else (dynamic NTK, YaRN, longrope...) is refused with a `ModelLoadError`.
-- `max_position_embeddings` is the longest sequence we accept. For models with a sliding window
-  (Mistral v0.1, Qwen2 with use_sliding_window) it is capped at the window, because within the window
-  full causal attention equals sliding-window attention and we implement only the former.
+- `max_position_embeddings` is the longest sequence the engine accepts. For models with a sliding
+  window (Mistral v0.1, Qwen2/Qwen3 with use_sliding_window, Gemma 3's local layers) it is capped
+  at the window, because within the window full causal attention equals sliding-window attention
+  and the engine's KV stores do not mask windows yet. `model_context` is the model's own limit:
+  the reference path (ContiguousKVCache, which masks each local layer to `layer_windows`) runs to it.
+- `layer_windows` is None (every layer global) or one entry per layer: the window of a local layer
+  (a query at position i reads keys j with i - window < j <= i, as transformers), None for a global
+  one. Local layers use `local_rope_theta` (no scaling), global ones `rope_theta` + `rope_scaling`.
 
 Both config dialects are read: transformers < 5 (`rope_theta` + `rope_scaling`) and transformers 5
 (`rope_parameters`).
@@ -21,12 +27,35 @@ from dataclasses import dataclass
 
 from edge_runtime.errors import ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
+                           "Qwen3ForCausalLM", "Gemma3ForCausalLM", "SmolLM3ForCausalLM")
 _MODEL_TYPE_TO_ARCH = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
+# families people run that the forward does not carry, and what each would need
+REFUSED_ARCHITECTURES = {
+    "Phi3ForCausalLM": "Phi-3/Phi-4-mini fuse q/k/v into one qkv_proj and gate/up into one "
+                       "gate_up_proj in the checkpoint and rotate only part of each head "
+                       "(partial_rotary_factor); neither is implemented",
+    "Gemma3ForConditionalGeneration": "this is Gemma 3's vision-language checkpoint; only the "
+                                      "text model (Gemma3ForCausalLM, model_type gemma3_text) "
+                                      "is served",
+    "Gemma2ForCausalLM": "Gemma 2 needs attention logit softcapping, which the attention "
+                         "kernels do not implement",
+    "Qwen3MoeForCausalLM": "mixture-of-experts MLPs are not implemented",
+}
+_MODEL_TYPE_REFUSED = {"phi3": "Phi3ForCausalLM",
+                       "gemma3": "Gemma3ForConditionalGeneration", "gemma2": "Gemma2ForCausalLM",
+                       "qwen3_moe": "Qwen3MoeForCausalLM"}
+# GGUF `general.architecture` names of the refused families
+GGUF_REFUSED = {"phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                "qwen3moe": "Qwen3MoeForCausalLM"}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
@@ -59,7 +88,18 @@ class ModelConfig:
     bos_token_id: int | None
     o_proj_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj
     mlp_bias: bool = False
-    sliding_window: int | None = None  # informational: max_position_embeddings is capped to it
+    sliding_window: int | None = None  # max_position_embeddings is capped to it
+    qk_norm: bool = False  # RMSNorm over each head's q and k before rotary (Qwen3, Gemma 3)
+    hidden_act: str = "silu"  # MLP gate: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU, Gemma)
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
+    sandwich_norms: bool = False  # Gemma 3: norms after attention and MLP, one before the MLP
+    embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(hidden))
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    layer_windows: tuple[int | None, ...] | None = None  # per layer: local window, None global
+    local_rope_theta: float | None = None  # rotary base of the local layers
+    model_context: int = 0  # the model's own longest sequence (0: max_position_embeddings)
+    rope_layers: tuple[bool, ...] | None = None  # per layer: rotary applied (SmolLM3's NoPE layers)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -78,6 +118,23 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ModelLoadError(f"config.json: head_dim must be even for rotary, got {self.head_dim}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ModelLoadError(f"config.json: hidden activation {self.hidden_act!r} is not "
+                                 "supported; supported: " + ", ".join(ACTIVATIONS))
+        assert self.layer_windows is None or len(self.layer_windows) == self.num_layers, (
+            self.layer_windows, self.num_layers)
+        if not self.model_context:
+            object.__setattr__(self, "model_context", self.max_position_embeddings)
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of q k^T: head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5."""
+        scalar = self.query_pre_attn_scalar or self.head_dim
+        return scalar ** -0.5
+
+    @property
+    def has_local_layers(self) -> bool:
+        return self.layer_windows is not None and any(w is not None for w in self.layer_windows)
 
     @property
     def kv_bytes_per_token_fp32(self) -> int:
@@ -103,16 +160,32 @@ class ModelConfig:
         hidden = _positive_int(cfg, "hidden_size")
         heads = _positive_int(cfg, "num_attention_heads")
         head_dim = _positive_int(cfg, "head_dim") if cfg.get("head_dim") else hidden // heads
-        act = cfg.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ModelLoadError(f"config.json: hidden_act {act!r} is not supported (only silu)")
-        rope_theta, rope_scaling = _rope(cfg)
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
+        act = "silu" if act == "swish" else act
+        if act not in ACTIVATIONS:
+            raise ModelLoadError(f"config.json: hidden activation {act!r} is not supported; "
+                                 "supported: " + ", ".join(ACTIVATIONS))
+        gemma = arch == "Gemma3ForCausalLM"
+        if gemma:
+            rope_theta, rope_scaling, local_theta = _gemma_rope(cfg)
+        else:
+            (rope_theta, rope_scaling), local_theta = _rope(cfg), None
         qkv_bias = arch == "Qwen2ForCausalLM" or _flag(cfg, "attention_bias")
-        o_bias = arch == "LlamaForCausalLM" and _flag(cfg, "attention_bias")
+        o_bias = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
+                          "SmolLM3ForCausalLM") and _flag(cfg, "attention_bias")
         window = _sliding_window(cfg, arch)
-        max_pos = int(cfg.get("max_position_embeddings", 2048))
-        if window is not None:
-            max_pos = min(max_pos, window)
+        layer_windows = _gemma_layer_windows(cfg, window) if gemma else None
+        if gemma and not any(w is not None for w in layer_windows):
+            window = None  # every layer global: nothing to cap
+        model_context = int(cfg.get("max_position_embeddings", 2048))
+        max_pos = model_context if window is None else min(model_context, window)
+        if gemma and cfg.get("attn_logit_softcapping") is not None:
+            raise ModelLoadError("config.json: attn_logit_softcapping is set; attention logit "
+                                 "softcapping is not implemented by the attention kernels")
+        if _flag(cfg, "use_bidirectional_attention"):
+            raise ModelLoadError("config.json: use_bidirectional_attention is true; only causal "
+                                 "(decoder) attention is served")
+        softcap = cfg.get("final_logit_softcapping")
         return cls(
             architecture=arch,
             vocab_size=_positive_int(cfg, "vocab_size"),
@@ -133,6 +206,20 @@ class ModelConfig:
             o_proj_bias=o_bias,
             mlp_bias=_flag(cfg, "mlp_bias"),
             sliding_window=window,
+            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+            hidden_act=act,
+            norm_unit_offset=gemma,
+            sandwich_norms=gemma,
+            embed_scale=hidden ** 0.5 if gemma else None,
+            query_pre_attn_scalar=(_finite(cfg.get("query_pre_attn_scalar", head_dim),
+                                           "query_pre_attn_scalar", positive=True)
+                                   if gemma else None),
+            final_logit_softcapping=(None if softcap is None else
+                                     _finite(softcap, "final_logit_softcapping", positive=True)),
+            layer_windows=layer_windows,
+            local_rope_theta=local_theta,
+            model_context=model_context if gemma else max_pos,
+            rope_layers=_rope_layers(cfg) if arch == "SmolLM3ForCausalLM" else None,
         )
 
 
@@ -178,6 +265,13 @@ def _architecture(cfg: dict) -> str:
             return arch
     if not archs and cfg.get("model_type") in _MODEL_TYPE_TO_ARCH:
         return _MODEL_TYPE_TO_ARCH[cfg["model_type"]]
+    refused = [a for a in archs if a in REFUSED_ARCHITECTURES] or (
+        [_MODEL_TYPE_REFUSED[cfg["model_type"]]] if not archs and cfg.get("model_type")
+        in _MODEL_TYPE_REFUSED else [])
+    if refused:
+        raise ModelLoadError(f"unsupported architecture {refused[0]}: "
+                             f"{REFUSED_ARCHITECTURES[refused[0]]}; supported: "
+                             + ", ".join(SUPPORTED_ARCHITECTURES))
     found = ", ".join(archs) or repr(cfg.get("model_type"))
     raise ModelLoadError(
         f"unsupported architecture {found}; supported: " + ", ".join(SUPPORTED_ARCHITECTURES)
@@ -226,11 +320,63 @@ def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
 
 def _sliding_window(cfg: dict, arch: str) -> int | None:
     window = cfg.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not _flag(cfg, "use_sliding_window"):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM") and not _flag(
+            cfg, "use_sliding_window"):
         return None
     if window is None or (window == 0 and not isinstance(window, bool)):
         return None  # null or 0: no window
     return _positive_int(cfg, "sliding_window")
+
+
+def _rope_layers(cfg: dict) -> tuple[bool, ...]:
+    """SmolLM3: per layer whether rotary applies (no_rope_layers: 1 rope, 0 none), else every
+    no_rope_layer_interval-th layer without (transformers' default)."""
+    layers = _positive_int(cfg, "num_hidden_layers")
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = _positive_int({"no_rope_layer_interval": 4, **cfg}, "no_rope_layer_interval")
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(flags, list) or len(flags) != layers or any(f not in (0, 1) for f in flags):
+        raise ValueError(f"no_rope_layers must list 0 or 1 per layer ({layers}), got {flags!r}")
+    return tuple(bool(f) for f in flags)
+
+
+def _gemma_rope(cfg: dict) -> tuple[float, RopeScaling | None, float]:
+    """(global theta, global scaling, local theta) from either dialect: transformers 5's
+    rope_parameters per layer type, or rope_theta + rope_scaling + rope_local_base_freq."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        theta, scaling = _rope({"rope_parameters": params["full_attention"]})
+        local = params.get("sliding_attention") or {"rope_theta": 10000.0}
+        local_theta, local_scaling = _rope({"rope_parameters": local})
+        if local_scaling is not None:
+            raise ModelLoadError("config.json: rope scaling on the sliding-window layers "
+                                 "(rope_parameters.sliding_attention) is not supported")
+        return theta, scaling, local_theta
+    theta, scaling = _rope(cfg)
+    local = _finite(cfg.get("rope_local_base_freq", 10000.0), "rope_local_base_freq", positive=True)
+    return theta, scaling, local
+
+
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _gemma_layer_windows(cfg: dict, window: int | None) -> tuple[int | None, ...]:
+    """Per layer the local window or None (global): from layer_types, else Gemma 3's pattern
+    (every sliding_window_pattern-th layer global, the others local)."""
+    layers = _positive_int(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = int(cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6)))
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or any(t not in _LAYER_TYPES
+                                                                  for t in types):
+        raise ValueError(f"layer_types must list one of {', '.join(_LAYER_TYPES)} per layer "
+                         f"({layers}), got {types!r}")
+    if window is None and "sliding_attention" in types:
+        raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def _eos_ids(cfg: dict, generation_config: dict | None) -> tuple[int, ...]:

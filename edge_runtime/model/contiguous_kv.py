@@ -13,6 +13,9 @@ Invariants:
   `[length(seq_ids[i]), length(seq_ids[i]) + num_new_tokens[i])`.
 - A pure decode step of several sequences (one new token each) runs ONE padded attention call with a
   length mask instead of one call per sequence; any other step attends sequence by sequence.
+- A local layer (`layer_windows[layer]` = W, Gemma 3) masks its attention to the window: a query
+  at position i reads keys j with i - W < j <= i (transformers' sliding-window mask). Every
+  position stays stored; only what is read changes.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from torch.nn.utils.rnn import pad_sequence
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_past: int, sm_scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_past: int, sm_scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of new queries over past + new keys of ONE sequence.
 
     q: [Tq, H, D], the queries at positions num_past .. num_past + Tq - 1
     k, v: [Tk, Hkv, D] with Tk == num_past + Tq (all keys of the sequence so far, new ones included)
+    window: a local layer's window W (query i reads keys i - W < j <= i), None: every key.
     returns [Tq, H, D] in q's dtype. GQA: query head h reads kv head h // (H // Hkv).
     """
     tq, num_heads, head_dim = q.shape
@@ -43,7 +48,12 @@ def causal_attention(
         k = k.repeat_interleave(group, dim=1)  # [Tk, H, D]
         v = v.repeat_interleave(group, dim=1)
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, T, D]
-    if tq == 1:
+    if window is not None and tk > window:
+        q_pos = torch.arange(num_past, num_past + tq, device=q.device)[:, None]
+        key_pos = torch.arange(tk, device=q.device)[None, :]
+        mask = (key_pos <= q_pos) & (key_pos > q_pos - window)  # [Tq, Tk]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=sm_scale)
+    elif tq == 1:
         out = F.scaled_dot_product_attention(qh, kh, vh, scale=sm_scale)
     elif num_past == 0:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=sm_scale)
@@ -77,14 +87,21 @@ class ContiguousKVCache:
     """Per-sequence contiguous K/V for a set of live sequences."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 sm_scale: float | None = None,
+                 layer_windows: Sequence[int | None] | None = None) -> None:
+        """sm_scale: None is head_dim ** -0.5; layer_windows: per layer a local window or None."""
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
+        self.sm_scale = sm_scale
+        self.layer_windows = list(layer_windows) if layer_windows else [None] * num_layers
+        assert len(self.layer_windows) == num_layers, (len(self.layer_windows), num_layers)
         self._seqs: dict[Hashable, _SeqKV] = {}
 
     @classmethod
     def for_model(cls, config, dtype: torch.dtype = torch.float32, device="cpu") -> "ContiguousKVCache":
-        return cls(config.num_layers, config.num_kv_heads, config.head_dim, dtype, device)
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, dtype, device,
+                   config.attention_scale, config.layer_windows)
 
     def add(self, seq_id: Hashable, capacity: int = 0) -> None:
         assert seq_id not in self._seqs, f"sequence {seq_id!r} already in the cache"
@@ -117,14 +134,16 @@ class ContiguousKVCache:
             seq = self._seqs[seq_id]
             seq.ensure(self.length(seq_id) + n)
             seqs.append(seq)
-        return ContiguousStep(seqs, list(num_new_tokens))
+        return ContiguousStep(seqs, list(num_new_tokens), self.sm_scale, self.layer_windows)
 
 
 class ContiguousStep:
     """The `KVContext` of one forward call over a flattened varlen batch."""
 
-    def __init__(self, seqs: list[_SeqKV], num_new_tokens: list[int]) -> None:
+    def __init__(self, seqs: list[_SeqKV], num_new_tokens: list[int], sm_scale: float | None,
+                 layer_windows: list[int | None]) -> None:
         self.seqs, self.num_new_tokens = seqs, num_new_tokens
+        self.sm_scale, self.layer_windows = sm_scale, layer_windows
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [T, H, D]; k, v: [T, Hkv, D]; T == sum(num_new_tokens)
@@ -140,7 +159,8 @@ class ContiguousStep:
             seq.v[layer, past:end] = v[start:start + n]
             seq.lens[layer] = end
             out[start:start + n] = causal_attention(
-                q[start:start + n], seq.k[layer, :end], seq.v[layer, :end], past)
+                q[start:start + n], seq.k[layer, :end], seq.v[layer, :end], past, self.sm_scale,
+                self.layer_windows[layer])
             start += n
         return out
 
@@ -159,8 +179,12 @@ class ContiguousStep:
         # keys, vals: [B, Lmax, Hkv, D] -> [B, H, Lmax, D]
         keys = keys.to(q.dtype).repeat_interleave(group, dim=2).transpose(1, 2)
         vals = vals.to(q.dtype).repeat_interleave(group, dim=2).transpose(1, 2)
-        valid = torch.arange(keys.shape[2], device=q.device)[None, :] < torch.tensor(
-            lens, device=q.device)[:, None]  # [B, Lmax]
-        out = F.scaled_dot_product_attention(q[:, :, None, :], keys, vals,
+        key_pos = torch.arange(keys.shape[2], device=q.device)[None, :]
+        ends = torch.tensor(lens, device=q.device)[:, None]
+        valid = key_pos < ends  # [B, Lmax]
+        window = self.layer_windows[layer]
+        if window is not None:
+            valid &= key_pos >= ends - window
+        out = F.scaled_dot_product_attention(q[:, :, None, :], keys, vals, scale=self.sm_scale,
                                              attn_mask=valid[:, None, None, :])  # [B, H, 1, D]
         return out[:, :, 0, :]

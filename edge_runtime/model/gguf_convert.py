@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.model.config import GGUF_REFUSED, REFUSED_ARCHITECTURES
 from edge_runtime.paths import cache_dir
 
 CONVERT_VERSION = 1
@@ -194,15 +195,20 @@ def remove_stale_siblings(target: Path, current: dict) -> list[Path]:
 
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
-GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "gemma3")
+# the architectures model/gguf_int4.py builds from the file's blocks (Llama's layer); the others
+# are served from their float conversion (--weights fp32)
+BLOCK_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
 def check_supported(gguf_path: Path) -> None:
     """The file is a GGUF of a supported architecture (header only: before any conversion work)."""
     arch = gguf_architecture(gguf_path)
     if arch not in GGUF_ARCHITECTURES:
+        why = f" ({REFUSED_ARCHITECTURES[GGUF_REFUSED[arch]]})" if arch in GGUF_REFUSED else ""
         raise ModelLoadError(
-            f"GGUF architecture {arch!r} is not supported; supported: " + ", ".join(GGUF_ARCHITECTURES)
+            f"GGUF architecture {arch!r} is not supported{why}; supported: "
+            + ", ".join(GGUF_ARCHITECTURES)
         )
 
 

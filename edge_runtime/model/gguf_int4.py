@@ -33,6 +33,7 @@ from edge_runtime.errors import ModelLoadError
 from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
 from edge_runtime.kernels.float16_linear import Float16Linear
 from edge_runtime.model.config import ModelConfig
+from edge_runtime.model.gguf_convert import BLOCK_ARCHITECTURES, gguf_architecture
 from edge_runtime.model.gguf_tensors import GGUFTensors
 from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.weights_option import WEIGHTS
@@ -338,6 +339,12 @@ def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, dev
     if source is None:
         if weights == "gguf":
             raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
+        return False
+    arch = gguf_architecture(source)
+    if arch not in BLOCK_ARCHITECTURES:  # its layer has tensors the blocks path does not build
+        if weights == "gguf":
+            raise ModelLoadError(f"serving a {arch!r} GGUF from its blocks is not implemented "
+                                 "(q/k head norms, Gemma's extra norms); use --weights fp32")
         return False
     if weights == "gguf" or str(device) != "cpu":
         return True

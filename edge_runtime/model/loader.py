@@ -28,7 +28,8 @@ import torch
 
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.model.config import ModelConfig
-from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
+from edge_runtime.model.family_chat import complete_chat
+from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM
 from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.gguf_convert import ensure_converted, gguf_architecture
 from edge_runtime.model.gguf_int4 import build_gguf_model, place, serve_from_blocks
@@ -159,6 +160,7 @@ def _apply_awq(model: CausalLM, state: dict, quant_config: dict, backend: str | 
 
 _SHAPE_KEYS = (  # tensor name part -> the config.json keys that decide its shape
     (("embed_tokens", "lm_head"), "vocab_size, hidden_size"),
+    (("q_norm", "k_norm"), "head_dim"),
     (("q_proj",), "num_attention_heads, head_dim, hidden_size"),
     (("k_proj", "v_proj"), "num_key_value_heads, head_dim, hidden_size"),
     (("o_proj",), "hidden_size, num_attention_heads, head_dim"),
@@ -233,8 +235,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], quant_confi
     except RuntimeError as exc:
         raise ModelLoadError(f"checkpoint does not match config.json: {exc}") from exc
     model.tie_weights()
-    model.model.rotary_emb = Rotary(config).to(device)  # rope tables on the target device
-    model.model.rotary_emb.build(FULL_ROPE_TABLE)
+    model.model.build_rotary(config, device, FULL_ROPE_TABLE)  # rope tables on the target device
     model.eval()
     return model, quantization
 
@@ -285,6 +286,7 @@ def _load_from_blocks(source: Path, progress: Callable[[str], None] | None,
     folder = resolve_model_folder(str(source), progress)
     config = read_model_config(folder)
     tokenizer = load_tokenizer(folder)
+    config = complete_chat(config, tokenizer)
     model, quantization = build_gguf_model(source, config, gguf_architecture(source), progress)
     place(model, dtype, device)
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder,
@@ -305,6 +307,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     cfg_dict = _read_json(folder / "config.json")
     config = _model_config(folder, cfg_dict)
     tokenizer = load_tokenizer(folder)
+    config = complete_chat(config, tokenizer)
     state = load_state_dict(folder, dtype, device)
     model, quantization = build_model(config, state, cfg_dict.get("quantization_config"), device,
                                       awq_backend)

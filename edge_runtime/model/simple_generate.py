@@ -6,7 +6,8 @@ Greedy (temperature 0) or temperature sampling from one seeded `torch.Generator`
 Invariants:
 - Each result's `token_ids` are the generated tokens only, ending with the EOS token when
   `finish_reason == "stop"` (like transformers' `generate`).
-- A sequence never grows past `config.max_position_embeddings`; a prompt that leaves no room for
+- A sequence never grows past `config.model_context` (the cache masks local layers to their
+  window, so a sliding-window model runs to its own limit); a prompt that leaves no room for
   one generated token raises `RequestError` before any compute.
 """
 
@@ -62,7 +63,7 @@ def generate(
     limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     assert len(limits) == len(prompts), (len(limits), len(prompts))
     for p in prompts:
-        check_prompt_fits(len(p), config.max_position_embeddings)
+        check_prompt_fits(len(p), config.model_context)
     if any(n < 1 for n in limits):
         raise RequestError(f"max_tokens must be positive, got {limits}")
     eos = set(config.eos_token_ids if eos_token_ids is None else eos_token_ids)
@@ -70,7 +71,7 @@ def generate(
     cache = ContiguousKVCache.for_model(config, dtype=model.dtype, device=model.device)
     results = [SimpleResult([], len(p), "length") for p in prompts]
     for i, p in enumerate(prompts):
-        room = config.max_position_embeddings - len(p)
+        room = config.model_context - len(p)
         limits[i] = min(limits[i], room)
         cache.add(i, capacity=len(p) + limits[i])
     active = list(range(len(prompts)))

@@ -5,7 +5,8 @@
  * Why: with the linears at the machine's read bandwidth (linear_f32.c), the ~30 small torch ops
  * per layer (norms, rope, the KV write, attention, silu, residual adds) and the Python around them
  * cost as much as the weights' reads at batch 1 (docs/perf.md, "CPU decode step"). Here a step
- * is one call: per layer RMSNorm -> fused q/k/v -> rope -> int8 KV write -> decode attention over
+ * is one call: per layer RMSNorm -> fused q/k/v -> (Qwen3: RMSNorm of each q and k head)
+ * -> rope -> int8 KV write -> decode attention over
  * the flat rows (flat_kv.c; fp16 rows for a recent-key window) -> o_proj + residual -> RMSNorm -> fused gate/up -> silu * up ->
  * down_proj + residual. Every row is one query token: a decode token, or a token of a prefill
  * chunk (whose keys the attention parts list like a decode token's at its position). With
@@ -30,6 +31,7 @@ typedef struct {
     blocked_weight o_w;       const float *o_b;       /* [hidden] x H D */
     blocked_weight gate_up_w; const float *gate_up_b; /* [2 I] x hidden (gate rows, then up rows) */
     blocked_weight down_w;    const float *down_b;    /* [hidden] x I */
+    const float *q_norm, *k_norm; /* [D]: RMSNorm of each q / k head before rope (Qwen3), or NULL */
 } layer_weights;
 
 typedef struct {
@@ -145,11 +147,15 @@ static void qkv_phase(const step_plan *p, const thread_share *s, const layer_wei
                       s->qb0, s->qb1);
 }
 
-/* rope (and the Hadamard rotation) of the thread's rows, and their KV writes */
-static void rope_kv_phase(const step_plan *p, const thread_share *s, int64_t l) {
+/* the q/k head norms, rope (and the Hadamard rotation) of the thread's rows, and their KV writes */
+static void rope_kv_phase(const step_plan *p, const thread_share *s, const layer_weights *w,
+                          int64_t l) {
     const int64_t H = p->H, Hkv = p->Hkv, D = p->D, QKV = p->QKV;
     for (int64_t r = s->r0; r < s->r1; r++) { /* q heads then k heads are adjacent: one pass */
-        rope(p->qkv + r * QKV, H + Hkv, D, p->cos + r * D, p->sin + r * D);
+        float *row = p->qkv + r * QKV;
+        if (w->q_norm) rms_norm(row, w->q_norm, row, H, D, p->dm->eps); /* in place, per head */
+        if (w->k_norm) rms_norm(row + H * D, w->k_norm, row + H * D, Hkv, D, p->dm->eps);
+        rope(row, H + Hkv, D, p->cos + r * D, p->sin + r * D);
         if (p->dm->rotate_kv) hadamard_rotate(p->qkv + r * QKV, H + 2 * Hkv, D); /* q, k, v */
     }
     for (int w = 0; w < p->num_writes; w++) {
@@ -305,7 +311,7 @@ int decode_layers(const decoder_dims *dm, const layer_weights *lw, float *x, int
             const layer_weights *w = lw + l;
             qkv_phase(&p, &s, w);
             END_PHASE(0);
-            rope_kv_phase(&p, &s, l);
+            rope_kv_phase(&p, &s, w, l);
             END_PHASE(1);
             attention_phase(&p, &s, l);
             END_PHASE(2);

