@@ -25,10 +25,9 @@ import numpy as np
 import pytest
 import torch
 
-from edge_runtime.engine.api import SamplingParams
 from edge_runtime.model.chat import encode_prompt
 from edge_runtime.model.gguf_tensors import GGUFTensors
-from engine_helpers import engine_for, hf_greedy
+from engine_helpers import greedy_one_by_one, hf_greedy
 
 gguf = pytest.importorskip("gguf")
 
@@ -112,20 +111,6 @@ def mix_file(mix: str) -> Path:
     return out
 
 
-def _engine_greedy(loaded, prompts: list[list[int]]) -> list[list[int]]:
-    engine = engine_for(loaded, kv_dtype="fp32", num_pages=4, check_invariants_every_step=False)
-    out = []
-    for ids in prompts:
-        rid = engine.add_request(ids, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
-        tokens = []
-        while engine.has_unfinished():
-            for ev in engine.step():
-                if ev.request_id == rid:
-                    tokens += ev.token_ids
-        out.append(tokens)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mix", MIXES)
 def test_mix_greedy_equals_transformers_on_its_dequantization(mix):
@@ -143,7 +128,7 @@ def test_mix_greedy_equals_transformers_on_its_dequantization(mix):
 
         assert any(isinstance(m, Float16Linear) for m in loaded.model.modules())
     prompts = [encode_prompt(loaded.tokenizer, p, chat=chat) for p, chat in PROMPTS]
-    ours = _engine_greedy(loaded, prompts)
+    ours = greedy_one_by_one(loaded, prompts, MAX_NEW, num_pages=4)
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                               torch_dtype=torch.float32)
     eos = set(loaded.config.eos_token_ids)

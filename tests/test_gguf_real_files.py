@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge_runtime.engine.api import SamplingParams
 from edge_runtime.model.chat import encode_prompt
 from edge_runtime.model.gguf_tensors import GGUFTensors
-from engine_helpers import engine_for, hf_greedy
+from engine_helpers import greedy_one_by_one, hf_greedy
 
 MODELS = Path(os.environ.get("EDGE_RUNTIME_TEST_MODELS", "/work/models"))
 QWEN = "qwen2.5-coder-0.5b-q4_k_m.gguf"
@@ -43,20 +42,6 @@ def qwen():
 
     path = _file(QWEN)
     return path, load_model(str(path), weights="gguf", progress=None)
-
-
-def _engine_greedy(loaded, prompts: list[list[int]]) -> list[list[int]]:
-    engine = engine_for(loaded, kv_dtype="fp32", num_pages=8, check_invariants_every_step=False)
-    out = []
-    for ids in prompts:
-        rid = engine.add_request(ids, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
-        tokens = []
-        while engine.has_unfinished():
-            for ev in engine.step():
-                if ev.request_id == rid:
-                    tokens += ev.token_ids
-        out.append(tokens)
-    return out
 
 
 @pytest.mark.slow
@@ -90,7 +75,7 @@ def test_qwen_q4_k_m_greedy_equals_transformers_on_its_dequantization(qwen):
     path, loaded = qwen
     prompts = [encode_prompt(loaded.tokenizer, p, chat=False) for p in PLAIN]
     prompts += [encode_prompt(loaded.tokenizer, p, chat=True) for p in CHAT]
-    ours = _engine_greedy(loaded, prompts)
+    ours = greedy_one_by_one(loaded, prompts, MAX_NEW, num_pages=8)
     hf = AutoModelForCausalLM.from_pretrained(ensure_converted(path, progress=None),
                                               torch_dtype=torch.float32)
     eos = set(loaded.config.eos_token_ids)
