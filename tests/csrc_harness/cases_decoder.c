@@ -15,6 +15,7 @@ typedef struct {
     blocked_weight o_w;       const float *o_b;
     blocked_weight gate_up_w; const float *gate_up_b;
     blocked_weight down_w;    const float *down_b;
+    const float *q_norm, *k_norm; /* NULL here: no per-head q/k RMSNorm (Qwen3's) */
 } layer_weights;
 
 /* an fp32 blocked weight (bits 32: linear_f32.c's layout) */
