@@ -135,12 +135,12 @@ def test_gemma3_attention_softcapping_is_refused():
         ModelConfig.from_hf(hf)
 
 
+@pytest.mark.parametrize("family", ["gemma3"], indirect=True)
 def test_gemma3_chat_template_folds_the_system_message_into_the_first_user_turn(family):
     """A Gemma 3 tokenizer without a template (the GGUF has none) gets Gemma's own: no system
     role, the system text opens the first user turn; <end_of_turn> ends generation."""
     name, ours, _, folder = family
-    if name != "gemma3":
-        pytest.skip("Gemma 3 only")
+    assert name == "gemma3"
     from edge_runtime.model.chat import encode_prompt
     from edge_runtime.model.family_chat import complete_chat
     from edge_runtime.model.loader import load_tokenizer

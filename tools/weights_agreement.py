@@ -22,6 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from engine_helpers import greedy_tokens  # noqa: E402 - tests/ just went on sys.path
 
 
 def project_prompts(tokenizer) -> list[tuple[str, list[int]]]:
@@ -38,18 +39,6 @@ def project_prompts(tokenizer) -> list[tuple[str, list[int]]]:
                 ids = encode_prompt(tokenizer, turn["command"], chat=True, system=turn.get("system"))
                 out.append((f"{trace.stem}/{turn['stream']}: {turn['command'][:24]}", ids))
     return out
-
-
-def greedy(engine, ids: list[int], max_tokens: int) -> list[int]:
-    from edge_runtime.engine.api import SamplingParams
-
-    rid = engine.add_request(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
-    tokens = []
-    while engine.has_unfinished():
-        for ev in engine.step():
-            if ev.request_id == rid:
-                tokens += ev.token_ids
-    return tokens
 
 
 def margins(model, prompt: list[int], output: list[int]) -> list[float]:
@@ -89,7 +78,7 @@ def main() -> int:
     print("| prompt | prompt tok | gen tok | equal | first diff | fp32 margin there | min margin |")
     print("|---|---:|---:|---|---:|---:|---:|", flush=True)
     for label, ids in project_prompts(quant.tokenizer):
-        outs = {name: greedy(e, ids, args.max_tokens) for name, e in engines.items()}
+        outs = {name: greedy_tokens(e, ids, args.max_tokens) for name, e in engines.items()}
         a, b = outs["gguf"], outs["fp32"]
         first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
                      None if len(a) == len(b) else min(len(a), len(b)))
