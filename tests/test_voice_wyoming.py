@@ -19,11 +19,12 @@ from wyoming.info import Describe, Info
 from wyoming.pipeline import PipelineStage, RunPipeline
 from wyoming.tts import Synthesize, SynthesizeVoice
 
+from edge_runtime import listen_address
 from edge_runtime.errors import ConfigError
 from edge_runtime.import_path import code_argv
 from edge_runtime.voice.config import load_voice_config
 from edge_runtime.voice.vad import VADConfig
-from edge_runtime.voice.wyoming_config import WyomingConfig, parse_listen
+from edge_runtime.voice.wyoming_config import WyomingConfig, is_loopback, parse_listen
 from edge_runtime.voice.wyoming_service import exposure_warning
 from voice_helpers import needs_espeak, smollm2_tokenizer
 from wyoming_helpers import (HOST, ServerThread, double_runtime, pcm16, read_until,
@@ -440,15 +441,45 @@ def test_an_idle_connection_is_closed_with_an_error_event(server):
     ("10300", ("127.0.0.1", 10300)), (":10300", ("127.0.0.1", 10300)),
     ("0.0.0.0:10300", ("0.0.0.0", 10300)), ("[::1]:10300", ("::1", 10300)),
     ("jetson.local:10300", ("jetson.local", 10300)),
+    ("[::ffff:127.0.0.1]:10300", ("::ffff:127.0.0.1", 10300)), (10300, ("127.0.0.1", 10300)),
 ])
 def test_listen_addresses(text, address):
     assert parse_listen(text) == address
 
 
-@pytest.mark.parametrize("text", ["", "::1:10300", "host:99999", "host:", "bad host:1", "a:b"])
-def test_bad_listen_addresses_are_named(text):
-    with pytest.raises(ConfigError, match="--wyoming"):
+@pytest.mark.parametrize("text, message", [
+    ("", "must be HOST:PORT"), ("::1:10300", "an IPv6 address goes in brackets"),
+    ("host:99999", "the port must be a number from 0 to 65535"), ("host:", "the port must be"),
+    ("bad host:1", "is not an IP address or host name"), ("a:b", "the port must be"),
+    ("[::1]", "an IPv6 address goes in brackets"),
+])
+def test_bad_listen_addresses_are_named(text, message):
+    with pytest.raises(ConfigError, match="--wyoming") as err:
         parse_listen(text)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["::1:10300", "127.0.0.1:65536", "127.0.0.1:", "[::1]",
+                                  "[::1]:x"])
+def test_listen_addresses_are_refused_for_the_same_reasons_as_the_apis(text):
+    """Brackets and ports follow listen_address.py (the API's --listen): the same sentence."""
+    assert _refusal(parse_listen, text) == _refusal(listen_address.parse_listen, text)
+
+
+def _refusal(parse, text: str) -> str:
+    """The refusal's sentence without the forms it suggests (each listener names its own)."""
+    with pytest.raises(ConfigError) as err:
+        parse(text, "X")
+    return str(err.value).split(";")[0]
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.9.8.7", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("::ffff:7f00:1", True), ("localhost", True), ("LocalHost", True), ("0.0.0.0", False),
+    ("::", False), ("::ffff:10.0.0.1", False), ("192.168.1.20", False), ("jetson.local", False),
+])
+def test_loopback_is_the_apis_rule_plus_localhost(host, loopback):
+    assert is_loopback(host) is loopback
 
 
 def test_the_voice_config_checks_its_wyoming_keys(tmp_path):
@@ -466,7 +497,8 @@ def test_the_voice_config_checks_its_wyoming_keys(tmp_path):
 def test_only_a_loopback_address_goes_without_a_warning():
     assert exposure_warning("127.0.0.1", 10300) is None
     assert exposure_warning("::1", 10300) is None
-    for host in ("0.0.0.0", "192.168.1.20", "::", "jetson.local"):
+    assert exposure_warning("::ffff:127.0.0.1", 10300) is None  # IPv4-mapped loopback
+    for host in ("0.0.0.0", "192.168.1.20", "::", "::ffff:10.0.0.1", "jetson.local"):
         assert "no authentication" in exposure_warning(host, 10300)
 
 
