@@ -13,6 +13,7 @@ import socket
 import numpy as np
 import pytest
 from wyoming.asr import Transcribe, Transcript
+from wyoming.audio import AudioChunk, AudioStart
 from wyoming.event import Event
 from wyoming.handle import Handled
 from wyoming.info import Describe, Info
@@ -23,12 +24,13 @@ from edge_runtime import listen_address
 from edge_runtime.errors import ConfigError
 from edge_runtime.import_path import code_argv
 from edge_runtime.voice.config import load_voice_config
+from edge_runtime.voice.session import Runtime
 from edge_runtime.voice.vad import VADConfig
 from edge_runtime.voice.wyoming_config import WyomingConfig, is_loopback, parse_listen
 from edge_runtime.voice.wyoming_service import exposure_warning
 from voice_helpers import needs_espeak, smollm2_tokenizer
-from wyoming_helpers import (HOST, ServerThread, double_runtime, pcm16, read_until,
-                             send_audio)
+from wyoming_helpers import (HOST, AnswerEngine, ServerThread, double_runtime, pcm16,
+                             read_until, send_audio)
 
 
 def _config(**wyoming):
@@ -291,15 +293,61 @@ class LengthRecognizer:
 
     name = "length"
 
+    def __init__(self):
+        self.lengths: list[int] = []
+
     def transcribe(self, audio) -> str:
-        return f"set a timer for {round(len(audio) / 1600)} tenths"
+        self.lengths.append(len(audio))
+        return self.heard(len(audio))
+
+    @staticmethod
+    def heard(num_samples: int) -> str:
+        return f"set a timer for {round(num_samples / 1600)} tenths"
+
+
+@needs_espeak
+def test_recognition_starts_before_the_cut_and_a_draft_whose_speech_resumes_is_dropped():
+    """The VAD's settled draft (pad_ms of silence after the speech) is recognized before the cut;
+    a pause past pad_ms but short of min_silence_ms makes a draft that speech then overtakes: the
+    command is heard whole, once."""
+    tok = smollm2_tokenizer()
+    recognizer = LengthRecognizer()
+    runtime = Runtime(tok, (tok.eos_token_id,), AnswerEngine(tok), recognizer)
+    rng = np.random.default_rng(30)
+    quiet = lambda s: 1e-4 * rng.standard_normal(int(16000 * s))  # noqa: E731
+    loud = lambda s: 0.3 * rng.standard_normal(int(16000 * s))  # noqa: E731
+    # speech, a 256 ms pause (past pad_ms 160, short of min_silence_ms 400), speech, 256 ms quiet
+    spoken = np.concatenate([quiet(0.5), loud(0.6), quiet(0.256), loud(0.6), quiet(0.256)])
+    fmt = {"rate": 16000, "width": 2, "channels": 1}
+
+    async def chunks(client, audio):
+        pcm = pcm16(audio.astype(np.float32))
+        for i in range(0, len(pcm), 1024):
+            await client.write_event(AudioChunk(audio=pcm[i:i + 1024], **fmt).event())
+
+    with ServerThread(runtime, _config()) as server:
+        async def main():
+            async with server.client() as client:
+                await client.write_event(RunPipeline(PipelineStage.ASR, PipelineStage.TTS).event())
+                await client.write_event(AudioStart(**fmt).event())
+                await chunks(client, spoken)
+                # not cut yet (the silence is short of min_silence_ms): recognized all the same
+                whole = await asyncio.to_thread(server.wait_for, lambda: any(
+                    n > 1.4 * 16000 for n in recognizer.lengths))
+                await chunks(client, quiet(1.0))
+                events = await read_until(client, {"audio-stop"})
+                return whole, [e.data["text"] for e in events if e.type == "transcript"]
+
+        whole, heard = asyncio.run(main())
+        assert server.wait_for(lambda: len(server.turns) == 1)
+    assert whole
+    assert heard == [LengthRecognizer.heard(max(recognizer.lengths))]
+    assert len(recognizer.lengths) <= 2  # the overtaken draft (if it ran) and the whole command
+    assert "asr_done_s" in server.turns[0]
 
 
 @needs_espeak
 def test_five_satellites_at_once_keep_their_own_histories():
-    from edge_runtime.voice.session import Runtime
-    from wyoming_helpers import AnswerEngine
-
     tok = smollm2_tokenizer()
     engine = AnswerEngine(tok, delay_s=0.3)  # answers overlap across the satellites
     runtime = Runtime(tok, (tok.eos_token_id,), engine, LengthRecognizer())

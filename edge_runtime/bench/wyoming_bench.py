@@ -8,7 +8,9 @@ asr -> tts, started `--stagger` s apart. Headline: end of speech (the client sen
 the command's last speech sample) -> the first audio-chunk of its reply at the client, p50 / p95.
 The split, from the server's turn events (seconds, each command's):
 - vad: end of speech -> utterance cut (the VAD's min-silence wait);
-- asr: waiting for the ASR worker + Whisper;
+- asr: the cut -> the transcript ready (waiting for the ASR worker + Whisper, less what ran before
+  the cut: recognition starts from the VAD's settled draft, `pad_ms` into the silence), with
+  Whisper's own run time shown apart;
 - engine: recognized -> answer complete (this stream's previous turn, the actions' grammar
   narrowed to the command and compiled, queue, prefill, decode, the action's dispatch), with the
   grammar's compile and queue + prefill + decode shown apart;
@@ -32,7 +34,8 @@ from edge_runtime.errors import InputError
 
 SPLIT = (("reply_s", "end of speech -> first reply audio (client)"),
          ("vad_s", "vad: end of speech -> cut"),
-         ("asr_s", "asr: queue + Whisper"),
+         ("asr_s", "asr: cut -> transcript (queue + Whisper, less the part before the cut)"),
+         ("whisper_s", "asr part: Whisper's run"),
          ("engine_s", "engine: recognized -> answer (+ action)"),
          ("grammar_s", "engine part: narrowed grammar compile"),
          ("decode_s", "engine part: queue + prefill + decode"),
@@ -49,9 +52,12 @@ def _progress(msg: str) -> None:
 
 def split_of(turn: dict) -> dict:
     """A server turn event -> its split (voice/loop.py's and voice/wyoming_turns.py's fields)."""
-    asr = turn["asr_queue_s"] + turn["asr_s"]
-    return {"vad_s": turn["vad_s"], "asr_s": asr,
-            "engine_s": turn["total_s"] - turn["vad_s"] - asr,
+    heard = turn.get("asr_done_s")  # end of speech -> transcript (recognition may start early)
+    if heard is None:
+        heard = turn["vad_s"] + turn["asr_queue_s"] + turn["asr_s"]
+    heard = max(heard, turn["vad_s"])
+    return {"vad_s": turn["vad_s"], "asr_s": heard - turn["vad_s"], "whisper_s": turn["asr_s"],
+            "engine_s": turn["total_s"] - heard,
             "grammar_s": turn.get("grammar_s"),
             "decode_s": turn["engine_queue_s"] + turn["prefill_s"] + turn["answer_s"],
             "tts_s": turn.get("tts_s"), "server_reply_s": turn.get("reply_audio_s")}
