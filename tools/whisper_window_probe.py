@@ -12,23 +12,29 @@ on the 47 spoken commands of voice/command_set.py (each home's device and action
     .venv/bin/python tools/whisper_window_probe.py --window 30 --window 10 --pack 5
 
 Prints one line per command and a summary per setting. A lab probe: nothing here is in the
-product, which keeps the 30 s window (docs/voice.md, "Rejected: a shorter Whisper window").
+product, which keeps the 30 s window (docs/voice.md, "Measured: five satellites").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from faster_whisper import WhisperModel
 
-from edge_runtime.voice.asr import default_whisper_folder
-from edge_runtime.voice.command_set import COMMANDS, HOMES, build_command_wavs
-from edge_runtime.voice.prompting import load_system_prompt
-from edge_runtime.voice.report import wer
-from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: source_tree
+from source_tree import import_edge_runtime  # noqa: E402
+
+import_edge_runtime()  # the installed package, or the checkout's where it is not installed
+from edge_runtime.voice.asr import default_whisper_folder  # noqa: E402
+from edge_runtime.voice.command_set import COMMANDS, HOMES, build_command_wavs  # noqa: E402
+from edge_runtime.voice.prompting import load_system_prompt  # noqa: E402
+from edge_runtime.voice.report import wer  # noqa: E402
+from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav  # noqa: E402
 
 GAP_S = 1.0
 
