@@ -7,9 +7,11 @@ on the 47 spoken commands of voice/command_set.py (each home's device and action
 - `--window S` (S < 30): the audio padded with silence to S seconds and the encoder run on those
   S seconds only (CTranslate2 takes a shorter mel input; whisper.cpp's `audio_ctx`);
 - `--pack N`: N commands, 1 s of silence apart, in one 30 s window, one encoder run for all N;
-  the words are given back to their command by their timestamps (`word_timestamps`).
+  the words are given back to their command by their timestamps (`word_timestamps`);
+- `--batch N`: the encoder alone, N commands' 30 s windows in one batched call against N calls
+  of one (what batching several streams' recognitions would save): seconds per window.
 
-    .venv/bin/python tools/whisper_window_probe.py --window 30 --window 10 --pack 5
+    .venv/bin/python tools/whisper_window_probe.py --window 30 --window 10 --pack 5 --batch 5
 
 Prints one line per command and a summary per setting. A lab probe: nothing here is in the
 product, which keeps the 30 s window (docs/voice.md, "Measured: five satellites").
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from faster_whisper import WhisperModel
+from faster_whisper.audio import pad_or_trim
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: source_tree
 from source_tree import import_edge_runtime  # noqa: E402
@@ -100,12 +103,33 @@ def packed(model, audios, hints, n: int) -> list[str]:
     return texts
 
 
+def batched(model, audios, n: int, repeats: int = 3) -> dict:
+    """Encoder seconds per window: N windows in one call, and one window per call."""
+    model.fitted = False
+    windows = [pad_or_trim(model.feature_extractor(a)) for a in audios[:n]]  # [80, 3000] each
+    one, many = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for w in windows:
+            model.encode(w)
+        one.append((time.perf_counter() - start) / n)
+        start = time.perf_counter()
+        model.encode(np.stack(windows))
+        many.append((time.perf_counter() - start) / n)
+    result = {"setting": f"encoder, batch {n}", "s_per_window_batched": round(min(many), 3),
+              "s_per_window_alone": round(min(one), 3)}
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window", type=float, action="append", default=[],
                         help="encoder window in seconds (30: as the voice loop); repeatable")
     parser.add_argument("--pack", type=int, action="append", default=[],
                         help="commands per 30 s window; repeatable")
+    parser.add_argument("--batch", type=int, action="append", default=[],
+                        help="windows per batched encoder call; repeatable")
     parser.add_argument("--commands", type=int, default=len(COMMANDS),
                         help=f"the first N commands only (default all {len(COMMANDS)})")
     args = parser.parse_args()
@@ -116,6 +140,8 @@ def main() -> None:
     runs = [(f"window {w:g} s", lambda w=w: by_window(model, audios, hints, w))
             for w in args.window]
     runs += [(f"{n} per window", lambda n=n: packed(model, audios, hints, n)) for n in args.pack]
+    for n in args.batch:
+        batched(model, audios, n)
     for name, run in runs:
         start = time.perf_counter()
         texts = run()
