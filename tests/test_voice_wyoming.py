@@ -286,6 +286,7 @@ def test_pipeline_cuts_a_satellite_stream_into_answered_commands(server):
     assert server.wait_for(lambda: len(server.turns) == 2)
     assert all(t["reply_audio_s"] > 0 for t in server.turns)
     assert [t["utterance"] for t in server.turns] == [0, 1]
+    assert all(t["asr_from_draft"] for t in server.turns)  # no speech resumed: each draft taken
 
 
 class LengthRecognizer:
@@ -343,7 +344,7 @@ def test_recognition_starts_before_the_cut_and_a_draft_whose_speech_resumes_is_d
     assert whole
     assert heard == [LengthRecognizer.heard(max(recognizer.lengths))]
     assert len(recognizer.lengths) <= 2  # the overtaken draft (if it ran) and the whole command
-    assert "asr_done_s" in server.turns[0]
+    assert server.turns[0]["asr_from_draft"] and "asr_done_s" in server.turns[0]
 
 
 @needs_espeak

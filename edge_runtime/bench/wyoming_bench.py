@@ -15,8 +15,9 @@ The split, from the server's turn events (seconds, each command's):
   narrowed to the command and compiled, queue, prefill, decode, the action's dispatch), with the
   grammar's compile and queue + prefill + decode shown apart;
 - tts: espeak-ng started -> first reply chunk sent.
-Also: commands heard, answered and spoken back, the word error rate of what was heard, the prompt
-tokens later turns got from the prefix cache.
+Also: commands heard, answered and spoken back, those recognized from the VAD's settled draft
+(the others were recognized again at the cut: speech resumed after pad_ms), the word error rate
+of what was heard, the prompt tokens later turns got from the prefix cache.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def summarize(spoken, runs, server_turns) -> dict:
         "commands": len(replies),
         "transcribed": sum(r.transcript is not None for r in replies),
         "answered": sum(bool(r.answer) for r in replies),
+        "from_draft": sum(bool(t.get("asr_from_draft")) for t in server_turns),
         "spoken_back": sum(r.done and r.audio_bytes > 0 for r in replies),
         "errors": [e for run in runs for e in run.errors],
         "wer": wer(pairs),
@@ -143,7 +145,8 @@ def run(args) -> int:
     print(markdown_table(result["rows"], COLUMNS))
     cached = result["later_turns_cached"]
     print(f"commands {result['commands']}: transcribed {result['transcribed']}, answered "
-          f"{result['answered']}, spoken back {result['spoken_back']}; WER {result['wer']:.1%}; "
+          f"{result['answered']}, spoken back {result['spoken_back']}; recognized from the VAD's "
+          f"settled draft {result['from_draft']}; WER {result['wer']:.1%}; "
           f"later turns' prompt tokens from the prefix cache "
           f"{'n/a' if cached is None else f'{cached:.0%}'}; server errors "
           f"{len(result['errors'])}; connections {stats}")

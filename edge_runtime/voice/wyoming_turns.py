@@ -13,7 +13,7 @@ speaking is killed, and queued recognitions are dropped.
 
 Each spoken turn's utterance event (voice/loop.py) gains `asr_done_s` (end of speech -> transcript
 ready; recognition may start before the cut, so it can be less than `vad_s + asr_queue_s +
-asr_s`), `tts_s` (espeak-ng start -> first audio chunk sent) and `reply_audio_s` (end of speech ->
+asr_s`), `asr_from_draft` (the recognition was the settled draft's), `tts_s` (espeak-ng start -> first audio chunk sent) and `reply_audio_s` (end of speech ->
 first audio chunk sent), and goes to `on_turn`.
 """
 
@@ -100,13 +100,14 @@ class Turns:
             return RequestError(f"{self.queue.maxsize} commands are already waiting "
                                 "(wyoming.max_pending); this one is dropped: wait for the "
                                 "answers", "too-many-commands")
-        if early is not None and early[0].same_speech(utt):
+        from_draft = early is not None and early[0].same_speech(utt)
+        if from_draft:
             recognition = early[1]
         else:
             if early is not None:
                 _drop(early[1])
             recognition = asyncio.ensure_future(self.transcribe(utt.audio))
-        self.queue.put_nowait((utt, recognition))
+        self.queue.put_nowait((utt, recognition, from_draft))
         await self.send(VoiceStopped(timestamp=int(utt.end_s * 1000)).event())
         return None
 
@@ -149,10 +150,10 @@ class Turns:
 
     async def _work(self) -> None:
         while True:
-            utt, asr = await self.queue.get()
+            utt, asr, from_draft = await self.queue.get()
             self._answering = True
             try:
-                await self._utterance(utt, asr)
+                await self._utterance(utt, asr, from_draft)
             except RequestError as exc:
                 await self.send(Error(text=str(exc), code=exc.code).event())
             except (ConnectionError, OSError):
@@ -164,7 +165,8 @@ class Turns:
             finally:
                 self._answering = False
 
-    async def _utterance(self, utt: Utterance, recognition: asyncio.Future) -> None:
+    async def _utterance(self, utt: Utterance, recognition: asyncio.Future,
+                         from_draft: bool) -> None:
         asr = await recognition
         asr_done_s = asr.done_wall - utt.end_wall
         await self.send(Transcript(text=asr.text, language="en").event())
@@ -172,7 +174,7 @@ class Turns:
             return
         event = await self._answer(Command(self.source, utterance=utt, ready_wall=utt.end_wall),
                                    asr)
-        event["asr_done_s"] = asr_done_s
+        event.update(asr_done_s=asr_done_s, asr_from_draft=from_draft)
         answer = event.get("answer")
         if not answer:
             await self.send(NotHandled(text=event.get("skipped", "not answered")).event())
