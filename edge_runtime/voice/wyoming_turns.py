@@ -13,8 +13,9 @@ speaking is killed, and queued recognitions are dropped.
 
 Each spoken turn's utterance event (voice/loop.py) gains `asr_done_s` (end of speech -> transcript
 ready; recognition may start before the cut, so it can be less than `vad_s + asr_queue_s +
-asr_s`), `asr_from_draft` (the recognition was the settled draft's), `tts_s` (espeak-ng start -> first audio chunk sent) and `reply_audio_s` (end of speech ->
-first audio chunk sent), and goes to `on_turn`.
+asr_s`), `asr_from_draft` (the recognition was the settled draft's), `tts_s` (espeak-ng start ->
+first audio chunk sent) and `reply_audio_s` (end of speech -> first audio chunk sent), and goes
+to `on_turn`.
 """
 
 from __future__ import annotations
