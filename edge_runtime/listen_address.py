@@ -47,15 +47,7 @@ class ListenAddress:
 
 def parse_listen(text: str, flag: str = "--listen") -> ListenAddress:
     """HOST:PORT (IPv6 in brackets) -> ListenAddress; a ConfigError naming `flag` otherwise."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ConfigError(f"{flag} {text!r}: no port; {_FORMS}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ConfigError(f"{flag} {text!r}: an IPv6 address goes in brackets; {_FORMS}")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"{flag} {text!r}: the port must be a number from 0 to 65535; {_FORMS}")
+    host, port = split_host_port(text, flag, _FORMS)
     if host.lower() == "localhost":
         host = "127.0.0.1"
     try:
@@ -65,11 +57,31 @@ def parse_listen(text: str, flag: str = "--listen") -> ListenAddress:
                           f"resolved: what is exposed must not depend on DNS); {_FORMS}") from None
     if address.version == 6 and address.scope_id:
         raise ConfigError(f"{flag} {text!r}: scoped IPv6 addresses are not supported; {_FORMS}")
-    return ListenAddress(str(address), int(port_text))
+    return ListenAddress(str(address), port)
+
+
+def split_host_port(text: str, flag: str, forms: str, host_optional: bool = False
+                    ) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPV6]:PORT` -> (host without brackets, port 0-65535); with
+    `host_optional`, `:PORT` and `PORT` too (host ""). The host is not checked. Every refusal is
+    a ConfigError starting with `flag` and the text, ending with `forms` (what to give)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep and host_optional:
+        host, port_text = "", text.strip()
+    elif not sep or not (host or host_optional):
+        raise ConfigError(f"{flag} {text!r}: no port; {forms}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ConfigError(f"{flag} {text!r}: an IPv6 address goes in brackets; {forms}")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{flag} {text!r}: the port must be a number from 0 to 65535; {forms}")
+    return host, int(port_text)
 
 
 def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or an IPv4-mapped loopback address."""
+    """127.0.0.0/8, ::1 or an IPv4-mapped loopback address; `host` is an IP literal (a
+    ValueError otherwise)."""
     address = ipaddress.ip_address(host)
     mapped = getattr(address, "ipv4_mapped", None)
     return (mapped or address).is_loopback

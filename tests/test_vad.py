@@ -65,6 +65,49 @@ def test_short_gaps_do_not_split_and_blips_are_dropped():
     assert abs(utts[0].end_s - utts[0].start_s - 1.4) <= 2 * FRAME_S
 
 
+def _drafts_and_cuts(audio: np.ndarray, config: VADConfig):
+    """(frame number, draft) of every settled() draft and (frame number, utterance) of every cut."""
+    cutter = UtteranceCutter(config, EnergyVAD())
+    cutter.new_recording(Path("x.wav"))
+    drafts, cuts = [], []
+    for i, frame in enumerate(frames_of(audio)):
+        utt = cutter.push(frame)
+        draft = cutter.settled()
+        if draft is not None:
+            drafts.append((i, draft))
+        if utt is not None:
+            cuts.append((i, utt))
+    return drafts, cuts
+
+
+@pytest.mark.parametrize("pad_ms", [0, 64, 160])
+def test_a_settled_draft_comes_once_before_its_cut_with_the_same_audio(pad_ms):
+    rng = np.random.default_rng(7)
+    config = VADConfig(backend="energy", min_speech_ms=200, min_silence_ms=400, pad_ms=pad_ms)
+    audio, _ = _bursts(rng, [("n", 0.7), ("s", 1.1), ("n", 0.9), ("s", 0.6), ("n", 1.0),
+                             ("s", 0.064), ("n", 0.8)])  # the 64 ms blip: no draft, no cut
+    drafts, cuts = _drafts_and_cuts(audio, config)
+    assert len(drafts) == len(cuts) == 2
+    for (draft_at, draft), (cut_at, utt) in zip(drafts, cuts):
+        # pad frames of silence (at least one) after the speech: min_silence - pad frames early
+        silence_frames = max(1, round(pad_ms / (FRAME_S * 1000)))
+        assert cut_at - draft_at == round(400 / (FRAME_S * 1000)) - silence_frames
+        assert utt.same_speech(draft) and np.array_equal(utt.audio, draft.audio)
+        assert draft.end_wall == utt.end_wall
+
+
+def test_a_draft_whose_speech_resumes_is_not_the_cut_utterance():
+    rng = np.random.default_rng(8)
+    # a 256 ms pause: past pad_ms (a draft), short of min_silence (no cut)
+    audio, spans = _bursts(rng, [("n", 0.5), ("s", 0.6), ("n", 0.256), ("s", 0.6), ("n", 0.8)])
+    drafts, cuts = _drafts_and_cuts(audio, ENERGY)
+    assert len(drafts) == 2 and len(cuts) == 1
+    utt = cuts[0][1]
+    assert not utt.same_speech(drafts[0][1]) and utt.same_speech(drafts[1][1])
+    assert abs(drafts[0][1].end_s - spans[0][1]) <= FRAME_S
+    assert np.array_equal(utt.audio, drafts[1][1].audio)
+
+
 def test_input_ending_mid_speech_is_truncated_but_trailing_silence_is_not():
     rng = np.random.default_rng(2)
     audio, _ = _bursts(rng, [("n", 0.5), ("s", 0.8), ("n", 0.8), ("s", 0.7)])

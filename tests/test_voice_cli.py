@@ -335,7 +335,7 @@ def test_weights_option_reaches_the_model_load(capsys, monkeypatch, texts):
                                                   "drop --demo"),
     (["--wyoming", ":10300", "--tts", "--streams", "2"], "drop --tts, --streams"),
     (["--wyoming", "host:70000"], "--wyoming 'host:70000': the port must be a number"),
-    (["--wyoming", "::1:10300"], "write an IPv6 address in brackets"),
+    (["--wyoming", "::1:10300"], "an IPv6 address goes in brackets"),
 ])
 def test_wyoming_usage_errors_come_before_the_model(capsys, no_model, argv, words):
     assert words in _usage_error(capsys, *argv)

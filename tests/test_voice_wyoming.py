@@ -13,21 +13,24 @@ import socket
 import numpy as np
 import pytest
 from wyoming.asr import Transcribe, Transcript
+from wyoming.audio import AudioChunk, AudioStart
 from wyoming.event import Event
 from wyoming.handle import Handled
 from wyoming.info import Describe, Info
 from wyoming.pipeline import PipelineStage, RunPipeline
 from wyoming.tts import Synthesize, SynthesizeVoice
 
+from edge_runtime import listen_address
 from edge_runtime.errors import ConfigError
 from edge_runtime.import_path import code_argv
 from edge_runtime.voice.config import load_voice_config
+from edge_runtime.voice.session import Runtime
 from edge_runtime.voice.vad import VADConfig
-from edge_runtime.voice.wyoming_config import WyomingConfig, parse_listen
+from edge_runtime.voice.wyoming_config import WyomingConfig, is_loopback, parse_listen
 from edge_runtime.voice.wyoming_service import exposure_warning
 from voice_helpers import needs_espeak, smollm2_tokenizer
-from wyoming_helpers import (HOST, ServerThread, double_runtime, pcm16, read_until,
-                             send_audio)
+from wyoming_helpers import (HOST, AnswerEngine, ServerThread, double_runtime, pcm16,
+                             read_until, send_audio)
 
 
 def _config(**wyoming):
@@ -283,6 +286,7 @@ def test_pipeline_cuts_a_satellite_stream_into_answered_commands(server):
     assert server.wait_for(lambda: len(server.turns) == 2)
     assert all(t["reply_audio_s"] > 0 for t in server.turns)
     assert [t["utterance"] for t in server.turns] == [0, 1]
+    assert all(t["asr_from_draft"] for t in server.turns)  # no speech resumed: each draft taken
 
 
 class LengthRecognizer:
@@ -290,15 +294,61 @@ class LengthRecognizer:
 
     name = "length"
 
+    def __init__(self):
+        self.lengths: list[int] = []
+
     def transcribe(self, audio) -> str:
-        return f"set a timer for {round(len(audio) / 1600)} tenths"
+        self.lengths.append(len(audio))
+        return self.heard(len(audio))
+
+    @staticmethod
+    def heard(num_samples: int) -> str:
+        return f"set a timer for {round(num_samples / 1600)} tenths"
+
+
+@needs_espeak
+def test_recognition_starts_before_the_cut_and_a_draft_whose_speech_resumes_is_dropped():
+    """The VAD's settled draft (pad_ms of silence after the speech) is recognized before the cut;
+    a pause past pad_ms but short of min_silence_ms makes a draft that speech then overtakes: the
+    command is heard whole, once."""
+    tok = smollm2_tokenizer()
+    recognizer = LengthRecognizer()
+    runtime = Runtime(tok, (tok.eos_token_id,), AnswerEngine(tok), recognizer)
+    rng = np.random.default_rng(30)
+    quiet = lambda s: 1e-4 * rng.standard_normal(int(16000 * s))  # noqa: E731
+    loud = lambda s: 0.3 * rng.standard_normal(int(16000 * s))  # noqa: E731
+    # speech, a 256 ms pause (past pad_ms 160, short of min_silence_ms 400), speech, 256 ms quiet
+    spoken = np.concatenate([quiet(0.5), loud(0.6), quiet(0.256), loud(0.6), quiet(0.256)])
+    fmt = {"rate": 16000, "width": 2, "channels": 1}
+
+    async def chunks(client, audio):
+        pcm = pcm16(audio.astype(np.float32))
+        for i in range(0, len(pcm), 1024):
+            await client.write_event(AudioChunk(audio=pcm[i:i + 1024], **fmt).event())
+
+    with ServerThread(runtime, _config()) as server:
+        async def main():
+            async with server.client() as client:
+                await client.write_event(RunPipeline(PipelineStage.ASR, PipelineStage.TTS).event())
+                await client.write_event(AudioStart(**fmt).event())
+                await chunks(client, spoken)
+                # not cut yet (the silence is short of min_silence_ms): recognized all the same
+                whole = await asyncio.to_thread(server.wait_for, lambda: any(
+                    n > 1.4 * 16000 for n in recognizer.lengths))
+                await chunks(client, quiet(1.0))
+                events = await read_until(client, {"audio-stop"})
+                return whole, [e.data["text"] for e in events if e.type == "transcript"]
+
+        whole, heard = asyncio.run(main())
+        assert server.wait_for(lambda: len(server.turns) == 1)
+    assert whole
+    assert heard == [LengthRecognizer.heard(max(recognizer.lengths))]
+    assert len(recognizer.lengths) <= 2  # the overtaken draft (if it ran) and the whole command
+    assert server.turns[0]["asr_from_draft"] and "asr_done_s" in server.turns[0]
 
 
 @needs_espeak
 def test_five_satellites_at_once_keep_their_own_histories():
-    from edge_runtime.voice.session import Runtime
-    from wyoming_helpers import AnswerEngine
-
     tok = smollm2_tokenizer()
     engine = AnswerEngine(tok, delay_s=0.3)  # answers overlap across the satellites
     runtime = Runtime(tok, (tok.eos_token_id,), engine, LengthRecognizer())
@@ -440,15 +490,45 @@ def test_an_idle_connection_is_closed_with_an_error_event(server):
     ("10300", ("127.0.0.1", 10300)), (":10300", ("127.0.0.1", 10300)),
     ("0.0.0.0:10300", ("0.0.0.0", 10300)), ("[::1]:10300", ("::1", 10300)),
     ("jetson.local:10300", ("jetson.local", 10300)),
+    ("[::ffff:127.0.0.1]:10300", ("::ffff:127.0.0.1", 10300)), (10300, ("127.0.0.1", 10300)),
 ])
 def test_listen_addresses(text, address):
     assert parse_listen(text) == address
 
 
-@pytest.mark.parametrize("text", ["", "::1:10300", "host:99999", "host:", "bad host:1", "a:b"])
-def test_bad_listen_addresses_are_named(text):
-    with pytest.raises(ConfigError, match="--wyoming"):
+@pytest.mark.parametrize("text, message", [
+    ("", "must be HOST:PORT"), ("::1:10300", "an IPv6 address goes in brackets"),
+    ("host:99999", "the port must be a number from 0 to 65535"), ("host:", "the port must be"),
+    ("bad host:1", "is not an IP address or host name"), ("a:b", "the port must be"),
+    ("[::1]", "an IPv6 address goes in brackets"),
+])
+def test_bad_listen_addresses_are_named(text, message):
+    with pytest.raises(ConfigError, match="--wyoming") as err:
         parse_listen(text)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["::1:10300", "127.0.0.1:65536", "127.0.0.1:", "[::1]",
+                                  "[::1]:x"])
+def test_listen_addresses_are_refused_for_the_same_reasons_as_the_apis(text):
+    """Brackets and ports follow listen_address.py (the API's --listen): the same sentence."""
+    assert _refusal(parse_listen, text) == _refusal(listen_address.parse_listen, text)
+
+
+def _refusal(parse, text: str) -> str:
+    """The refusal's sentence without the forms it suggests (each listener names its own)."""
+    with pytest.raises(ConfigError) as err:
+        parse(text, "X")
+    return str(err.value).split(";")[0]
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.9.8.7", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("::ffff:7f00:1", True), ("localhost", True), ("LocalHost", True), ("0.0.0.0", False),
+    ("::", False), ("::ffff:10.0.0.1", False), ("192.168.1.20", False), ("jetson.local", False),
+])
+def test_loopback_is_the_apis_rule_plus_localhost(host, loopback):
+    assert is_loopback(host) is loopback
 
 
 def test_the_voice_config_checks_its_wyoming_keys(tmp_path):
@@ -466,7 +546,8 @@ def test_the_voice_config_checks_its_wyoming_keys(tmp_path):
 def test_only_a_loopback_address_goes_without_a_warning():
     assert exposure_warning("127.0.0.1", 10300) is None
     assert exposure_warning("::1", 10300) is None
-    for host in ("0.0.0.0", "192.168.1.20", "::", "jetson.local"):
+    assert exposure_warning("::ffff:127.0.0.1", 10300) is None  # IPv4-mapped loopback
+    for host in ("0.0.0.0", "192.168.1.20", "::", "::ffff:10.0.0.1", "jetson.local"):
         assert "no authentication" in exposure_warning(host, 10300)
 
 

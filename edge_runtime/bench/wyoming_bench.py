@@ -8,13 +8,16 @@ asr -> tts, started `--stagger` s apart. Headline: end of speech (the client sen
 the command's last speech sample) -> the first audio-chunk of its reply at the client, p50 / p95.
 The split, from the server's turn events (seconds, each command's):
 - vad: end of speech -> utterance cut (the VAD's min-silence wait);
-- asr: waiting for the ASR worker + Whisper;
+- asr: the cut -> the transcript ready (waiting for the ASR worker + Whisper, less what ran before
+  the cut: recognition starts from the VAD's settled draft, `pad_ms` into the silence), with
+  Whisper's own run time shown apart;
 - engine: recognized -> answer complete (this stream's previous turn, the actions' grammar
   narrowed to the command and compiled, queue, prefill, decode, the action's dispatch), with the
   grammar's compile and queue + prefill + decode shown apart;
 - tts: espeak-ng started -> first reply chunk sent.
-Also: commands heard, answered and spoken back, the word error rate of what was heard, the prompt
-tokens later turns got from the prefix cache.
+Also: commands heard, answered and spoken back, those recognized from the VAD's settled draft
+(the others were recognized again at the cut: speech resumed after pad_ms), the word error rate
+of what was heard, the prompt tokens later turns got from the prefix cache.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from edge_runtime.errors import InputError
 
 SPLIT = (("reply_s", "end of speech -> first reply audio (client)"),
          ("vad_s", "vad: end of speech -> cut"),
-         ("asr_s", "asr: queue + Whisper"),
+         ("asr_s", "asr: cut -> transcript (queue + Whisper, less the part before the cut)"),
+         ("whisper_s", "asr part: Whisper's run"),
          ("engine_s", "engine: recognized -> answer (+ action)"),
          ("grammar_s", "engine part: narrowed grammar compile"),
          ("decode_s", "engine part: queue + prefill + decode"),
@@ -49,9 +53,12 @@ def _progress(msg: str) -> None:
 
 def split_of(turn: dict) -> dict:
     """A server turn event -> its split (voice/loop.py's and voice/wyoming_turns.py's fields)."""
-    asr = turn["asr_queue_s"] + turn["asr_s"]
-    return {"vad_s": turn["vad_s"], "asr_s": asr,
-            "engine_s": turn["total_s"] - turn["vad_s"] - asr,
+    heard = turn.get("asr_done_s")  # end of speech -> transcript (recognition may start early)
+    if heard is None:
+        heard = turn["vad_s"] + turn["asr_queue_s"] + turn["asr_s"]
+    heard = max(heard, turn["vad_s"])
+    return {"vad_s": turn["vad_s"], "asr_s": heard - turn["vad_s"], "whisper_s": turn["asr_s"],
+            "engine_s": turn["total_s"] - heard,
             "grammar_s": turn.get("grammar_s"),
             "decode_s": turn["engine_queue_s"] + turn["prefill_s"] + turn["answer_s"],
             "tts_s": turn.get("tts_s"), "server_reply_s": turn.get("reply_audio_s")}
@@ -99,6 +106,7 @@ def summarize(spoken, runs, server_turns) -> dict:
         "commands": len(replies),
         "transcribed": sum(r.transcript is not None for r in replies),
         "answered": sum(bool(r.answer) for r in replies),
+        "from_draft": sum(bool(t.get("asr_from_draft")) for t in server_turns),
         "spoken_back": sum(r.done and r.audio_bytes > 0 for r in replies),
         "errors": [e for run in runs for e in run.errors],
         "wer": wer(pairs),
@@ -137,7 +145,8 @@ def run(args) -> int:
     print(markdown_table(result["rows"], COLUMNS))
     cached = result["later_turns_cached"]
     print(f"commands {result['commands']}: transcribed {result['transcribed']}, answered "
-          f"{result['answered']}, spoken back {result['spoken_back']}; WER {result['wer']:.1%}; "
+          f"{result['answered']}, spoken back {result['spoken_back']}; recognized from the VAD's "
+          f"settled draft {result['from_draft']}; WER {result['wer']:.1%}; "
           f"later turns' prompt tokens from the prefix cache "
           f"{'n/a' if cached is None else f'{cached:.0%}'}; server errors "
           f"{len(result['errors'])}; connections {stats}")

@@ -17,7 +17,11 @@ Cutter invariants (all lengths in 32 ms frames):
   it (audio: its first max_utterance_s only), closed by the next pause: no command is that long,
   and a forced cut would hand on two halves of whatever was said;
 - `finish()` at the end of the input returns the open utterance, marked `truncated` when speech was
-  still going on in the last `TRUNCATED_TAIL_MS` (the input ended mid-utterance).
+  still going on in the last `TRUNCATED_TAIL_MS` (the input ended mid-utterance);
+- `settled()` is the open utterance's draft on the one frame where `pad_ms` of silence has followed
+  its speech: from then on its audio (speech + pad) is final unless speech resumes, so a consumer
+  may start recognizing it ~`min_silence_ms - pad_ms` before the cut; the cut utterance has the
+  same audio, start and end as the draft whenever no speech came in between (`same_speech`).
 """
 
 from __future__ import annotations
@@ -166,6 +170,11 @@ class Utterance:
     truncated: bool = False
     run_on: bool = False  # speech went on past max_utterance_s without a pause
 
+    def same_speech(self, other: "Utterance") -> bool:
+        """`other` (a `settled()` draft) holds the same speech of the same recording."""
+        return (self.source, self.index, self.start_s, self.end_s) == (
+            other.source, other.index, other.start_s, other.end_s)
+
 
 class UtteranceCutter:
     """Frames in, Utterances out, for one stream. Stream time advances by FRAME_S per frame."""
@@ -232,6 +241,20 @@ class UtteranceCutter:
         if index - self._start + 1 >= self._max_frames:
             self._run_on = True
         return None
+
+    def settled(self) -> Utterance | None:
+        """The open utterance as it will be cut if the silence now `pad_ms` long lasts, on that
+        frame only; None on every other frame, and for speech too short or run on."""
+        silence = self._num_frames - 1 - self._last_speech
+        if (self._start < 0 or self._run_on or silence != max(1, self._pad)
+                or silence >= self._min_silence
+                or self._last_speech - self._start + 1 < self._min_speech):
+            return None
+        keep = len(self._frames) - silence + self._pad  # speech + pad: what _close keeps
+        return Utterance(index=self._num_utterances, source=self._source,
+                         start_s=self._start * FRAME_S, end_s=(self._last_speech + 1) * FRAME_S,
+                         audio=np.concatenate(self._frames[:keep]),
+                         end_wall=self._last_speech_wall, cut_wall=time.perf_counter())
 
     def finish(self) -> Utterance | None:
         """End of input: the open utterance, if any (truncated when speech had not stopped)."""

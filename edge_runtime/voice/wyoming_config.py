@@ -11,13 +11,16 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from edge_runtime import listen_address
 from edge_runtime.errors import ConfigError
+from edge_runtime.listen_address import split_host_port
 from edge_runtime.voice import setting_checks as check
 
 LOOPBACK = "127.0.0.1"
 MAX_CONNECTIONS = 1024  # each is a socket and two small tasks; more is a typo
 MAX_IDLE_S = 86400.0
 MAX_AUDIO_S = 600.0
+_FORMS = "give HOST:PORT, [IPV6]:PORT or PORT (loopback), e.g. 127.0.0.1:10300 or 0.0.0.0:10300"
 
 
 @dataclass(frozen=True)
@@ -40,30 +43,26 @@ class WyomingConfig:
 
 
 def parse_listen(text: object, what: str = "--wyoming") -> tuple[str, int]:
-    """`HOST:PORT`, `[IPV6]:PORT`, `:PORT` or `PORT` -> (host, port); no host is loopback."""
+    """`HOST:PORT`, `[IPV6]:PORT`, `:PORT` or `PORT` -> (host, port); no host is loopback.
+    The brackets and the port are listen_address.py's rules (the API's `--listen`); unlike it, a
+    host name is accepted (Home Assistant setups name hosts; it is resolved when binding)."""
     if isinstance(text, int) and not isinstance(text, bool):
         text = str(text)
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(f"{what} must be HOST:PORT (e.g. 127.0.0.1:10300), got {text!r}")
-    host, sep, port = text.strip().rpartition(":")
-    if not sep:
-        host, port = "", text.strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ConfigError(f"{what} {text!r}: write an IPv6 address in brackets, e.g. [::1]:10300")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} {text!r}: the port must be a number from 0 to 65535")
+    host, port = split_host_port(text, what, _FORMS, host_optional=True)
     if host and not _is_host(host):
-        raise ConfigError(f"{what} {text!r}: {host!r} is not an IP address or host name")
-    return host or LOOPBACK, int(port)
+        raise ConfigError(f"{what} {text!r}: {host!r} is not an IP address or host name; {_FORMS}")
+    return host or LOOPBACK, port
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    """listen_address.py's loopback rule (127.0.0.0/8, ::1, IPv4-mapped loopback) plus the name
+    `localhost`; any other host name may resolve anywhere, so it counts as exposed."""
+    if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return listen_address.is_loopback(host)
     except ValueError:
         return False
 

@@ -7,6 +7,8 @@
   cuts is handed to the connection's turns as soon as it is cut. Speech without a pause past
   `vad.max_utterance_s` is an `error` event as soon as it passes the limit (the cutter keeps only
   its first max_utterance_s, so audio sent forever holds bounded memory) and is not answered.
+  Its recognition starts as soon as the cutter's `settled()` says the utterance's audio is final
+  unless speech resumes (`pad_ms` of silence), ~`min_silence_ms - pad_ms` before the cut.
 
 The VAD runs on the event loop: silero takes ~0.5 ms of a 32 ms frame (onnxruntime, 1 thread,
 measured on the loaded 2-core VM), so five satellites cost the loop ~8% of its time.
@@ -73,6 +75,9 @@ class Listener:
         problem = None
         for frame in frames:
             utt = self.cutter.push(frame, time.perf_counter())
+            draft = self.cutter.settled()
+            if draft is not None:
+                self.turns.recognize_early(draft)
             if utt is not None and not utt.run_on:
                 problem = await self.turns.post(utt) or problem
             if self.cutter.run_on and not self._run_on_said:
