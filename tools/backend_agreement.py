@@ -3,7 +3,7 @@
     TRITON_INTERPRET=1 python tools/backend_agreement.py --tiny-awq [--json OUT]   # CI's CPU
     python tools/backend_agreement.py --model DIR --device cuda [--json OUT]      # a GPU
 
-Scores `--tokens` random ids through each back end's engine (`engine.scoring.score_logits`, chunks
+Scores `--tokens` random ids through each back end's engine (`Engine.scorer().logits`, engine/scoring.py, chunks
 of `--chunk` tokens, prefix cache and inline slots off) and prints max and mean |difference|, the
 max |logit| and how often the argmax agrees. `--tiny-awq` uses the tiny random Llama and its RTN
 int4 checkpoint of tests/backend_helpers.py (what tests/test_engine_backends.py checks). The CUDA
@@ -25,7 +25,6 @@ import torch  # noqa: E402
 from edge_runtime.engine.config import EngineConfig  # noqa: E402
 from edge_runtime.engine.engine import Engine  # noqa: E402
 from edge_runtime.engine.placement import load_for, resolve  # noqa: E402
-from edge_runtime.engine.scoring import score_logits  # noqa: E402
 
 
 def logits_on(model: str, device: str, backend: str, ids: list[int], chunk: int) -> torch.Tensor:
@@ -34,7 +33,7 @@ def logits_on(model: str, device: str, backend: str, ids: list[int], chunk: int)
     engine = Engine(loaded, EngineConfig(page_tokens=64, num_pages=8, enable_prefix_cache=False,
                                          enable_inline=False, max_batch_tokens=chunk,
                                          **placement.engine_settings()))
-    return torch.cat([part for _, part in score_logits(engine, ids)])
+    return torch.cat([part for _, part in engine.scorer().logits(ids)])
 
 
 def main() -> int:
