@@ -23,7 +23,8 @@ from edge_runtime.kernels import awq_gemm as awq
 from edge_runtime.kernels import awq_prepared as awp
 from edge_runtime.kernels import paged_attention as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the gpu_lab package
+TOOLS = Path(__file__).resolve().parents[1]  # tools/ (not the checkout root): the gpu_lab package
+sys.path.insert(0, str(TOOLS))
 from gpu_lab import paged_decode as pd  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
