@@ -1,5 +1,5 @@
-"""Page-tile decode attention (tools/gpu_lab/paged_decode.py, the GPU checks' baseline) under TRITON_INTERPRET=1 against the torch
-reference.
+"""Page-tile decode attention (tools/gpu_lab/paged_decode.py, the GPU checks' baseline) under
+TRITON_INTERPRET=1 against the torch reference.
 
 The kernel computes in fp32 (q is not rounded to fp16, int8 values convert exactly), so the
 tolerance is 1e-4 for every cache dtype; the reference dequantizes the same int8 values.

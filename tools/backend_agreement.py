@@ -3,9 +3,9 @@
     TRITON_INTERPRET=1 python tools/backend_agreement.py --tiny-awq [--json OUT]   # CI's CPU
     python tools/backend_agreement.py --model DIR --device cuda [--json OUT]      # a GPU
 
-Scores `--tokens` random ids through each back end's engine (`Engine.scorer().logits`, engine/scoring.py, chunks
-of `--chunk` tokens, prefix cache and inline slots off) and prints max and mean |difference|, the
-max |logit| and how often the argmax agrees. `--tiny-awq` uses the tiny random Llama and its RTN
+Scores `--tokens` random ids through each back end's engine (`Engine.scorer().logits`,
+engine/scoring.py, chunks of `--chunk` tokens, prefix cache and inline slots off) and prints max
+and mean |difference|, the max |logit| and how often the argmax agrees. `--tiny-awq` uses the tiny random Llama and its RTN
 int4 checkpoint (tools/lab/tiny_checkpoints.py, what tests/test_engine_backends.py checks). The CUDA
 back end on --device cpu runs the Triton kernels in the interpreter (TRITON_INTERPRET=1).
 """
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no effect on a GPU run)
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/, when loaded by path: the lab package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/, when loaded by path: lab/
 
 import torch  # noqa: E402
 

@@ -178,7 +178,8 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
     for i, w in enumerate(windows):
         print(f"\reval-ppl [{test} vs {ref}] window {i + 1}/{len(windows)}", end="",
               file=sys.stderr, flush=True)
-        for (start, a), (_, b) in zip(engines[test].scorer().logits(w), engines[ref].scorer().logits(w)):
+        test_chunks, ref_chunks = engines[test].scorer().logits(w), engines[ref].scorer().logits(w)
+        for (start, a), (_, b) in zip(test_chunks, ref_chunks):
             keep = min(a.shape[0], len(w) - 1 - start)  # positions that predict a next token
             a, b = a[:keep].double(), b[:keep].double()
             lp_a, lp_b = torch.log_softmax(a, dim=-1), torch.log_softmax(b, dim=-1)

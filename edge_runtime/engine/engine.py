@@ -102,7 +102,8 @@ class Engine:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
             req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
             req.compiled_grammar = grammar
-            first = self._lifecycle.new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
+            # may raise: store nothing before
+            first = self._lifecycle.new_seq(req, 0, list(prompt_ids))
             self.requests[rid] = req
             if req.is_beam:
                 beam.start(req, self.model_config.eos_token_ids)

@@ -30,7 +30,7 @@ def tiny_folder() -> Path:
 @functools.lru_cache(maxsize=1)
 def tiny_awq_folder() -> Path:
     """Round-to-nearest int4 (group 32) of the tiny model, as `edge-runtime quantize --rtn` writes."""
-    from transformers import AutoModelForCausalLM  # start-up time: only a check that quantizes loads it
+    from transformers import AutoModelForCausalLM  # start-up time: only quantizing loads it
 
     src = tiny_folder()
     hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
