@@ -119,7 +119,7 @@ def paged_attention(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_idx,
                     k_mean=None, chunks=None):
     """k_mean: the int8 store's mean key [Hkv, D] float32 (centred keys) or None; chunks: a
     chunked store's PageChunks (kernels/page_chunks.py) or None. (The page-tile decode kernel,
-    kernels/paged_decode.py, is the GPU checks' baseline, called by them directly.)"""
+    tools/gpu_lab/paged_decode.py, is the GPU checks' baseline, called by them directly.)"""
     return _pick("paged_attention", q)(q, k_cache, v_cache, k_scale, v_scale, block_table,
                                        seq_idx, kv_lens, sm_scale, k_mean=k_mean, chunks=chunks)
 

@@ -17,7 +17,8 @@ function of the positions alone:
   recent-key window (kv/paged_context.py), by one formula; an empty span adds exact zeros, so the
   number of spans in the step does not matter.
 
-Arithmetic (from kernels/paged_decode.py): int8 K/V converted in registers with the
+Arithmetic (`to_f32`, `split16`, `rows01`, which the GPU checks' page-tile decode kernel,
+tools/gpu_lab/paged_decode.py, imports from here): int8 K/V converted in registers with the
 magic-number trick, or ('idot') q.k and p.v on int8 tensor cores with q and p * v_scale as 15-bit
 fixed point; per-token scales factor out of q.k and p.v; centred keys add q.m. Online softmax in
 base 2; lse in natural log.
@@ -25,15 +26,14 @@ base 2; lse in natural log.
 import torch
 
 from edge_runtime.kernels import page_chunks as _chunks
-from edge_runtime.kernels import paged_decode as _pd
 from edge_runtime.kernels.positional_attention_ref import (NO_INLINE, PositionIndex, check_index,
                                                            merge_in_order_ref, positional_attention_ref)
 
-triton = _pd.triton
-if triton is not None:
+try:
+    import triton
     import triton.language as tl
-
-    from edge_runtime.kernels.paged_decode import rows01, split16, to_f32
+except ImportError:  # pragma: no cover
+    triton = None
 
 LOG2E = 1.4426950408889634
 # span_tokens: fixed, never derived from the device (it is part of the reduction order). Not yet
@@ -41,6 +41,33 @@ LOG2E = 1.4426950408889634
 TUNE = {"span_tokens": 256, "block_n": 64, "num_warps": 4, "num_stages": 2, "magic": True, "idot": True}
 
 if triton is not None:
+
+    @triton.jit
+    def to_f32(x, MAGIC: tl.constexpr):
+        # int8 -> exact fp32; float caches pass through
+        if MAGIC:
+            u = x.to(tl.int32) + 0x4B000080
+            return u.to(tl.float32, bitcast=True) - 8388736.0
+        return x.to(tl.float32)
+
+    @triton.jit
+    def split16(x):
+        # fp32 [N] -> (int8 [16, N]: row 0 = hi, row 1 = lo, other rows 0; step) with
+        # x ~= (256 hi + lo) * step, |error| <= step / 2, step = max|x| / 32512 (15-bit fixed point)
+        amax = tl.max(tl.abs(x), axis=0)
+        step = tl.where(amax > 0, amax / 32512.0, 1.0)
+        xi = tl.floor(x / step + 0.5).to(tl.int32)
+        hi = (xi + 128) >> 8  # in [-127, 127]
+        lo = xi - hi * 256  # in [-128, 127]
+        r = tl.arange(0, 16)[:, None]
+        return tl.where(r == 0, hi[None, :], tl.where(r == 1, lo[None, :], 0)).to(tl.int8), step
+
+    @triton.jit
+    def rows01(acc, step):
+        # int32 [16, N] -> fp32 [N] = (256 row0 + row1) * step
+        r = tl.arange(0, 16)[:, None]
+        w = tl.where(r == 0, 256.0, tl.where(r == 1, 1.0, 0.0))
+        return tl.sum(acc.to(tl.float32) * w, axis=0) * step
 
     @triton.jit
     def _key_slots(n, nmask, row, prefix, gap, inline_from, bt_ptr, s_bt, at_ptr, s_at,

@@ -1,49 +1,26 @@
 """A tiny random Llama (2 layers, GQA 4/2 heads, head_dim 16) saved as a folder, its RTN int4 AWQ
-checkpoint, and Engines over it on either back end (engine/backend.py). The CUDA back end runs on
-CPU tensors through the Triton interpreter (TRITON_INTERPRET=1, set by conftest.py)."""
+checkpoint (both from tools/lab/tiny_checkpoints.py, which tools/backend_agreement.py uses too),
+and Engines over it on either back end (engine/backend.py). The CUDA back end runs on CPU tensors
+through the Triton interpreter (TRITON_INTERPRET=1, set by conftest.py)."""
 
 from __future__ import annotations
 
-import copy
 import functools
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from model_helpers import save_random_model, tiny_hf_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the lab package
+from lab.tiny_checkpoints import tiny_awq_folder, tiny_folder  # noqa: E402,F401
 
 from edge_runtime.engine.config import EngineConfig
 from edge_runtime.engine.engine import Engine
 from edge_runtime.engine.placement import load_for, resolve
 
-VOCAB = 49152  # SmolLM2's tokenizer, so the CLI can take text prompts
 PAGE = 64
 _TMP = tempfile.TemporaryDirectory(prefix="edge-backend-tests-")
-
-
-@functools.lru_cache(maxsize=1)
-def tiny_folder() -> Path:
-    return save_random_model(tiny_hf_config("llama", vocab_size=VOCAB), Path(_TMP.name) / "tiny", seed=11)
-
-
-@functools.lru_cache(maxsize=1)
-def tiny_awq_folder() -> Path:
-    """Round-to-nearest int4 (group 32) of the tiny model, as `edge-runtime quantize --rtn` writes."""
-    from transformers import AutoModelForCausalLM
-
-    from edge_runtime.model import awq_model
-    from edge_runtime.quant import awq_algo, awq_blocks
-
-    src = tiny_folder()
-    hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
-    model = copy.deepcopy(hf)
-    calib = torch.randint(3, 500, (2, 32), generator=torch.Generator().manual_seed(1))
-    settings = awq_algo.AWQSettings(group_size=32, clip=False, scale=False)
-    tensors = awq_algo.awq_quantize(model, awq_blocks.LayerArch.from_config(hf.config), calib, settings)
-    out = Path(_TMP.name) / "tiny-awq"
-    awq_model.save_awq_checkpoint(out, model, tensors, src, 32, tie_word_embeddings=False)
-    return out
 
 
 @functools.lru_cache(maxsize=4)

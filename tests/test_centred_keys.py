@@ -213,7 +213,6 @@ def test_centred_keys_bring_smollm2_closer_to_fp32_kv():
     generation reads it), int8 KV with centred keys is nearer fp32 KV than without (KL of the
     next-token distributions; docs/engine.md has the full-window figures)."""
     from engine_helpers import engine_for, smollm2
-    from edge_runtime.engine.scoring import score_logits
 
     loaded = smollm2()
     ids = loaded.tokenizer(SCORED_TEXT, add_special_tokens=False).input_ids[:160]
@@ -221,7 +220,7 @@ def test_centred_keys_bring_smollm2_closer_to_fp32_kv():
     def logprobs(**cfg):  # one position per step: every position read as a decode token
         eng = engine_for(loaded, enable_prefix_cache=False, enable_inline=False, max_batch_tokens=1,
                          max_num_seqs=1, **cfg)
-        return torch.cat([lg for _, lg in score_logits(eng, ids)]).log_softmax(-1).double()
+        return torch.cat([lg for _, lg in eng.scorer().logits(ids)]).log_softmax(-1).double()
 
     ref = logprobs(kv_dtype="fp32")
     kl = {}

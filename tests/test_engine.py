@@ -347,19 +347,19 @@ def test_n_samples_with_the_largest_seed_wrap_instead_of_failing():
 def test_add_request_that_raises_leaves_nothing_behind(monkeypatch):
     """add_request is all or nothing: a failure while building the request stores no entry, so
     the id stays free and the engine has no orphan request."""
-    import edge_runtime.engine.engine as engine_module
+    import edge_runtime.engine.seq_lifecycle as lifecycle_module  # where sequences are made
 
     eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=8)
-    real = engine_module.make_generator
+    real = lifecycle_module.make_generator
 
     def broken(seed):
         raise ValueError("no generator")
 
-    monkeypatch.setattr(engine_module, "make_generator", broken)
+    monkeypatch.setattr(lifecycle_module, "make_generator", broken)
     with pytest.raises(ValueError, match="no generator"):
         eng.add_request([5, 6, 7], greedy(2), request_id="r1")
     assert eng.requests == {} and not eng.has_unfinished()
-    monkeypatch.setattr(engine_module, "make_generator", real)
+    monkeypatch.setattr(lifecycle_module, "make_generator", real)
     assert eng.add_request([5, 6, 7], greedy(2), request_id="r1") == "r1"
     while eng.has_unfinished():
         eng.step()

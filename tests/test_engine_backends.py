@@ -12,7 +12,6 @@ from backend_helpers import engine_on, tiny_awq_folder
 from model_helpers import random_ids
 
 from edge_runtime.engine.api import SamplingParams
-from edge_runtime.engine.scoring import score_logits
 from edge_runtime.kernels import dispatch
 
 pytestmark = pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
@@ -84,7 +83,7 @@ def test_awq_logits_agree_within_tolerance():
         eng = engine_on(backend, tiny_awq_folder(), enable_prefix_cache=False, enable_inline=False,
                         max_batch_tokens=32, kv_dtype="fp32")
         before = dispatch.TRITON_LAUNCHES["blocked_gemm"]
-        logits[backend] = torch.cat([chunk for _, chunk in score_logits(eng, ids)])
+        logits[backend] = torch.cat([chunk for _, chunk in eng.scorer().logits(ids)])
         launched = dispatch.TRITON_LAUNCHES["blocked_gemm"] - before
         assert launched == (0 if backend == "cpu" else 3 * 2 * 4), (backend, launched)
     assert isinstance(eng.model.model.layers[0].mlp.down_proj, QuantLinear)
@@ -126,7 +125,7 @@ def test_gguf_blocks_on_the_cuda_back_end_match_the_cpu_back_end():
         eng = Engine(loaded_gguf_for(backend),
                      EngineConfig(device="cpu", backend=backend, enable_prefix_cache=False,
                                   enable_inline=False, max_batch_tokens=32, kv_dtype="fp32", **cfg))
-        logits[backend] = torch.cat([chunk for _, chunk in score_logits(eng, ids)])
+        logits[backend] = torch.cat([chunk for _, chunk in eng.scorer().logits(ids)])
     diff = (logits["cuda"] - logits["cpu"]).abs().max() / logits["cpu"].abs().max()
     assert diff < GGUF_LOGIT_TOLERANCE, float(diff)
 
@@ -155,6 +154,6 @@ def test_gguf_blocks_with_fp16_activations_on_the_cuda_back_end():
         loaded = loaded_gguf_for(backend, dtype=dtype)
         assert loaded.model.dtype == dtype
         eng = Engine(loaded, EngineConfig(device="cpu", backend=backend, **cfg))
-        logits[backend] = torch.cat([chunk for _, chunk in score_logits(eng, ids)])
+        logits[backend] = torch.cat([chunk for _, chunk in eng.scorer().logits(ids)])
     diff = (logits["cuda"] - logits["cpu"]).abs().max() / logits["cpu"].abs().max()
     assert diff < FP16_LOGIT_TOLERANCE, float(diff)

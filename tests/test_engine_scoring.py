@@ -8,7 +8,6 @@ import torch
 from engine_helpers import engine_for, tiny, tiny_folder, tiny_hf, tiny_prompts
 
 from edge_runtime.cli import main
-from edge_runtime.engine.scoring import score_tokens
 
 
 def _hf_nll(ids):
@@ -22,12 +21,12 @@ def test_score_matches_transformers_fp32_chunked():
     ids = tiny_prompts([150], seed=1000)[0]
     eng = engine_for(tiny(), kv_dtype="fp32", page_tokens=16, num_pages=16, max_batch_tokens=40,
                      enable_prefix_cache=False)
-    nll = score_tokens(eng, ids)  # 4 chunks of <= 40 tokens, each attending to earlier pages
+    nll = eng.scorer().nll(ids)  # 4 chunks of <= 40 tokens, each attending to earlier pages
     torch.testing.assert_close(nll, _hf_nll(ids), atol=1e-4, rtol=1e-4)
     eng.kv.check_leaks()
     eng8 = engine_for(tiny(), kv_dtype="int8", page_tokens=16, num_pages=16, max_batch_tokens=40,
                       enable_prefix_cache=False)
-    rel = abs(float(score_tokens(eng8, ids).mean()) / float(nll.mean()) - 1)
+    rel = abs(float(eng8.scorer().nll(ids).mean()) / float(nll.mean()) - 1)
     assert 0 < rel < 0.01, rel  # quantization changes the numbers, a little
 
 
@@ -36,9 +35,9 @@ def test_one_prefill_scores_int8_like_decode_steps():
     same NLL as scoring every position as a decode step (chunk 1), and not fp32 KV's."""
     ids = tiny_prompts([70], seed=1001)[0]
     cfg = dict(page_tokens=16, num_pages=16, enable_prefix_cache=False, max_num_seqs=1)
-    one = score_tokens(engine_for(tiny(), kv_dtype="int8", max_batch_tokens=70, **cfg), ids)
-    steps = score_tokens(engine_for(tiny(), kv_dtype="int8", max_batch_tokens=1, **cfg), ids)
-    fp32 = score_tokens(engine_for(tiny(), kv_dtype="fp32", max_batch_tokens=70, **cfg), ids)
+    one = engine_for(tiny(), kv_dtype="int8", max_batch_tokens=70, **cfg).scorer().nll(ids)
+    steps = engine_for(tiny(), kv_dtype="int8", max_batch_tokens=1, **cfg).scorer().nll(ids)
+    fp32 = engine_for(tiny(), kv_dtype="fp32", max_batch_tokens=70, **cfg).scorer().nll(ids)
     torch.testing.assert_close(one, steps, atol=1e-6, rtol=0)  # the LM head's rows: BLAS vs C
     assert float((one - fp32).abs().max()) > 1e-4  # it reads int8: not fp32 KV's numbers
 

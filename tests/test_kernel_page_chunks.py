@@ -4,6 +4,9 @@ a pool split into chunks (kernels/page_chunks.py), under TRITON_INTERPRET=1: the
 the one-tensor pool the chunks were copied from. The chunks lie in one buffer in shuffled order
 with garbage between them (so chunk offsets are positive and negative, and a read of the wrong
 bytes shows), and one chunk is retired (None, never named by a block table)."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,8 +21,10 @@ pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_IN
 if HAVE_TRITON:
     from edge_runtime.kernels.kv_write import write_kv_triton
     from edge_runtime.kernels.paged_attention import paged_attention_triton
-    from edge_runtime.kernels.paged_decode import paged_decode
     from edge_runtime.kernels.positional_attention import positional_attention_triton
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the gpu_lab package
+    from gpu_lab.paged_decode import paged_decode  # the GPU checks' page-tile decode kernel
 
 NUM_PAGES, CHUNK_PAGES, RETIRED = 11, 3, 2  # chunks of 3, 3, 3 and 2 pages; chunk 2 retired
 LAYERS, LAYER = 2, 1

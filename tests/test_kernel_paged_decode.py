@@ -1,9 +1,12 @@
-"""Page-tile decode attention (kernels/paged_decode.py) under TRITON_INTERPRET=1 against the torch
-reference.
+"""Page-tile decode attention (tools/gpu_lab/paged_decode.py, the GPU checks' baseline) under
+TRITON_INTERPRET=1 against the torch reference.
 
 The kernel computes in fp32 (q is not rounded to fp16, int8 values convert exactly), so the
 tolerance is 1e-4 for every cache dtype; the reference dequantizes the same int8 values.
 """
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,7 +16,8 @@ from edge_runtime.kernels.paged_attention import merge_attention_ref, paged_atte
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 
 if HAVE_TRITON:
-    from edge_runtime.kernels.paged_decode import paged_decode, supported, tile_rows
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the gpu_lab package
+    from gpu_lab.paged_decode import paged_decode, supported, tile_rows
 
 TOL = 1e-4
 

@@ -27,9 +27,8 @@ ARCHES = (87, 90)
 NOT_LAUNCHED_BY_ENGINE = {"awq_gemm._awq_gemm_kernel", "awq_gemm._sum_splits_kernel",
                           "awq_gemm._awq_dequant_kernel",
                           # the engine reads attention by position (positional_attention.py); the
-                          # page-tile decode kernel and the SM-count split merge serve the GPU checks
-                          # and sweeps
-                          "paged_decode._paged_decode_kernel", "paged_attention._merge_splits_kernel"}
+                          # SM-count split merge serves the GPU checks' kernels (tools/gpu_lab/)
+                          "paged_attention._merge_splits_kernel"}
 
 triton = pytest.importorskip("triton", reason="the gpu extra (triton) is not installed")
 

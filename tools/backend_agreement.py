@@ -3,10 +3,10 @@
     TRITON_INTERPRET=1 python tools/backend_agreement.py --tiny-awq [--json OUT]   # CI's CPU
     python tools/backend_agreement.py --model DIR --device cuda [--json OUT]      # a GPU
 
-Scores `--tokens` random ids through each back end's engine (`engine.scoring.score_logits`, chunks
-of `--chunk` tokens, prefix cache and inline slots off) and prints max and mean |difference|, the
-max |logit| and how often the argmax agrees. `--tiny-awq` uses the tiny random Llama and its RTN
-int4 checkpoint of tests/backend_helpers.py (what tests/test_engine_backends.py checks). The CUDA
+Scores `--tokens` random ids through each back end's engine (`Engine.scorer().logits`,
+engine/scoring.py, chunks of `--chunk` tokens, prefix cache and inline slots off) and prints max
+and mean |difference|, the max |logit| and how often the argmax agrees. `--tiny-awq` uses the tiny random Llama and its RTN
+int4 checkpoint (tools/lab/tiny_checkpoints.py, what tests/test_engine_backends.py checks). The CUDA
 back end on --device cpu runs the Triton kernels in the interpreter (TRITON_INTERPRET=1).
 """
 from __future__ import annotations
@@ -18,14 +18,15 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no effect on a GPU run)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/, when loaded by path: lab/
 
 import torch  # noqa: E402
 
 from edge_runtime.engine.config import EngineConfig  # noqa: E402
 from edge_runtime.engine.engine import Engine  # noqa: E402
 from edge_runtime.engine.placement import load_for, resolve  # noqa: E402
-from edge_runtime.engine.scoring import score_logits  # noqa: E402
+from lab.random_models import random_ids  # noqa: E402
+from lab.tiny_checkpoints import tiny_awq_folder  # noqa: E402
 
 
 def logits_on(model: str, device: str, backend: str, ids: list[int], chunk: int) -> torch.Tensor:
@@ -34,7 +35,7 @@ def logits_on(model: str, device: str, backend: str, ids: list[int], chunk: int)
     engine = Engine(loaded, EngineConfig(page_tokens=64, num_pages=8, enable_prefix_cache=False,
                                          enable_inline=False, max_batch_tokens=chunk,
                                          **placement.engine_settings()))
-    return torch.cat([part for _, part in score_logits(engine, ids)])
+    return torch.cat([part for _, part in engine.scorer().logits(ids)])
 
 
 def main() -> int:
@@ -47,13 +48,8 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.tiny_awq:
-        from backend_helpers import tiny_awq_folder
-        from model_helpers import random_ids
-
         model, ids = str(tiny_awq_folder()), random_ids(args.tokens, 500, seed=50)
     elif args.model:
-        from model_helpers import random_ids
-
         model, ids = args.model, random_ids(args.tokens, 500, seed=50)
     else:
         ap.error("give --model DIR or --tiny-awq")

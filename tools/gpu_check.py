@@ -39,11 +39,11 @@ from edge_runtime.kernels import awq_gemm as awq  # noqa: E402
 from edge_runtime.kernels import kv_write as kvw  # noqa: E402
 from edge_runtime.kernels import paged_attention as pa  # noqa: E402
 from edge_runtime.kernels import awq_prepared as awp  # noqa: E402
-from edge_runtime.kernels import paged_decode as pd  # noqa: E402
 from edge_runtime.bench.checks import parse_int_list  # noqa: E402
 from edge_runtime.errors import InputError  # noqa: E402
 
 from gpu_lab import engine_check as gpu_engine_check  # noqa: E402
+from gpu_lab import paged_decode as pd  # noqa: E402
 from gpu_lab.checks import (DECODE_KERNELS, build_pool, check_awq, check_awq_prepared,  # noqa: E402
                             check_decode, check_kv_write, check_prefill, decode_ctx)
 from gpu_lab.sweep import STAGES, sweep, tuned_rows  # noqa: E402

@@ -126,14 +126,12 @@ def _engine(loaded, kv_dtype: str, page_tokens: int, window: int, prefix_cache: 
 
 def perplexity(loaded, windows: list[list[int]], kv_dtype: str, page_tokens: int,
                window: int, chunk: int = 0, settings: dict | None = None) -> dict:
-    from edge_runtime.engine.scoring import score_tokens  # start-up time: imports numpy, torch
-
     engine = _engine(loaded, kv_dtype, page_tokens, window, False, chunk, settings)
     total, count, t0 = 0.0, 0, time.perf_counter()
     for i, w in enumerate(windows):
         print(f"\reval-ppl [{kv_dtype}] window {i + 1}/{len(windows)}", end="", file=sys.stderr,
               flush=True)
-        nll = score_tokens(engine, w)
+        nll = engine.scorer().nll(w)
         total += float(nll.sum())
         count += nll.numel()
     print(file=sys.stderr)
@@ -174,15 +172,14 @@ def fidelity(loaded, windows: list[list[int]], test: str, ref: str, page_tokens:
     noisy than a perplexity difference, whose per-token changes cancel."""
     import torch
 
-    from edge_runtime.engine.scoring import score_logits  # start-up time: imports numpy, torch
-
     engines = {d: _engine(loaded, d, page_tokens, window, False, chunk, settings)
                for d in (test, ref)}
     kl_sum, flips, ties, tie_flips, n = 0.0, 0, 0, 0, 0
     for i, w in enumerate(windows):
         print(f"\reval-ppl [{test} vs {ref}] window {i + 1}/{len(windows)}", end="",
               file=sys.stderr, flush=True)
-        for (start, a), (_, b) in zip(score_logits(engines[test], w), score_logits(engines[ref], w)):
+        test_chunks, ref_chunks = engines[test].scorer().logits(w), engines[ref].scorer().logits(w)
+        for (start, a), (_, b) in zip(test_chunks, ref_chunks):
             keep = min(a.shape[0], len(w) - 1 - start)  # positions that predict a next token
             a, b = a[:keep].double(), b[:keep].double()
             lp_a, lp_b = torch.log_softmax(a, dim=-1), torch.log_softmax(b, dim=-1)

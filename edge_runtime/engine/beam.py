@@ -24,10 +24,11 @@ ends, so each completion's tokens arrive in one event at the end.
 The first step starts from one sequence (the prompt, prefilled once), which equals transformers'
 k identical beams with scores [0, -1e9, ...]: no candidate can come from the -1e9 rows.
 
-This module decides; the Engine acts: `step` returns the beams to go on with (or None: the search
-is over, `completions` says with what), `advance` says which parents go on, which fork and which
-are dropped, and the Engine forks, drops and schedules the sequences. The candidates are computed
-on the device by the step runner (StepRunner.top_candidates).
+This module decides; the emitter acts (engine/emission.py): `step` returns the beams to go on with
+(or None: the search is over, `completions` says with what), `advance` says which parents go on,
+which fork and which are dropped, and the emitter forks, drops and schedules the sequences
+(engine/seq_lifecycle.py). The candidates are computed on the device by the step runner
+(StepRunner.top_candidates).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _add_finished(state, req, parents, tokens, vals, hits, gen_len) -> None:
 def advance(state: BeamGroup, chosen: list):
     """-> (next: [(parent seq or None, token, score)] in the new running order, forks: [(slot in
     next, parent, token, score)], dropped: parents nobody chose). A parent's first pick keeps its
-    sequence; a further pick of the same parent is a fork (None in `next` until the Engine makes
+    sequence; a further pick of the same parent is a fork (None in `next` until the emitter makes
     it), made before any parent gets its new token."""
     old = state.running
     used: set[int] = set()

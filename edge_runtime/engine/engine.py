@@ -2,9 +2,10 @@
 
 One step = scheduler decision -> CopyOps on the tensors -> the step runner's forward over the
 flattened varlen batch (engine/step_runner.py: the back end's KV context, or a decode graph)
--> commit written tokens to the KVManager -> the runner samples -> the Engine appends each token
-(grammar, stop checks), forks the choices of an n > 1 request, advances beam searches
-(engine/beam.py decides) and emits the events.
+-> commit written tokens to the KVManager -> the emitter (engine/emission.py) has the runner
+sample, appends each token (grammar, stop checks), forks the choices of an n > 1 request,
+advances beam searches (engine/beam.py decides) and emits the events. Sequences are made, forked
+and dropped, and requests ended, by engine/seq_lifecycle.py.
 
 The back end is chosen once here from `EngineConfig.backend` and `.device`; the model must have
 been prepared for it beforehand (`backend.prepare_model`, model preparation, not engine building).
@@ -23,23 +24,22 @@ import itertools
 import threading
 import time
 
-import torch
-
 from edge_runtime.engine import beam
-from edge_runtime.engine.api import Completion, GenerationResult, SamplingParams, TokenEvent
+from edge_runtime.engine.api import GenerationResult, SamplingParams, TokenEvent
 from edge_runtime.engine.backend import check_prepared, select_backend
 from edge_runtime.engine.config import EngineConfig, resolve_num_pages
 from edge_runtime.engine.constraints import Constraints
+from edge_runtime.engine.emission import Emitter
 from edge_runtime.engine.snapshot import EngineSnapshot
 from edge_runtime.kv.setup import build_kv
 from edge_runtime.kv.paged_context import SeqStep
 from edge_runtime.kv.pool_resize import PoolChunks
 from edge_runtime.engine.request_limits import check_request
-from edge_runtime.engine.sampler import SampleRows, SamplerRow, make_generator
 from edge_runtime.engine.scheduler import Scheduler
+from edge_runtime.engine.scoring import Scorer
+from edge_runtime.engine.seq_lifecycle import SeqLifecycle
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 from edge_runtime.engine.step_runner import StepRunner
-from edge_runtime.engine.stop import StopChecker
 from edge_runtime.errors import RequestError
 
 
@@ -71,13 +71,23 @@ class Engine:
         self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
                              requests_failed=0, requests_cancelled=0, requests_refused=0,
                              pool_bytes_released=0)
+        self._lifecycle = SeqLifecycle(self.kv, self.storage, self.scheduler, self.constraints,
+                                       self.tokenizer, mc.eos_token_ids, self._arrival,
+                                       self.requests, self.counters)
+        self._emitter = Emitter(self.runner, self.constraints, self._lifecycle, self.tokenizer,
+                                mc.max_position_embeddings, self.counters)
 
     # --- public API -------------------------------------------------------------------------
     @property
     def lock(self):
         """The lock `add_request`, `cancel`, `step` and the memory-guard hooks hold: hold it to
-        use `kv` and `storage` directly between steps (engine/scoring.py does)."""
+        use `kv` and `storage` directly between steps."""
         return self._lock
+
+    def scorer(self) -> Scorer:
+        """Per-token scoring over this engine's KV cache and step runner, between its steps
+        (engine/scoring.py)."""
+        return Scorer(self.kv, self.storage, self.runner, self._lock, self.config.max_batch_tokens)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream_id: str | None = None,
@@ -92,7 +102,8 @@ class Engine:
                 raise RequestError(f"request id {rid!r} is already in use; pick another")
             req = Request(rid, prompt_ids, params, stream_id, priority=int(priority))
             req.compiled_grammar = grammar
-            first = self._new_seq(req, 0, list(prompt_ids))  # may raise: store nothing before
+            # may raise: store nothing before
+            first = self._lifecycle.new_seq(req, 0, list(prompt_ids))
             self.requests[rid] = req
             if req.is_beam:
                 beam.start(req, self.model_config.eos_token_ids)
@@ -113,11 +124,11 @@ class Engine:
             for seq in req.seqs:
                 if seq.status is SeqStatus.FINISHED:
                     continue
-                self._drop_seq(seq, cached=False)
+                self._lifecycle.drop_seq(seq, cached=False)
                 delta = seq.stop.finish_cancelled()
                 self._events.append(TokenEvent(request_id, seq.index, [], delta))
             self.counters["requests_cancelled"] += 1
-            self._finish_request(req, self._events, completions=comps)
+            self._lifecycle.finish_request(req, self._events, completions=comps)
 
     def step(self) -> list[TokenEvent]:
         with self._lock:
@@ -128,7 +139,7 @@ class Engine:
             events, self._events = self._events, []
             out = self.scheduler.schedule()
             for seq, message in out.failed:
-                self._fail_seq(seq, message, events)
+                self._lifecycle.fail_seq(seq, message, events)
             # a failed request's other sequences (n > 1) may have been scheduled: drop them
             out.scheduled = [(s, n) for s, n in out.scheduled if s.status is SeqStatus.RUNNING]
             for _, op in out.copies:
@@ -216,7 +227,7 @@ class Engine:
             waiting = {s.request.request_id: s for s in self.scheduler.waiting
                        if s.request.first_scheduled_at is None}
             for seq in waiting.values():
-                self._fail_seq(seq, message, self._events)
+                self._lifecycle.fail_seq(seq, message, self._events)
             self.counters["requests_refused"] += len(waiting)
             return len(waiting)
 
@@ -244,156 +255,9 @@ class Engine:
             if seq.seq_id not in committed:
                 self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
             seq.num_computed += n
-        self._sample_and_emit(sampled, logits, events, masks)
+        self._emitter.sample_and_emit(sampled, logits, events, masks)
 
-    # --- tokens out -------------------------------------------------------------------------
-    def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
-                         events: list[TokenEvent], masks=None) -> None:
-        """A token for each of `seqs` (row i of `logits`: seqs[i]; beam requests go to their
-        search), the choices of an n > 1 request forked at its first token, the events out."""
-        plain_rows, plain_seqs = [], []  # plain_rows: the logits row of each plain sequence
-        beam_groups: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
-        for i, seq in enumerate(seqs):
-            if seq.request.is_beam:
-                beam_groups.setdefault(seq.request.request_id, []).append((seq, logits[i]))
-                continue
-            for s in self._fork_choices(seq) + [seq]:  # n > 1: children share the prompt's pages
-                plain_rows.append(i)
-                plain_seqs.append(s)
-        if plain_seqs:
-            rows = SampleRows(plain_rows,
-                              [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)
-                               for s in plain_seqs],
-                              [s.request.params.logprobs for s in plain_seqs])
-            tokens, lps = self.runner.sample(logits, rows, self.constraints, masks)
-            for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
-                self._append_token(seq, tok, events, lp)
-        for group in beam_groups.values():
-            self._beam_step(group[0][0].request, group, events)
-
-    def _fork_choices(self, parent: Sequence) -> list[Sequence]:
-        """The other n - 1 choices of `parent`'s request at its first token, sharing its KV."""
-        req = parent.request
-        if req.params.n == 1 or len(req.seqs) > 1 or parent.num_generated > 0:
-            return []
-        return [self._fork(parent, i, seed_offset=i) for i in range(1, req.params.n)]
-
-    def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent], logprob=None) -> None:
-        """`token` onto `seq`: grammar, stop checks, the event; a finished sequence leaves the
-        scheduler and its request ends when its last sequence does."""
-        req = seq.request
-        if req.first_token_at is None:
-            req.first_token_at = time.perf_counter()
-        seq.token_ids.append(int(token))
-        grammar_ended = self.constraints.accept(seq, int(token))
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        delta, reason = seq.stop.append(int(token))
-        if reason is None and len(seq.token_ids) >= self.model_config.max_position_embeddings:
-            delta += seq.stop.finish_cancelled()
-            seq.stop.finish_reason = reason = "length"
-        if reason is None and grammar_ended:  # e.g. under ignore_eos: nothing more may follow
-            delta += seq.stop.finish_cancelled()
-            seq.stop.finish_reason = reason = "stop"
-        events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta,
-                                 logprobs=None if logprob is None else [logprob]))
-        if reason is not None:
-            self._drop_seq(seq, cached=True)
-            if all(s.status is SeqStatus.FINISHED for s in req.seqs):
-                self.counters["requests_finished"] += 1
-                self._finish_request(req, events)
-
-    def _beam_step(self, req: Request, group: list, events: list[TokenEvent]) -> None:
-        """One step of `req`'s beam search (engine/beam.py decides): the chosen beams forked and
-        carried on, the others dropped; or, when the search is over, its completions out."""
-        chosen = beam.step(self.runner, req, group)
-        state = req.beam_state
-        if chosen is not None:
-            next_beams, forks, dropped = beam.advance(state, chosen)
-            for slot, parent, token, score in forks:  # fork before any parent gets its new token
-                next_beams[slot] = (self._fork(parent, len(req.seqs)), token, score)
-            for seq in dropped:
-                self._drop_seq(seq, cached=False)
-            beam.take_tokens(state, next_beams)
-        else:
-            for seq in state.running:
-                self._drop_seq(seq, cached=True)
-            comps = beam.completions(state, self.tokenizer)
-            for index, comp in enumerate(comps):
-                events.append(TokenEvent(req.request_id, index, list(comp.token_ids), comp.text))
-            self.counters["requests_finished"] += 1
-        if req.first_token_at is None:
-            req.first_token_at = time.perf_counter()
-        if chosen is None:
-            self._finish_request(req, events, completions=comps)
-
-    # --- bookkeeping helpers ----------------------------------------------------------------
-    def _fork(self, parent: Sequence, index: int, seed_offset: int = 0) -> Sequence:
-        """A running sequence `index` of the parent's request over the parent's tokens, sharing
-        its KV (KVManager.fork) with a copy of its recent-key window."""
-        child = self._new_seq(parent.request, index, list(parent.token_ids), seed_offset)
-        self.kv.fork(parent.seq_id, child.seq_id)
-        op = self.kv.window_copy(parent.seq_id, child.seq_id)
-        if op is not None:
-            self.storage.copy(op)
-        child.num_computed = parent.num_computed
-        self.scheduler.add_running(child)
-        return child
-
-    def _new_seq(self, req: Request, index: int, token_ids: list[int], seed_offset: int = 0):
-        """A sequence of `req` (choice or beam `index`) over `token_ids`, with its sampler (seed:
-        the request's + `seed_offset`), stop checker and grammar matcher; appended to `req.seqs`,
-        not yet scheduled. Called with the lock held."""
-        p = req.params
-        seed = None if p.seed is None else p.seed + seed_offset
-        seq = Sequence(f"{req.request_id}/{index}", req, index, token_ids, next(self._arrival),
-                       make_generator(seed),
-                       StopChecker(self.tokenizer, p, tuple(self.model_config.eos_token_ids)))
-        seq.matcher = self.constraints.matcher_for(req)
-        req.seqs.append(seq)
-        return seq
-
-    def _drop_seq(self, seq: Sequence, cached: bool) -> None:
-        """Take a sequence out of the scheduler and give its KV back: kept in the prefix cache
-        (`cached`: it finished) or released (cancelled, failed, a beam that lost)."""
-        if seq.status is SeqStatus.RUNNING:
-            if cached:
-                for op in self.kv.finish(seq.seq_id):  # an inline tail moved into a page
-                    self.storage.copy(op)
-            else:
-                self.kv.release(seq.seq_id)
-        self.scheduler.remove(seq)
-        seq.status = SeqStatus.FINISHED
-
-    def _fail_seq(self, seq: Sequence, message: str, events: list[TokenEvent]) -> None:
-        req = seq.request
-        comps = beam.cut_short_completions(req, self.tokenizer, "error") if req.is_beam else None
-        for s in req.seqs:
-            if s.status is not SeqStatus.FINISHED:
-                self._drop_seq(s, cached=False)
-                s.stop.finish_cancelled()
-                s.stop.finish_reason = "error"
-        req.error = message
-        self.counters["requests_failed"] += 1
-        self._finish_request(req, events, completions=comps)
-
-    def _finish_request(self, req: Request, events: list[TokenEvent],
-                       completions: list[Completion] | None = None) -> None:
-        """End `req` once (later calls do nothing): its result, `completions` or one per choice
-        from its sequences, goes out as a final event appended to `events`."""
-        if req.result is not None:
-            return
-        req.finished_at = time.perf_counter()
-        comps = completions or [
-            Completion(s.stop.text, s.token_ids[s.num_prompt:], s.stop.finish_reason,
-                       list(s.logprobs) if req.params.logprobs is not None else None)
-            for s in sorted(req.seqs, key=lambda s: s.index) if s.index < max(1, req.params.n)
-        ]
-        req.result = GenerationResult(req.request_id, len(req.prompt_ids),
-                                      req.cached_prompt_tokens, comps, req.timings(), req.error)
-        self.requests.pop(req.request_id, None)  # finished: only the event holds it now
-        events.append(TokenEvent(req.request_id, 0, [], "", result=req.result))
-
+    # --- requests --------------------------------------------------------------------------
     def validate_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """RequestError for a request this engine can never run (request_limits.py). add_request
         checks it; AsyncEngine too, before the request is queued for the loop thread."""

@@ -15,8 +15,7 @@ from edge_runtime.kernels import awq_gemm as awq
 from edge_runtime.kernels import awq_prepared as awp
 from edge_runtime.kernels import kv_write as kvw
 from edge_runtime.kernels import paged_attention as pa
-from edge_runtime.kernels import paged_decode as pd
-
+from . import paged_decode as pd
 from .timing import log, n_copies, time_us
 
 

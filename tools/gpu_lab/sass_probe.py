@@ -10,6 +10,7 @@ tt.divisibility=16, ints equal to 1 become constants). Uses ptxas/cuobjdump ship
 """
 import re
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -21,7 +22,10 @@ from triton.compiler import ASTSource
 from edge_runtime.kernels import awq_gemm as awq
 from edge_runtime.kernels import awq_prepared as awp
 from edge_runtime.kernels import paged_attention as pa
-from edge_runtime.kernels import paged_decode as pd
+
+TOOLS = Path(__file__).resolve().parents[1]  # tools/ (not the checkout root): the gpu_lab package
+sys.path.insert(0, str(TOOLS))
+from gpu_lab import paged_decode as pd  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 PTR = {"q_ptr": "*fp16", "k_ptr": "*i8", "v_ptr": "*i8", "ks_ptr": "*fp16", "vs_ptr": "*fp16", "out_ptr": "*fp32",

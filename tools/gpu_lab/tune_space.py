@@ -41,7 +41,7 @@ def gemv_space(m: int) -> list[dict]:
 
 
 def paged_decode_space() -> list[dict]:
-    """kernels/paged_decode.py: int8 tensor cores or FMA x tile rows x warps x programs per SM (the
+    """gpu_lab/paged_decode.py: int8 tensor cores or FMA x tile rows x warps x programs per SM (the
     split count) x stages."""
     return [dict(idot=i, block_n=b, num_warps=w, programs_per_sm=p, num_stages=s)
             for i, b, w, p, s in product((True, False), (16, 32, 64, 128), (2, 4, 8), (8, 16, 32), (1, 2))

@@ -1,5 +1,7 @@
 """Page-tile decode attention: one query token per block-table row, whole-page tiles, many splits,
-and optionally both segments (shared prefix + private tail) in one launch.
+and optionally both segments (shared prefix + private tail) in one launch. The engine does not
+launch it (it reads attention by position, kernels/positional_attention.py): it is the GPU
+checks' and sweeps' baseline (tools/gpu_check.py, tools/gpu_lab/), outside the installed package.
 
 Program (pid0 = token * H + query head, pid1 = split) walks `chunk` tokens of its segment in tiles of
 BLOCK_N consecutive tokens (tile_rows: the tuned block_n halved until it divides the page size).
@@ -30,6 +32,9 @@ triton = _pa.triton
 if triton is not None:
     import triton.language as tl
 
+    # int8 -> fp32 in registers and the 15-bit fixed-point int8 dots: the engine's kernel's
+    from edge_runtime.kernels.positional_attention import rows01, split16, to_f32
+
 LOG2E = 1.4426950408889634
 # Launch defaults. programs_per_sm sets the number of splits (never below one tile each).
 # idot: q.k and p.v on int8 tensor cores (q and p*v_scale as 15-bit fixed point split into two int8
@@ -39,33 +44,6 @@ LOG2E = 1.4426950408889634
 TUNE = {"block_n": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 16, "magic": True, "idot": True}
 
 if triton is not None:
-
-    @triton.jit
-    def to_f32(x, MAGIC: tl.constexpr):
-        # int8 -> exact fp32; float caches pass through
-        if MAGIC:
-            u = x.to(tl.int32) + 0x4B000080
-            return u.to(tl.float32, bitcast=True) - 8388736.0
-        return x.to(tl.float32)
-
-    @triton.jit
-    def split16(x):
-        # fp32 [N] -> (int8 [16, N]: row 0 = hi, row 1 = lo, other rows 0; step) with
-        # x ~= (256 hi + lo) * step, |error| <= step / 2, step = max|x| / 32512 (15-bit fixed point)
-        amax = tl.max(tl.abs(x), axis=0)
-        step = tl.where(amax > 0, amax / 32512.0, 1.0)
-        xi = tl.floor(x / step + 0.5).to(tl.int32)
-        hi = (xi + 128) >> 8  # in [-127, 127]
-        lo = xi - hi * 256  # in [-128, 127]
-        r = tl.arange(0, 16)[:, None]
-        return tl.where(r == 0, hi[None, :], tl.where(r == 1, lo[None, :], 0)).to(tl.int8), step
-
-    @triton.jit
-    def rows01(acc, step):
-        # int32 [16, N] -> fp32 [N] = (256 row0 + row1) * step
-        r = tl.arange(0, 16)[:, None]
-        w = tl.where(r == 0, 256.0, tl.where(r == 1, 1.0, 0.0))
-        return tl.sum(acc.to(tl.float32) * w, axis=0) * step
 
     @triton.jit(do_not_specialize=["chunk_pages"])
     def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, mean_ptr,

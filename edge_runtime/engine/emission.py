@@ -1,0 +1,116 @@
+"""Tokens out: after the forward, a token for each sequence that reached its logits, appended
+with its grammar and stop checks, and the events.
+
+`Emitter.sample_and_emit` forks the other choices of an n > 1 request at its first token (they
+sample from the same logits row), has the step runner sample the plain sequences, appends each
+token (engine/stop.py: detokenize, stop strings, eos, max_tokens; the context length; the grammar's
+end) and hands each beam search its logits rows (engine/beam.py decides, the emitter forks and
+drops). A finished sequence leaves through the lifecycle (engine/seq_lifecycle.py), and its
+request ends when its last sequence does.
+
+Invariants: called with the engine lock held, once per step, after the step's tokens were
+committed; the plain sequences' tokens are appended in choice order (index) per request.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from edge_runtime.engine import beam
+from edge_runtime.engine.api import TokenEvent
+from edge_runtime.engine.sampler import SampleRows, SamplerRow
+from edge_runtime.engine.seq_lifecycle import SeqLifecycle
+from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
+
+
+class Emitter:
+    def __init__(self, runner, constraints, lifecycle: SeqLifecycle, tokenizer,
+                 max_positions: int, counters: dict[str, int]):
+        self.runner = runner  # samples, and computes beam candidates, where the logits are
+        self.constraints = constraints
+        self.lifecycle = lifecycle
+        self.tokenizer = tokenizer
+        self.max_positions = max_positions  # the model's context: a sequence ends there
+        self.counters = counters
+
+    def sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
+                        events: list[TokenEvent], masks=None) -> None:
+        """A token for each of `seqs` (row i of `logits`: seqs[i]; beam requests go to their
+        search), the choices of an n > 1 request forked at its first token, the events out."""
+        plain_rows, plain_seqs = [], []  # plain_rows: the logits row of each plain sequence
+        beam_groups: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
+        for i, seq in enumerate(seqs):
+            if seq.request.is_beam:
+                beam_groups.setdefault(seq.request.request_id, []).append((seq, logits[i]))
+                continue
+            for s in self._fork_choices(seq) + [seq]:  # n > 1: children share the prompt's pages
+                plain_rows.append(i)
+                plain_seqs.append(s)
+        if plain_seqs:
+            rows = SampleRows(plain_rows,
+                              [SamplerRow(s.request.params, s.generator, s.token_ids, s.num_prompt)
+                               for s in plain_seqs],
+                              [s.request.params.logprobs for s in plain_seqs])
+            tokens, lps = self.runner.sample(logits, rows, self.constraints, masks)
+            for seq, tok, lp in sorted(zip(plain_seqs, tokens, lps), key=lambda x: x[0].index):
+                self._append_token(seq, tok, events, lp)
+        for group in beam_groups.values():
+            self._beam_step(group[0][0].request, group, events)
+
+    def _fork_choices(self, parent: Sequence) -> list[Sequence]:
+        """The other n - 1 choices of `parent`'s request at its first token, sharing its KV."""
+        req = parent.request
+        if req.params.n == 1 or len(req.seqs) > 1 or parent.num_generated > 0:
+            return []
+        return [self.lifecycle.fork(parent, i, seed_offset=i) for i in range(1, req.params.n)]
+
+    def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent], logprob=None) -> None:
+        """`token` onto `seq`: grammar, stop checks, the event; a finished sequence leaves the
+        scheduler and its request ends when its last sequence does."""
+        req = seq.request
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        seq.token_ids.append(int(token))
+        grammar_ended = self.constraints.accept(seq, int(token))
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        delta, reason = seq.stop.append(int(token))
+        if reason is None and len(seq.token_ids) >= self.max_positions:
+            delta += seq.stop.finish_cancelled()
+            seq.stop.finish_reason = reason = "length"
+        if reason is None and grammar_ended:  # e.g. under ignore_eos: nothing more may follow
+            delta += seq.stop.finish_cancelled()
+            seq.stop.finish_reason = reason = "stop"
+        events.append(TokenEvent(req.request_id, seq.index, [int(token)], delta,
+                                 logprobs=None if logprob is None else [logprob]))
+        if reason is not None:
+            self.lifecycle.drop_seq(seq, cached=True)
+            if all(s.status is SeqStatus.FINISHED for s in req.seqs):
+                self.counters["requests_finished"] += 1
+                self.lifecycle.finish_request(req, events)
+
+    def _beam_step(self, req: Request, group: list, events: list[TokenEvent]) -> None:
+        """One step of `req`'s beam search (engine/beam.py decides): the chosen beams forked and
+        carried on, the others dropped; or, when the search is over, its completions out."""
+        chosen = beam.step(self.runner, req, group)
+        state = req.beam_state
+        if chosen is not None:
+            next_beams, forks, dropped = beam.advance(state, chosen)
+            for slot, parent, token, score in forks:  # fork before any parent gets its new token
+                next_beams[slot] = (self.lifecycle.fork(parent, len(req.seqs)), token, score)
+            for seq in dropped:
+                self.lifecycle.drop_seq(seq, cached=False)
+            beam.take_tokens(state, next_beams)
+        else:
+            for seq in state.running:
+                self.lifecycle.drop_seq(seq, cached=True)
+            comps = beam.completions(state, self.tokenizer)
+            for index, comp in enumerate(comps):
+                events.append(TokenEvent(req.request_id, index, list(comp.token_ids), comp.text))
+            self.counters["requests_finished"] += 1
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        if chosen is None:
+            self.lifecycle.finish_request(req, events, completions=comps)
