@@ -74,6 +74,11 @@ def _f32(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
+def _codebook() -> torch.Tensor:
+    """The IQ4 codebook, a tensor of its own per weight (its 16 bytes counted with the weight's)."""
+    return torch.from_numpy(IQ4_CODEBOOK.copy())
+
+
 def _codes(a: np.ndarray, n: int) -> torch.Tensor:
     """Group parameter codes [N, S, groups] (each in -128..127) -> int8 [N, S * groups]."""
     return torch.from_numpy(np.ascontiguousarray(a.astype(np.int8).reshape(n, -1)))
@@ -122,7 +127,7 @@ def q5_1(raw: np.ndarray) -> GroupedRows:
 def iq4_nl(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 18)
     q = torch.from_numpy(_nibbles_32(b[..., 2:]).reshape(b.shape[0], -1))
-    return GroupedRows(q, _f16(b[..., 0:2]), None, 4, 32, codebook=torch.from_numpy(IQ4_CODEBOOK))
+    return GroupedRows(q, _f16(b[..., 0:2]), None, 4, 32, codebook=_codebook())
 
 
 def iq4_xs(raw: np.ndarray) -> GroupedRows:
@@ -135,7 +140,7 @@ def iq4_xs(raw: np.ndarray) -> GroupedRows:
     q = _nibbles_32(b[..., 8:].reshape(n, nsb, 8, 16))
     # scale d (ls - 32): 11 + 6 bits, exact in fp32
     return GroupedRows(torch.from_numpy(q.reshape(n, -1)), _codes(ls.astype(np.int16) - 32, n),
-                       None, 4, 32, _f16(b[..., 0:2]), codebook=torch.from_numpy(IQ4_CODEBOOK))
+                       None, 4, 32, _f16(b[..., 0:2]), codebook=_codebook())
 
 
 def q2_k(raw: np.ndarray) -> GroupedRows:
