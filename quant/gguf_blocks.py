@@ -33,7 +33,7 @@ each with the runtime form it becomes (bits, group, parameters):
 - IQ4_XS, 136 bytes per 256: fp16 d, 2 + 4 bytes of 6-bit scales (one per 32), 128 bytes of
   indices (16 per group of 32, as Q4_0). W = d (ls - 32) code[i]: 4-bit indices with the
   codebook, scale d x (ls - 32) (two-level).
-Every form is held in at most 1.03x the file's bytes but Q2_K / Q3_K's, whose 2- / 3-bit
+The K and IQ4 forms are held in at most 1.03x the file's bytes but Q2_K / Q3_K's, whose 2- / 3-bit
 integers take 4 bits (1.95x / 1.49x; docs/weights.md has the table).
 Other quantized types (IQ1_*, IQ2_*, IQ3_*, TQ*, MXFP4, ...) are refused with their name and the
 served list: `UnsupportedType`. F16 / BF16 / F32 are not blocks: model/gguf_int4.py serves them.

@@ -6,9 +6,9 @@ One format holds every 4-bit source exactly (no value changes, nothing goes thro
 - AutoAWQ GEMM, W = s (q - z): scale s, offset -s z (fp32: s z needs up to 15 mantissa bits),
 - GGUF Q4_0, W = d (q - 8): scale d, offset -8 d (fp16, exact),
 - GGUF Q4_1, W = d q + m: scale d, offset m (fp16, the file's own values),
-- GGUF Q4_K, W = (d sc) q - dmin mn: scale d sc, offset -dmin mn (fp32: 17 mantissa bits),
+- GGUF Q4_K, W = (d sc) q - dmin mn: scale d x sc, offset -dmin x mn (two-level, below),
 and, with 8-bit integers and no offset, GGUF Q8_0 (W = d q); quant/gguf_blocks.py maps every other
-served GGUF type onto the same three widths (docs/weights.md has the table). Exact means bit for
+served GGUF type onto the same widths (docs/weights.md has the table). Exact means bit for
 bit: `s * q + o` rounds as gguf's own dequantize does (tests compare with gguf.quants).
 
 5-bit integers are unsigned (0..31: Q5_1, Q5_K) or signed (two's complement, -16..15: Q5_0's
@@ -23,15 +23,17 @@ the values are the single-level fp32 products' and a group costs 1 byte, not 4.
 A `codebook` (int8 [16], the IQ4 types') makes 4-bit integers indices: the value is codebook[q].
 
 Two forms:
-- `GroupedRows`: row-major [N, K] integers (uint8 0..15 or 0..31, or int8), scales/offsets [N, K / G]. What
+- `GroupedRows`: row-major [N, K] integers (uint8 0..15, 0..31 or 0..63, or int8), scales/offsets [N, K / G]. What
   sources convert into; rows concatenate (fused q/k/v) and permute (GGUF's rope order) exactly.
 - `BlockedQuantWeight`: the layout kernels/csrc/linear_int4.c reads, blocks of 16 output rows as
   the fp32 kernel's (kernels/cpu_linear.py): 4-bit `data` uint8 [NB, K, 8], byte j of (b, k) holds
   row 16 b + j in its low nibble and row 16 b + j + 8 in its high one; 8-bit `data` int8
   [NB, K, 16]; 5-bit `data` uint8 [NB, K, 10]: the 4-bit form's 8 bytes, then a little-endian
-  uint16 whose bit j is row 16 b + j's fifth bit (weighing +16, or -16 when signed);
-  `scales` / `offsets` [NB, K / G, 16] (fp16 or fp32, offsets None: zero). Rows past N
-  are zero (scale 0, offset 0).
+  uint16 whose bit j is row 16 b + j's fifth bit (weighing +16, or -16 when signed); 6-bit
+  `data` uint8 [NB, K, 12]: then a uint16 of sixth bits (+32, or -32 when signed);
+  `scales` / `offsets` [NB, K / G, 16] (fp16, fp32 or int8 codes; offsets None: zero),
+  `super_scales` / `super_offsets` [NB, K / SUPER_K, 16] fp16. Rows past N are zero (scale 0,
+  offset 0).
 
 Invariants: `dequantize()` of either form is the plain-torch reference the kernels are tested
 against; `BlockedQuantWeight.from_rows(r).dequantize()` equals `r.dequantize()` bit for bit.
