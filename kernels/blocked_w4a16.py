@@ -4,8 +4,11 @@ The format is quant/int4_format.py's `BlockedQuantWeight`, the one the CPU kerne
 (kernels/csrc/linear_int4.c): blocks of 16 output rows; 4-bit data uint8 [NB, K, 8], byte j of
 (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high); 5-bit data uint8 [NB, K, 10], the
 4-bit form's 8 bytes then 2 bytes of fifth bits (bit j: row 16 b + j, weighing 16, or -16 when
-signed); 8-bit data int8 [NB, K, 16];
-scales / offsets [NB, K / G, 16] fp16 or fp32 (offsets None: zero). W[n, k] = s q + o.
+signed); 6-bit data [NB, K, 12], then 2 bytes of sixth bits (32, or -32); 8-bit data int8
+[NB, K, 16]; 4-bit codebook indices (IQ4: the value is codebook[q], a 16-entry lookup);
+scales / offsets [NB, K / G, 16] fp16 or fp32, or int8 codes times fp16 super parameters
+[NB, K / 256, 16] (the K types' two levels, multiplied in fp32: exact); offsets None: zero.
+W[n, k] = s q + o.
 So a GGUF model (every served block type, quant/gguf_blocks.py) or an AutoAWQ one converted once
 serves both back ends from the same bytes. y = x @ W^T, x [M, K] -> y [M, N] in x's dtype, fp32 accumulation.
 
@@ -43,9 +46,10 @@ def blocked_gemm_ref(x: torch.Tensor, weight: BlockedQuantWeight) -> torch.Tenso
 
 if triton is not None:
     @triton.jit
-    def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, y_ptr, M, N, K, group_size,
-                             s_xm, s_ym, BITS: tl.constexpr, SIGNED: tl.constexpr,
-                             HAS_OFFSETS: tl.constexpr,
+    def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, ssc_ptr, soff_ptr, book_ptr, y_ptr,
+                             M, N, K, group_size, s_xm, s_ym, BITS: tl.constexpr,
+                             SIGNED: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                             TWO_LEVEL: tl.constexpr, HAS_BOOK: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_NT: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         NB, KG = (N + 15) // 16, K // group_size  # derived here: fewer arguments to specialise on
@@ -62,23 +66,39 @@ if triton is not None:
             if BITS == 4:  # [BK, BN] bytes, each holding two rows' nibbles
                 byte = tl.load(data_ptr + block[None, :] * K * 8 + k[:, None] * 8 + lane[None, :] % 8,
                                mask=(k[:, None] < K) & in_blocks[None, :], other=0)
-                q = ((byte.to(tl.int32) >> ((lane[None, :] // 8) * 4)) & 0xF).to(tl.float32)
-            elif BITS == 5:  # the nibble, then the fifth bit from byte 8 + j // 8, bit j % 8
-                line = data_ptr + block[None, :] * K * 10 + k[:, None] * 10
+                q = (byte.to(tl.int32) >> ((lane[None, :] // 8) * 4)) & 0xF
+                if HAS_BOOK:  # the index's codebook value (a 16-entry int8 table, cached)
+                    q = tl.load(book_ptr + q)
+                q = q.to(tl.float32)
+            elif BITS == 5 or BITS == 6:  # the nibble, then bit 4 (+ 5) from byte 8 (+ 2) + j // 8
+                line = data_ptr + block[None, :] * K * (2 * BITS) + k[:, None] * (2 * BITS)
                 inside = (k[:, None] < K) & in_blocks[None, :]
                 byte = tl.load(line + lane[None, :] % 8, mask=inside, other=0).to(tl.int32)
                 high = tl.load(line + 8 + lane[None, :] // 8, mask=inside, other=0).to(tl.int32)
                 fifth = (high >> (lane[None, :] % 8)) & 1
-                q = ((byte >> ((lane[None, :] // 8) * 4)) & 0xF) + fifth * (-16 if SIGNED else 16)
+                q = (byte >> ((lane[None, :] // 8) * 4)) & 0xF
+                if BITS == 5:
+                    q = q + fifth * (-16 if SIGNED else 16)
+                else:
+                    top = tl.load(line + 10 + lane[None, :] // 8, mask=inside, other=0).to(tl.int32)
+                    sixth = (top >> (lane[None, :] % 8)) & 1
+                    q = q + fifth * 16 + sixth * (-32 if SIGNED else 32)
                 q = q.to(tl.float32)
             else:
                 q = tl.load(data_ptr + block[None, :] * K * 16 + k[:, None] * 16 + lane[None, :],
                             mask=(k[:, None] < K) & in_blocks[None, :], other=0).to(tl.float32)
             g = k0 // group_size  # BLOCK_K divides the group size: one group per step
             param = block * KG * 16 + g * 16 + lane  # [BN]
-            w = q * tl.load(sc_ptr + param, mask=in_blocks, other=0).to(tl.float32)[None, :]
+            scale = tl.load(sc_ptr + param, mask=in_blocks, other=0).to(tl.float32)
+            if TWO_LEVEL:  # code x fp16 super (per 256 inputs): exact in fp32
+                sup = block * (K // 256) * 16 + (k0 // 256) * 16 + lane
+                scale = scale * tl.load(ssc_ptr + sup, mask=in_blocks, other=0).to(tl.float32)
+            w = q * scale[None, :]
             if HAS_OFFSETS:
-                w = w + tl.load(off_ptr + param, mask=in_blocks, other=0).to(tl.float32)[None, :]
+                offset = tl.load(off_ptr + param, mask=in_blocks, other=0).to(tl.float32)
+                if TWO_LEVEL:
+                    offset = offset * tl.load(soff_ptr + sup, mask=in_blocks, other=0).to(tl.float32)
+                w = w + offset[None, :]
             if x.dtype == tl.float32:
                 acc += tl.dot(x, w, input_precision="ieee")
             else:
@@ -107,10 +127,16 @@ def blocked_gemm_triton(x: torch.Tensor, weight: BlockedQuantWeight, *, block_m:
     assert block_n % BLOCK_N == 0 and g % block_k == 0, (block_n, block_k, g)
     n, nb = weight.out_features, weight.data.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    offsets = weight.offsets if weight.offsets is not None else weight.scales  # unread then
+    def given(t: torch.Tensor | None) -> torch.Tensor:
+        return t if t is not None else weight.scales  # unread then
+
     grid = (triton.cdiv(m, block_m), triton.cdiv(nb * BLOCK_N, block_n))
-    _blocked_gemm_kernel[grid](x, weight.data, weight.scales, offsets, y, m, n, k, g,
-                               x.stride(0), y.stride(0), BITS=weight.bits, SIGNED=weight.signed,
-                               HAS_OFFSETS=weight.offsets is not None, BLOCK_M=block_m,
+    _blocked_gemm_kernel[grid](x, weight.data, weight.scales, given(weight.offsets),
+                               given(weight.super_scales), given(weight.super_offsets),
+                               given(weight.codebook), y, m, n, k, g, x.stride(0), y.stride(0),
+                               BITS=weight.bits, SIGNED=weight.signed,
+                               HAS_OFFSETS=weight.offsets is not None,
+                               TWO_LEVEL=weight.super_scales is not None,
+                               HAS_BOOK=weight.codebook is not None, BLOCK_M=block_m,
                                BLOCK_NT=block_n, BLOCK_K=block_k)
     return y

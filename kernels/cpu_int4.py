@@ -1,8 +1,8 @@
 """Linears and embeddings over quantized weights: C kernels on the CPU (kernels/csrc/linear_int4.c),
 the Triton W4A16 kernel on the CUDA back end (kernels/blocked_w4a16.py).
 
-`QuantLinear` holds one `BlockedQuantWeight` (quant/int4_format.py: 4-bit or 8-bit integers,
-per-group scale and offset, blocks of 16 output rows) and computes y = x W^T + b. On the CUDA back
+`QuantLinear` holds one `BlockedQuantWeight` (quant/int4_format.py: 4-, 5-, 6- or 8-bit integers
+or 4-bit codebook indices, per-group scale and offset, one- or two-level, blocks of 16 output rows) and computes y = x W^T + b. On the CUDA back
 end (a CUDA tensor, or CPU tensors inside dispatch.prefer_triton: the interpreter) every call runs
 dispatch.blocked_gemm on the same bytes, in the activations' dtype (fp16 on the Orin budgets) with
 fp32 accumulation. On the CPU back end (float32 activations):
@@ -38,6 +38,8 @@ ARENA_ALIGN = 64  # bytes: each tensor in the arena starts on a cache line
 GEMM_MIN_ROWS = 32  # as cpu_linear.GEMM_MIN_ROWS: from here on BLAS over dequantized tiles
 TILE_FLOATS = 1 << 19  # 2 MiB of fp32 per dequantized tile
 MAX_GROUPS = 8192  # groups per row: the C kernels keep a row's group sums on the stack (GROUP_SUMS)
+# a BlockedQuantWeight's tensors, a QuantLinear's buffers under the same names
+WEIGHT_TENSORS = ("data", "scales", "offsets", "super_scales", "super_offsets", "codebook")
 
 
 class BlockedWeight(ctypes.Structure):
@@ -45,7 +47,9 @@ class BlockedWeight(ctypes.Structure):
 
     _fields_ = [("data", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("offsets", ctypes.c_void_p), ("bits", ctypes.c_int32), ("group", ctypes.c_int32),
-                ("params_f32", ctypes.c_int32), ("signed5", ctypes.c_int32)]
+                ("params_f32", ctypes.c_int32), ("signed5", ctypes.c_int32),
+                ("super_scales", ctypes.c_void_p), ("super_offsets", ctypes.c_void_p),
+                ("codebook", ctypes.c_void_p)]
 
 
 def declare(lib) -> None:
@@ -92,9 +96,8 @@ class QuantLinear(nn.Module):
         self.bits, self.group_size, self.signed = weight.bits, weight.group_size, weight.signed
         self.out_splits = out_splits or (self.out_features,)
         assert sum(self.out_splits) == self.out_features, (self.out_splits, self.out_features)
-        self.register_buffer("data", weight.data, persistent=False)
-        self.register_buffer("scales", weight.scales, persistent=False)
-        self.register_buffer("offsets", weight.offsets, persistent=False)
+        for name in WEIGHT_TENSORS:
+            self.register_buffer(name, getattr(weight, name), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(),
                              persistent=False)
         self._lib = _library()
@@ -102,13 +105,17 @@ class QuantLinear(nn.Module):
     @property
     def weight(self) -> BlockedQuantWeight:
         return BlockedQuantWeight(self.data, self.scales, self.offsets, self.bits, self.group_size,
-                                  self.out_features, self.in_features, self.signed)
+                                  self.out_features, self.in_features, self.signed,
+                                  self.super_scales, self.super_offsets, self.codebook)
 
     def c_weight(self) -> BlockedWeight:
-        return BlockedWeight(self.data.data_ptr(), self.scales.data_ptr(),
-                             None if self.offsets is None else self.offsets.data_ptr(), self.bits,
+        def ptr(t):
+            return None if t is None else t.data_ptr()
+
+        return BlockedWeight(ptr(self.data), ptr(self.scales), ptr(self.offsets), self.bits,
                              self.group_size, int(self.scales.dtype == torch.float32),
-                             int(self.signed))
+                             int(self.signed), ptr(self.super_scales), ptr(self.super_offsets),
+                             ptr(self.codebook))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] -> [..., out_features] in x's dtype (float32 on the CPU back end)."""
@@ -176,11 +183,11 @@ class QuantLinear(nn.Module):
 
 
 def place_in_arena(modules: list[QuantLinear]) -> int:
-    """Move the data, scales and offsets of the CPU `modules` into one HugePageArena (same bytes,
+    """Move the data and parameters (WEIGHT_TENSORS) of the CPU `modules` into one HugePageArena (same bytes,
     each tensor cache-line aligned), one module at a time so the old copy is freed as the next is
     made. With the bytes scattered over ordinary 4 KiB pages the int4 decode GEMV read them ~1.3x
     slower here (docs/cpu-backend.md, "CPU linears"). Returns the bytes moved."""
-    places = [(m, n) for m in modules for n in ("data", "scales", "offsets")
+    places = [(m, n) for m in modules for n in WEIGHT_TENSORS
               if getattr(m, n) is not None and getattr(m, n).device.type == "cpu"]
     if not places:
         return 0
@@ -221,10 +228,13 @@ class QuantEmbedding(nn.Module):
         elif dispatch.device_kernels(head.data):
             rows = head.weight.rows_of(flat)
         else:  # numpy views of the same bytes: the CPU back end's decode step looks up here
+            def view(t):
+                return None if t is None else t.numpy()
+
             rows = torch.from_numpy(lookup_rows(
-                flat.numpy(), head.data.numpy(), head.scales.numpy(),
-                None if head.offsets is None else head.offsets.numpy(), head.bits, head.group_size,
-                head.signed))
+                flat.numpy(), head.data.numpy(), head.scales.numpy(), view(head.offsets),
+                head.bits, head.group_size, head.signed, view(head.super_scales),
+                view(head.super_offsets), view(head.codebook)))
         if rows.dtype != self.dtype:  # no no-op .to / .view trips for a step's float32 rows
             rows = rows.to(self.dtype)
         return rows if ids.dim() == 1 else rows.view(*ids.shape, self.embedding_dim)

@@ -31,7 +31,7 @@ from edge_runtime.kernels.kv_write import write_kv_triton
 from edge_runtime.kernels.positional_attention import (merge_in_order_triton,
                                                        positional_attention_triton)
 from edge_runtime.kernels.positional_attention_ref import PositionIndex
-from edge_runtime.quant.int4_format import BLOCK_N, BlockedQuantWeight
+from edge_runtime.quant.int4_format import BLOCK_N, SUPER_K, BlockedQuantWeight
 
 MODELS = {  # geometry of the models the Orin budgets serve (config.json)
     "smollm2-135m": dict(heads=9, kv_heads=3, head_dim=64, hidden=576, intermediate=1536, group=64,
@@ -40,16 +40,20 @@ MODELS = {  # geometry of the models the Orin budgets serve (config.json)
                        vocab=32000),
 }
 # the blocked int4/int8 forms QuantLinear holds (quant/int4_format.py, docs/weights.md):
-# (bits, group size or None for the model's AWQ group, parameter dtype, offsets, signed)
+# (bits, group size or None for the model's AWQ group, parameter dtype ("two-level": int8 codes x
+# fp16 per 256 inputs, only for K a multiple of 256), offsets, signed, codebook)
 BLOCKED_FORMS = {
-    "gguf-q4_0-q4_1": (4, 32, "fp16", True, False),  # the built-in SmolLM2's layers
-    "gguf-q8_0": (8, 32, "fp16", False, False),  # its embedding / LM head; IQ4_NL
-    "gguf-q4_k": (4, 32, "fp32", True, False),
-    "gguf-q6_k": (8, 16, "fp32", False, False),
-    "gguf-q5_0": (5, 32, "fp16", False, True),  # most of a small model's Q4_K_M file
-    "gguf-q5_1-q5_k": (5, 32, "fp32", True, False),  # Q5_K's; Q5_1's fp16 compiles alike
-    "gguf-q2_k-q3_k": (4, 16, "fp32", True, False),
-    "awq": (4, None, "fp32", True, False),
+    "gguf-q4_0-q4_1": (4, 32, "fp16", True, False, False),  # the built-in SmolLM2's layers
+    "gguf-q8_0": (8, 32, "fp16", False, False, False),  # its embedding / LM head
+    "gguf-q4_k": (4, 32, "two-level", True, False, False),
+    "gguf-q6_k": (6, 16, "two-level", False, True, False),
+    "gguf-q5_0": (5, 32, "fp16", False, True, False),  # most of a small model's Q4_K_M file
+    "gguf-q5_1": (5, 32, "fp16", True, False, False),
+    "gguf-q5_k": (5, 32, "two-level", True, False, False),
+    "gguf-q2_k-q3_k": (4, 16, "two-level", True, False, False),
+    "gguf-iq4_nl": (4, 32, "fp16", False, False, True),
+    "gguf-iq4_xs": (4, 32, "two-level", False, False, True),
+    "awq": (4, None, "fp32", True, False, False),
 }
 ACT_DTYPES = ("fp16", "fp32")  # the model's dtype on CUDA: the budget's weight_dtype
 KV_FORMATS = (("int8", False), ("int8", True), ("fp16", False))  # KV dtype, centred keys
@@ -220,16 +224,24 @@ def _awq_gemm_prepared(model, rows, sms):
 
 def _blocked_gemm(model, act, form, rows):
     m = MODELS[model]
-    bits, group, params, offsets, signed = BLOCKED_FORMS[form]
+    bits, group, params, offsets, signed, codebook = BLOCKED_FORMS[form]
     group = group or m["group"]
     meta = dict(device="meta")
+    two_level = params == "two-level"
     for n, k in sorted(_linear_shapes(m) | {(m["vocab"], m["hidden"])}):  # the head too
+        if two_level and k % SUPER_K:
+            continue  # a K-type tensor's rows are whole super-blocks
         nb = -(-n // BLOCK_N)
-        data = (torch.empty(nb, k, bits * 2, dtype=torch.uint8, **meta) if bits in (4, 5)
+        data = (torch.empty(nb, k, bits * 2, dtype=torch.uint8, **meta) if bits in (4, 5, 6)
                 else torch.empty(nb, k, 16, dtype=torch.int8, **meta))
-        scales = torch.empty(nb, k // group, 16, dtype=_dtype(params), **meta)
+        scales = torch.empty(nb, k // group, 16, dtype=torch.int8 if two_level else _dtype(params),
+                             **meta)
+        supers = [torch.empty(nb, k // SUPER_K, 16, dtype=torch.float16, **meta) if two_level
+                  else None for _ in range(2)]
         weight = BlockedQuantWeight(data, scales, torch.empty_like(scales) if offsets else None,
-                                    bits, group, n, k, signed)
+                                    bits, group, n, k, signed, supers[0],
+                                    supers[1] if offsets else None,
+                                    torch.empty(16, dtype=torch.int8, **meta) if codebook else None)
         blocked_gemm_triton(torch.empty(rows, k, dtype=_dtype(act), **meta), weight)
 
 

@@ -12,25 +12,29 @@ each with the runtime form it becomes (bits, group, parameters):
 - Q5_1, 24 bytes: fp16 d, fp16 m, then as Q5_0. W = d q + m: unsigned 5-bit, d, m (fp16).
 - Q8_0, 34 bytes per 32: fp16 d, 32 int8. W = d q (8-bit rows, no offset).
 - Q2_K, 84 bytes per 256: 16 bytes of 4-bit (sc, mn) pairs (one per 16 weights), 64 bytes of
-  2-bit q (bits 2 i of byte j of 32-byte half h: weight 128 h + 32 i + j), fp16 d, fp16 dmin. W = (d sc) q - dmin mn: 4-bit codes 0..3, group 16, fp32 parameters.
+  2-bit q (bits 2 i of byte j of 32-byte half h: weight 128 h + 32 i + j), fp16 d, fp16 dmin.
+  W = (d sc) q - dmin mn: 4-bit codes 0..3, group 16, two-level parameters (codes sc and mn, super
+  d and -dmin).
 - Q3_K, 110 bytes per 256: 32 bytes of high bits, 64 bytes of low 2-bit pairs, 12 bytes of 6-bit
-  scales, fp16 d. W = d (sc - 32) q3 with q3 in -4..3: 4-bit codes q3 + 4, scale d (sc - 32),
-  offset -4 d (sc - 32) (fp32: the sum is d (sc - 32) q3 exactly), group 16.
+  scales, fp16 d. W = d (sc - 32) q3 with q3 in -4..3: 4-bit codes q3 + 4, scale d x (sc - 32),
+  offset -d x 4 (sc - 32) (codes -128..124; the sum is d (sc - 32) q3 exactly), group 16.
 - Q4_K, 144 bytes per 256: fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, mn) pairs for 8 groups of
   32, then 128 bytes: byte j of 32-byte chunk c holds weight j of group 2c (low nibble) and of group
-  2c + 1 (high). W = d sc q - dmin mn: 4-bit, fp32 parameters (11 + 6 bits, exact).
+  2c + 1 (high). W = d sc q - dmin mn: 4-bit, scale d x sc, offset -dmin x mn (two-level: the
+  file's fp16 d / dmin per 256, 8-bit codes per group; the products are exact in fp32).
 - Q5_K, 176 bytes per 256: as Q4_K with 32 bytes of fifth bits (bit i of byte j: weight j of group
-  i) before the nibbles. Unsigned 5-bit, fp32 parameters.
+  i) before the nibbles. Unsigned 5-bit, two-level parameters as Q4_K.
 - Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales
   (one per 16 weights), fp16 d. Per half of 128: weight l < 32 and 64 + l take byte l's low / high
   nibble, 32 + l and 96 + l byte 32 + l's, with bits 0-1 / 4-5 and 2-3 / 6-7 of qh byte l on top.
-  W = (d sc) (q - 32): 8-bit rows holding q - 32, scale d sc (exact in fp32), group 16, no offset.
+  W = (d sc) (q - 32): signed 6-bit q - 32, scale d x sc (two-level), group 16, no offset.
 - IQ4_NL, 18 bytes per 32: fp16 d, 16 bytes of 4-bit indices (as Q4_0) into a 16-entry int8
-  codebook. W = d code[i]: 8-bit rows holding code[i], scale d (fp16), no offset.
+  codebook. W = d code[i]: 4-bit indices with the codebook, scale d (fp16), no offset.
 - IQ4_XS, 136 bytes per 256: fp16 d, 2 + 4 bytes of 6-bit scales (one per 32), 128 bytes of
-  indices (16 per group of 32, as Q4_0). W = d (ls - 32) code[i]: 8-bit codes, fp32 scale.
-The IQ4 codebook as 8-bit integers costs 8.5 / 9 bits per weight against the file's 4.5 / 4.25;
-Q2_K / Q3_K as 4-bit with fp32 parameters per 16 cost 8 against 2.6 / 3.4; Q6_K 10 against 6.6.
+  indices (16 per group of 32, as Q4_0). W = d (ls - 32) code[i]: 4-bit indices with the
+  codebook, scale d x (ls - 32) (two-level).
+The K and IQ4 forms are held in at most 1.03x the file's bytes but Q2_K / Q3_K's, whose 2- / 3-bit
+integers take 4 bits (1.95x / 1.49x; docs/weights.md has the table).
 Other quantized types (IQ1_*, IQ2_*, IQ3_*, TQ*, MXFP4, ...) are refused with their name and the
 served list: `UnsupportedType`. F16 / BF16 / F32 are not blocks: model/gguf_int4.py serves them.
 """
@@ -70,6 +74,21 @@ def _f32(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
+def _codebook() -> torch.Tensor:
+    """The IQ4 codebook, a tensor of its own per weight (its 16 bytes counted with the weight's)."""
+    return torch.from_numpy(IQ4_CODEBOOK.copy())
+
+
+def _codes(a: np.ndarray, n: int) -> torch.Tensor:
+    """Group parameter codes [N, S, groups] (each in -128..127) -> int8 [N, S * groups]."""
+    return torch.from_numpy(np.ascontiguousarray(a.astype(np.int8).reshape(n, -1)))
+
+
+def _neg_f16(raw: np.ndarray) -> torch.Tensor:
+    """-x of fp16 [..., 2] bytes (a sign flip: exact)."""
+    return -_f16(raw)
+
+
 def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
     n, row_bytes = raw.shape
     assert row_bytes % block_bytes == 0, (row_bytes, block_bytes)
@@ -107,52 +126,49 @@ def q5_1(raw: np.ndarray) -> GroupedRows:
 
 def iq4_nl(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 18)
-    q = IQ4_CODEBOOK[_nibbles_32(b[..., 2:])]
-    return GroupedRows(torch.from_numpy(q.reshape(b.shape[0], -1)), _f16(b[..., 0:2]), None, 8, 32)
+    q = torch.from_numpy(_nibbles_32(b[..., 2:]).reshape(b.shape[0], -1))
+    return GroupedRows(q, _f16(b[..., 0:2]), None, 4, 32, codebook=_codebook())
 
 
 def iq4_xs(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 136)
     n, nsb = b.shape[:2]
-    d = _f16(b[..., 0:2]).float().numpy()  # [N, S]
     high = b[..., 2].astype(np.uint16) | (b[..., 3].astype(np.uint16) << 8)
     high = (high[..., None] >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [N, S, 8]
     low = b[..., 4:8, None] >> np.array([0, 4], np.uint8)  # [N, S, 4, 2]: group 2 i + h
     ls = (low.reshape(n, nsb, 8) & 0x0F) | (high.astype(np.uint8) << 4)
-    scales = d[..., None] * (ls.astype(np.float32) - 32)  # d (ls - 32): 11 + 6 bits, exact
-    q = IQ4_CODEBOOK[_nibbles_32(b[..., 8:].reshape(n, nsb, 8, 16))]
-    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), _f32(scales.reshape(n, -1)), None, 8, 32)
+    q = _nibbles_32(b[..., 8:].reshape(n, nsb, 8, 16))
+    # scale d (ls - 32): 11 + 6 bits, exact in fp32
+    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), _codes(ls.astype(np.int16) - 32, n),
+                       None, 4, 32, _f16(b[..., 0:2]), codebook=_codebook())
 
 
 def q2_k(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 84)
     n, nsb = b.shape[:2]
-    sc = b[..., 0:16]
-    d, dmin = _f16(b[..., 80:82]).float().numpy(), _f16(b[..., 82:84]).float().numpy()
-    scales = d[..., None] * (sc & 0x0F).astype(np.float32)  # [N, S, 16]: d sc, 11 + 4 bits
-    offsets = -(dmin[..., None] * (sc >> 4).astype(np.float32))
+    sc = b[..., 0:16]  # [N, S, 16]: scale d x (sc & 15), offset -dmin x (sc >> 4): 11 + 4 bits
     # 64 bytes as 2 x 32: shift 2 i of byte j of half h is weight 128 h + 32 i + j
     qs = b[..., 16:80].reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
     q = (qs & 3).reshape(n, -1)
-    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q)), _f32(scales.reshape(n, -1)),
-                       _f32(offsets.reshape(n, -1)), 4, 16)
+    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q)), _codes(sc & 0x0F, n),
+                       _codes(sc >> 4, n), 4, 16, _f16(b[..., 80:82]), _neg_f16(b[..., 82:84]))
 
 
 def q3_k(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 110)
     n, nsb = b.shape[:2]
     hmask, qs, packed = b[..., 0:32], b[..., 32:96], b[..., 96:108]
-    d = _f16(b[..., 108:110]).float().numpy()
     low = (packed[..., 0:8, None] >> np.array([0, 4], np.uint8)).transpose(0, 1, 3, 2)  # [N,S,2,8]
     high = (packed[..., 8:12, None] >> np.array([0, 2, 4, 6], np.uint8)).transpose(0, 1, 3, 2)
-    sc = (low.reshape(n, nsb, 16) & 0x0F) | ((high.reshape(n, nsb, 16) & 3) << 4)
-    scales = d[..., None] * (sc.astype(np.float32) - 32)  # d (sc - 32): 11 + 6 bits, exact
+    sc = ((low.reshape(n, nsb, 16) & 0x0F) | ((high.reshape(n, nsb, 16) & 3) << 4)).astype(np.int16) - 32
     ql = (qs.reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3
     qh = (hmask.reshape(n, nsb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
-    # q3 = ql - 4 (1 - h); stored as the code q3 + 4 = ql + 4 h in 0..7
+    # q3 = ql - 4 (1 - h); stored as the code q3 + 4 = ql + 4 h in 0..7, offset -4 d (sc - 32)
+    # = (-d) x 4 (sc - 32), the code in -128..124 (d (sc - 32): 11 + 6 bits, exact)
     q = ql.reshape(n, nsb, 8, 32) + (qh << 2)
-    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q.reshape(n, -1))),
-                       _f32(scales.reshape(n, -1)), _f32((-4 * scales).reshape(n, -1)), 4, 16)
+    d = _f16(b[..., 108:110])
+    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q.reshape(n, -1))), _codes(sc, n),
+                       _codes(4 * sc, n), 4, 16, d, -d)
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,28 +183,23 @@ def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def q4_k(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 144)
     n, nsb = b.shape[:2]
-    d, dmin = _f16(b[..., 0:2]).float(), _f16(b[..., 2:4]).float()  # [N, S]
-    sc, mn = _k_scale_min(b[..., 4:16])  # [N, S, 8]
-    # d sc and dmin mn: 11 x 6 significant bits, exact in fp32
-    scales = (d[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(n, nsb * 8)
-    offsets = -(dmin[..., None] * torch.from_numpy(mn.astype(np.float32))).reshape(n, nsb * 8)
+    sc, mn = _k_scale_min(b[..., 4:16])  # [N, S, 8]: d sc and dmin mn, 11 x 6 bits, exact in fp32
     chunks = b[..., 16:].reshape(n, nsb, 4, 32)
     q = np.stack([chunks & 0x0F, chunks >> 4], axis=3)  # [N, S, 4, 2, 32]: group 2c + h
-    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), scales, offsets, 4, 32)
+    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), _codes(sc, n), _codes(mn, n), 4, 32,
+                       _f16(b[..., 0:2]), _neg_f16(b[..., 2:4]))
 
 
 def q5_k(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 176)
     n, nsb = b.shape[:2]
-    d, dmin = _f16(b[..., 0:2]).float(), _f16(b[..., 2:4]).float()
     sc, mn = _k_scale_min(b[..., 4:16])
-    scales = (d[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(n, nsb * 8)
-    offsets = -(dmin[..., None] * torch.from_numpy(mn.astype(np.float32))).reshape(n, nsb * 8)
     chunks = b[..., 48:].reshape(n, nsb, 4, 32)
     low = np.stack([chunks & 0x0F, chunks >> 4], axis=3).reshape(n, nsb, 8, 32)  # group 2c + h
     fifth = (b[..., 16:48].reshape(n, nsb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
     q = low | (fifth << 4)
-    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), scales, offsets, 5, 32)
+    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), _codes(sc, n), _codes(mn, n), 5, 32,
+                       _f16(b[..., 0:2]), _neg_f16(b[..., 2:4]))
 
 
 def q8_0(raw: np.ndarray) -> GroupedRows:
@@ -204,23 +215,23 @@ def q6_k(raw: np.ndarray) -> GroupedRows:
     ql = (ql & 0x0F).reshape(n, nsb, 2, 4, 32)  # per half: bytes 0-31, 32-63 low, then high
     qh = b[..., 128:192].reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
     q = (ql | ((qh & 0x03) << 4)).astype(np.int8) - np.int8(32)  # [N, S, 2, 4, 32]
-    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)  # [N, S, 16]
-    d = _f16(b[..., 208:210]).float()  # [N, S]
-    scales = (d[..., None] * torch.from_numpy(sc)).reshape(n, nsb * 16)  # d sc: 11 x 8 bits, exact
-    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), scales, None, 8, 16)
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8)  # [N, S, 16]: d sc, 11 x 8 bits
+    return GroupedRows(torch.from_numpy(q.reshape(n, -1)), _codes(sc, n), None, 6, 16,
+                       _f16(b[..., 208:210]))
 
 
 _CONVERTERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1, "Q8_0": q8_0, "Q2_K": q2_k,
                "Q3_K": q3_k, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "IQ4_NL": iq4_nl,
                "IQ4_XS": iq4_xs}
-# GGUF type -> its runtime form: (bits, group size, parameter bytes, offsets, signed); what plan
+# GGUF type -> its runtime form: (bits, group size, parameter bytes, offsets, signed, codebook);
+# parameter bytes 1: int8 codes with fp16 super parameters per 256 inputs (two-level). What plan
 # counts without converting (model/gguf_int4.planned_weight_bytes); tests check it on each converter
-RUNTIME_FORM = {"Q4_0": (4, 32, 2, True, False), "Q4_1": (4, 32, 2, True, False),
-                "Q5_0": (5, 32, 2, False, True), "Q5_1": (5, 32, 2, True, False),
-                "Q8_0": (8, 32, 2, False, False), "Q2_K": (4, 16, 4, True, False),
-                "Q3_K": (4, 16, 4, True, False), "Q4_K": (4, 32, 4, True, False),
-                "Q5_K": (5, 32, 4, True, False), "Q6_K": (8, 16, 4, False, False),
-                "IQ4_NL": (8, 32, 2, False, False), "IQ4_XS": (8, 32, 4, False, False)}
+RUNTIME_FORM = {"Q4_0": (4, 32, 2, True, False, False), "Q4_1": (4, 32, 2, True, False, False),
+                "Q5_0": (5, 32, 2, False, True, False), "Q5_1": (5, 32, 2, True, False, False),
+                "Q8_0": (8, 32, 2, False, False, False), "Q2_K": (4, 16, 1, True, False, False),
+                "Q3_K": (4, 16, 1, True, False, False), "Q4_K": (4, 32, 1, True, False, False),
+                "Q5_K": (5, 32, 1, True, False, False), "Q6_K": (6, 16, 1, False, True, False),
+                "IQ4_NL": (4, 32, 2, False, False, True), "IQ4_XS": (4, 32, 1, False, False, True)}
 FLOAT_TYPES = ("F32", "F16", "BF16")  # served as floats (16-bit ones in 16 bits), not as blocks
 
 

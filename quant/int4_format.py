@@ -1,4 +1,4 @@
-"""The runtime's quantized weight format: 4-, 5- or 8-bit integers with a per-group scale and offset.
+"""The runtime's quantized weight format: 4-, 5-, 6- or 8-bit integers with a per-group scale and offset.
 
     W[n, k] = scale[n, g] * q[n, k] + offset[n, g]      g = k // group_size
 
@@ -6,25 +6,34 @@ One format holds every 4-bit source exactly (no value changes, nothing goes thro
 - AutoAWQ GEMM, W = s (q - z): scale s, offset -s z (fp32: s z needs up to 15 mantissa bits),
 - GGUF Q4_0, W = d (q - 8): scale d, offset -8 d (fp16, exact),
 - GGUF Q4_1, W = d q + m: scale d, offset m (fp16, the file's own values),
-- GGUF Q4_K, W = (d sc) q - dmin mn: scale d sc, offset -dmin mn (fp32: 17 mantissa bits),
+- GGUF Q4_K, W = (d sc) q - dmin mn: scale d x sc, offset -dmin x mn (two-level, below),
 and, with 8-bit integers and no offset, GGUF Q8_0 (W = d q); quant/gguf_blocks.py maps every other
-served GGUF type onto the same three widths (docs/weights.md has the table). Exact means bit for
+served GGUF type onto the same widths (docs/weights.md has the table). Exact means bit for
 bit: `s * q + o` rounds as gguf's own dequantize does (tests compare with gguf.quants).
 
 5-bit integers are unsigned (0..31: Q5_1, Q5_K) or signed (two's complement, -16..15: Q5_0's
 q - 16 needs no offset then); the `signed` flag says which. Stored as the 4-bit form's nibbles plus
-a plane of fifth bits, so a 5-bit weight costs 5 bits as in the file.
+a plane of fifth bits, so a 5-bit weight costs 5 bits as in the file. 6-bit integers (Q6_K's
+q - 32, signed -32..31, or 0..63) add a plane of sixth bits the same way.
+
+Two-level parameters (the K types' form, as their files hold them): `scales` / `offsets` int8 codes
+per group and `super_scales` / `super_offsets` fp16 per SUPER_K inputs, the parameter being
+super * code computed in fp32: exact (an fp16's 11 significant bits times an 8-bit integer), so
+the values are the single-level fp32 products' and a group costs 1 byte, not 4.
+A `codebook` (int8 [16], the IQ4 types') makes 4-bit integers indices: the value is codebook[q].
 
 Two forms:
-- `GroupedRows`: row-major [N, K] integers (uint8 0..15 or 0..31, or int8), scales/offsets [N, K / G]. What
+- `GroupedRows`: row-major [N, K] integers (uint8 0..15, 0..31 or 0..63, or int8), scales/offsets [N, K / G]. What
   sources convert into; rows concatenate (fused q/k/v) and permute (GGUF's rope order) exactly.
 - `BlockedQuantWeight`: the layout kernels/csrc/linear_int4.c reads, blocks of 16 output rows as
   the fp32 kernel's (kernels/cpu_linear.py): 4-bit `data` uint8 [NB, K, 8], byte j of (b, k) holds
   row 16 b + j in its low nibble and row 16 b + j + 8 in its high one; 8-bit `data` int8
   [NB, K, 16]; 5-bit `data` uint8 [NB, K, 10]: the 4-bit form's 8 bytes, then a little-endian
-  uint16 whose bit j is row 16 b + j's fifth bit (weighing +16, or -16 when signed);
-  `scales` / `offsets` [NB, K / G, 16] (fp16 or fp32, offsets None: zero). Rows past N
-  are zero (scale 0, offset 0).
+  uint16 whose bit j is row 16 b + j's fifth bit (weighing +16, or -16 when signed); 6-bit
+  `data` uint8 [NB, K, 12]: then a uint16 of sixth bits (+32, or -32 when signed);
+  `scales` / `offsets` [NB, K / G, 16] (fp16, fp32 or int8 codes; offsets None: zero),
+  `super_scales` / `super_offsets` [NB, K / SUPER_K, 16] fp16. Rows past N are zero (scale 0,
+  offset 0).
 
 Invariants: `dequantize()` of either form is the plain-torch reference the kernels are tested
 against; `BlockedQuantWeight.from_rows(r).dequantize()` equals `r.dequantize()` bit for bit.
@@ -40,6 +49,8 @@ from edge_runtime.quant.awq_pack import unpack_int4
 
 BLOCK_N = 16  # output rows per block, as kernels/csrc/linear_f32.c
 GROUP_SIZES = (16, 32, 64, 128, 256)
+SUPER_K = 256  # inputs per two-level super scale (a K-type super-block)
+EXTRA_BITS = {4: 0, 5: 1, 6: 2, 8: 0}  # bit planes after the nibbles
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
@@ -53,17 +64,22 @@ class GroupedRows:
     offsets: torch.Tensor | None  # like scales, or None (zero)
     bits: int
     group_size: int
+    super_scales: torch.Tensor | None = None  # [N, K / SUPER_K] float16: scales are int8 codes
+    super_offsets: torch.Tensor | None = None  # likewise for offsets (None with offsets None)
+    codebook: torch.Tensor | None = None  # int8 [16]: 4-bit q index it
 
     def __post_init__(self) -> None:
         n, k = self.q.shape
-        assert self.bits in (4, 5, 8), self.bits
+        assert self.bits in (4, 5, 6, 8), self.bits
         assert self.q.dtype in ((torch.uint8,) if self.bits == 4 else (torch.int8,) if self.bits == 8
                                 else (torch.uint8, torch.int8)), (self.bits, self.q.dtype)
         assert self.group_size in GROUP_SIZES and k % self.group_size == 0, (k, self.group_size)
         assert self.scales.shape == (n, k // self.group_size), (self.scales.shape, n, k)
-        assert self.scales.dtype in (torch.float16, torch.float32), self.scales.dtype
         assert self.offsets is None or (self.offsets.shape == self.scales.shape
                                         and self.offsets.dtype == self.scales.dtype)
+        _check_params(self.scales, self.offsets, self.super_scales, self.super_offsets, k)
+        assert self.codebook is None or (self.bits == 4 and self.codebook.dtype == torch.int8
+                                         and self.codebook.shape == (16,)), self.codebook
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -71,70 +87,124 @@ class GroupedRows:
 
     @property
     def signed(self) -> bool:
-        """5-bit integers in two's complement (-16..15) rather than 0..31."""
-        return self.bits == 5 and self.q.dtype == torch.int8
+        """5- or 6-bit integers in two's complement (-16..15, -32..31) rather than unsigned."""
+        return self.bits in (5, 6) and self.q.dtype == torch.int8
+
+    def params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(scales, offsets) as one float32 value per group: two-level ones multiplied out."""
+        return (_level(self.scales, self.super_scales, self.group_size),
+                _level(self.offsets, self.super_offsets, self.group_size))
+
+    def values(self) -> torch.Tensor:
+        """The integers as float32 [N, K] (codebook values where there is one)."""
+        return (self.q.float() if self.codebook is None
+                else self.codebook.float()[self.q.long()])
 
     def dequantize(self) -> torch.Tensor:
         """Reference: float32 [N, K]."""
-        s = self.scales.float().repeat_interleave(self.group_size, dim=1)
-        w = self.q.float() * s
-        if self.offsets is not None:
-            w = w + self.offsets.float().repeat_interleave(self.group_size, dim=1)
+        scales, offsets = self.params()
+        w = self.values() * scales.repeat_interleave(self.group_size, dim=1)
+        if offsets is not None:
+            w = w + offsets.repeat_interleave(self.group_size, dim=1)
         return w
 
-    def permute_rows(self, order: torch.Tensor) -> "GroupedRows":
-        def take(t: torch.Tensor) -> torch.Tensor:
-            return _tensor(t.numpy()[order.numpy()])
+    def _with(self, fn) -> "GroupedRows":
+        """The same form with `fn` applied to every per-row tensor."""
+        def opt(t):
+            return None if t is None else fn(t)
 
-        offsets = None if self.offsets is None else take(self.offsets)
-        return GroupedRows(take(self.q), take(self.scales), offsets, self.bits, self.group_size)
+        return GroupedRows(fn(self.q), fn(self.scales), opt(self.offsets), self.bits,
+                           self.group_size, opt(self.super_scales), opt(self.super_offsets),
+                           self.codebook)
+
+    def permute_rows(self, order: torch.Tensor) -> "GroupedRows":
+        return self._with(lambda t: _tensor(t.numpy()[order.numpy()]))
 
     @staticmethod
     def cat(parts: list["GroupedRows"]) -> "GroupedRows":
         """Rows of `parts` one after another (a fused q/k/v or gate/up weight)."""
         first = parts[0]
         assert all(compatible(first, p) for p in parts), [describe(p) for p in parts]
-        def cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+            if tensors[0] is None:
+                return None
             return _tensor(np.concatenate([t.numpy() for t in tensors]))
 
-        offsets = None if first.offsets is None else cat([p.offsets for p in parts])
-        return GroupedRows(cat([p.q for p in parts]), cat([p.scales for p in parts]), offsets,
-                           first.bits, first.group_size)
+        return GroupedRows(cat([p.q for p in parts]), cat([p.scales for p in parts]),
+                           cat([p.offsets for p in parts]), first.bits, first.group_size,
+                           cat([p.super_scales for p in parts]),
+                           cat([p.super_offsets for p in parts]), first.codebook)
+
+
+def _check_params(scales, offsets, super_scales, super_offsets, k: int) -> None:
+    """float16 / float32 parameters, or int8 codes with float16 super parameters per SUPER_K."""
+    if super_scales is None:
+        assert scales.dtype in (torch.float16, torch.float32), scales.dtype
+        assert super_offsets is None
+        return
+    assert scales.dtype == torch.int8 and k % SUPER_K == 0, (scales.dtype, k)
+    assert super_scales.dtype == torch.float16, super_scales.dtype
+    assert super_scales.shape[-2] == scales.shape[-2] and super_scales.shape[1] == k // SUPER_K, (
+        super_scales.shape, scales.shape, k)
+    assert (offsets is None) == (super_offsets is None)
+    assert super_offsets is None or super_offsets.shape == super_scales.shape
+
+
+def _level(codes: torch.Tensor | None, supers: torch.Tensor | None, group_size: int):
+    """Parameters [N, K / G] (or blocked [NB, K / G, 16]) as float32: codes times their super parameter (exact in fp32)."""
+    if codes is None or supers is None:
+        return None if codes is None else codes.float()
+    return supers.float().repeat_interleave(SUPER_K // group_size, dim=1) * codes.float()
 
 
 def blocked_nbytes(bits: int, rows: int, cols: int, group_size: int, param_bytes: int,
-                   offsets: bool) -> int:
-    """Bytes of a BlockedQuantWeight of `rows` x `cols` (what from_rows makes), without making it."""
+                   offsets: bool, codebook: bool = False) -> int:
+    """Bytes of a BlockedQuantWeight of `rows` x `cols` (what from_rows makes), without making it.
+    param_bytes 1: int8 codes with an fp16 super parameter per SUPER_K inputs."""
     padded = -(-rows // BLOCK_N) * BLOCK_N
-    params = padded * (cols // group_size) * param_bytes * (2 if offsets else 1)
-    return padded * cols * bits // 8 + params
+    per_group = param_bytes * cols // group_size + (2 * cols // SUPER_K if param_bytes == 1 else 0)
+    params = padded * per_group * (2 if offsets else 1)
+    return padded * cols * bits // 8 + params + (16 if codebook else 0)
+
+
+def _param_kind(r: GroupedRows) -> tuple:
+    return (r.scales.dtype, r.offsets is None, r.super_scales is None)
 
 
 def compatible(a: GroupedRows, b: GroupedRows) -> bool:
-    """Rows of `a` and `b` can share one blocked weight (same K, bits, group, parameter types)."""
+    """Rows of `a` and `b` can share one blocked weight (same K, bits, group, parameter types,
+    codebook)."""
+    same_book = (a.codebook is None and b.codebook is None) or (
+        a.codebook is not None and b.codebook is not None and torch.equal(a.codebook, b.codebook))
     return (a.q.shape[1] == b.q.shape[1] and a.bits == b.bits and a.group_size == b.group_size
-            and a.q.dtype == b.q.dtype and a.scales.dtype == b.scales.dtype
-            and (a.offsets is None) == (b.offsets is None))
+            and a.q.dtype == b.q.dtype and _param_kind(a) == _param_kind(b) and same_book)
 
 
 def widened(parts: list[GroupedRows]) -> list[GroupedRows] | None:
-    """`parts` as 8-bit rows when they differ only in their integers' width (4-, 5- or 8-bit with
-    the same group, parameter dtype and offsets: Q5_0 q / k next to a Q8_0 v), so they can share
-    one blocked weight; the same values (every 4- and 5-bit integer is an int8). Else None."""
+    """`parts` as 8-bit rows when they differ only in their integers' width (4-, 5-, 6- or 8-bit,
+    codebook indices or not, with the same group and parameter kinds: Q5_0 q / k next to a Q8_0
+    v), so they can share one blocked weight; the same values (every 4-, 5- and 6-bit integer and
+    every IQ4 codebook value is an int8). Else None."""
     first = parts[0]
     same = all(p.q.shape[1] == first.q.shape[1] and p.group_size == first.group_size
-               and p.scales.dtype == first.scales.dtype
-               and (p.offsets is None) == (first.offsets is None) for p in parts)
+               and _param_kind(p) == _param_kind(first) for p in parts)
     if not same:
         return None
-    return [p if p.bits == 8 else GroupedRows(p.q.to(torch.int8), p.scales, p.offsets, 8,
-                                              p.group_size) for p in parts]
+    return [p if p.bits == 8 else GroupedRows(
+        p.values().to(torch.int8), p.scales, p.offsets, 8, p.group_size, p.super_scales,
+        p.super_offsets) for p in parts]
+
+
+def _params_name(scales: torch.Tensor, super_scales) -> str:
+    if super_scales is not None:
+        return "int8 x fp16/256"
+    return str(scales.dtype).removeprefix("torch.")
 
 
 def describe(r: GroupedRows) -> str:
-    dtype = str(r.scales.dtype).removeprefix("torch.")
-    kind = f"{'s' if r.signed else ''}int{r.bits}"
-    return f"{kind} g{r.group_size} {dtype}{'' if r.offsets is not None else ' no offset'}"
+    kind = f"{'s' if r.signed else ''}int{r.bits}{' codebook' if r.codebook is not None else ''}"
+    return (f"{kind} g{r.group_size} {_params_name(r.scales, r.super_scales)}"
+            f"{'' if r.offsets is not None else ' no offset'}")
 
 
 def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -156,7 +226,10 @@ class BlockedQuantWeight:
     group_size: int
     out_features: int
     in_features: int
-    signed: bool = False  # 5-bit only: the fifth bit weighs -16
+    signed: bool = False  # 5- / 6-bit only: the top bit weighs -16 / -32
+    super_scales: torch.Tensor | None = None  # [NB, K / SUPER_K, 16] float16 (scales int8 codes)
+    super_offsets: torch.Tensor | None = None
+    codebook: torch.Tensor | None = None  # int8 [16]
 
     @classmethod
     def from_rows(cls, rows: GroupedRows) -> "BlockedQuantWeight":
@@ -171,67 +244,97 @@ class BlockedQuantWeight:
             return a.reshape(nb, BLOCK_N, a.shape[1]).transpose(0, 2, 1)
 
         q = blocked(rows.q)  # [NB, K, 16]
-        if rows.bits in (4, 5):
+        if rows.bits in (4, 5, 6):
             u = q.view(np.uint8)
-            nibbles = (u[:, :, :8] & 0xF) | ((u[:, :, 8:] & 0xF) << 4)
-            if rows.bits == 5:  # bit j of the uint16: row j's fifth bit
-                fifth = np.packbits((u >> 4) & 1, axis=2, bitorder="little")  # [NB, K, 2]
-                nibbles = np.concatenate([nibbles, fifth], axis=2)
-            q = nibbles
-        offsets = None if rows.offsets is None else _tensor(blocked(rows.offsets))
-        return cls(_tensor(q), _tensor(blocked(rows.scales)), offsets, rows.bits, rows.group_size,
-                   n, k, rows.signed)
+            planes = [(u[:, :, :8] & 0xF) | ((u[:, :, 8:] & 0xF) << 4)]
+            for bit in range(4, rows.bits):  # bit j of each uint16: row j's fifth / sixth bit
+                planes.append(np.packbits((u >> bit) & 1, axis=2, bitorder="little"))
+            q = np.concatenate(planes, axis=2) if len(planes) > 1 else planes[0]
+
+        def opt(t):
+            return None if t is None else _tensor(blocked(t))
+
+        return cls(_tensor(q), _tensor(blocked(rows.scales)), opt(rows.offsets), rows.bits,
+                   rows.group_size, n, k, rows.signed, opt(rows.super_scales),
+                   opt(rows.super_offsets), rows.codebook)
 
     def lanes(self) -> torch.Tensor:
-        """The integers as [NB, K, 16] (uint8 values 0..15, 0..31, or int8)."""
+        """The integers as [NB, K, 16] (uint8 values 0..15, 0..31, 0..63, or int8); codebook
+        indices for a codebook weight."""
         if self.bits == 8:
             return self.data
         q = torch.cat([self.data[:, :, :8] & 0xF, self.data[:, :, :8] >> 4], dim=2)
         if self.bits == 4:
             return q
         bit = torch.arange(16, dtype=torch.int32)
-        fifth = (self.data[:, :, 8].int() | (self.data[:, :, 9].int() << 8))[:, :, None] >> bit & 1
-        return q.to(torch.int8) - (fifth * 16).to(torch.int8) if self.signed else q | (fifth * 16).to(torch.uint8)
+        q = q.int()
+        for i in range(EXTRA_BITS[self.bits]):  # plane i: bit 4 + i, weighing 2^(4 + i)
+            plane = self.data[:, :, 8 + 2 * i].int() | (self.data[:, :, 9 + 2 * i].int() << 8)
+            top = self.signed and i == EXTRA_BITS[self.bits] - 1
+            q = q + (plane[:, :, None] >> bit & 1) * (-(16 << i) if top else 16 << i)
+        return q.to(torch.int8 if self.signed else torch.uint8)
 
     def dequantize(self) -> torch.Tensor:
         """Reference: float32 [N, K] (the transposes of the blocked form)."""
         g = self.group_size
-        w = self.lanes().float() * self.scales.float().repeat_interleave(g, dim=1)
+        q = self.lanes()
+        q = q.float() if self.codebook is None else self.codebook.float()[q.long()]
+        w = q * _level(self.scales, self.super_scales, g).repeat_interleave(g, dim=1)
         if self.offsets is not None:
-            w = w + self.offsets.float().repeat_interleave(g, dim=1)
+            w = w + _level(self.offsets, self.super_offsets, g).repeat_interleave(g, dim=1)
         return w.transpose(1, 2).reshape(-1, self.in_features)[: self.out_features]
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (long [M]) of W as float32 [M, K]: an embedding lookup on a tied head."""
         return lookup_rows(ids, self.data, self.scales, self.offsets, self.bits, self.group_size,
-                           self.signed)
+                           self.signed, self.super_scales, self.super_offsets, self.codebook)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the weight holds (what its bytes are)."""
+        return [t for t in (self.data, self.scales, self.offsets, self.super_scales,
+                            self.super_offsets, self.codebook) if t is not None]
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.data, self.scales] + ([self.offsets] if self.offsets is not None else [])
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def describe(self) -> str:
-        dtype = str(self.scales.dtype).removeprefix("torch.")
-        return f"{'s' if self.signed else ''}int{self.bits} g{self.group_size} {dtype}"
+        book = " codebook" if self.codebook is not None else ""
+        return (f"{'s' if self.signed else ''}int{self.bits}{book} g{self.group_size} "
+                f"{_params_name(self.scales, self.super_scales)}")
 
 
-def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int, signed: bool = False):
+def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int, signed: bool = False,
+                super_scales=None, super_offsets=None, codebook=None):
     """`BlockedQuantWeight.rows_of` on torch tensors or on numpy arrays (views of a CPU weight's
     bytes: a decode step's few rows cost several times less in numpy's small-array ops than in
     torch's, kernels/cpu_int4.py), with the same values either way: each group's scale (and
-    offset) broadcasts over a [M, K / G, G] view, q * scale exact, + offset rounded once."""
+    offset; two-level ones multiplied out in fp32, exact) broadcasts over a [M, K / G, G] view,
+    q * scale exact, + offset rounded once."""
     f32 = (lambda a: a.astype(np.float32)) if isinstance(ids, np.ndarray) else (lambda t: t.float())
     block, lane = ids // BLOCK_N, ids % BLOCK_N
     if bits == 8:
         q = data[block, :, lane]
     else:  # row 16 b + j: byte j's low nibble, row 16 b + j + 8: its high one
         q = (data[block, :, lane % 8] >> ((lane >= 8) * 4)[:, None]) & 0xF  # [M, K]
-        if bits == 5:  # byte 8 + j // 8, bit j % 8: the fifth bit
-            fifth = (data[block, :, 8 + lane // 8] >> (lane % 8)[:, None]) & 1
-            q = f32(q) + f32(fifth) * (-16.0 if signed else 16.0)  # small integers: exact
+        if codebook is not None:
+            q = codebook[q.astype(np.int64) if isinstance(ids, np.ndarray) else q.long()]
+        extra = EXTRA_BITS[bits]
+        if extra:
+            q = f32(q)
+        for i in range(extra):  # byte 8 + 2 i + j // 8, bit j % 8: bit 4 + i (small integers: exact)
+            bit = (data[block, :, 8 + 2 * i + lane // 8] >> (lane % 8)[:, None]) & 1
+            q = q + f32(bit) * float(-(16 << i) if signed and i == extra - 1 else 16 << i)
     m = q.shape[0]
-    w = f32(q).reshape(m, -1, group_size) * f32(scales[block, :, lane])[:, :, None]
+
+    def param(codes, supers):
+        p = f32(codes[block, :, lane])  # [M, K / G]
+        if supers is None:
+            return p
+        s = f32(supers[block, :, lane])  # [M, K / SUPER_K]
+        return (s.reshape(m, -1, 1) * p.reshape(m, s.shape[1], -1)).reshape(m, -1)
+
+    w = f32(q).reshape(m, -1, group_size) * param(scales, super_scales)[:, :, None]
     if offsets is not None:
-        w = w + f32(offsets[block, :, lane])[:, :, None]
+        w = w + param(offsets, super_offsets)[:, :, None]
     return w.reshape(m, -1)

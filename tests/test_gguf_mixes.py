@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from edge_runtime.model.chat import encode_prompt
+from edge_runtime.model.gguf_int4 import planned_weight_bytes
 from edge_runtime.model.gguf_tensors import GGUFTensors
 from engine_helpers import greedy_one_by_one, hf_greedy
 
@@ -116,13 +117,15 @@ def mix_file(mix: str) -> Path:
 def test_mix_greedy_equals_transformers_on_its_dequantization(mix):
     from transformers import AutoModelForCausalLM
 
-    from edge_runtime.model.loader import load_model
+    from edge_runtime.model.loader import load_model, weight_bytes_of
 
     path = mix_file(mix)
     types = Counter(i.type_name for i in GGUFTensors(path).infos.values())
     if mix in HOLDS:
         assert set(types) - {"F32"} == HOLDS[mix], (mix, types)
     loaded = load_model(str(path), weights="gguf", progress=None)
+    rope = weight_bytes_of(loaded.model.model.rotary_emb)
+    assert planned_weight_bytes(path) == loaded.weight_bytes - rope  # what plan counts
     if mix == "F16":  # 16-bit matrices held in 16 bits
         from edge_runtime.kernels.float16_linear import Float16Linear
 

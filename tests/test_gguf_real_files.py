@@ -54,7 +54,7 @@ def test_qwen_q4_k_m_is_served_from_its_blocks_within_the_file_size(qwen):
     types = Counter(i.type_name for i in GGUFTensors(path).infos.values())
     assert {"Q5_0", "Q8_0", "Q4_K", "Q6_K"} <= set(types), types
     bits = Counter(m.bits for m in loaded.model.modules() if isinstance(m, QuantLinear))
-    assert set(bits) == {4, 5, 8}, bits  # Q4_K; Q5_0; Q8_0 and Q6_K
+    assert set(bits) == {4, 5, 6, 8}, bits  # Q4_K; Q5_0; Q6_K; Q8_0
     assert not any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())
     # Q5_0 q / k widened to 8 bits next to a Q8_0 v: every layer fused, the one-call C step runs
     assert all(layer.self_attn.qkv_proj is not None for layer in loaded.model.model.layers)
@@ -62,7 +62,8 @@ def test_qwen_q4_k_m_is_served_from_its_blocks_within_the_file_size(qwen):
     rope = weight_bytes_of(loaded.model.model.rotary_emb)
     assert planned_weight_bytes(path) == loaded.weight_bytes - rope
     tensor_bytes = sum(i.nbytes for i in GGUFTensors(path).infos.values())
-    assert loaded.weight_bytes - rope <= 1.1 * tensor_bytes, (loaded.weight_bytes, tensor_bytes)
+    # K types in their two-level form, Q6_K in 6 bits: 1.010x (q / k widened next to a Q8_0 v)
+    assert loaded.weight_bytes - rope <= 1.02 * tensor_bytes, (loaded.weight_bytes, tensor_bytes)
 
 
 @pytest.mark.slow

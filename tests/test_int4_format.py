@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from edge_runtime.quant import awq_pack, gguf_blocks
-from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows, from_awq, lookup_rows
+from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, blocked_nbytes,
+                                             from_awq, lookup_rows)
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
@@ -52,7 +53,9 @@ def _exact(rows: GroupedRows, raw: np.ndarray, qtype: QT) -> None:
 
 
 _BITS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.Q2_K: 4, QT.Q3_K: 4,
-         QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 8, QT.IQ4_NL: 8, QT.IQ4_XS: 8}
+         QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6, QT.IQ4_NL: 4, QT.IQ4_XS: 4}
+# resident bytes / file bytes of each type's blocked form (16-row multiples: no padding)
+_MAX_RATIO = {QT.Q4_0: 1.12, QT.Q2_K: 1.96, QT.Q3_K: 1.5}
 
 
 @pytest.mark.parametrize("qtype", SERVED, ids=lambda t: t.name)
@@ -64,12 +67,26 @@ def test_gguf_blocks_dequantize_exactly_as_gguf(qtype, rows, cols):
     grouped = gguf_blocks.grouped_rows(raw, qtype.name)
     assert grouped.bits == _BITS[qtype]
     _exact(grouped, raw, qtype)
-    bits, group, param_bytes, offsets, signed = gguf_blocks.RUNTIME_FORM[qtype.name]
+    bits, group, param_bytes, offsets, signed, codebook = gguf_blocks.RUNTIME_FORM[qtype.name]
     assert (grouped.bits, grouped.group_size, grouped.scales.element_size(),
-            grouped.offsets is not None, grouped.signed) == (bits, group, param_bytes, offsets, signed)
+            grouped.offsets is not None, grouped.signed, grouped.codebook is not None) == (
+        bits, group, param_bytes, offsets, signed, codebook)
+    assert (grouped.super_scales is not None) == (param_bytes == 1)
     blocked = BlockedQuantWeight.from_rows(grouped)
+    assert blocked.nbytes == blocked_nbytes(bits, rows, cols, group, param_bytes, offsets, codebook)
     ids = torch.tensor([rows - 1, 0, min(9, rows - 1)])
     assert torch.equal(blocked.rows_of(ids), grouped.dequantize()[ids])
+
+
+@pytest.mark.parametrize("qtype", SERVED, ids=lambda t: t.name)
+def test_resident_bytes_within_the_file_bytes(qtype):
+    """Each type is held in at most 1.1x its file bytes (the K types' two-level parameters, the
+    IQ4 codebook indices as nibbles), but Q4_0 (an fp16 offset -8 d next to d), and Q2_K / Q3_K,
+    whose 2- / 3-bit integers take 4 bits."""
+    raw = _random_raw(qtype, 32, 512, 11)
+    blocked = BlockedQuantWeight.from_rows(gguf_blocks.grouped_rows(raw, qtype.name))
+    ratio = blocked.nbytes / raw.nbytes
+    assert ratio <= _MAX_RATIO.get(qtype, 1.1), ratio
 
 
 def test_every_served_type_is_tested_and_the_list_is_true():
@@ -151,16 +168,32 @@ def test_builtin_model_tensors_exactly_as_gguf():
         _exact(gguf_blocks.grouped_rows(raw, name, t.name), raw, t.tensor_type)
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q3_K",
+                                  "IQ4_NL", "IQ4_XS"])
 def test_row_lookup_on_numpy_arrays_equals_torch(kind):
-    rows = gguf_blocks.grouped_rows(_random_raw(QT[kind], 37, 128, 6), kind)
+    rows = gguf_blocks.grouped_rows(_random_raw(QT[kind], 37, 256, 6), kind)
     w = BlockedQuantWeight.from_rows(rows)
     ids = torch.tensor([36, 0, 9, 17, 8, 31, 9])
-    offsets = None if w.offsets is None else w.offsets.numpy()
-    got = lookup_rows(ids.numpy(), w.data.numpy(), w.scales.numpy(), offsets, w.bits, w.group_size,
-                      w.signed)
+
+    def view(t):
+        return None if t is None else t.numpy()
+
+    got = lookup_rows(ids.numpy(), w.data.numpy(), w.scales.numpy(), view(w.offsets), w.bits,
+                      w.group_size, w.signed, view(w.super_scales), view(w.super_offsets),
+                      view(w.codebook))
     assert torch.equal(torch.from_numpy(got), w.rows_of(ids))
     assert torch.equal(w.rows_of(ids), rows.dequantize()[ids])
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "IQ4_XS"])
+def test_two_level_rows_cat_and_permute(kind):
+    a = gguf_blocks.grouped_rows(_random_raw(QT[kind], 21, 512, 12), kind)
+    b = gguf_blocks.grouped_rows(_random_raw(QT[kind], 11, 512, 13), kind)
+    both = GroupedRows.cat([a, b])
+    assert torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(BlockedQuantWeight.from_rows(both.permute_rows(order)).dequantize(),
+                       both.dequantize()[order])
 
 
 def test_widened_rows_keep_their_values_and_fuse():
@@ -177,3 +210,6 @@ def test_widened_rows_keep_their_values_and_fuse():
     assert torch.equal(fused.dequantize(), torch.cat([q5.dequantize(), q8.dequantize()]))
     q4_1 = gguf_blocks.grouped_rows(_random_raw(QT.Q4_1, 8, 128, 9), "Q4_1")
     assert widened([q4_1, q8]) is None
+    nl = gguf_blocks.grouped_rows(_random_raw(QT.IQ4_NL, 8, 128, 10), "IQ4_NL")  # codebook values
+    wide = widened([nl, q8])
+    assert wide[0].codebook is None and torch.equal(wide[0].dequantize(), nl.dequantize())

@@ -1,12 +1,14 @@
 """The W4A16 Triton kernel on the runtime's blocked format (kernels/blocked_w4a16.py) under
 TRITON_INTERPRET=1, against its plain-torch reference, on tiny shapes: ragged N, rows past a
-BLOCK_M, 4-, 5- (signed and not) and 8-bit, fp16 and fp32 parameters, with and without offsets, groups of 16 to 64,
+BLOCK_M, 4-, 5-, 6- (signed and not) and 8-bit, 4-bit codebook indices, fp16, fp32 and two-level
+(int8 x fp16 per 256) parameters, with and without offsets, groups of 16 to 64,
 output tiles that reach past the last block (nothing read there), tiles from `tile_plan`."""
 import pytest
 import torch
 
 from kernel_helpers import HAVE_TRITON
-from edge_runtime.quant.int4_format import BlockedQuantWeight, GroupedRows
+from edge_runtime.quant.int4_format import BlockedQuantWeight
+from quant_helpers import random_rows
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 
@@ -15,18 +17,10 @@ if HAVE_TRITON:
 
 
 def _weight(n, k, bits, group, pdtype, offsets, gen) -> BlockedQuantWeight:
-    """bits -5: signed 5-bit (Q5_0's form)."""
-    if bits == 4:
-        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    elif bits == 5:
-        q = torch.randint(0, 32, (n, k), generator=gen, dtype=torch.uint8)
-    elif bits == -5:
-        q, bits = torch.randint(-16, 16, (n, k), generator=gen, dtype=torch.int8), 5
-    else:
-        q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
-    s = (torch.rand(n, k // group, generator=gen) * 0.05 + 0.01).to(pdtype)
-    o = (torch.randn(n, k // group, generator=gen) * 0.1).to(pdtype) if offsets else None
-    return BlockedQuantWeight.from_rows(GroupedRows(q, s, o, bits, group))
+    """quant_helpers.random_rows's forms (bits -5 / -6 signed, "iq4" codebook, pdtype int8
+    two-level), blocked."""
+    seed = int(torch.randint(0, 1 << 30, (1,), generator=gen))
+    return BlockedQuantWeight.from_rows(random_rows(n, k, bits, group, pdtype, offsets, seed))
 
 
 @pytest.mark.parametrize("m,n,k,bits,group,pdtype,offsets,xdtype", [
@@ -37,7 +31,14 @@ def _weight(n, k, bits, group, pdtype, offsets, gen) -> BlockedQuantWeight:
     (20, 80, 64, 8, 16, torch.float32, False, torch.float16),  # Q6_K's form; a tile past the blocks
     (3, 37, 64, -5, 32, torch.float16, False, torch.float32),  # Q5_0: signed 5-bit, no offset
     (18, 48, 64, 5, 32, torch.float32, True, torch.float16),   # Q5_K (Q5_1: fp16 parameters)
-    (2, 32, 64, 4, 16, torch.float32, True, torch.float32),    # Q2_K / Q3_K: 4-bit, group 16
+    (2, 32, 64, 4, 16, torch.float32, True, torch.float32),    # 4-bit, group 16
+    (3, 37, 512, 4, 32, torch.int8, True, torch.float32),      # Q4_K: two-level parameters
+    (18, 48, 256, 5, 32, torch.int8, True, torch.float16),     # Q5_K
+    (2, 40, 256, -6, 16, torch.int8, False, torch.float32),    # Q6_K: signed 6-bit, two-level
+    (3, 24, 256, 4, 16, torch.int8, True, torch.float16),      # Q2_K / Q3_K
+    (5, 32, 64, 6, 32, torch.float16, True, torch.float32),    # unsigned 6-bit, one-level
+    (3, 37, 64, "iq4", 32, torch.float16, False, torch.float32),  # IQ4_NL: codebook indices
+    (17, 32, 512, "iq4", 32, torch.int8, False, torch.float16),   # IQ4_XS: codebook, two-level
 ])
 def test_matches_reference(m, n, k, bits, group, pdtype, offsets, xdtype):
     gen = torch.Generator().manual_seed(m * 7 + n)

@@ -241,15 +241,15 @@ def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
     for infos in groups.values():
         forms = [RUNTIME_FORM[i.type_name] for i in infos]
         if len(set(forms)) == 1:
-            parts = [(infos, forms[0][0])]
+            parts = [(infos, forms[0][0], forms[0][5])]
         elif len({f[1:4] for f in forms}) == 1:  # widened to 8 bits and fused (_set_linears)
-            parts = [(infos, 8)]
+            parts = [(infos, 8, False)]
         else:  # not fused: one weight each
-            parts = [([i], f[0]) for i, f in zip(infos, forms)]
-        for part, bits in parts:
-            _, group, param_bytes, offsets, _ = RUNTIME_FORM[part[0].type_name]
+            parts = [([i], f[0], f[5]) for i, f in zip(infos, forms)]
+        for part, bits, codebook in parts:
+            _, group, param_bytes, offsets, _, _ = RUNTIME_FORM[part[0].type_name]
             total += blocked_nbytes(bits, sum(i.shape[0] for i in part), part[0].shape[1],
-                                    group, param_bytes, offsets)
+                                    group, param_bytes, offsets, codebook)
     return total
 
 
@@ -258,9 +258,17 @@ def _form_name(type_name: str) -> str:
         return f"{type_name.lower()} (16-bit)"
     if type_name not in RUNTIME_FORM:
         return "float32"
-    bits, group, param_bytes, offsets, signed = RUNTIME_FORM[type_name]
-    params = "fp16" if param_bytes == 2 else "fp32"
-    return f"{'s' if signed else ''}int{bits} g{group} {params}{' +offset' if offsets else ''}"
+    bits, group, param_bytes, offsets, signed, codebook = RUNTIME_FORM[type_name]
+    params = {1: "int8 x fp16/256", 2: "fp16", 4: "fp32"}[param_bytes]
+    book = " codebook" if codebook else ""
+    return f"{'s' if signed else ''}int{bits}{book} g{group} {params}{' +offset' if offsets else ''}"
+
+
+def _kernel_form(type_name: str) -> str:
+    """int4 / int5 / int6 / int8, with "codebook" and "two-level" where the kernel reads them."""
+    bits, _, param_bytes, _, _, codebook = RUNTIME_FORM[type_name]
+    return (f"int{bits}{' codebook' if codebook else ''}"
+            f"{' two-level parameters' if param_bytes == 1 else ''}")
 
 
 def _kernel_name(type_name: str, name: str, backend: str) -> str:
@@ -273,10 +281,10 @@ def _kernel_name(type_name: str, name: str, backend: str) -> str:
     elif type_name not in RUNTIME_FORM:
         kernel = "torch linear"
     elif backend == "cpu":
-        kernel = (f"linear_int4.c int{RUNTIME_FORM[type_name][0]} (prefill from 32 rows: "
+        kernel = (f"linear_int4.c {_kernel_form(type_name)} (prefill from 32 rows: "
                   "dequantized tiles + BLAS)")
     else:
-        kernel = f"blocked_w4a16 Triton W{RUNTIME_FORM[type_name][0]}A16"
+        kernel = f"blocked_w4a16 Triton W{RUNTIME_FORM[type_name][0]}A16 {_kernel_form(type_name)}"
     return kernel + ("; the embedding looks its rows up" if name == "token_embd.weight" else "")
 
 

@@ -1,11 +1,15 @@
 /* Linear over quantized weights (quant/int4_format.py's blocked form; kernels/cpu_int4.py packs,
- * calls and tests it): 4-, 5- or 8-bit integers with a per-group scale and offset.
+ * calls and tests it): 4-, 5-, 6- or 8-bit integers with a per-group scale and offset.
  *
  * Layout, per block of 16 output rows (as linear_f32.c's): 4-bit data [NB][K][8] bytes, byte j of
  * (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high nibble); 5-bit data [NB][K][10]: the
  * 4-bit form's 8 bytes, then 2 bytes whose bit j is row 16 b + j's fifth bit, weighing 16 (or -16
- * with signed5: two's complement); 8-bit data int8 [NB][K][16];
- * scales and offsets [NB][K / group][16], fp16 or fp32, offsets NULL meaning zero.
+ * with signed5: two's complement); 6-bit data [NB][K][12]: then 2 more bytes of sixth bits,
+ * weighing 32 (-32 with signed5); 8-bit data int8 [NB][K][16]; a 4-bit weight with a codebook
+ * (the IQ4 types) holds indices, its value codebook[q] (a 16-entry table lookup per 16 lanes);
+ * scales and offsets [NB][K / group][16], fp16 or fp32, or int8 codes with fp16 super parameters
+ * per 256 inputs (the K types' two levels: the parameter is super * code, computed once per group
+ * and exact in fp32, so the sums are the one-level form's bits); offsets NULL meaning zero.
  *
  * linear_blocks_q: Y[r, n] = sum_k X[r, k] * (s[n, g] q[n, k] + o[n, g]) (+ bias[n]), computed per
  * group as s[n, g] * (sum_k q[n, k] X[r, k]) + o[n, g] * (sum_k X[r, k]): the integers become floats
@@ -40,6 +44,10 @@
  * one row reads a block's line every 8 k (4-bit), faster than the hardware prefetchers ramp up;
  * with four blocks a pass, 2048 beat 1024 and 4096 (docs/cpu-backend.md, "CPU linears") */
 #define Q_PREFETCH_K 2048
+#define SUPER_K 256 /* inputs per super parameter */
+/* Weight forms a kernel is compiled for: bits 4, 5, 6, 8, and BOOK4 (4-bit codebook indices) */
+#define BOOK4 40
+#define FORM_BYTES(F) ((F) == 5 ? 10 : (F) == 6 ? 12 : (F) == 8 ? 16 : 8)
 
 /* fp16 bits -> float, exact (subnormals included), for targets without a conversion instruction */
 static inline float half_to_float(uint16_t h) {
@@ -80,19 +88,27 @@ typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
  * broadcast to every quadword: row j < 8 is byte j's low nibble, row j + 8 its high one), then
  * read through a 16-entry table of the floats 0..15 (vpermps uses an index's low 4 bits only, so
  * the other bits need no masking): two shuffles instead of mask, shift, unpack, widen, convert. */
-static inline v16f lanes_int4(const uint8_t *p) {
+static inline v16f lanes_table(const uint8_t *p, __m512 values) {
     int64_t bytes8;
     memcpy(&bytes8, p, 8);
     const __m512i nibble_at = _mm512_set_epi32(60, 52, 44, 36, 28, 20, 12, 4, 56, 48, 40, 32, 24, 16, 8, 0);
-    const __m512 values = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512i index = _mm512_multishift_epi64_epi8(nibble_at, _mm512_set1_epi64(bytes8));
     return (v16f)_mm512_permutexvar_ps(index, values);
 }
-#else
 static inline v16f lanes_int4(const uint8_t *p) {
+    return lanes_table(p, _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+}
+/* codebook indices: the same lookup in the codebook's values (free next to the plain one) */
+static inline v16f lanes_book(const uint8_t *p, v16f book) { return lanes_table(p, (__m512)book); }
+#else
+static inline __m512i nibbles16(const uint8_t *p) {
     const __m128i b = _mm_loadl_epi64((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi));
+}
+static inline v16f lanes_int4(const uint8_t *p) { return (v16f)_mm512_cvtepi32_ps(nibbles16(p)); }
+static inline v16f lanes_book(const uint8_t *p, v16f book) {
+    return (v16f)_mm512_permutexvar_ps(nibbles16(p), (__m512)book);
 }
 #endif
 static inline v16f lanes_int8(const int8_t *p) {
@@ -105,12 +121,32 @@ static inline v16f lanes_int5(const uint8_t *p, float fifth) {
     const __m512 w = (__m512)lanes_int4(p);
     return (v16f)_mm512_mask_add_ps(w, (__mmask16)bits, w, _mm512_set1_ps(fifth));
 }
-static inline v16f lanes_of(int bits, const uint8_t *p, float fifth) {
-    return bits == 4 ? lanes_int4(p) : bits == 5 ? lanes_int5(p, fifth) : lanes_int8((const int8_t *)p);
+/* 6-bit: +16 where the fifth bit is set, then +-32 where the sixth is (two masked adds, exact) */
+static inline v16f lanes_int6(const uint8_t *p, float sixth) {
+    uint16_t bits6;
+    memcpy(&bits6, p + 10, 2);
+    const __m512 w = (__m512)lanes_int5(p, 16.0f);
+    return (v16f)_mm512_mask_add_ps(w, (__mmask16)bits6, w, _mm512_set1_ps(sixth));
 }
-static inline v16f params16(const void *p, int64_t i, int f32) {
-    if (f32) return *(const v16f *)((const float *)p + i * BN);
-    return (v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i * BN)));
+/* the lanes of weight form F at p; fifth: the 5-bit top bit's weight (+-16), 6-bit's is twice it */
+static inline v16f lanes_of(int F, const uint8_t *p, float fifth, v16f book) {
+    return F == 4 ? lanes_int4(p) : F == BOOK4 ? lanes_book(p, book) : F == 5 ? lanes_int5(p, fifth)
+         : F == 6 ? lanes_int6(p, 2 * fifth) : lanes_int8((const int8_t *)p);
+}
+static inline v16f codebook16(const blocked_weight *wt) {
+    if (!wt->codebook) return (v16f){0};
+    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wt->codebook)));
+}
+static inline v16f half16(const uint16_t *p) {
+    return (v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+/* group i's 16 parameters of p (scales or offsets); sp: their super parameters or NULL */
+static inline v16f params16(const blocked_weight *wt, const void *p, const void *sp, int64_t i) {
+    if (sp) /* int8 code x fp16 super: exact in fp32 */
+        return half16((const uint16_t *)sp + i * wt->group / SUPER_K * BN) *
+               (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)p + i * BN))));
+    if (wt->params_f32) return *(const v16f *)((const float *)p + i * BN);
+    return half16((const uint16_t *)p + i * BN);
 }
 
 /* acc + w x and acc + s a as single fused multiply-adds: explicit, so the compiler neither splits
@@ -130,8 +166,9 @@ static inline v16f fmav16(v16f s, v16f a, v16f acc) {
                                                const float *X, int64_t ldx, const float *xs,       \
                                                float *Y, int64_t ldy, const int *ncols,            \
                                                const float *bias) {                                \
-        const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
+        const int64_t G = wt->group, KG = K / G, bytes = FORM_BYTES(BITS);                         \
         const float fifth = wt->signed5 ? -16.0f : 16.0f;                                          \
+        const v16f book = codebook16(wt);                                                          \
         const uint8_t *data[NBLK];                                                                 \
         v16f y[NBLK][RB];                                                                          \
         for (int j = 0; j < NBLK; j++) {                                                           \
@@ -145,16 +182,16 @@ static inline v16f fmav16(v16f s, v16f a, v16f acc) {
             for (int64_t k = g * G; k < (g + 1) * G; k++)                                          \
                 for (int j = 0; j < NBLK; j++) {                                                   \
                     __builtin_prefetch(data[j] + (k + Q_PREFETCH_K) * bytes, 0, 3);                \
-                    const v16f w = lanes_of(BITS, data[j] + k * bytes, fifth);                     \
+                    const v16f w = lanes_of(BITS, data[j] + k * bytes, fifth, book);               \
                     for (int r = 0; r < RB; r++) a[j][r] = fma16(w, X[r * ldx + k], a[j][r]);      \
                 }                                                                                  \
             for (int j = 0; j < NBLK; j++) {                                                       \
-                const v16f s = params16(wt->scales, (b + j) * KG + g, wt->params_f32);             \
+                const v16f s = params16(wt, wt->scales, wt->super_scales, (b + j) * KG + g);       \
                 for (int r = 0; r < RB; r++) y[j][r] = fmav16(s, a[j][r], y[j][r]);                \
             }                                                                                      \
             if (wt->offsets) {                                                                     \
                 for (int j = 0; j < NBLK; j++) {                                                   \
-                    const v16f o = params16(wt->offsets, (b + j) * KG + g, wt->params_f32);        \
+                    const v16f o = params16(wt, wt->offsets, wt->super_offsets, (b + j) * KG + g); \
                     for (int r = 0; r < RB; r++) y[j][r] = fma16(o, xs[r * KG + g], y[j][r]);      \
                 }                                                                                  \
             }                                                                                      \
@@ -169,7 +206,9 @@ static inline v16f fmav16(v16f s, v16f a, v16f acc) {
             }                                                                                      \
     }
 #define MULTI_BLOCKS 4
-#define DEFINE_BOTH(NBLK, RB) DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(5, NBLK, RB) DEFINE_QKERNEL(8, NBLK, RB)
+#define DEFINE_BOTH(NBLK, RB)                                                                      \
+    DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(5, NBLK, RB) DEFINE_QKERNEL(6, NBLK, RB)            \
+    DEFINE_QKERNEL(8, NBLK, RB) DEFINE_QKERNEL(40, NBLK, RB)
 DEFINE_BOTH(4, 1)
 DEFINE_BOTH(4, 2)
 DEFINE_BOTH(2, 1)
@@ -178,13 +217,15 @@ DEFINE_BOTH(2, 3)
 DEFINE_BOTH(2, 4)
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
-    const int64_t G = wt->group, KG = K / G, bytes = wt->bits * BN / 8;
+    const int64_t G = wt->group, KG = K / G, bytes = FORM_BYTES(wt->bits);
+    const int form = wt->codebook ? BOOK4 : wt->bits;
+    const v16f book = codebook16(wt);
     const uint8_t *data = (const uint8_t *)wt->data + b * K * bytes;
     for (int64_t g = 0; g < KG; g++) {
-        const v16f s = params16(wt->scales, b * KG + g, wt->params_f32);
-        const v16f o = wt->offsets ? params16(wt->offsets, b * KG + g, wt->params_f32) : (v16f){0};
+        const v16f s = params16(wt, wt->scales, wt->super_scales, b * KG + g);
+        const v16f o = wt->offsets ? params16(wt, wt->offsets, wt->super_offsets, b * KG + g) : (v16f){0};
         for (int64_t k = g * G; k < (g + 1) * G; k++)
-            *(v16f *)(out + k * BN) = lanes_of(wt->bits, data + k * bytes, wt->signed5 ? -16.0f : 16.0f) * s + o;
+            *(v16f *)(out + k * BN) = lanes_of(form, data + k * bytes, wt->signed5 ? -16.0f : 16.0f, book) * s + o;
     }
 }
 #else /* two 8-lane halves (v8f): AVX2, NEON, or whatever the compiler makes of vector types */
@@ -203,23 +244,48 @@ static inline void lanes_int4(const uint8_t *p, v8f *lo, v8f *hi) {
     *hi = load_v8(c);
 }
 #endif
+#if defined(__AVX2__)
+/* codebook indices: one byte shuffle looks 16 lanes up in the int8 codebook, then widen */
+static inline void lanes_book(const uint8_t *p, const int8_t *book, v8f *lo, v8f *hi) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    const __m128i table = _mm_loadu_si128((const __m128i *)book);
+    const __m128i l = _mm_shuffle_epi8(table, _mm_and_si128(b, mask));
+    const __m128i h = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+    *lo = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(l));
+    *hi = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h));
+}
+#else
+static inline void lanes_book(const uint8_t *p, const int8_t *book, v8f *lo, v8f *hi) {
+    float a[8], c[8];
+    for (int j = 0; j < 8; j++) a[j] = (float)book[p[j] & 0x0F], c[j] = (float)book[p[j] >> 4];
+    *lo = load_v8(a);
+    *hi = load_v8(c);
+}
+#endif
 static inline void lanes_int8(const int8_t *p, v8f *lo, v8f *hi) {
     *lo = i8_to_v8(p);
     *hi = i8_to_v8(p + 8);
 }
 /* +-16 in the lanes whose fifth bit is set, from a table: FIFTH[signed][byte] holds the 8 lanes'
  * addends of one byte of fifth bits (a load and an exact add per 8 lanes, where expanding the
- * bits took five instructions: 5-bit weights ran at ~0.55x the 4-bit ones' speed on AVX2) */
-static float FIFTH[2][256][8];
+ * bits took five instructions: 5-bit weights ran at ~0.55x the 4-bit ones' speed on AVX2);
+ * FIFTH[2 + signed] the sixth bits' +-32 */
+static float FIFTH[4][256][8];
 __attribute__((constructor)) static void fifth_table(void) {
-    for (int s = 0; s < 2; s++)
+    static const float weight[4] = {16.0f, -16.0f, 32.0f, -32.0f};
+    for (int s = 0; s < 4; s++)
         for (int byte = 0; byte < 256; byte++)
-            for (int j = 0; j < 8; j++) FIFTH[s][byte][j] = (byte >> j) & 1 ? (s ? -16.0f : 16.0f) : 0.0f;
+            for (int j = 0; j < 8; j++) FIFTH[s][byte][j] = (byte >> j) & 1 ? weight[s] : 0.0f;
 }
 static inline void lanes_int5(const uint8_t *p, int signed5, v8f *lo, v8f *hi) {
     lanes_int4(p, lo, hi);
     *lo += load_v8(FIFTH[signed5][p[8]]);
     *hi += load_v8(FIFTH[signed5][p[9]]);
+}
+static inline void lanes_int6(const uint8_t *p, int signed6, v8f *lo, v8f *hi) {
+    lanes_int5(p, 0, lo, hi);
+    *lo += load_v8(FIFTH[2 + signed6][p[10]]);
+    *hi += load_v8(FIFTH[2 + signed6][p[11]]);
 }
 #if defined(__F16C__)
 static inline v8f half8(const uint16_t *p) {
@@ -232,9 +298,18 @@ static inline v8f half8(const uint16_t *p) {
     return load_v8(f);
 }
 #endif
-static inline void params16(const void *p, int64_t i, int f32, v8f *lo, v8f *hi) {
+/* group i's 16 parameters of p (scales or offsets; NULL: zero); sp: their super parameters or
+ * NULL: int8 code x fp16 super, exact in fp32 */
+static inline void params16(const blocked_weight *wt, const void *p, const void *sp, int64_t i,
+                            v8f *lo, v8f *hi) {
+    const int f32 = wt->params_f32;
     if (p == 0) {
         *lo = *hi = (v8f){0};
+    } else if (sp) {
+        const uint16_t *super = (const uint16_t *)sp + i * wt->group / SUPER_K * BN;
+        const int8_t *codes = (const int8_t *)p + i * BN;
+        *lo = half8(super) * i8_to_v8(codes);
+        *hi = half8(super + 8) * i8_to_v8(codes + 8);
     } else if (f32) {
         *lo = load_v8((const float *)p + i * BN);
         *hi = load_v8((const float *)p + i * BN + 8);
@@ -243,11 +318,17 @@ static inline void params16(const void *p, int64_t i, int f32, v8f *lo, v8f *hi)
         *hi = half8((const uint16_t *)p + i * BN + 8);
     }
 }
-static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8f *hi) {
-    if (wt->bits == 4)
+/* the lanes of weight form F at p */
+static inline void lanes_of(int F, const uint8_t *p, int signed5, const int8_t *book, v8f *lo,
+                            v8f *hi) {
+    if (F == 4)
         lanes_int4(p, lo, hi);
-    else if (wt->bits == 5)
-        lanes_int5(p, wt->signed5 != 0, lo, hi);
+    else if (F == BOOK4)
+        lanes_book(p, book, lo, hi);
+    else if (F == 5)
+        lanes_int5(p, signed5, lo, hi);
+    else if (F == 6)
+        lanes_int6(p, signed5, lo, hi);
     else
         lanes_int8((const int8_t *)p, lo, hi);
 }
@@ -259,8 +340,9 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
                                                float *Y, int64_t ldy, const int *ncols,            \
                                                const float *bias) {                                \
         _Static_assert(NBLK == 1, "the two-half path runs one block a pass");                   \
-        const int64_t G = wt->group, KG = K / G, bytes = BITS * BN / 8;                            \
+        const int64_t G = wt->group, KG = K / G, bytes = FORM_BYTES(BITS);                         \
         const int signed5 = wt->signed5 != 0;                                                      \
+        const int8_t *book = wt->codebook;                                                         \
         const uint8_t *data = (const uint8_t *)wt->data + b * K * bytes;                           \
         v8f y[RB][2];                                                                              \
         for (int r = 0; r < RB; r++) y[r][0] = y[r][1] = (v8f){0};                                 \
@@ -270,26 +352,21 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
             for (int64_t k = g * G; k < (g + 1) * G; k++) {                                        \
                 __builtin_prefetch(data + (k + Q_PREFETCH_K) * bytes, 0, 3);                       \
                 v8f w0, w1;                                                                        \
-                if (BITS == 4)                                                                     \
-                    lanes_int4(data + k * bytes, &w0, &w1);                                        \
-                else if (BITS == 5)                                                                \
-                    lanes_int5(data + k * bytes, signed5, &w0, &w1);                               \
-                else                                                                               \
-                    lanes_int8((const int8_t *)data + k * bytes, &w0, &w1);                        \
+                lanes_of(BITS, data + k * bytes, signed5, book, &w0, &w1);                         \
                 for (int r = 0; r < RB; r++) {                                                     \
                     const v8f xb = splat_v8(X[r * ldx + k]);                                       \
                     a[r][0] += w0 * xb;                                                            \
                     a[r][1] += w1 * xb;                                                            \
                 }                                                                                  \
             }                                                                                      \
-            params16(wt->scales, b * KG + g, wt->params_f32, &s0, &s1);                            \
+            params16(wt, wt->scales, wt->super_scales, b * KG + g, &s0, &s1);                      \
             for (int r = 0; r < RB; r++) {                                                         \
                 y[r][0] += s0 * a[r][0];                                                           \
                 y[r][1] += s1 * a[r][1];                                                           \
             }                                                                                      \
             if (wt->offsets) {                                                                     \
                 v8f o0, o1;                                                                        \
-                params16(wt->offsets, b * KG + g, wt->params_f32, &o0, &o1);                       \
+                params16(wt, wt->offsets, wt->super_offsets, b * KG + g, &o0, &o1);                \
                 for (int r = 0; r < RB; r++) {                                                     \
                     const v8f xsum = splat_v8(xs[r * KG + g]);                                     \
                     y[r][0] += o0 * xsum;                                                          \
@@ -306,17 +383,20 @@ static inline void lanes(const blocked_weight *wt, const uint8_t *p, v8f *lo, v8
             memcpy(Y + r * ldy, out, sizeof(float) * ncols[0]);                                    \
         }                                                                                          \
     }
-#define DEFINE_BOTH(NBLK, RB) DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(5, NBLK, RB) DEFINE_QKERNEL(8, NBLK, RB)
+#define DEFINE_BOTH(NBLK, RB)                                                                      \
+    DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(5, NBLK, RB) DEFINE_QKERNEL(6, NBLK, RB)            \
+    DEFINE_QKERNEL(8, NBLK, RB) DEFINE_QKERNEL(40, NBLK, RB)
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
-    const int64_t G = wt->group, KG = K / G, bytes = wt->bits * BN / 8;
+    const int64_t G = wt->group, KG = K / G, bytes = FORM_BYTES(wt->bits);
+    const int form = wt->codebook ? BOOK4 : wt->bits;
     const uint8_t *data = (const uint8_t *)wt->data + b * K * bytes;
     for (int64_t g = 0; g < KG; g++) {
         v8f s0, s1, o0, o1, w0, w1;
-        params16(wt->scales, b * KG + g, wt->params_f32, &s0, &s1);
-        params16(wt->offsets, b * KG + g, wt->params_f32, &o0, &o1);
+        params16(wt, wt->scales, wt->super_scales, b * KG + g, &s0, &s1);
+        params16(wt, wt->offsets, wt->super_offsets, b * KG + g, &o0, &o1);
         for (int64_t k = g * G; k < (g + 1) * G; k++) {
-            lanes(wt, data + k * bytes, &w0, &w1);
+            lanes_of(form, data + k * bytes, wt->signed5 != 0, wt->codebook, &w0, &w1);
             store_v8(out + k * BN, w0 * s0 + o0);
             store_v8(out + k * BN + 8, w1 * s1 + o1);
         }
@@ -329,7 +409,7 @@ static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *
  * in time, so without this every pass begins with two misses to memory (one thread's one-row
  * stream ran at ~2/3 of its speed with the parameters in cache). */
 static void prefetch_params(const blocked_weight *wt, int64_t K, int64_t b0, int64_t b1) {
-    const int64_t line = 64, bytes = K / wt->group * BN * (wt->params_f32 ? 4 : 2);
+    const int64_t line = 64, bytes = K / wt->group * BN * (wt->super_scales ? 1 : wt->params_f32 ? 4 : 2);
     for (int64_t i = 0; i < (b1 - b0) * bytes; i += line) {
         __builtin_prefetch((const char *)wt->scales + b0 * bytes + i, 0, 3);
         if (wt->offsets) __builtin_prefetch((const char *)wt->offsets + b0 * bytes + i, 0, 3);
@@ -364,27 +444,29 @@ typedef void (*qkernel_fn)(const blocked_weight *, int64_t, int64_t, const float
     {0, qkernel##BITS##_x1_1, qkernel##BITS##_x1_2, qkernel##BITS##_x1_3, qkernel##BITS##_x1_4,    \
      qkernel##BITS##_x1_5, qkernel##BITS##_x1_6}
 #endif
-/* [width(bits)][rows] */
-static const qkernel_fn ONE_BLOCK[3][MAX_ROWS + 1] = {ONE_BLOCK_TABLE(4), ONE_BLOCK_TABLE(5),
-                                                      ONE_BLOCK_TABLE(8)};
-static inline int width(int bits) { return bits == 4 ? 0 : bits == 5 ? 1 : 2; }
+/* [form(wt)][rows] */
+#define FORMS 5
+static const qkernel_fn ONE_BLOCK[FORMS][MAX_ROWS + 1] = {
+    ONE_BLOCK_TABLE(4), ONE_BLOCK_TABLE(5), ONE_BLOCK_TABLE(6), ONE_BLOCK_TABLE(8), ONE_BLOCK_TABLE(40)};
+static inline int form_of(const blocked_weight *wt) {
+    return wt->codebook ? 4 : wt->bits == 4 ? 0 : wt->bits == 5 ? 1 : wt->bits == 6 ? 2 : 3;
+}
 
 #if defined(MULTI_BLOCKS)
-/* [width(bits)][rows]: the widest pass for 1-4 rows (four blocks only up to 2 rows), then two
+/* [form(wt)][rows]: the widest pass for 1-4 rows (four blocks only up to 2 rows), then two
  * blocks for what is left */
-static const qkernel_fn FOUR_BLOCKS[3][5] = {{0, qkernel4_x4_1, qkernel4_x4_2, 0, 0},
-                                             {0, qkernel5_x4_1, qkernel5_x4_2, 0, 0},
-                                             {0, qkernel8_x4_1, qkernel8_x4_2, 0, 0}};
-static const qkernel_fn TWO_BLOCKS[3][5] = {
-    {0, qkernel4_x2_1, qkernel4_x2_2, qkernel4_x2_3, qkernel4_x2_4},
-    {0, qkernel5_x2_1, qkernel5_x2_2, qkernel5_x2_3, qkernel5_x2_4},
-    {0, qkernel8_x2_1, qkernel8_x2_2, qkernel8_x2_3, qkernel8_x2_4}};
+#define FOUR_ROW(F) {0, qkernel##F##_x4_1, qkernel##F##_x4_2, 0, 0}
+#define TWO_ROW(F) {0, qkernel##F##_x2_1, qkernel##F##_x2_2, qkernel##F##_x2_3, qkernel##F##_x2_4}
+static const qkernel_fn FOUR_BLOCKS[FORMS][5] = {FOUR_ROW(4), FOUR_ROW(5), FOUR_ROW(6), FOUR_ROW(8),
+                                                 FOUR_ROW(40)};
+static const qkernel_fn TWO_BLOCKS[FORMS][5] = {TWO_ROW(4), TWO_ROW(5), TWO_ROW(6), TWO_ROW(8),
+                                                TWO_ROW(40)};
 
 /* Blocks from *b on in passes of four, then two blocks, for 1-4 rows; *b: the first block left. */
 static void multi_block_passes(const blocked_weight *wt, const float *bias, const float *X,
                                int64_t ldx, const float *xs, float *Y, int64_t ldy, int64_t N,
                                int64_t K, int64_t R, int64_t *b, int64_t b1) {
-    const int w = width(wt->bits);
+    const int w = form_of(wt);
     for (int nblk = MULTI_BLOCKS; nblk >= 2; nblk /= 2) {
         const qkernel_fn kernel = (nblk == 4 ? FOUR_BLOCKS : TWO_BLOCKS)[w][R];
         if (!kernel) continue;
@@ -404,7 +486,7 @@ static void multi_block_passes(const blocked_weight *wt, const float *bias, cons
 static void rows_of_blocks(const blocked_weight *wt, const float *bias, const float *X, int64_t ldx,
                            const float *xs, float *Y, int64_t ldy, int64_t N, int64_t K, int64_t R,
                            int64_t b0, int64_t b1) {
-    const qkernel_fn *kernels = ONE_BLOCK[width(wt->bits)];
+    const qkernel_fn *kernels = ONE_BLOCK[form_of(wt)];
     const int64_t KG = K / wt->group;
 #if defined(MULTI_BLOCKS)
     if (R >= 1 && R <= 4) multi_block_passes(wt, bias, X, ldx, xs, Y, ldy, N, K, R, &b0, b1);
@@ -456,14 +538,17 @@ void linear_blocks(const blocked_weight *wt, const float *bias, const float *X, 
 /* The bytes of blocks [b0, b1)' integers (what a read-ahead asks for). */
 void weight_block_bytes(const blocked_weight *wt, int64_t K, int64_t b0, int64_t b1,
                         const char **begin, const char **end) {
-    const int64_t line = (int64_t)wt->bits * BN / 8; /* bytes per (block, k) */
+    const int64_t line = FORM_BYTES(wt->bits); /* bytes per (block, k) */
     *begin = (const char *)wt->data + b0 * K * line;
     *end = (const char *)wt->data + b1 * K * line;
 }
 
 static int check_weight(const blocked_weight *wt, int64_t K) {
-    if (wt->bits != 4 && wt->bits != 5 && wt->bits != 8) return -1;
+    if (wt->bits != 4 && wt->bits != 5 && wt->bits != 6 && wt->bits != 8) return -1;
     if (wt->group <= 0 || K % wt->group != 0 || K / wt->group > GROUP_SUMS) return -1;
+    if (wt->codebook && wt->bits != 4) return -1;
+    if (wt->super_scales && (K % SUPER_K || SUPER_K % wt->group || (wt->offsets && !wt->super_offsets)))
+        return -1;
     return 0;
 }
 
