@@ -8,7 +8,8 @@ tokens (so a position reads bit for bit the same in either; a windowed prefill r
 come from a per-step fp16 "fresh" store); for fp32 stores (or without a C compiler) decode
 tokens through torch ops and each prefill row through one causal SDPA call. A step whose tokens
 are all gathered by the C attention (int8 or fp16 KV) also offers `native_decode_args` for the
-one-call C layer stack (kernels/cpu_decoder.py), prefill chunks included.
+one-call C layer stack (kernels/cpu_decoder.py), prefill chunks included, unless the model has
+local (sliding-window) layers, whose reads are cut per layer (kv/layer_windows.py).
 
 Invariants: as kv/paged_context.py's (new tokens outside the shared prefix, tail storage reserved,
 indexes built once per step in `__init__`, never per layer); the storage is on the CPU.

@@ -13,7 +13,9 @@ For every store ("pages": the pool, "inline": the arena):
   of its tokens is a row of that gather too, reading exactly what a decode token at its position
   reads, its exact keys from a per-step fp16 "fresh" store (`num_fresh`, `fresh_carry`); else per row its key
   rows `[Hkv, L_s]` per store and a `[n, L]` mask, one entry of `prefill` (torch SDPA).
-Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
+Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`). A local (sliding-window)
+layer reads `gather_for(W)`: each row cut to its last W positions, and `prefill_bias(i, W)`
+(kv/layer_windows.py).
 
 A sequence that holds a recent-key window (kv/recent_window.py) reads by the position-only
 rule of kv/recent_window.py: a query at position i reads the keys of its aligned block

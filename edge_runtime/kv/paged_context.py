@@ -17,7 +17,9 @@ an "inline" tail is F full tail pages followed by inline slots holding `[b, L)`,
                 program per query token (dispatch.exact_block_attention);
 
 and merges the spans, then the exact block, in position order by one formula
-(dispatch.merge_in_order). Decode and prefill tokens go through the same launches with the same
+(dispatch.merge_in_order). A local (sliding-window) layer reads its int8 keys from
+`key_starts[W]` = max(0, i - W + 1) instead of 0 (kv/layer_windows.py); its exact block is
+inside its window. Decode and prefill tokens go through the same launches with the same
 tiles, so what a token computes depends on its position and the stored values alone: cold or
 from the prefix cache, chunked any way, batched, preempted or forked, the logits are the same
 bits (tests/test_determinism.py). Three attention launches per layer, whatever the segments.
