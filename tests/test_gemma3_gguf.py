@@ -88,7 +88,7 @@ def test_engine_greedy_matches_transformers_within_the_window():
 
 
 def test_engine_greedy_matches_transformers_past_the_window():
-    """A prompt of over 1,000 tokens in 128-token pages: each local layer reads its last 512."""
+    """The 600+-token prompt in 128-token pages: each local layer reads its last 512 keys."""
     loaded = load_for(str(GGUF), resolve("cpu", "cpu"), progress=lambda m: None, weights="fp32")
     engine = Engine(loaded, EngineConfig(device="cpu", backend="cpu", kv_dtype="fp32",
                                          page_tokens=128, num_pages=12,
