@@ -3,7 +3,7 @@ CUDA: paged store, Triton kernels through the interpreter on CPU tensors), fp32 
 transformers' generate on tiny random checkpoints (tests/model_helpers.py). Gemma 3's test
 config has a 24-token window on its local layers (16-token pages), so prompts several windows
 long check that the step contexts mask each local layer to its window (kv/layer_windows.py):
-cold, from the prefix cache, batched and forked (n > 1)."""
+cold, from the prefix cache, batched, forked (n > 1) and in beam search."""
 
 import functools
 import tempfile
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import hf_beam
 from model_helpers import random_ids, save_random_model, tiny_hf_config
 
 from edge_runtime.engine.api import SamplingParams
@@ -90,6 +91,16 @@ def test_gemma3_local_layers_past_the_window(backend):
     forked = engine.generate([prompts[0]], SamplingParams(max_tokens=12, temperature=0.0,
                                                           ignore_eos=True, n=2))[0]
     assert [c.token_ids for c in forked.completions] == [results[0].completions[0].token_ids] * 2
+    engine.kv.check_leaks()
+
+
+def test_gemma3_beam_search_past_the_window():
+    """Beam search (forks sharing pages, copy-on-write) over a 75-token prompt equals
+    transformers' num_beams=2."""
+    prompt = random_ids(75, 512, seed=145)
+    engine = engine_on("gemma3", "cpu", num_pages=48)
+    got = engine.generate([prompt], SamplingParams(max_tokens=8, beam_width=2))[0]
+    assert got.completions[0].token_ids == hf_beam(hf_model("gemma3"), prompt, 2, 8, 2)
     engine.kv.check_leaks()
 
 
