@@ -48,6 +48,7 @@ class ModelShape:
     vocab_size: int
     tie_word_embeddings: bool = False
     quantization: str = "none"  # "none" | "awq-g128" | "awq-g64"
+    layer_windows: tuple[int | None, ...] | None = None  # per layer: local window, None global
 
 
 REFERENCE_MODELS = {
@@ -57,6 +58,10 @@ REFERENCE_MODELS = {
     "llama-3.1-8b-awq": ModelShape("llama-3.1-8b-awq", 32, 32, 8, 128, 4096, 14336, 128256,
                                    quantization="awq-g128"),
     "smollm2-135m-shape": ModelShape("smollm2-135m-shape", 30, 9, 3, 64, 576, 1536, 49152, True),
+    # Gemma 3 270M: five local layers (window 512) per global one
+    "gemma-3-270m-shape": ModelShape("gemma-3-270m-shape", 18, 4, 1, 256, 640, 2048, 262144, True,
+                                     layer_windows=tuple(None if (i + 1) % 6 == 0 else 512
+                                                         for i in range(18))),
 }
 
 
@@ -107,6 +112,8 @@ class MemoryPlan:
     streams_that_fit: int  # streams of stream_context_tokens, nothing shared
     max_concurrent_sequences: int
     runtime_bytes: int = 0  # CUDA context + allocator workspace, measured at start (engine/cuda_memory.py)
+    # sliding-window models: layer_group_bytes' prediction for one stream (None: every layer global)
+    layer_groups: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -142,7 +149,59 @@ def make_plan(budget: Budget, model_config, weight_bytes: int | None,
         weight_bytes or 0, per_token, per_page, budget.inline_slots, budget.inline_tokens, arena,
         window, windows, kv_dtype == "int8" and budget.centred_keys, num_pages * per_page,
         num_pages, num_pages * page_tokens, budget.stream_context_tokens,
-        num_pages // pages_per_stream, budget.max_concurrent_sequences, runtime_bytes)
+        num_pages // pages_per_stream, budget.max_concurrent_sequences, runtime_bytes,
+        _layer_groups(model_config, kv_dtype, page_tokens, budget.stream_context_tokens,
+                      num_pages * per_page))
+
+
+@dataclass(frozen=True)
+class LayerGroupBytes:
+    """KV bytes of one stream of `context_tokens` by layer group (docs/pool.md, "Layer groups"):
+    global layers hold every position; a local layer of window W needs at most
+    ceil(W / P) + 1 pages of it. `stream_bytes_grouped` is the design's prediction; the pool
+    stores every layer (`stream_bytes_all_layers`) until local groups release their pages."""
+
+    window: int
+    global_layers: int
+    local_layers: int
+    global_bytes_per_token: int  # all global layers together
+    local_bytes_per_token: int  # all local layers together
+    context_tokens: int
+    local_tokens_held: int  # positions a local layer keeps: whole pages covering its window
+    stream_bytes_all_layers: int
+    stream_bytes_grouped: int
+
+    @property
+    def ratio(self) -> float:
+        return self.stream_bytes_grouped / self.stream_bytes_all_layers
+
+
+def layer_group_bytes(model_config, kv_dtype: str, page_tokens: int,
+                      context_tokens: int) -> LayerGroupBytes | None:
+    """None for a model whose layers are all global (no `layer_windows`, or none local)."""
+    windows = getattr(model_config, "layer_windows", None) or ()
+    local = [w for w in windows if w is not None]
+    if not local:
+        return None
+    assert len(set(local)) == 1, f"one local window per model, got {sorted(set(local))}"
+    window = local[0]
+    per_layer = kv_bytes_per_token(model_config, kv_dtype) // model_config.num_layers
+    held = min(context_tokens, (-(-window // page_tokens) + 1) * page_tokens)
+    n_local = len(local)
+    n_global = model_config.num_layers - n_local
+    return LayerGroupBytes(window, n_global, n_local, n_global * per_layer, n_local * per_layer,
+                           context_tokens, held,
+                           model_config.num_layers * per_layer * context_tokens,
+                           n_global * per_layer * context_tokens + n_local * per_layer * held)
+
+
+def _layer_groups(model_config, kv_dtype: str, page_tokens: int, context_tokens: int,
+                  pool_bytes: int) -> dict | None:
+    groups = layer_group_bytes(model_config, kv_dtype, page_tokens, context_tokens)
+    if groups is None:
+        return None
+    return {**asdict(groups), "ratio": round(groups.ratio, 4),
+            "streams_that_fit_grouped": pool_bytes // groups.stream_bytes_grouped}
 
 
 def check_page_size(budget: Budget, page_tokens, kv_dtype: str, where: str) -> None:

@@ -65,8 +65,11 @@ PREFILL_ROWS = (64, 512)  # a short prefill chunk (tiled kernel), a long one (de
 ENGINE_LAUNCHES = [
     *[("write_kv", dict(model=m, act=a, kv=kv, centred=c))
       for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS],
-    *[("positional_attention", dict(model=m, act=a, kv=kv, centred=c, inline=i))
+    *[("positional_attention", dict(model=m, act=a, kv=kv, centred=c, inline=i, windowed=False))
       for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS for i in (False, True)],
+    # a sliding-window layer's reads (key_start, kv/layer_windows.py): the engine's inline default
+    *[("positional_attention", dict(model=m, act=a, kv=kv, centred=c, inline=True, windowed=True))
+      for m in MODELS for a in ACT_DTYPES for kv, c in KV_FORMATS],
     *[("exact_block_attention", dict(model=m, act=a)) for m in MODELS for a in ACT_DTYPES],
     *[("merge_in_order", dict(model=m, extra=e)) for m in MODELS for e in (False, True)],
     *[("awq_gemm_prepared", dict(model=m, rows=r, sms=sms))
@@ -176,10 +179,12 @@ def _attention_args(model, act, kv, centred, tokens, pages=3):
     return q, _pool(m, kv), (table, seq, lens), mean
 
 
-def _positional_attention(model, act, kv, centred, inline):
+def _positional_attention(model, act, kv, centred, inline, windowed):
     q, pool, (table, seq, lens), mean = _attention_args(model, act, kv, centred, tokens=2)
     arena = _pool(MODELS[model], kv, pages=2) if inline else None
-    index = PositionIndex(table, table, seq, lens, torch.zeros(2, 3, dtype=torch.int32), 256, 3)
+    start = torch.full_like(lens, 200) if windowed else None  # each token's window starts at 200
+    index = PositionIndex(table, table, seq, lens, torch.zeros(2, 3, dtype=torch.int32), 256, 3,
+                          key_start=start)
     positional_attention_triton(q, pool, arena, index, 0.125, k_mean=mean)
 
 

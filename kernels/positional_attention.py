@@ -105,13 +105,15 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["chunk_pages"])
     def _positional_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, ak_ptr, av_ptr, aks_ptr, avs_ptr,
-                           mean_ptr, bt_ptr, at_ptr, seq_ptr, end_ptr, bounds_ptr, out_ptr, lse_ptr,
+                           mean_ptr, bt_ptr, at_ptr, seq_ptr, end_ptr, start_ptr, bounds_ptr, out_ptr,
+                           lse_ptr,
                            chunk_ptr, chunk_pages, qk_scale, page_tokens, slot_tokens, span_tokens,
                            s_qt, s_qh, s_n, s_p, s_h, s_sn, s_sp, s_sh,
                            s_an, s_ap, s_asn, s_asp, s_bt, s_at, s_ot, s_oh, s_os, s_lt, s_lh,
                            H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_N: tl.constexpr, QUANT: tl.constexpr, MAGIC: tl.constexpr,
-                           IDOT: tl.constexpr, CENTRED: tl.constexpr, INLINE: tl.constexpr):
+                           IDOT: tl.constexpr, CENTRED: tl.constexpr, INLINE: tl.constexpr,
+                           WINDOWED: tl.constexpr):
         # program: query token t, query head h, span; K/V strides (s_n, s_p, s_h) shared by K and
         # V, scales (s_sn, s_sp, s_sh) by both scales; the arena's the same but its block strides.
         # The pool's pages are chunked (chunk_ptr: its offsets table, kernels/page_chunks.py), the
@@ -127,6 +129,11 @@ if triton is not None:
         inline_from = tl.load(bounds_ptr + 3 * row + 2)
         start = span * span_tokens
         end = tl.minimum(tl.load(end_ptr + t), start + span_tokens)
+        first = 0  # the first key read (a sliding-window layer's cut)
+        lo = start
+        if WINDOWED:  # tiles stay aligned to absolute positions: start at first's tile
+            first = tl.load(start_ptr + t)
+            lo = tl.where(first >= end, end, tl.maximum(start, first - first % BLOCK_N))
         d = tl.arange(0, BLOCK_D)
         dmask = d < D
         q = tl.load(q_ptr + t * s_qt + h * s_qh + d, mask=dmask, other=0.0).to(tl.float32) * qk_scale
@@ -138,9 +145,9 @@ if triton is not None:
         m_i = float("-inf")
         l_i = 0.0
         acc = tl.zeros([BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):  # every tile holds >= 1 key below `end`
+        for n0 in range(lo, end, BLOCK_N):  # every tile holds >= 1 key in [first, end)
             n = n0 + tl.arange(0, BLOCK_N)
-            nmask = n < end
+            nmask = (n < end) & (n >= first)
             page, off, in_pool, slot, slot_off, in_arena = _key_slots(
                 n, nmask, row, prefix, gap, inline_from, bt_ptr, s_bt, at_ptr, s_at,
                 page_tokens, slot_tokens, INLINE)
@@ -252,14 +259,15 @@ def positional_attention_triton(q, pool, arena, index: PositionIndex, sm_scale, 
     offsets, chunk_pages = _chunks.table_of(k, chunks)
     _positional_kernel[(t * h, s_count)](
         q, k, v, ks, vs, ak, av, aks, avs, mean, index.pool_table, index.arena_table, index.seq_idx,
-        index.key_end, index.row_bounds, out, lse, offsets, chunk_pages, float(sm_scale) * LOG2E,
+        index.key_end, index.key_end if index.key_start is None else index.key_start,
+        index.row_bounds, out, lse, offsets, chunk_pages, float(sm_scale) * LOG2E,
         k.shape[1], ak.shape[1], index.span_tokens, q.stride(0), q.stride(1), *k.stride()[:3],
         *ks.stride()[:3], *ak.stride()[:2], *aks.stride()[:2], index.pool_table.stride(0),
         index.arena_table.stride(0), out.stride(0), out.stride(1), out.stride(2), lse.stride(0),
         lse.stride(1),
         H=h, GROUP=h // k.shape[2], D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n,
         QUANT=quant, MAGIC=quant and bool(tune["magic"]), IDOT=quant and bool(tune["idot"]) and block_n >= 32,
-        CENTRED=k_mean is not None, INLINE=arena is not None,
+        CENTRED=k_mean is not None, INLINE=arena is not None, WINDOWED=index.key_start is not None,
         num_warps=tune["num_warps"], num_stages=tune["num_stages"])
     return out, lse
 

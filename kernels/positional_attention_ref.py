@@ -2,7 +2,8 @@
 
 Semantics (the Triton kernel in positional_attention.py computes the same): query token t belongs
 to block-table row r = seq_idx[t] and reads the keys at absolute positions [0, key_end[t]) of its
-sequence, cut into spans of `span_tokens` absolute positions; it returns one partial (out, lse) per
+sequence (from key_start[t] when the index has one: a sliding-window layer), cut into spans of
+`span_tokens` absolute positions; it returns one partial (out, lse) per
 span: out [T, H, S, D], lse [T, H, S] (an empty span: out 0, lse -inf). Where position n of row r
 lives (row_bounds[r] = (prefix_len p, gap, inline_from b)):
 
@@ -39,11 +40,15 @@ class PositionIndex:
     row_bounds: torch.Tensor  # int32 [R, 3]: (prefix_len, gap, inline_from)
     span_tokens: int
     num_spans: int  # spans of the longest key_end (known on the host: no sync)
+    # int32 [T] or None (0): keys [key_start, key_end) are read (a sliding-window layer's cut,
+    # kv/layer_windows.py)
+    key_start: torch.Tensor | None = None
 
     def to(self, device) -> "PositionIndex":
         return PositionIndex(self.pool_table.to(device), self.arena_table.to(device),
                              self.seq_idx.to(device), self.key_end.to(device),
-                             self.row_bounds.to(device), self.span_tokens, self.num_spans)
+                             self.row_bounds.to(device), self.span_tokens, self.num_spans,
+                             None if self.key_start is None else self.key_start.to(device))
 
 
 def check_index(q, pool, arena, index: PositionIndex) -> None:
@@ -60,7 +65,10 @@ def check_index(q, pool, arena, index: PositionIndex) -> None:
         raise ValueError(f"the arena {arena[0].dtype} {tuple(arena[0].shape)} must match the pool "
                          f"{k.dtype} {tuple(k.shape)} in dtype, kv heads and head_dim")
     t = q.shape[0]
-    for name, x in (("seq_idx", index.seq_idx), ("key_end", index.key_end)):
+    named = [("seq_idx", index.seq_idx), ("key_end", index.key_end)]
+    if index.key_start is not None:
+        named.append(("key_start", index.key_start))
+    for name, x in named:
         if x.shape != (t,) or x.dtype != torch.int32:
             raise ValueError(f"{name} must be int32 [T={t}]; got {x.dtype} {tuple(x.shape)}")
     rows = index.pool_table.shape[0]
@@ -140,6 +148,8 @@ def positional_attention_ref(q, pool, arena, index: PositionIndex, sm_scale, k_m
         v = _gather(pool_cols, arena_cols, at, False, None).repeat_interleave(g, dim=2)
         scores = torch.einsum("thd,tlhd->thl", q[a:a + chunk].float(), k) * sm_scale  # [t, H, L]
         valid = torch.arange(length, device=q.device) < index.key_end[a:a + chunk, None].long()
+        if index.key_start is not None:
+            valid &= torch.arange(length, device=q.device) >= index.key_start[a:a + chunk, None].long()
         scores = scores.masked_fill(~valid[:, None, :], float("-inf")).view(-1, h, s_count, span)
         part_lse = torch.logsumexp(scores, dim=-1)  # [t, H, S]; -inf for an empty span
         probs = torch.exp(scores - part_lse.nan_to_num(neginf=0.0)[..., None]).nan_to_num(0.0)

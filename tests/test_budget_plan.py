@@ -16,7 +16,8 @@ from edge_runtime.budget import available_budgets, budget_from_dict, load_budget
 from edge_runtime.cli import main
 from edge_runtime.model.weight_bytes import safetensors_weight_bytes
 from edge_runtime.errors import ConfigError
-from edge_runtime.plan import REFERENCE_MODELS, estimate_weight_bytes, kv_bytes_per_token, make_plan
+from edge_runtime.plan import (REFERENCE_MODELS, estimate_weight_bytes, kv_bytes_per_token,
+                               layer_group_bytes, make_plan)
 
 CONFIGS = ["agx-orin-64gb", "agx-orin-32gb", "orin-nx-16gb", "orin-nano-8gb", "cpu-dev"]
 BASE = {"device_memory": "8GiB", "reserve": {"os": "1GiB", "other": "1GiB"},
@@ -134,6 +135,28 @@ def test_plan_arithmetic_and_streams():
     assert make_plan(b, shape, 300 * 2**20, kv_dtype="fp16", page_tokens=128).bytes_per_page == 128 * 30 * 2 * 3 * 128
 
 
+def test_layer_group_bytes_of_a_gemma3_stream():
+    """Gemma 3 270M int8: 516 bytes per token and layer (256 K + 256 V int8, two fp16 scales);
+    3 global layers hold all 8,192 positions, 15 local ones (window 512) two 512-token pages."""
+    shape = REFERENCE_MODELS["gemma-3-270m-shape"]
+    groups = layer_group_bytes(shape, "int8", 512, 8192)
+    assert (groups.global_layers, groups.local_layers, groups.window) == (3, 15, 512)
+    assert (groups.global_bytes_per_token, groups.local_bytes_per_token) == (3 * 516, 15 * 516)
+    assert groups.local_tokens_held == 1024
+    assert groups.stream_bytes_all_layers == 18 * 516 * 8192 == kv_bytes_per_token(shape, "int8") * 8192
+    assert groups.stream_bytes_grouped == 3 * 516 * 8192 + 15 * 516 * 1024
+    assert round(groups.ratio, 4) == 0.2708
+    assert layer_group_bytes(shape, "int8", 128, 8192).local_tokens_held == 640  # 5 pages of 128
+    assert layer_group_bytes(shape, "int8", 512, 700).local_tokens_held == 700  # shorter: all held
+    assert layer_group_bytes(REFERENCE_MODELS["llama-2-7b"], "int8", 512, 8192) is None
+    plan = make_plan(load_budget("orin-nano-8gb"), shape, 0)
+    grouped = plan.layer_groups
+    assert grouped["stream_bytes_grouped"] < grouped["stream_bytes_all_layers"]
+    assert grouped["streams_that_fit_grouped"] == plan.pool_bytes // grouped["stream_bytes_grouped"]
+    assert grouped["streams_that_fit_grouped"] > plan.streams_that_fit
+    assert make_plan(load_budget("orin-nano-8gb"), REFERENCE_MODELS["llama-2-7b-awq"], 0).layer_groups is None
+
+
 def test_impossible_budget_lists_the_numbers():
     b = budget_from_dict(BASE, "t.yaml")
     with pytest.raises(ConfigError, match=r"weights 12\.55 GiB.*quantize") as err:
@@ -217,3 +240,13 @@ def test_bookkeeping_budget_and_plan_import_no_torch():
             "edge_runtime.plan; edge_runtime.budget.load_budget('cpu-dev'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run(code_argv(code), check=True)
+
+
+def test_plan_cli_shows_layer_groups(capsys):
+    """A sliding-window model's plan prints both groups' bytes per token and the predicted ratio."""
+    assert main(["plan", "--config", "orin-nano-8gb", "--model", "gemma-3-270m-shape",
+                 "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "3 global / 15 local layers (window 512)" in out and "1,548 / 7,740" in out
+    # 2,048-token streams: (3 x 2,048 + 15 x 1,024) / (18 x 2,048)
+    assert "with layer groups (predicted, not built)" in out and "(ratio 0.58)" in out

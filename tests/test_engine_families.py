@@ -1,8 +1,9 @@
 """Qwen3, Gemma 3 and SmolLM3 through the Engine on both back ends (CPU: flat store, C kernels;
 CUDA: paged store, Triton kernels through the interpreter on CPU tensors), fp32 KV: greedy tokens equal to
-transformers' generate on tiny random checkpoints (tests/model_helpers.py). Gemma 3's engine
-context is its window (the KV stores do not mask local layers yet, model/config.py), so its test
-config has a 64-token window and its requests fit in it; a longer prompt is refused."""
+transformers' generate on tiny random checkpoints (tests/model_helpers.py). Gemma 3's test
+config has a 24-token window on its local layers (16-token pages), so prompts several windows
+long check that the step contexts mask each local layer to its window (kv/layer_windows.py):
+cold, from the prefix cache, batched, forked (n > 1) and in beam search."""
 
 import functools
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import hf_beam
 from model_helpers import random_ids, save_random_model, tiny_hf_config
 
 from edge_runtime.engine.api import SamplingParams
@@ -19,7 +21,7 @@ from edge_runtime.engine.placement import load_for, resolve
 from edge_runtime.errors import RequestError
 from edge_runtime.kernels import dispatch
 
-WINDOW = 64
+WINDOW = 24  # not a multiple of the 16-token pages: a window's start falls inside a page
 _TMP = tempfile.TemporaryDirectory(prefix="edge-family-tests-")
 
 
@@ -72,10 +74,42 @@ def test_engine_greedy_matches_transformers(name, backend):
     engine.kv.check_leaks()
 
 
-def test_gemma3_engine_refuses_a_prompt_past_the_window():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemma3_local_layers_past_the_window(backend):
+    """Prompts 3-4 windows long, batched; then one whose first 64 tokens come from the prefix
+    cache, and n = 2 (a fork): every greedy answer equals transformers' (whose local layers read
+    only their window), so each local layer read exactly keys i - 24 < j <= i."""
+    engine = engine_on("gemma3", backend, num_pages=48)
+    prompts = [random_ids(n, 512, seed=70 + n) for n in (75, 97)]
+    shared = prompts[1][:70] + random_ids(9, 512, seed=5)
+    results = engine.generate(prompts, _greedy(12))
+    engine.kv.check_invariants()
+    results += engine.generate([shared], _greedy(12))
+    assert results[2].cached_prompt_tokens >= 64, results[2].cached_prompt_tokens
+    for prompt, res in zip(prompts + [shared], results):
+        assert res.completions[0].token_ids == hf_greedy("gemma3", prompt, 12), (backend, len(prompt))
+    forked = engine.generate([prompts[0]], SamplingParams(max_tokens=12, temperature=0.0,
+                                                          ignore_eos=True, n=2))[0]
+    assert [c.token_ids for c in forked.completions] == [results[0].completions[0].token_ids] * 2
+    engine.kv.check_leaks()
+
+
+def test_gemma3_beam_search_past_the_window():
+    """Beam search (forks sharing pages, copy-on-write) over a 75-token prompt equals
+    transformers' num_beams=2."""
+    prompt = random_ids(75, 512, seed=145)
+    engine = engine_on("gemma3", "cpu", num_pages=48)
+    got = engine.generate([prompt], SamplingParams(max_tokens=8, beam_width=2))[0]
+    assert got.completions[0].token_ids == hf_beam(hf_model("gemma3"), prompt, 2, 8, 2)
+    engine.kv.check_leaks()
+
+
+def test_gemma3_engine_serves_past_the_window():
+    """The engine's context is the model's, not its local layers' window."""
     engine = engine_on("gemma3", "cpu")
-    with pytest.raises(RequestError, match=f"at most {WINDOW - 1} .*sliding window of {WINDOW}"):
-        engine.generate([random_ids(WINDOW + 3, 512, seed=1)], _greedy(2))
+    assert engine.model.config.max_position_embeddings == 2048
+    with pytest.raises(RequestError, match="at most 2047"):
+        engine.generate([random_ids(2048, 512, seed=1)], _greedy(2))
 
 
 @pytest.mark.skipif(not dispatch.triton_importable(), reason="needs triton (interpreter)")
@@ -84,10 +118,10 @@ def test_int8_kv_back_ends_agree(name):
     """int8 KV: the CPU back end (Qwen3 through the one-call C layer stack, kernels/cpu_decoder.py;
     Gemma 3 and SmolLM3 through the torch layer loop) and the CUDA back end give the same greedy
     tokens."""
-    prompts = [random_ids(n, 512, seed=40 + n) for n in (6, 25)]
+    prompts = [random_ids(n, 512, seed=40 + n) for n in (6, 25, 70)]
     got = {}
     for backend in ("cpu", "cuda"):
-        engine = engine_on(name, backend, kv_dtype="int8")
+        engine = engine_on(name, backend, kv_dtype="int8", num_pages=24)
         if backend == "cpu":
             fused = engine.model.fused_decoder is not None
             assert fused == (name == "qwen3"), (name, fused)

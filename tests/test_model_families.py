@@ -95,9 +95,8 @@ def test_configs_exercise_their_features(family):
         assert cfg.rope_theta == 1e6 and cfg.norm_unit_offset and cfg.sandwich_norms
         assert cfg.hidden_act == "gelu_pytorch_tanh" and cfg.embed_scale == 8.0
         assert cfg.attention_scale == 24 ** -0.5 and cfg.final_logit_softcapping == 30.0
-        # the engine serves up to the window (it does not mask local layers yet); the
-        # reference path runs to the model's own limit
-        assert cfg.max_position_embeddings == 8 and cfg.model_context == 2048
+        # the engine masks local layers to their window: it serves the model's own limit
+        assert cfg.max_position_embeddings == 2048 and cfg.model_context == 2048
     else:
         assert cfg.architecture == "Qwen3ForCausalLM" and cfg.layer_windows is None
 
@@ -113,7 +112,7 @@ def test_gemma3_old_config_dialect():
         "max_position_embeddings": 32768})
     assert cfg.layer_windows == (512,) * 5 + (None, 512)
     assert (cfg.rope_theta, cfg.local_rope_theta) == (1e6, 1e4)
-    assert cfg.max_position_embeddings == 512 and cfg.model_context == 32768
+    assert cfg.max_position_embeddings == 32768 and cfg.model_context == 32768
 
 
 @pytest.mark.parametrize("arch,missing", [

@@ -14,8 +14,8 @@ def check_request(prompt_ids: list[int], model_config, capacity_tokens: int) -> 
     if len(prompt_ids) >= limit:
         why = ""
         if limit < getattr(model_config, "model_context", limit):  # capped to a sliding window
-            why = (f" (its sliding window of {model_config.sliding_window} tokens: the engine "
-                   "does not mask sliding-window layers yet)")
+            why = (f" (its model-wide sliding window of {model_config.sliding_window} tokens: "
+                   "served up to the window, model/config.py)")
         raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this model accepts "
                            f"at most {limit - 1}{why}")
     vocab = model_config.vocab_size

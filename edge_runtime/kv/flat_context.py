@@ -8,7 +8,8 @@ tokens (so a position reads bit for bit the same in either; a windowed prefill r
 come from a per-step fp16 "fresh" store); for fp32 stores (or without a C compiler) decode
 tokens through torch ops and each prefill row through one causal SDPA call. A step whose tokens
 are all gathered by the C attention (int8 or fp16 KV) also offers `native_decode_args` for the
-one-call C layer stack (kernels/cpu_decoder.py), prefill chunks included.
+one-call C layer stack (kernels/cpu_decoder.py), prefill chunks included, unless the model has
+local (sliding-window) layers, whose reads are cut per layer (kv/layer_windows.py).
 
 Invariants: as kv/paged_context.py's (new tokens outside the shared prefix, tail storage reserved,
 indexes built once per step in `__init__`, never per layer); the storage is on the CPU.
@@ -39,7 +40,9 @@ class FlatKVContext(StepKVContext):
         self._fresh = None  # (k, v) [1, layers, F, Hkv, D] fp16: gathered prefill rows' exact K/V
         if self.flat.num_fresh:
             self._fresh = self._flat_fresh_store(self.flat.num_fresh, *self.flat.fresh_carry)
-        self._native = None  # NativeDecodeAttention, made at the first layer (needs q's heads)
+        # per layer window (None: global) its NativeDecodeAttention, made at its first layer
+        # (needs q's heads)
+        self._native: dict[int | None, object] = {}
 
     @property
     def slot_mapping(self) -> dict[str, torch.Tensor]:
@@ -47,6 +50,7 @@ class FlatKVContext(StepKVContext):
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         flat = self.flat
+        window = self.layer_window(layer)
         exact = [self._exact_kv(layer, k, v, first, n, carry)
                  for first, n, _, _, carry in flat.prefill]  # before the window writes
         for name, (tokens, rows) in flat.write.items():
@@ -57,14 +61,15 @@ class FlatKVContext(StepKVContext):
         out = None
         if flat.prefill:
             out = torch.empty(q.shape, dtype=torch.float32)
-            for (first, n, parts, bias, _), exact_kv in zip(flat.prefill, exact):
+            for i, ((first, n, parts, _, _), exact_kv) in enumerate(zip(flat.prefill, exact)):
                 args = [self._store_args(name, rows, layer) for name, rows in parts]
+                bias = flat.prefill_bias(i, window)
                 out[first:first + n] = gather_prefill_attention(q[first:first + n], args, bias,
                                                                 self.sm_scale, exact_kv,
                                                                 self.storage.key_mean("pages", layer))
         if flat.decode_tokens.numel():
             q_dec = q if flat.all_gathered else q[flat.decode_tokens]
-            out_dec = self._decode(layer, q_dec)
+            out_dec = self._decode(layer, q_dec, window)
             if out is None:
                 return out_dec.to(q.dtype)
             out[flat.decode_tokens] = out_dec
@@ -105,21 +110,22 @@ class FlatKVContext(StepKVContext):
                 and self.storage.pool.k.shape[4] <= NATIVE_MAX_HEAD_DIM
                 and cpu_native.library() is not None)
 
-    def _native_attention(self, num_heads: int, head_dim: int):
-        """The C decode attention for this step's gathered rows, made once; False where it does
-        not apply (float stores, head_dim too large, no C library)."""
-        if self._native is None:
-            flat = self.flat
-            self._native = False
+    def _native_attention(self, num_heads: int, head_dim: int, window: int | None = None):
+        """The C decode attention for this step's gathered rows (cut to `window` for a local
+        layer), made once per window; False where it does not apply (float stores, head_dim too
+        large, no C library)."""
+        if window not in self._native:
+            gather, gather_lens, _ = self.flat.gather_for(window)
+            self._native[window] = False
             if self._fits:
                 lib = cpu_native.library()
                 parts = []
-                for (name, rows), lens in zip(flat.gather, flat.gather_lens):
+                for (name, rows), lens in zip(gather, gather_lens):
                     k, v, ks, vs = self._store_tensors(name)
-                    parts.append((k, v, ks, vs, rows, lens, flat.layer_offset(name, 1)))
-                self._native = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale,
-                                                     self.storage.k_means)
-        return self._native
+                    parts.append((k, v, ks, vs, rows, lens, self.flat.layer_offset(name, 1)))
+                self._native[window] = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale,
+                                                             self.storage.k_means)
+        return self._native[window]
 
     def metadata(self) -> dict:
         """Nothing to upload: the CPU back end's kernels read the host tensors themselves."""
@@ -132,8 +138,8 @@ class FlatKVContext(StepKVContext):
         """Arguments for the one-call C decode step (kernels/cpu_decoder.py), or None where it
         does not apply: a prefill row the C attention does not gather, or no C attention."""
         flat = self.flat
-        if not flat.all_gathered or self.num_tokens == 0:
-            return None
+        if not flat.all_gathered or self.num_tokens == 0 or self.has_local_layers:
+            return None  # decoder.c reads one gather for every layer
         attention = self._native_attention(num_heads, head_dim)
         if not attention:
             return None
@@ -151,14 +157,14 @@ class FlatKVContext(StepKVContext):
                 slot.kmean = self.storage.k_means.data_ptr()  # all layers: decoder.c advances it
         return NativeDecodeArgs(attention, writes, keep, rotated=self.storage.rotated)
 
-    def _decode(self, layer: int, q_dec: torch.Tensor) -> torch.Tensor:
+    def _decode(self, layer: int, q_dec: torch.Tensor, window: int | None) -> torch.Tensor:
         """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
-        flat = self.flat
-        native = self._native_attention(q_dec.shape[1], q_dec.shape[-1])
+        native = self._native_attention(q_dec.shape[1], q_dec.shape[-1], window)
         if native:  # float32 in and out (a bf16/fp16 model's q is cast; the caller casts back)
             return native(q_dec.float(), layer)
-        parts = [self._store_args(name, rows, layer) for name, rows in flat.gather]
-        return gather_decode_attention(q_dec, parts, flat.mask_bias, self.sm_scale,
+        gather, _, bias = self.flat.gather_for(window)
+        parts = [self._store_args(name, rows, layer) for name, rows in gather]
+        return gather_decode_attention(q_dec, parts, bias, self.sm_scale,
                                        self.storage.key_mean("pages", layer))
 
     def _store_tensors(self, name: str):

@@ -13,7 +13,9 @@ For every store ("pages": the pool, "inline": the arena):
   of its tokens is a row of that gather too, reading exactly what a decode token at its position
   reads, its exact keys from a per-step fp16 "fresh" store (`num_fresh`, `fresh_carry`); else per row its key
   rows `[Hkv, L_s]` per store and a `[n, L]` mask, one entry of `prefill` (torch SDPA).
-Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`).
+Layer l's rows are layer 0's plus `l * P * Hkv` (`layer_offset`). A local (sliding-window)
+layer reads `gather_for(W)`: each row cut to its last W positions, and `prefill_bias(i, W)`
+(kv/layer_windows.py).
 
 A sequence that holds a recent-key window (kv/recent_window.py) reads by the position-only
 rule of kv/recent_window.py: a query at position i reads the keys of its aligned block
@@ -41,6 +43,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from edge_runtime.kv import layer_windows
 from edge_runtime.kv.recent_window import exact_from, window_offset
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -106,6 +109,8 @@ class FlatKVIndex:
         # per store written, in the order the writes run: (tokens, their layer-0 base rows)
         writes: dict[str, list] = {"pages": [], "inline": [], "fresh": [], "window": []}
         tokens, offset = [], 0
+        positions = []  # the gathered rows' query positions, in row order
+        self.prefill_positions: list[tuple[torch.Tensor, torch.Tensor]] = []  # per `prefill`
         for s in seqs:
             keys = self._key_bases(s)
             self._new_tokens(s, keys, offset, writes)
@@ -114,11 +119,13 @@ class FlatKVIndex:
                 keys, carry = self._window_keys(s, keys, offset, writes["window"])
             if s.num_new == 1:
                 tokens.append(offset)
+                positions.append(s.start)
                 keys["fresh"] = _EMPTY
                 for store, x in keys.items():
                     decode_keys[store].append((x[None, :], np.array([x.size])))
             elif prefill_rows:
                 tokens.extend(range(offset, offset + s.num_new))
+                positions.extend(range(s.start, s.start + s.num_new))
                 self._add_prefill_rows(s, keys, offset, decode_keys, carry_src, carry_dst,
                                        writes["fresh"])
             else:
@@ -129,6 +136,8 @@ class FlatKVIndex:
         self.fresh_carry = None if not self.num_fresh else tuple(
             torch.from_numpy(np.concatenate(x or [_EMPTY])) for x in (carry_src, carry_dst))
         self._gathered_tokens = tokens
+        self.row_positions = np.array(positions, dtype=np.int64)
+        self._local: dict[int, tuple[list, list]] = {}
         self.all_gathered = len(tokens) == offset
         self._build_gather(decode_keys)
 
@@ -235,6 +244,7 @@ class FlatKVIndex:
         query = torch.arange(s.start, end)[:, None]  # [n, 1]
         if carry is None:
             visible = torch.arange(end)[None, :] <= query  # [n, L]
+            key_positions = torch.arange(end)
         else:
             W = self._block["window"]
             int8_len = sum(x.size for x in keys.values())
@@ -242,8 +252,10 @@ class FlatKVIndex:
             exact = torch.arange(end - s.num_new - carry.shape[1], end)[None, :]
             visible = torch.cat([torch.arange(int8_len)[None, :] < block,
                                  (exact >= block) & (exact <= query)], dim=1)
+            key_positions = torch.cat([torch.arange(int8_len), exact[0]])
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
         self.prefill.append((offset, s.num_new, parts, bias, carry))
+        self.prefill_positions.append((query[:, 0], key_positions))
 
     def _add_prefill_rows(self, s, keys, offset: int, out, carry_src, carry_dst,
                           fresh_writes) -> None:
@@ -294,6 +306,24 @@ class FlatKVIndex:
     def mask_bias(self) -> torch.Tensor:
         """float32 [R, 1, 1, sum W_s]: 0 on a row's valid positions, -inf on its padding (the torch
         decode path's mask; the C path takes `gather_lens`)."""
-        valid = torch.cat([torch.arange(rows.shape[2])[None, :] < lens[:, None]
-                           for (_, rows), lens in zip(self.gather, self.gather_lens)], dim=1)
-        return torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :]
+        return layer_windows.mask_bias(self.gather, self.gather_lens)
+
+    def gather_for(self, window: int | None) -> tuple[list, list, torch.Tensor]:
+        """(gather, gather_lens, mask_bias) of a layer: `window` None (a global layer) the
+        step's; else a local layer's, every row's stored keys cut to its window
+        (kv/layer_windows.py), made once per step and window."""
+        if window is None:
+            return self.gather, self.gather_lens, self.mask_bias
+        if window not in self._local:
+            gather, lens = layer_windows.cut_gather(self.gather, self.gather_lens,
+                                                    self.row_positions, window)
+            self._local[window] = (gather, lens, layer_windows.mask_bias(gather, lens))
+        return self._local[window]
+
+    def prefill_bias(self, index: int, window: int | None) -> torch.Tensor:
+        """`prefill[index]`'s mask [n, L] for a layer with `window` (None: global)."""
+        bias = self.prefill[index][3]
+        if window is None:
+            return bias
+        query, keys = self.prefill_positions[index]
+        return layer_windows.window_bias(bias, query, keys, window)

@@ -17,7 +17,9 @@ an "inline" tail is F full tail pages followed by inline slots holding `[b, L)`,
                 program per query token (dispatch.exact_block_attention);
 
 and merges the spans, then the exact block, in position order by one formula
-(dispatch.merge_in_order). Decode and prefill tokens go through the same launches with the same
+(dispatch.merge_in_order). A local (sliding-window) layer reads its int8 keys from
+`key_starts[W]` = max(0, i - W + 1) instead of 0 (kv/layer_windows.py); its exact block is
+inside its window. Decode and prefill tokens go through the same launches with the same
 tiles, so what a token computes depends on its position and the stored values alone: cold or
 from the prefix cache, chunked any way, batched, preempted or forked, the logits are the same
 bits (tests/test_determinism.py). Three attention launches per layer, whatever the segments.
@@ -39,12 +41,13 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from edge_runtime.kv.recent_window import exact_from, window_offset
-from edge_runtime.kv import decode_shape
+from edge_runtime.kv import decode_shape, layer_windows
 from edge_runtime.kv.decode_shape import DecodeShape
 from edge_runtime.kv.step_context import StepKVContext
 from edge_runtime.kv.storage import KVStorage
@@ -123,6 +126,8 @@ class PagedKVContext(StepKVContext):
     def _pad(self, shape: DecodeShape) -> None:
         """Every index tensor at the shape's size, padding rows reading and writing nothing."""
         self.index = decode_shape.padded_index(self.index, shape)
+        self.key_starts = {w: decode_shape.pad(x, shape.rows, 0, torch.int32)
+                           for w, x in self.key_starts.items()}
         stores = ("pages", "inline") if self.storage.inline is not None else ("pages",)
         self.slot_mapping = {k: decode_shape.pad(self.slot_mapping.get(k), shape.rows, -1)
                              for k in stores}
@@ -146,6 +151,10 @@ class PagedKVContext(StepKVContext):
         key_end = self._windows(seqs, seq_of_token, positions)
         P = self.storage.store("pages").block_tokens
         self.index = _position_index(seqs, P, seq_of_token, key_end)
+        # per local window: each token's first key (kv/layer_windows.py); the same keys whatever
+        # the step's sequences, so a captured decode graph's tensors are the same structure
+        self.key_starts = {w: layer_windows.key_start(positions, w).to(torch.int32)
+                           for w in sorted({w for w in self.layer_windows or () if w is not None})}
         tail_pos = positions - prefix_len  # [T] offset inside the tail
         # tokens before an inline tail's slots: its full pages ([p, b) in the pool)
         in_pages = torch.tensor([len(s.full_pages) * P if s.tail_kind == "inline" else 1 << 40
@@ -249,10 +258,13 @@ class PagedKVContext(StepKVContext):
             write_kv(k, v, view.k_cache, view.v_cache, None, None, self.window_slots)
         pool = self.storage.view("pages", layer)
         arena = self.storage.view("inline", layer) if self.storage.inline is not None else None
+        window = self.layer_window(layer)
+        index = self.index if window is None else \
+            dataclasses.replace(self.index, key_start=self.key_starts[window])
         p_out, p_lse = read_by_position(
             q, (pool.k_cache, pool.v_cache, pool.k_scale, pool.v_scale),
             None if arena is None else (arena.k_cache, arena.v_cache, arena.k_scale, arena.v_scale),
-            self.index, self.sm_scale, k_mean=pool.k_mean, chunks=pool.chunks)
+            index, self.sm_scale, k_mean=pool.k_mean, chunks=pool.chunks)
         extra = None
         if exact is not None:
             extra = exact_block_attention(q, *exact, *self.exact[6:], self.sm_scale)

@@ -4,7 +4,7 @@ its EngineConfig and the model, both over the same pages, inline slots and recen
 from __future__ import annotations
 
 from edge_runtime.kv.manager import KVManager
-from edge_runtime.kv import recent_window
+from edge_runtime.kv import layer_windows, recent_window
 from edge_runtime.kv.key_means import key_means_for
 from edge_runtime.kv.storage import KVStorage
 from edge_runtime.kv.pool_resize import chunk_pages
@@ -18,10 +18,12 @@ def build_kv(loaded_model, cfg, num_pages: int, pool_in_chunks: bool) -> tuple[K
     # an inline slot bigger than a page would never be chosen over a page: cap it
     inline_tokens = min(cfg.inline_tokens, cfg.page_tokens)
     windows, window_tokens = recent_window.sizes(cfg)
+    if windows:
+        layer_windows.check_windows(mc.layer_windows, window_tokens)
     chunked = chunk_pages(num_pages) if pool_in_chunks else None
     storage = KVStorage(mc.num_layers, mc.num_kv_heads, mc.head_dim, num_pages, cfg.page_tokens,
                         slots, inline_tokens, cfg.kv_dtype, cfg.device, windows, window_tokens,
-                        pool_chunk_pages=chunked)
+                        pool_chunk_pages=chunked, layer_windows=mc.layer_windows)
     if cfg.kv_dtype == "int8" and cfg.centred_keys:  # before the first write (kv_storage.py)
         storage.set_key_means(key_means_for(loaded_model, storage.rotated).to(cfg.device))
     kv = KVManager(num_pages, cfg.page_tokens, slots, inline_tokens,

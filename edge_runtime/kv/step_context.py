@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from edge_runtime.kv import step_tensors
+from edge_runtime.kv import layer_windows, step_tensors
 from edge_runtime.kernels import hadamard
 
-_NOT_METADATA = frozenset({"storage"})
+_NOT_METADATA = frozenset({"storage", "layer_windows"})
 
 
 class StepKVContext:
@@ -21,6 +21,13 @@ class StepKVContext:
         self.storage = storage
         self.sm_scale = sm_scale
         self.num_tokens = sum(s.num_new for s in seqs)
+        # per layer its sliding window (kv/layer_windows.py), None: every layer global
+        self.layer_windows = getattr(storage, "layer_windows", None)
+        self.has_local_layers = layer_windows.smallest_window(self.layer_windows) is not None
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window of a local layer, None for a global one."""
+        return None if self.layer_windows is None else self.layer_windows[layer]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H, D] in q's dtype."""

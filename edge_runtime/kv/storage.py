@@ -52,9 +52,15 @@ class KVStorage:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_pages: int,
                  page_tokens: int, num_inline_slots: int = 0, inline_tokens: int = 0,
                  kv_dtype: str = "int8", device: str | torch.device = "cpu",
-                 num_windows: int = 0, window_tokens: int = 0, pool_chunk_pages: int | None = None):
+                 num_windows: int = 0, window_tokens: int = 0, pool_chunk_pages: int | None = None,
+                 layer_windows: tuple[int | None, ...] | None = None):
         """pool_chunk_pages: None, the pool as one tensor per K/V/scales (the CPU back end's flat
-        rows read it); else one per chunk of that many pages (the CUDA back end)."""
+        rows read it); else one per chunk of that many pages (the CUDA back end).
+        layer_windows: per layer its sliding window, None global (kv/layer_windows.py: what a
+        step context's local layers read); None: every layer global."""
+        assert layer_windows is None or len(layer_windows) == num_layers, (layer_windows, num_layers)
+        self.layer_windows = None if not any(w is not None for w in layer_windows or ()) else \
+            tuple(layer_windows)
         assert kv_dtype in KV_DTYPES, kv_dtype
         dtype = KV_DTYPES[kv_dtype]
         self.kv_dtype = kv_dtype

@@ -7,11 +7,13 @@ Invariants (checked in `__post_init__`):
 - `num_heads % num_kv_heads == 0` (grouped-query attention), `head_dim` is even (rotary).
 - `rope_scaling` is None (plain RoPE) or a `RopeScaling` of type "llama3" or "linear"; anything
   else (dynamic NTK, YaRN, longrope...) is refused with a `ModelLoadError`.
-- `max_position_embeddings` is the longest sequence the engine accepts. For models with a sliding
-  window (Mistral v0.1, Qwen2/Qwen3 with use_sliding_window, Gemma 3's local layers) it is capped
-  at the window, because within the window full causal attention equals sliding-window attention
-  and the engine's KV stores do not mask windows yet. `model_context` is the model's own limit:
-  the reference path (ContiguousKVCache, which masks each local layer to `layer_windows`) runs to it.
+- `max_position_embeddings` is the longest sequence the engine accepts. Gemma 3's local layers
+  are listed in `layer_windows` and masked by the engine's step contexts (kv/layer_windows.py),
+  so it runs to the model's own limit. A model-wide window (Mistral v0.1, Qwen2/Qwen3/SmolLM3 with
+  use_sliding_window) has no `layer_windows` and is capped at the window, because within the
+  window full causal attention equals sliding-window attention. `model_context` is the model's
+  own limit: the reference path (ContiguousKVCache, which masks each local layer to
+  `layer_windows`) runs to it.
 - `layer_windows` is None (every layer global) or one entry per layer: the window of a local layer
   (a query at position i reads keys j with i - window < j <= i, as transformers), None for a global
   one. Local layers use `local_rope_theta` (no scaling), global ones `rope_theta` + `rope_scaling`.
@@ -88,7 +90,7 @@ class ModelConfig:
     bos_token_id: int | None
     o_proj_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj
     mlp_bias: bool = False
-    sliding_window: int | None = None  # max_position_embeddings is capped to it
+    sliding_window: int | None = None  # model-wide: max_position_embeddings is capped to it
     qk_norm: bool = False  # RMSNorm over each head's q and k before rotary (Qwen3, Gemma 3)
     hidden_act: str = "silu"  # MLP gate: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU, Gemma)
     norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
@@ -178,7 +180,8 @@ class ModelConfig:
         if gemma and not any(w is not None for w in layer_windows):
             window = None  # every layer global: nothing to cap
         model_context = int(cfg.get("max_position_embeddings", 2048))
-        max_pos = model_context if window is None else min(model_context, window)
+        # Gemma's local layers are masked per layer (layer_windows); a model-wide window caps
+        max_pos = model_context if window is None or gemma else min(model_context, window)
         if gemma and cfg.get("attn_logit_softcapping") is not None:
             raise ModelLoadError("config.json: attn_logit_softcapping is set; attention logit "
                                  "softcapping is not implemented by the attention kernels")
