@@ -1,0 +1,252 @@
+"""`edge-runtime models` (commands/models.py) and the one `--model` resolver (model/model_names.py).
+
+The models folder is a temporary one ($EDGE_RUNTIME_MODELS) holding GGUF files made here: a link to
+the built-in SmolLM2 file under another name, a Q8_0 re-quantization of a tiny model, a header-only
+file of an architecture the runtime refuses, a file that is not a GGUF, a file with a block type the
+runtime cannot serve, and a Hugging Face folder. Each row is checked against gguf's own reader
+(parameters, types) and against `edge-runtime plan --json` (the streams of 2,048 tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from backend_helpers import tiny_folder
+from edge_runtime.budget import available_budgets, load_budget
+from edge_runtime.cli import main
+from edge_runtime.commands.models import budget_fit
+from edge_runtime.errors import ModelLoadError
+from edge_runtime.kv.page_math import pages_for_tokens
+from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source, resolve_model_folder
+from edge_runtime.model.model_names import folder_models, model_path
+
+STREAM = 2048
+
+
+def _header_only(path: Path, arch: str) -> Path:
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+def _unserved_type(path: Path) -> Path:
+    """A llama GGUF whose matrices are IQ2_XXS, a type the runtime does not serve from blocks."""
+    builtin = gguf_source(DEFAULT_MODEL)
+    reader = gguf.GGUFReader(builtin)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    iq2 = gguf.GGMLQuantizationType.IQ2_XXS
+    block, size = gguf.GGML_QUANT_SIZES[iq2]
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))
+        if len(shape) == 2 and t.name.startswith("blk."):  # bytes only: never dequantized here
+            raw = np.zeros((shape[0], shape[1] // block * size), np.uint8)
+            writer.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=iq2)
+        else:
+            writer.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape,
+                              raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def models_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("models")
+    (folder / "smol-link.gguf").symlink_to(gguf_source(DEFAULT_MODEL))
+    _header_only(folder / "phi4-mini.gguf", "phi3")
+    (folder / "notes.gguf").write_text("not a model\n")
+    _unserved_type(folder / "smol-iq2.gguf")
+    (folder / "tiny-hf").symlink_to(tiny_folder(), target_is_directory=True)
+    (folder / "README.txt").write_text("ignored: neither a .gguf nor a folder with config.json\n")
+    return folder
+
+
+@pytest.fixture()
+def in_folder(models_folder, monkeypatch) -> Path:
+    monkeypatch.setenv("EDGE_RUNTIME_MODELS", str(models_folder))
+    return models_folder
+
+
+@pytest.fixture(scope="module")
+def listing(models_folder) -> tuple[int, dict]:
+    """`edge-runtime models --json MISSING` over the folder, run once for the module."""
+    import contextlib
+    import io
+    import os
+
+    out = io.StringIO()
+    old = os.environ.get("EDGE_RUNTIME_MODELS")
+    os.environ["EDGE_RUNTIME_MODELS"] = str(models_folder)
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = main(["models", "--json", "--device", "cpu", "no-such-model"])
+    finally:
+        if old is None:
+            del os.environ["EDGE_RUNTIME_MODELS"]
+        else:
+            os.environ["EDGE_RUNTIME_MODELS"] = old
+    return rc, json.loads(out.getvalue())
+
+
+def _row(report: dict, name: str) -> dict:
+    rows = {r["name"]: r for r in report["models"]}
+    assert name in rows, sorted(rows)
+    return rows[name]
+
+
+def test_the_folder_lists_gguf_files_and_model_folders_by_name(in_folder):
+    assert set(folder_models()) == {"smol-link", "phi4-mini", "notes", "smol-iq2", "tiny-hf"}
+
+
+def test_every_model_is_listed_and_a_bad_one_does_not_stop_the_others(listing):
+    rc, report = listing
+    assert rc == 1  # some models had a problem
+    names = [r["name"] for r in report["models"]]
+    assert names[0] == DEFAULT_MODEL
+    assert set(names) == {DEFAULT_MODEL, "notes", "phi4-mini", "smol-iq2", "smol-link", "tiny-hf",
+                          "no-such-model"}
+    assert report["budgets"] == available_budgets()
+    for name in (DEFAULT_MODEL, "smol-link", "tiny-hf"):
+        row = _row(report, name)
+        assert row["problem"] == "", (name, row["problem"])
+        assert set(row["budgets"]) == set(available_budgets())
+
+
+def test_gguf_rows_match_gguf_reader(listing):
+    _, report = listing
+    reader = gguf.GGUFReader(gguf_source(DEFAULT_MODEL))
+    kinds = Counter(t.tensor_type.name for t in reader.tensors)
+    for name in (DEFAULT_MODEL, "smol-link"):
+        row = _row(report, name)
+        assert row["format"] == "gguf" and row["architecture"] == "llama"
+        assert row["parameters"] == sum(int(t.n_elements) for t in reader.tensors)
+        assert row["block_types"] == dict(kinds)
+        assert row["file_bytes"] == gguf_source(DEFAULT_MODEL).stat().st_size
+
+
+def test_folder_row_counts_its_safetensors(listing):
+    from safetensors import safe_open
+
+    _, report = listing
+    row = _row(report, "tiny-hf")
+    with safe_open(str(tiny_folder() / "model.safetensors"), framework="pt") as f:
+        shapes = [f.get_slice(k).get_shape() for k in f.keys()]
+    assert row["format"] == "safetensors" and row["architecture"] == "LlamaForCausalLM"
+    assert row["parameters"] == sum(math.prod(s) for s in shapes)
+    assert sum(row["block_types"].values()) == len(shapes)
+
+
+def _plan(model: str, budget: str) -> dict:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", "--config", budget, "--model", model, "--device", "cpu", "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize("budget", ["cpu-dev", "orin-nano-8gb", "agx-orin-64gb"])
+def test_streams_are_the_plans_pages_over_2048_tokens(listing, budget):
+    """What `plan` says for the same model and budget: its pages, in streams of 2,048 tokens."""
+    _, report = listing
+    plan = _plan(gguf_source(DEFAULT_MODEL).as_posix(), budget)
+    fit = _row(report, DEFAULT_MODEL)["budgets"][budget]
+    assert fit["weight_bytes"] == plan["weight_bytes"]
+    assert fit["num_pages"] == plan["num_pages"]
+    assert fit["streams"] == plan["num_pages"] // pages_for_tokens(STREAM, plan["page_tokens"])
+    assert fit["fits"] and fit["streams"] > 0
+    if plan["stream_context_tokens"] == STREAM:
+        assert fit["streams"] == plan["streams_that_fit"]
+
+
+def test_bad_models_say_what_is_wrong(listing):
+    _, report = listing
+    assert "not found" in _row(report, "no-such-model")["problem"]
+    assert "smol-link" in _row(report, "no-such-model")["problem"]  # the names that exist
+    assert "not a GGUF file" in _row(report, "notes")["problem"]
+    phi = _row(report, "phi4-mini")
+    assert phi["architecture"] == "phi3"  # what could be read is shown
+    assert "not supported" in phi["problem"] and "gemma3" in phi["problem"]
+    iq2 = _row(report, "smol-iq2")
+    assert iq2["block_types"]["IQ2_XXS"] > 0
+    assert "IQ2_XXS" in iq2["problem"] and "cannot serve" in iq2["problem"]
+
+
+def test_table_names_every_model_and_its_notes(in_folder, capsys):
+    assert main(["models", "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    for name in (DEFAULT_MODEL, "smol-link", "tiny-hf", "phi4-mini", "notes", "smol-iq2"):
+        assert f"| {name} |" in out
+    assert "notes:" in out and "not supported" in out
+    assert str(in_folder) in out
+
+
+def test_a_budget_the_weights_do_not_fit_is_a_result_with_the_plans_reason():
+    budget = load_budget("cpu-dev")
+    reserved = budget.os_reserve + budget.other_reserve + budget.activation_reserve
+    budget = dataclasses.replace(budget, device_memory=reserved + 2**20)
+    fit = budget_fit(DEFAULT_MODEL, budget, "cpu")
+    assert not fit["fits"] and fit["streams"] == 0
+    assert "no room for one KV page" in fit["reason"]
+
+
+def test_model_names_resolve_for_every_command(in_folder):
+    """The folder's names reach the loader (and so generate, serve, bench, plan): the same file."""
+    assert model_path("smol-link") == in_folder / "smol-link.gguf"
+    assert gguf_source("smol-link") == in_folder / "smol-link.gguf"
+    linked = json.loads((resolve_model_folder("smol-link", progress=None) / "config.json").read_text())
+    builtin = json.loads((resolve_model_folder(DEFAULT_MODEL, progress=None) / "config.json").read_text())
+    linked.pop("_name_or_path"), builtin.pop("_name_or_path")  # the folder each was read from
+    assert linked == builtin
+    assert model_path("tiny-hf") == in_folder / "tiny-hf"
+    assert gguf_source("tiny-hf") is None
+    with pytest.raises(ModelLoadError, match="not found.*smol-link.*EDGE_RUNTIME_MODELS"):
+        model_path("qwen-missing")
+
+
+def test_a_path_wins_over_a_folder_name(in_folder, tmp_path, monkeypatch):
+    (tmp_path / "smol-link").mkdir()
+    (tmp_path / "smol-link" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert model_path("smol-link") == Path("smol-link")
+
+
+def test_generate_takes_a_folder_name(in_folder, capsys):
+    rc = main(["generate", "--model", "smol-link", "--prompt", "The capital of France is",
+               "--max-tokens", "4", "--temperature", "0"])
+    assert rc == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_without_the_folder_the_listing_has_the_builtin(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("EDGE_RUNTIME_MODELS", str(tmp_path / "absent"))
+    assert main(["models", "--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in report["models"]] == [DEFAULT_MODEL]
+    assert report["models_folder"] == str(tmp_path / "absent")
+
+
+def test_default_models_folder_follows_xdg(monkeypatch, tmp_path):
+    from edge_runtime.paths import models_dir
+
+    monkeypatch.delenv("EDGE_RUNTIME_MODELS", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert models_dir() == tmp_path / "edge-runtime" / "models"
