@@ -1,9 +1,9 @@
 """`edge-runtime models` (commands/models.py) and the one `--model` resolver (model/model_names.py).
 
-The models folder is a temporary one ($EDGE_RUNTIME_MODELS) holding GGUF files made here: a link to
-the built-in SmolLM2 file under another name, a Q8_0 re-quantization of a tiny model, a header-only
-file of an architecture the runtime refuses, a file that is not a GGUF, a file with a block type the
-runtime cannot serve, and a Hugging Face folder. Each row is checked against gguf's own reader
+The models folder is a temporary one ($EDGE_RUNTIME_MODELS) holding files made here: a copy of the
+built-in SmolLM2 GGUF under another name, a header-only GGUF of an architecture the runtime refuses,
+a file that is not a GGUF, a GGUF with a block type the runtime cannot serve, a Hugging Face folder
+(the tiny random Llama) and a file that is neither. Each row is checked against gguf's own reader
 (parameters, types) and against `edge-runtime plan --json` (the streams of 2,048 tokens).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -69,11 +70,13 @@ def _unserved_type(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def models_folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("models")
-    (folder / "smol-link.gguf").symlink_to(gguf_source(DEFAULT_MODEL))
+    # a copy, not a link: a link resolves to the built-in's path, and the GGUF cache keeps one
+    # converted folder per resolved source (gguf_convert.remove_stale_siblings)
+    shutil.copyfile(gguf_source(DEFAULT_MODEL), folder / "smol-copy.gguf")
     _header_only(folder / "phi4-mini.gguf", "phi3")
     (folder / "notes.gguf").write_text("not a model\n")
     _unserved_type(folder / "smol-iq2.gguf")
-    (folder / "tiny-hf").symlink_to(tiny_folder(), target_is_directory=True)
+    (folder / "tiny-hf").symlink_to(tiny_folder(), target_is_directory=True)  # a folder: no cache
     (folder / "README.txt").write_text("ignored: neither a .gguf nor a folder with config.json\n")
     return folder
 
@@ -112,7 +115,7 @@ def _row(report: dict, name: str) -> dict:
 
 
 def test_the_folder_lists_gguf_files_and_model_folders_by_name(in_folder):
-    assert set(folder_models()) == {"smol-link", "phi4-mini", "notes", "smol-iq2", "tiny-hf"}
+    assert set(folder_models()) == {"smol-copy", "phi4-mini", "notes", "smol-iq2", "tiny-hf"}
 
 
 def test_every_model_is_listed_and_a_bad_one_does_not_stop_the_others(listing):
@@ -120,10 +123,10 @@ def test_every_model_is_listed_and_a_bad_one_does_not_stop_the_others(listing):
     assert rc == 1  # some models had a problem
     names = [r["name"] for r in report["models"]]
     assert names[0] == DEFAULT_MODEL
-    assert set(names) == {DEFAULT_MODEL, "notes", "phi4-mini", "smol-iq2", "smol-link", "tiny-hf",
+    assert set(names) == {DEFAULT_MODEL, "notes", "phi4-mini", "smol-iq2", "smol-copy", "tiny-hf",
                           "no-such-model"}
     assert report["budgets"] == available_budgets()
-    for name in (DEFAULT_MODEL, "smol-link", "tiny-hf"):
+    for name in (DEFAULT_MODEL, "smol-copy", "tiny-hf"):
         row = _row(report, name)
         assert row["problem"] == "", (name, row["problem"])
         assert set(row["budgets"]) == set(available_budgets())
@@ -133,7 +136,7 @@ def test_gguf_rows_match_gguf_reader(listing):
     _, report = listing
     reader = gguf.GGUFReader(gguf_source(DEFAULT_MODEL))
     kinds = Counter(t.tensor_type.name for t in reader.tensors)
-    for name in (DEFAULT_MODEL, "smol-link"):
+    for name in (DEFAULT_MODEL, "smol-copy"):
         row = _row(report, name)
         assert row["format"] == "gguf" and row["architecture"] == "llama"
         assert row["parameters"] == sum(int(t.n_elements) for t in reader.tensors)
@@ -180,7 +183,7 @@ def test_streams_are_the_plans_pages_over_2048_tokens(listing, budget):
 def test_bad_models_say_what_is_wrong(listing):
     _, report = listing
     assert "not found" in _row(report, "no-such-model")["problem"]
-    assert "smol-link" in _row(report, "no-such-model")["problem"]  # the names that exist
+    assert "smol-copy" in _row(report, "no-such-model")["problem"]  # the names that exist
     assert "not a GGUF file" in _row(report, "notes")["problem"]
     phi = _row(report, "phi4-mini")
     assert phi["architecture"] == "phi3"  # what could be read is shown
@@ -193,7 +196,7 @@ def test_bad_models_say_what_is_wrong(listing):
 def test_table_names_every_model_and_its_notes(in_folder, capsys):
     assert main(["models", "--device", "cpu"]) == 1
     out = capsys.readouterr().out
-    for name in (DEFAULT_MODEL, "smol-link", "tiny-hf", "phi4-mini", "notes", "smol-iq2"):
+    for name in (DEFAULT_MODEL, "smol-copy", "tiny-hf", "phi4-mini", "notes", "smol-iq2"):
         assert f"| {name} |" in out
     assert "notes:" in out and "not supported" in out
     assert str(in_folder) in out
@@ -210,27 +213,27 @@ def test_a_budget_the_weights_do_not_fit_is_a_result_with_the_plans_reason():
 
 def test_model_names_resolve_for_every_command(in_folder):
     """The folder's names reach the loader (and so generate, serve, bench, plan): the same file."""
-    assert model_path("smol-link") == in_folder / "smol-link.gguf"
-    assert gguf_source("smol-link") == in_folder / "smol-link.gguf"
-    linked = json.loads((resolve_model_folder("smol-link", progress=None) / "config.json").read_text())
+    assert model_path("smol-copy") == in_folder / "smol-copy.gguf"
+    assert gguf_source("smol-copy") == in_folder / "smol-copy.gguf"
+    linked = json.loads((resolve_model_folder("smol-copy", progress=None) / "config.json").read_text())
     builtin = json.loads((resolve_model_folder(DEFAULT_MODEL, progress=None) / "config.json").read_text())
     linked.pop("_name_or_path"), builtin.pop("_name_or_path")  # the folder each was read from
     assert linked == builtin
     assert model_path("tiny-hf") == in_folder / "tiny-hf"
     assert gguf_source("tiny-hf") is None
-    with pytest.raises(ModelLoadError, match="not found.*smol-link.*EDGE_RUNTIME_MODELS"):
+    with pytest.raises(ModelLoadError, match="not found.*smol-copy.*EDGE_RUNTIME_MODELS"):
         model_path("qwen-missing")
 
 
 def test_a_path_wins_over_a_folder_name(in_folder, tmp_path, monkeypatch):
-    (tmp_path / "smol-link").mkdir()
-    (tmp_path / "smol-link" / "config.json").write_text("{}")
+    (tmp_path / "smol-copy").mkdir()
+    (tmp_path / "smol-copy" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
-    assert model_path("smol-link") == Path("smol-link")
+    assert model_path("smol-copy") == Path("smol-copy")
 
 
 def test_generate_takes_a_folder_name(in_folder, capsys):
-    rc = main(["generate", "--model", "smol-link", "--prompt", "The capital of France is",
+    rc = main(["generate", "--model", "smol-copy", "--prompt", "The capital of France is",
                "--max-tokens", "4", "--temperature", "0"])
     assert rc == 0
     assert capsys.readouterr().out.strip()
