@@ -9,7 +9,8 @@ alike): llama-bench's pp512 and tg128 (`-p 512 -n 128 -r 1`, its own warm-up run
 own warm-up run first): our prefill is the 512-token prompt's, our decode the 16-token prompt's
 (the nearest to tg128's empty context). Both run at --threads. The one-minute load average before
 each run is recorded: on a shared machine say how loaded it was. Prints a markdown table of the
-medians over rounds and the ratios edge / llama.cpp; --out writes every run.
+medians over rounds and the ratios edge / llama.cpp; --out is rewritten after every run (so a
+run cut short keeps the runs it finished) and ends with the medians.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def llama_bench(binary: str, gguf: Path, threads: int) -> dict:
     """{"prefill": pp512 tok/s, "decode": tg128 tok/s} from one llama-bench run."""
     proc = subprocess.run([binary, "-m", str(gguf), "-t", str(threads), "-p", str(PREFILL_PROMPT),
                            "-n", str(GEN), "-r", "1", "-o", "json"],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"llama-bench failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     tests = json.loads(proc.stdout)
@@ -64,7 +65,7 @@ def edge_bench(model: str, threads: int, workdir: Path) -> dict:
                        "--prompt-tokens", f"{DECODE_PROMPT},{PREFILL_PROMPT}",
                        "--gen-tokens", str(GEN), "--repeat", "1", "--threads", str(threads),
                        "--bandwidth-mib", "128", "--device", "cpu", "--json", str(out))
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"edge-runtime bench engine failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     report = json.loads(out.read_text())
@@ -97,6 +98,9 @@ def main() -> int:
                 result = (llama_bench(args.llama_bench, gguf, args.threads) if system == "llama.cpp"
                           else edge_bench(str(gguf), args.threads, Path(tmp)))
                 runs.append({"round": r, "system": system, "load_before": load, **result})
+                log(f"  prefill {result['prefill']:.1f} tok/s, decode {result['decode']:.1f} tok/s")
+                if args.out:  # every run as it ends: a long run cut short keeps what it measured
+                    Path(args.out).write_text(json.dumps({"gguf": str(gguf), "runs": runs}, indent=2))
     medians = {s: {k: statistics.median(x[k] for x in runs if x["system"] == s)
                    for k in ("prefill", "decode", "load_before")} for s in ("edge", "llama.cpp")}
     edge, peer = medians["edge"], medians["llama.cpp"]
