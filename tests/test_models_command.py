@@ -217,7 +217,8 @@ def test_model_names_resolve_for_every_command(in_folder):
     assert gguf_source("smol-copy") == in_folder / "smol-copy.gguf"
     linked = json.loads((resolve_model_folder("smol-copy", progress=None) / "config.json").read_text())
     builtin = json.loads((resolve_model_folder(DEFAULT_MODEL, progress=None) / "config.json").read_text())
-    linked.pop("_name_or_path"), builtin.pop("_name_or_path")  # the folder each was read from
+    for key in ("_name_or_path", "edge_runtime_source"):  # the file each was read from
+        linked.pop(key), builtin.pop(key)
     assert linked == builtin
     assert model_path("tiny-hf") == in_folder / "tiny-hf"
     assert gguf_source("tiny-hf") is None
@@ -233,10 +234,14 @@ def test_a_path_wins_over_a_folder_name(in_folder, tmp_path, monkeypatch):
 
 
 def test_generate_takes_a_folder_name(in_folder, capsys):
-    rc = main(["generate", "--model", "smol-copy", "--prompt", "The capital of France is",
-               "--max-tokens", "4", "--temperature", "0"])
-    assert rc == 0
-    assert capsys.readouterr().out.strip()
+    """The copy under its folder name answers as the built-in file does (greedy, the same ids)."""
+    answers = []
+    for model in ("smol-copy", DEFAULT_MODEL):
+        rc = main(["generate", "--model", model, "--prompt", "The capital of France is",
+                   "--max-tokens", "4", "--temperature", "0", "--json"])
+        assert rc == 0
+        answers.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"])
+    assert answers[0] == answers[1] and answers[0]
 
 
 def test_without_the_folder_the_listing_has_the_builtin(monkeypatch, tmp_path, capsys):
