@@ -23,7 +23,7 @@ import pytest
 from backend_helpers import tiny_folder
 from edge_runtime.budget import available_budgets, load_budget
 from edge_runtime.cli import main
-from edge_runtime.commands.models import budget_fit
+from edge_runtime.commands.models import budget_fit, model_row
 from edge_runtime.errors import ModelLoadError
 from edge_runtime.kv.page_math import pages_for_tokens
 from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source, resolve_model_folder
@@ -258,3 +258,17 @@ def test_default_models_folder_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("EDGE_RUNTIME_MODELS", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     assert models_dir() == tmp_path / "edge-runtime" / "models"
+
+
+def test_an_unreadable_model_is_a_row_with_the_reason(monkeypatch, tmp_path):
+    """What the OS refuses (here a permission error, which root's test runs cannot provoke with
+    chmod) becomes the row's problem, not the listing's end."""
+    from edge_runtime.model import model_info
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(model_info, "describe_model", unreadable)
+    row = model_row("x", "given", tmp_path / "x.gguf", "", [], "cpu")
+    assert "cannot read" in row["problem"] and "Permission denied" in row["problem"]
+    assert str(tmp_path / "x.gguf") in row["problem"]

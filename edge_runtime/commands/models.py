@@ -74,6 +74,8 @@ def model_row(name: str, origin: str, path, problem: str, budgets: list, device:
         row["budgets"] = {b.name: budget_fit(str(path), b, device) for b in budgets}
     except EdgeError as exc:
         row["problem"] = str(exc)
+    except OSError as exc:  # a file or folder that cannot be read: its row says so, the rest print
+        row["problem"] = f"cannot read {exc.filename or path}: {exc.strerror}; check its permissions"
     return row
 
 
