@@ -20,9 +20,10 @@ CPU_PHASE_TIMES = PREFIX + "CPU_PHASE_TIMES"  # 1: build the C decode step with 
 CPU_LINEAR = PREFIX + "CPU_LINEAR"  # auto | c-blocked | onednn | dense (fp32 linears on CPU)
 CPU_FUSED = PREFIX + "CPU_FUSED"  # 0: no one-call C layer stack for decode steps
 AWQ_BACKEND = PREFIX + "AWQ_BACKEND"  # auto (= blocked) | blocked | cpu-int4pack | awq-gemm | reference
+MODELS = PREFIX + "MODELS"  # the models folder (default $XDG_DATA_HOME/edge-runtime/models)
 TRITON_INTERPRET = "TRITON_INTERPRET"  # Triton's: 1 runs the kernels in its interpreter
 SWITCHES = (KV_DEBUG, CPU_NATIVE, CPU_MARCH, CPU_PHASE_TIMES, CPU_LINEAR, CPU_FUSED, AWQ_BACKEND,
-            TRITON_INTERPRET)
+            MODELS, TRITON_INTERPRET)
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -75,3 +76,9 @@ def triton_interpret() -> bool:
 
 def c_compiler() -> str:
     return os.environ.get("CC", "cc")
+
+
+def models_dir() -> str | None:
+    """The models folder `--model NAME` and `edge-runtime models` look in, None when not set
+    (paths.models_dir gives the default)."""
+    return os.environ.get(MODELS) or None

@@ -1,5 +1,5 @@
 """Up-front checks of paths a command will write, so a bad path fails before any work is done,
-and where the runtime keeps its caches.
+where the runtime keeps its caches, and the models folder.
 
 Each check raises an `EdgeError` subclass naming the flag and what to change; none imports torch.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from edge_runtime import env
 from edge_runtime.errors import ConfigError, InputError
 
 # sockaddr_un.sun_path is 108 bytes on Linux, one of them the terminating NUL.
@@ -20,6 +21,17 @@ def cache_dir(name: str) -> Path:
     key means, the voice demo's audio. Not created here."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "edge-runtime" / name
+
+
+def models_dir() -> Path:
+    """The models folder: $EDGE_RUNTIME_MODELS, else $XDG_DATA_HOME/edge-runtime/models (default
+    ~/.local/share). Its .gguf files and Hugging Face folders are the models `--model NAME` finds
+    by name (edge_runtime/model/model_names.py). Not created here."""
+    chosen = env.models_dir()
+    if chosen:
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "edge-runtime" / "models"
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

