@@ -11,6 +11,8 @@ import torch
 
 from model_helpers import random_ids, save_random_model, smollm2, smollm2_hf, tiny_hf_config
 
+from lab.greedy import greedy_tokens  # noqa: F401 - tools/ is on sys.path through model_helpers
+
 from edge_runtime.engine.api import SamplingParams
 from edge_runtime.engine.backend import prepare_model, select_backend
 from edge_runtime.engine.config import EngineConfig
@@ -99,17 +101,6 @@ def greedy_one_by_one(loaded, prompts: list[list[int]], max_tokens: int, num_pag
     """Each prompt's greedy tokens through an Engine (fp32 KV), one request after another."""
     engine = engine_for(loaded, kv_dtype="fp32", num_pages=num_pages, check_invariants_every_step=False)
     return [greedy_tokens(engine, ids, max_tokens) for ids in prompts]
-
-
-def greedy_tokens(engine, ids: list[int], max_tokens: int) -> list[int]:
-    """One prompt's greedy tokens, the engine stepped until it has nothing left."""
-    rid = engine.add_request(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
-    tokens = []
-    while engine.has_unfinished():
-        for ev in engine.step():
-            if ev.request_id == rid:
-                tokens += ev.token_ids
-    return tokens
 
 
 __all__ = ["smollm2", "smollm2_hf", "random_ids"]

@@ -11,25 +11,12 @@ import pytest
 import torch
 from model_helpers import smollm2, smollm2_hf
 
+from lab.greedy import CHAT, PLAIN  # tools/ is on sys.path through model_helpers
+
 from edge_runtime.model.chat import encode_prompt
 from edge_runtime.model.simple_generate import generate
 
 MAX_NEW = 40  # past the latest early EOS (37 tokens); the others run to the limit
-PLAIN = [
-    "The capital of France is",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "1, 2, 3, 5, 8, 13,",
-    "The three laws of thermodynamics are",
-]
-CHAT = [
-    "Turn on the kitchen lights.",
-    "What is the boiling point of water at sea level?",
-    "Write a haiku about autumn.",
-    "Explain in two sentences why the sky is blue, then give one example of Rayleigh scattering "
-    "that happens at sunset, and finish with a short summary of the whole answer for a child.",
-    "Set a timer for ten minutes and remind me to check the oven.",
-]
 
 
 @pytest.fixture(scope="module")

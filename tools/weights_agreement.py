@@ -2,7 +2,7 @@
 
     .venv/bin/python tools/weights_agreement.py [--model M] [--max-tokens 64] [--json out.json]
 
-Prompts: the ten of tests/test_generate_matches_hf.py (plain and chat) and the first turn of each
+Prompts: the ten of tools/lab/greedy.py (plain and chat) and the first turn of each
 stream of the voice traces (tools/traces, system prompt + command, chat). Both models run through
 the Engine as served (int8 KV, packed linears, the C decode step), greedy, one request at a time.
 Per prompt: whether the tokens are equal, the first position where they differ, and the float32
@@ -21,13 +21,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from engine_helpers import greedy_tokens  # noqa: E402 - tests/ just went on sys.path
+sys.path.insert(0, str(ROOT / "tools"))
+from lab.greedy import CHAT, PLAIN, greedy_tokens  # noqa: E402 - tools/ just went on sys.path
 
 
 def project_prompts(tokenizer) -> list[tuple[str, list[int]]]:
-    from test_generate_matches_hf import CHAT, PLAIN
-
     from edge_runtime.model.chat import encode_prompt
 
     out = [(p[:40], encode_prompt(tokenizer, p, chat=False)) for p in PLAIN]
