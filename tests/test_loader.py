@@ -16,6 +16,7 @@ from model_helpers import save_random_model, tiny_hf_config
 from edge_runtime.import_path import code_argv
 from edge_runtime import cli
 from edge_runtime.errors import ModelLoadError
+from edge_runtime.kernels import cpu_native
 from edge_runtime.model import gguf_convert
 from edge_runtime.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from edge_runtime.model.loader import DEFAULT_MODEL, fp32_folder, load_model, resolve_model_folder
@@ -326,6 +327,30 @@ def test_gguf_cache_removes_stale_siblings_only(tmp_path, monkeypatch):
         [".tmp-abc", "hand-made", kept_folder.name, second.name])
 
 
+def test_gguf_cache_link_and_target_share_one_folder(tmp_path, monkeypatch):
+    """A link to a GGUF (a models folder entry) and the file itself convert once into one folder:
+    were the folder named by the link, each conversion would remove the other's as stale."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_convert, "check_supported", lambda path: None)  # fake GGUF files
+    calls = []
+
+    def fake_convert(src, out):
+        calls.append(src)
+        (out / "config.json").write_text(json.dumps({"edge_runtime_source": str(src.resolve())}))
+
+    monkeypatch.setattr(gguf_convert, "_convert", fake_convert)
+    real = tmp_path / "real-model.gguf"
+    real.write_bytes(b"GGUF real")
+    link = tmp_path / "models" / "nickname.gguf"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    via_link = gguf_convert.ensure_converted(link)
+    direct = gguf_convert.ensure_converted(real)
+    assert via_link == direct and via_link.exists() and len(calls) == 1
+    assert via_link.name.startswith("real-model-")
+    assert gguf_convert.ensure_converted(link) == direct and len(calls) == 1
+
+
 def test_gguf_cache_removes_temp_folders_of_dead_converters(tmp_path, monkeypatch):
     import os
     import subprocess
@@ -488,7 +513,10 @@ def test_gguf_header_reader_finds_architecture_after_other_keys(tmp_path):
     assert gguf_convert.gguf_architecture(tmp_path / "h.gguf") == "qwen2"
 
 
-def test_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch):
+def test_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch, request):
+    # The C kernels' build also fails under this cache and library() keeps the first outcome for
+    # the process: forget it afterwards, or later tests would plan without the kernels.
+    request.addfinalizer(cpu_native.library.cache_clear)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # a file: nothing can be created below it

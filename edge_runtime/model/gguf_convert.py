@@ -6,7 +6,7 @@ chat template) then loads in well under a second.
 
 Invariants:
 - The cache folder is `$XDG_CACHE_HOME/edge-runtime/models/<stem>-<key>` (default `~/.cache`), where
-  `<key>` hashes the GGUF's resolved path, size, mtime and CONVERT_VERSION: a changed file or a new
+  `<stem>` is the resolved file's (a link shares its target's folder) and `<key>` hashes the GGUF's resolved path, size, mtime and CONVERT_VERSION: a changed file or a new
   converter gets a new folder.
 - A folder exists only when complete: everything is written into a temporary sibling and renamed
   into place (atomic on one file system). A concurrent converter that loses the race discards its copy.
@@ -62,7 +62,11 @@ def cached_folder_for(gguf_path: Path, weights: bool = True) -> Path:
     src = source_record(gguf_path)
     ident = f"{src['path']}|{src['size']}|{src['mtime_ns']}|v{CONVERT_VERSION}"
     key = hashlib.sha256(ident.encode()).hexdigest()[:12]
-    return (cache_root() if weights else metadata_root()) / f"{gguf_path.stem}-{key}"
+    # Named by the resolved file, as it is keyed: a link and its target share one folder (named by
+    # the link, the two folders would have the same source and each conversion would remove the
+    # other as stale).
+    stem = Path(src["path"]).stem
+    return (cache_root() if weights else metadata_root()) / f"{stem}-{key}"
 
 
 def ensure_converted(gguf_path: Path, progress: Callable[[str], None] | None = None,
