@@ -10,6 +10,11 @@ the built-in model's constrained calls:
    function, right arguments.
 
     .venv/bin/python tools/voice_command_bench.py --out voice_command_bench.json
+    .venv/bin/python tools/voice_command_bench.py --model MODEL --typed-only --out qwen.json
+
+`--model` takes any model name or path the runtime serves (`edge-runtime models`); `--typed-only`
+skips recognition and scores the typed commands only (recognition does not depend on the model),
+which is how two models' calls are compared.
 
 Prints tables (and every command's row for the voice loop's own setting: heard with the hotwords
 bias, examples in), writes JSON. The WAVs are synthesized into the cache folder on the first run.
@@ -84,9 +89,10 @@ def recognized_before(path: Path) -> dict[str, list[str]]:
 
 
 class CallMaker:
-    """The built-in model with each home's system prompt and the voice loop's grammar."""
+    """A model (the built-in one unless named) with each home's system prompt and the voice loop's
+    grammar."""
 
-    def __init__(self):
+    def __init__(self, model: str | None = None):
         import torch
 
         from edge_runtime.engine.backend import prepare_model, select_backend
@@ -95,7 +101,7 @@ class CallMaker:
         from edge_runtime.model.loader import DEFAULT_MODEL, load_model
 
         torch.set_num_threads(1)
-        self.loaded = load_model(DEFAULT_MODEL)
+        self.loaded = load_model(model or DEFAULT_MODEL)
         prepare_model(self.loaded.model, select_backend("cpu", "cpu"))
         self.engine = Engine(self.loaded, EngineConfig(num_pages=256))
         self.functions = {home: [a.function for a in load_system_prompt(p).actions]
@@ -141,18 +147,19 @@ def accuracy_row(rows: list[dict], **labels) -> dict:
 
 
 def print_tables(wer_rows: list[dict], acc_rows: list[dict], detail: list[dict]) -> None:
-    print(f"\n{'Whisper bias':<16}{'WER all':>9}{'home':>8}{'flat':>8}")
+    if wer_rows:
+        print(f"\n{'Whisper bias':<16}{'WER all':>9}{'home':>8}{'flat':>8}")
     for r in wer_rows:
         print(f"{r['bias']:<16}{r['wer_all']:>9.1%}{r['wer_home']:>8.1%}{r['wer_flat']:>8.1%}")
     print(f"\n{'narrowing':<11}{'examples':<10}{'input':<18}{'parsed':>8}{'valid':>8}{'fn':>8}{'args':>8}"
-          f"{'fn home':>9}{'args home':>10}{'fn flat':>9}{'args flat':>10}")
+          f"{'fn home':>9}{'args home':>10}{'fn flat':>9}{'args flat':>10}{'47 calls s':>11}")
     for r in acc_rows:
         a, h, f = r["all"], r["home"], r["flat"]
         print(f"{r['narrowing']:<11}{r['examples']:<10}{r['input']:<18}{a['parsed']:>8.0%}{a['valid']:>8.0%}"
               f"{a['right_function']:>8.0%}{a['right_arguments']:>8.0%}"
               f"{h['right_function']:>9.0%}{h['right_arguments']:>10.0%}"
-              f"{f['right_function']:>9.0%}{f['right_arguments']:>10.0%}")
-    print(f"\nper command (heard with the {LOOP_BIAS} bias, examples in, narrowing on):")
+              f"{f['right_function']:>9.0%}{f['right_arguments']:>10.0%}{r['calls_s']:>11.1f}")
+    print("\nper command (examples in, narrowing on, the last input above):")
     for r in detail:
         mark = "both" if r["right_arguments"] else "fn" if r["right_function"] else "no"
         print(f"{mark:>4}  {r['home']:<5}{r['command'][:38]:<39}{r['heard'][:38]:<39}{r['got']}")
@@ -164,19 +171,25 @@ def main() -> None:
     ap.add_argument("--transcripts-from", type=Path, metavar="JSON",
                     help="take the transcripts from an earlier run's JSON instead of recognizing "
                          "again (the same commands; recognition does not depend on the model)")
+    ap.add_argument("--model", default=None, help="the model making the calls (default: built-in)")
+    ap.add_argument("--typed-only", action="store_true",
+                    help="no recognition: the calls from the typed commands only")
     args = ap.parse_args()
     t0 = time.perf_counter()
     heard = recognized_before(args.transcripts_from) if args.transcripts_from else {}
-    if not heard:
+    if args.typed_only:
+        heard = {}
+    elif not heard:
         wavs = build_command_wavs(progress=log)
         for bias in BIASES:
             log(f"recognizing {len(wavs)} commands, bias {bias}")
             heard[bias] = transcribe_all(wavs, bias)
-    wer_rows = [wer_row(b, heard[b]) for b in BIASES]
+    wer_rows = [wer_row(b, heard[b]) for b in BIASES if b in heard]
     log("loading the model")
-    maker = CallMaker()
-    inputs = {"typed": [c.text for c in COMMANDS], "heard, no bias": heard["none"],
-              f"heard, {LOOP_BIAS}": heard[LOOP_BIAS]}
+    maker = CallMaker(args.model)
+    inputs = {"typed": [c.text for c in COMMANDS]}
+    if heard:
+        inputs.update({"heard, no bias": heard["none"], f"heard, {LOOP_BIAS}": heard[LOOP_BIAS]})
     acc_rows, details = [], {}
     for narrow in (False, True):
         for examples in (False, True):
@@ -184,15 +197,18 @@ def main() -> None:
                 labels = {"narrowing": "on" if narrow else "off",
                           "examples": "in" if examples else "out", "input": name}
                 log(f"calls: {labels}")
-                rows = score_rows(texts, maker.calls(texts, examples, narrow))
+                start = time.perf_counter()
+                call_texts = maker.calls(texts, examples, narrow)
+                seconds = time.perf_counter() - start
+                rows = score_rows(texts, call_texts)
                 details[", ".join(f"{k} {v}" for k, v in labels.items())] = rows
-                acc_rows.append(accuracy_row(rows, **labels))
-    detail = details[f"narrowing on, examples in, input heard, {LOOP_BIAS}"]
+                acc_rows.append(accuracy_row(rows, **labels, calls_s=round(seconds, 1)))
+    detail = details[f"narrowing on, examples in, input {'heard, ' + LOOP_BIAS if heard else 'typed'}"]
     print_tables(wer_rows, acc_rows, detail)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     with open(args.out, "w") as f:
-        json.dump({"commit": commit, "machine": cpu_model(), "cores": os.cpu_count(),
+        json.dump({"commit": commit, "model": args.model or "built-in", "machine": cpu_model(), "cores": os.cpu_count(),
                    "seconds": round(time.perf_counter() - t0, 1), "wer": wer_rows,
                    "accuracy": acc_rows, "transcripts": heard, "calls": details}, f, indent=1)
     log(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
