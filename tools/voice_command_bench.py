@@ -176,10 +176,10 @@ def main() -> None:
                     help="no recognition: the calls from the typed commands only")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    heard = recognized_before(args.transcripts_from) if args.transcripts_from else {}
-    if args.typed_only:
-        heard = {}
-    elif not heard:
+    heard = {}
+    if args.transcripts_from and not args.typed_only:
+        heard = recognized_before(args.transcripts_from)
+    elif not args.typed_only:
         wavs = build_command_wavs(progress=log)
         for bias in BIASES:
             log(f"recognizing {len(wavs)} commands, bias {bias}")
