@@ -22,6 +22,10 @@ from edge_runtime.guard.engine_hooks import EngineGuardHooks
 from edge_runtime.guard.guard import MemoryGuard
 from edge_runtime.guard.telemetry import ProcMeminfoSource
 
+# machine-wide MemAvailable moves with every other process: a parallel test worker loading a model
+# would hold the guard in its bands (make test runs this alone, after the parallel part)
+pytestmark = pytest.mark.serial
+
 MIB = 1 << 20
 HOG = """
 import sys
