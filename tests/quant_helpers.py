@@ -10,25 +10,28 @@ from edge_runtime.quant.int4_format import GroupedRows
 
 def random_rows(n: int, k: int, bits: int | str = 4, group: int = 32, param_dtype=torch.float16,
                 offsets: bool = True, seed: int = 0) -> GroupedRows:
-    """bits -5 / -6: signed 5- / 6-bit integers (Q5_0's, Q6_K's form); "iq4": 4-bit indices into
-    the IQ4 codebook. param_dtype torch.int8: two-level parameters (int8 codes, fp16 super
-    parameters per 256 inputs of either sign, subnormals in one row: the K types' form)."""
+    """bits -3 / -5 / -6: signed 3- / 5- / 6-bit integers (Q3_K's, Q5_0's, Q6_K's form); "iq4":
+    4-bit indices into the IQ4 codebook. param_dtype torch.int8: two-level parameters (int8 codes,
+    fp16 super parameters per 256 inputs of either sign, subnormals in one row: the K types'
+    form); torch.uint8: two-level with 4-bit codes 0..15 (Q2_K's)."""
     g = torch.Generator().manual_seed(seed)
     codebook = None
     if bits in (4, "iq4"):
         q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
         if bits == "iq4":
             codebook, bits = torch.from_numpy(gguf_blocks.IQ4_CODEBOOK), 4
-    elif bits in (5, 6):
+    elif bits in (2, 3, 5, 6):
         q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
-    elif bits in (-5, -6):
+    elif bits in (-3, -5, -6):
         half = 1 << (-bits - 1)
         q, bits = torch.randint(-half, half, (n, k), generator=g, dtype=torch.int8), -bits
     else:
         q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
-    if param_dtype == torch.int8:
+    if param_dtype in (torch.int8, torch.uint8):
         def two_level(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-            codes = torch.randint(lo, hi, (n, k // group), generator=g, dtype=torch.int8)
+            if param_dtype == torch.uint8:
+                lo, hi = 0, 16
+            codes = torch.randint(lo, hi, (n, k // group), generator=g, dtype=param_dtype)
             supers = torch.rand(n, k // 256, generator=g) * 0.02 + 0.001
             supers = supers * (torch.randint(0, 2, supers.shape, generator=g) * 2 - 1)
             supers[0] *= 1e-3  # fp16 subnormals
