@@ -259,16 +259,16 @@ def _form_name(type_name: str) -> str:
     if type_name not in RUNTIME_FORM:
         return "float32"
     bits, group, param_bytes, offsets, signed, codebook = RUNTIME_FORM[type_name]
-    params = {1: "int8 x fp16/256", 2: "fp16", 4: "fp32"}[param_bytes]
+    params = {0.5: "uint4 x fp16/256", 1: "int8 x fp16/256", 2: "fp16", 4: "fp32"}[param_bytes]
     book = " codebook" if codebook else ""
     return f"{'s' if signed else ''}int{bits}{book} g{group} {params}{' +offset' if offsets else ''}"
 
 
 def _kernel_form(type_name: str) -> str:
-    """int4 / int5 / int6 / int8, with "codebook" and "two-level" where the kernel reads them."""
+    """int2 ... int8, with "codebook" and "two-level" where the kernel reads them."""
     bits, _, param_bytes, _, _, codebook = RUNTIME_FORM[type_name]
     return (f"int{bits}{' codebook' if codebook else ''}"
-            f"{' two-level parameters' if param_bytes == 1 else ''}")
+            f"{' two-level parameters' if param_bytes < 2 else ''}")
 
 
 def _kernel_name(type_name: str, name: str, backend: str) -> str:
