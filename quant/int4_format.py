@@ -195,18 +195,40 @@ def compatible(a: GroupedRows, b: GroupedRows) -> bool:
 
 
 def widened(parts: list[GroupedRows]) -> list[GroupedRows] | None:
-    """`parts` as 8-bit rows when they differ only in their integers' width (4-, 5-, 6- or 8-bit,
+    """`parts` as 8-bit rows when they differ only in their integers' width (2- to 8-bit,
     codebook indices or not, with the same group and parameter kinds: Q5_0 q / k next to a Q8_0
     v), so they can share one blocked weight; the same values (every 4-, 5- and 6-bit integer and
-    every IQ4 codebook value is an int8). Else None."""
+    every IQ4 codebook value is an int8). 2- and 3-bit two-level parts with other parameter kinds
+    (Q2_K q / k next to a Q3_K v) become signed 3-bit rows with int8 codes and offsets instead
+    (`as_signed3`). Else None."""
     first = parts[0]
     same = all(p.q.shape[1] == first.q.shape[1] and p.group_size == first.group_size
-               and _param_kind(p) == _param_kind(first) for p in parts)
-    if not same:
+               for p in parts)
+    if same and all(_signed3_fits(p) for p in parts) and not all(
+            _param_kind(p) == _param_kind(first) for p in parts):
+        return [as_signed3(p) for p in parts]
+    if not same or not all(_param_kind(p) == _param_kind(first) for p in parts):
         return None
     return [p if p.bits == 8 else GroupedRows(
         p.values().to(torch.int8), p.scales, p.offsets, 8, p.group_size, p.super_scales,
         p.super_offsets) for p in parts]
+
+
+def _signed3_fits(rows: GroupedRows) -> bool:
+    """Two-level rows whose integers are signed 3-bit ones: 2-bit (0..3) or signed 3-bit."""
+    return rows.super_scales is not None and (rows.bits == 2 or (rows.bits == 3 and rows.signed))
+
+
+def as_signed3(rows: GroupedRows) -> GroupedRows:
+    """Two-level 2- / 3-bit rows as signed 3-bit ones with int8 codes and offsets, the same
+    values: 0..3 and -4..3 are signed 3-bit integers, 4-bit codes are int8 ones, and rows without
+    an offset get zero codes and zero supers (s q + 0 is s q)."""
+    assert _signed3_fits(rows), describe(rows)
+    offsets, super_offsets = rows.offsets, rows.super_offsets
+    if offsets is None:
+        offsets, super_offsets = torch.zeros_like(rows.scales), torch.zeros_like(rows.super_scales)
+    return GroupedRows(rows.q.to(torch.int8), rows.scales.to(torch.int8), offsets.to(torch.int8),
+                       3, rows.group_size, rows.super_scales, super_offsets)
 
 
 def _params_name(scales: torch.Tensor, super_scales) -> str:

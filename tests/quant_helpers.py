@@ -2,6 +2,7 @@
 tests of both back ends."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from edge_runtime.quant import gguf_blocks
@@ -45,3 +46,28 @@ def random_rows(n: int, k: int, bits: int | str = 4, group: int = 32, param_dtyp
         scales = scales.float() * torch.randint(1, 64, scales.shape, generator=g)
     off = (torch.randn(n, k // group, generator=g) * 0.05).to(param_dtype) if offsets else None
     return GroupedRows(q, scales, off, bits, group, codebook=codebook)
+
+
+def random_gguf_raw(qtype, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random blocks of GGUF type `qtype` (gguf.GGMLQuantizationType), uint8 [rows, bytes per
+    row]: quantized from random floats where gguf can quantize, else random bytes with finite fp16
+    parameters of either sign (subnormals in row 0)."""
+    import gguf  # the kernel tests that import this module need no gguf
+
+    qt = gguf.GGMLQuantizationType
+    # types gguf cannot quantize: (byte offset, count) of their fp16 block parameters
+    fp16_params = {qt.Q2_K: (80, 2), qt.Q3_K: (108, 1), qt.Q4_K: (0, 2), qt.Q5_K: (0, 2),
+                   qt.Q6_K: (208, 1), qt.IQ4_NL: (0, 1), qt.IQ4_XS: (0, 1)}
+    rng = np.random.default_rng(seed)
+    if qtype in fp16_params:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        nb = cols // block_size
+        raw = rng.integers(0, 256, (rows, nb, type_size), dtype=np.uint8)
+        at, count = fp16_params[qtype]
+        params = rng.uniform(0.001, 0.05, (rows, nb, count)) * rng.choice([-1, 1], (rows, nb, count))
+        params[0] = rng.uniform(1e-7, 1e-5, (nb, count))  # fp16 subnormals in one row
+        raw[..., at: at + 2 * count] = params.astype(np.float16).view(np.uint8).reshape(rows, nb, -1)
+        return raw.reshape(rows, -1)
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
+    w[0, :] += 0.5  # rows of one sign: Q4_1's offset positive
+    return gguf.quants.quantize(w.astype(np.float32), qtype)

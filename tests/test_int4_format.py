@@ -17,30 +17,11 @@ from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, blo
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
+from quant_helpers import random_gguf_raw  # noqa: E402
 
 
-# types gguf cannot quantize: (byte offset, count) of their fp16 block parameters
-_FP16_PARAMS = {QT.Q2_K: (80, 2), QT.Q3_K: (108, 1), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2),
-                QT.Q6_K: (208, 1), QT.IQ4_NL: (0, 1), QT.IQ4_XS: (0, 1)}
 SERVED = [QT[name] for name in gguf_blocks.SUPPORTED]
-
-
-def _random_raw(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random blocks of `qtype`: quantized from random floats where gguf can quantize, else
-    random bytes with finite fp16 parameters of either sign (_FP16_PARAMS)."""
-    rng = np.random.default_rng(seed)
-    if qtype in _FP16_PARAMS:
-        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        nb = cols // block_size
-        raw = rng.integers(0, 256, (rows, nb, type_size), dtype=np.uint8)
-        at, count = _FP16_PARAMS[qtype]
-        params = rng.uniform(0.001, 0.05, (rows, nb, count)) * rng.choice([-1, 1], (rows, nb, count))
-        params[0] = rng.uniform(1e-7, 1e-5, (nb, count))  # fp16 subnormals in one row
-        raw[..., at: at + 2 * count] = params.astype(np.float16).view(np.uint8).reshape(rows, nb, -1)
-        return raw.reshape(rows, -1)
-    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
-    w[0, :] += 0.5  # rows of one sign: Q4_1's offset positive
-    return quants.quantize(w.astype(np.float32), qtype)
+_random_raw = random_gguf_raw
 
 
 def _exact(rows: GroupedRows, raw: np.ndarray, qtype: QT) -> None:
@@ -232,6 +213,16 @@ def test_widened_rows_keep_their_values_and_fuse():
     assert torch.equal(fused.dequantize(), torch.cat([q5.dequantize(), q8.dequantize()]))
     q4_1 = gguf_blocks.grouped_rows(_random_raw(QT.Q4_1, 8, 128, 9), "Q4_1")
     assert widened([q4_1, q8]) is None
+    q2 = gguf_blocks.grouped_rows(_random_raw(QT.Q2_K, 24, 512, 14), "Q2_K")  # Q2_K q / k, Q3_K v
+    q3 = gguf_blocks.grouped_rows(_random_raw(QT.Q3_K, 8, 512, 15), "Q3_K")
+    assert not compatible(q2, q3)
+    wide = widened([q2, q3])
+    assert [(w.bits, w.signed, w.offsets is not None) for w in wide] == [(3, True, True)] * 2
+    fused = BlockedQuantWeight.from_rows(GroupedRows.cat(wide))
+    want = torch.from_numpy(np.concatenate([quants.dequantize(_random_raw(t, n, 512, seed), t)
+                                            for t, n, seed in ((QT.Q2_K, 24, 14), (QT.Q3_K, 8, 15))]))
+    assert torch.equal(fused.dequantize(), want)
+    assert fused.nbytes == blocked_nbytes(3, 32, 512, 16, 1, True)
     nl = gguf_blocks.grouped_rows(_random_raw(QT.IQ4_NL, 8, 128, 10), "IQ4_NL")  # codebook values
     wide = widened([nl, q8])
     assert wide[0].codebook is None and torch.equal(wide[0].dequantize(), nl.dequantize())

@@ -43,6 +43,7 @@ def _weight(n, k, bits, group, pdtype, offsets, gen) -> BlockedQuantWeight:
     (18, 24, 512, 2, 16, torch.uint8, True, torch.float16),
     (2, 37, 256, -3, 16, torch.int8, False, torch.float32),    # Q3_K: signed 3-bit, no offset
     (17, 20, 256, -3, 16, torch.int8, False, torch.float16),
+    (3, 40, 512, -3, 16, torch.int8, True, torch.float32),     # Q2_K fused with Q3_K (as_signed3)
     (5, 32, 64, 3, 16, torch.float16, True, torch.float32),    # unsigned 3-bit, one-level
 ])
 def test_matches_reference(m, n, k, bits, group, pdtype, offsets, xdtype):

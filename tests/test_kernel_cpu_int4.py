@@ -53,6 +53,7 @@ CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
     (37, 512, 2, 16, torch.uint8, True, True),
     (40, 256, -3, 16, torch.int8, False, False),  # Q3_K: signed 3-bit, two-level, no offset
     (37, 512, -3, 16, torch.int8, False, True),
+    (40, 512, -3, 16, torch.int8, True, True),  # Q2_K q / k fused with a Q3_K v (as_signed3)
     (56, 64, 3, 16, torch.float16, True, True),  # unsigned 3-bit, one-level
     (51, 128, 2, 32, torch.float32, True, False),  # 2-bit, fp32
 ]

@@ -185,6 +185,7 @@ void cases_linear_q(void) {
         {37, 512, 2, 16, 0, 1, 1, 0, 1, 0, 1},
         {40, 256, 3, 16, 0, 0, 0, 1, 1, 0, 0},  /* Q3_K: signed 3-bit, two-level, no offset */
         {37, 512, 3, 16, 0, 0, 1, 1, 1, 0, 0},
+        {40, 512, 3, 16, 0, 1, 1, 1, 1, 0, 0},  /* Q2_K fused with Q3_K: signed 3-bit, offsets */
         {56, 64, 3, 16, 0, 1, 1, 0, 0, 0, 0},   /* unsigned 3-bit, one-level */
         {51, 128, 2, 32, 1, 1, 0, 0, 0, 0, 0},  /* 2-bit, fp32 */
     };
