@@ -5,8 +5,8 @@ The format is quant/int4_format.py's `BlockedQuantWeight`, the one the CPU kerne
 (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high); 5-bit data uint8 [NB, K, 10], the
 4-bit form's 8 bytes then 2 bytes of fifth bits (bit j: row 16 b + j, weighing 16, or -16 when
 signed); 6-bit data [NB, K, 12], then 2 bytes of sixth bits (32, or -32); 2-bit data
-[NB, K, 4], row 16 b + j at bits 2 (j % 4) of byte j // 4; 3-bit data [NB, K, 6], then 2 bytes of
-third bits (4, or -4); 8-bit data int8 [NB, K, 16]; 4-bit codebook indices (IQ4: the value is
+[NB, K, 4], row 16 b + j at bits 2 (j % 4) of byte j // 4; 3-bit data [NB, K, 6], a 48-bit
+little-endian value, row 16 b + j at bits 3 j (two's complement when signed); 8-bit data int8 [NB, K, 16]; 4-bit codebook indices (IQ4: the value is
 codebook[q], a 16-entry lookup); scales / offsets [NB, K / G, 16] fp16 or fp32, or int8 codes
 (4-bit codes: uint8 [NB, K / G / 2, 16], group 2 i in byte i's low nibble, 2 i + 1 in its high
 one) times fp16 super parameters [NB, K / 256, 16] (the K types' two levels, multiplied in fp32:
@@ -73,14 +73,19 @@ if triton is not None:
                 if HAS_BOOK:  # the index's codebook value (a 16-entry int8 table, cached)
                     q = tl.load(book_ptr + q)
                 q = q.to(tl.float32)
-            elif BITS == 2 or BITS == 3:  # bits 2 (j % 4) of byte j // 4, then byte 4 + j // 8's bit
-                line = data_ptr + block[None, :] * K * (2 * BITS) + k[:, None] * (2 * BITS)
+            elif BITS == 2:  # bits 2 (j % 4) of byte j // 4
+                byte = tl.load(data_ptr + block[None, :] * K * 4 + k[:, None] * 4 + lane[None, :] // 4,
+                               mask=(k[:, None] < K) & in_blocks[None, :], other=0).to(tl.int32)
+                q = ((byte >> ((lane[None, :] % 4) * 2)) & 3).to(tl.float32)
+            elif BITS == 3:  # bits 3 j .. 3 j + 2 of the 48-bit line: byte 3 j // 8 and the next
+                line = data_ptr + block[None, :] * K * 6 + k[:, None] * 6
                 inside = (k[:, None] < K) & in_blocks[None, :]
-                byte = tl.load(line + lane[None, :] // 4, mask=inside, other=0).to(tl.int32)
-                q = (byte >> ((lane[None, :] % 4) * 2)) & 3
-                if BITS == 3:
-                    high = tl.load(line + 4 + lane[None, :] // 8, mask=inside, other=0).to(tl.int32)
-                    q = q + ((high >> (lane[None, :] % 8)) & 1) * (-4 if SIGNED else 4)
+                at = (3 * lane[None, :]) // 8
+                two = tl.load(line + at, mask=inside, other=0).to(tl.int32)
+                two = two | (tl.load(line + at + 1, mask=inside & (at < 5), other=0).to(tl.int32) << 8)
+                q = (two >> ((3 * lane[None, :]) % 8)) & 7
+                if SIGNED:
+                    q = q - 8 * (q >> 2)
                 q = q.to(tl.float32)
             elif BITS == 5 or BITS == 6:  # the nibble, then bit 4 (+ 5) from byte 8 (+ 2) + j // 8
                 line = data_ptr + block[None, :] * K * (2 * BITS) + k[:, None] * (2 * BITS)

@@ -15,8 +15,8 @@ bit: `s * q + o` rounds as gguf's own dequantize does (tests compare with gguf.q
 q - 16 needs no offset then); the `signed` flag says which. Stored as the 4-bit form's nibbles plus
 a plane of fifth bits, so a 5-bit weight costs 5 bits as in the file. 6-bit integers (Q6_K's
 q - 32, signed -32..31, or 0..63) add a plane of sixth bits the same way. 2-bit integers (Q2_K's
-0..3) are packed four to a byte, and 3-bit ones (Q3_K's q3, signed -4..3, or 0..7) are those
-2 bits plus a plane of third bits, so Q2_K / Q3_K weights cost their file's 2 / 3 bits.
+0..3) are packed four to a byte, and 3-bit ones (Q3_K's q3, signed -4..3, or 0..7) 16 to 6 bytes,
+so Q2_K / Q3_K weights cost their file's 2 / 3 bits.
 
 Two-level parameters (the K types' form, as their files hold them): `scales` / `offsets` int8 codes
 per group and `super_scales` / `super_offsets` fp16 per SUPER_K inputs, the parameter being
@@ -36,7 +36,8 @@ Two forms:
   uint16 whose bit j is row 16 b + j's fifth bit (weighing +16, or -16 when signed); 6-bit
   `data` uint8 [NB, K, 12]: then a uint16 of sixth bits (+32, or -32 when signed); 2-bit `data`
   uint8 [NB, K, 4], a little-endian uint32 whose bits 2 j, 2 j + 1 are row 16 b + j's integer;
-  3-bit `data` uint8 [NB, K, 6]: then a uint16 of third bits (+4, or -4 when signed);
+  3-bit `data` uint8 [NB, K, 6], a little-endian 48-bit value whose bits 3 j .. 3 j + 2 are row
+  16 b + j's integer (two's complement when signed: the kernels sign-extend it by two shifts);
   `scales` / `offsets` [NB, K / G, 16] (fp16, fp32 or int8 codes; offsets None: zero), or uint8
   [NB, K / G / 2, 16] for 4-bit codes (group 2 i in the low nibble of byte i, 2 i + 1 in the high),
   `super_scales` / `super_offsets` [NB, K / SUPER_K, 16] fp16. Rows past N are zero (scale 0,
@@ -57,7 +58,7 @@ from edge_runtime.quant.awq_pack import unpack_int4
 BLOCK_N = 16  # output rows per block, as kernels/csrc/linear_f32.c
 GROUP_SIZES = (16, 32, 64, 128, 256)
 SUPER_K = 256  # inputs per two-level super scale (a K-type super-block)
-EXTRA_BITS = {2: 0, 3: 1, 4: 0, 5: 1, 6: 2, 8: 0}  # bit planes after the nibbles (3: after the 2-bit pairs)
+EXTRA_BITS = {2: 0, 3: 0, 4: 0, 5: 1, 6: 2, 8: 0}  # bit planes after the nibbles
 BITS = tuple(EXTRA_BITS)
 LINE_BYTES = {b: 2 * b for b in BITS}  # bytes per (block, k): 16 rows of `b`-bit integers
 
@@ -280,15 +281,18 @@ class BlockedQuantWeight:
             return a.reshape(nb, BLOCK_N, a.shape[1]).transpose(0, 2, 1)
 
         q = blocked(rows.q)  # [NB, K, 16]
-        if rows.bits != 8:
+        if rows.bits == 3:  # row j at bits 3 j of a little-endian 48-bit value
+            fields = (q.view(np.uint8) & 7).astype(np.uint64) << (3 * np.arange(16, dtype=np.uint64))
+            q = np.bitwise_or.reduce(fields, axis=2).astype("<u8").view(np.uint8).reshape(
+                *q.shape[:2], 8)[:, :, :6]
+        elif rows.bits != 8:
             u = q.view(np.uint8)
-            low = 2 if rows.bits in (2, 3) else 4
-            if low == 2:  # row j at bits 2 (j % 4) of byte j // 4
+            if rows.bits == 2:  # row j at bits 2 (j % 4) of byte j // 4
                 shifts = np.array([0, 2, 4, 6], np.uint8)
                 planes = [np.bitwise_or.reduce((u & 3).reshape(*u.shape[:2], 4, 4) << shifts, axis=3)]
             else:
                 planes = [(u[:, :, :8] & 0xF) | ((u[:, :, 8:] & 0xF) << 4)]
-            for bit in range(low, rows.bits):  # bit j of each uint16: row j's next bit
+            for bit in range(4, rows.bits):  # bit j of each uint16: row j's fifth / sixth bit
                 planes.append(np.packbits((u >> bit) & 1, axis=2, bitorder="little"))
             q = np.concatenate(planes, axis=2) if len(planes) > 1 else planes[0]
 
@@ -309,23 +313,23 @@ class BlockedQuantWeight:
         indices for a codebook weight."""
         if self.bits == 8:
             return self.data
-        if self.bits in (2, 3):
-            low, first = 2, 4
-            q = (self.data[:, :, :4, None] >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3
-            q = q.reshape(*self.data.shape[:2], 16)
-        else:
-            low, first = 4, 8
-            q = torch.cat([self.data[:, :, :8] & 0xF, self.data[:, :, :8] >> 4], dim=2)
-        if not EXTRA_BITS[self.bits]:
+        if self.bits == 2:
+            q = (self.data[:, :, :, None] >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3
+            return q.reshape(*self.data.shape[:2], 16)
+        if self.bits == 3:
+            value = sum(self.data[:, :, i].long() << (8 * i) for i in range(6))  # [NB, K]
+            q = (value[:, :, None] >> (3 * torch.arange(16))) & 7
+            q = q - 8 * (q >> 2) if self.signed else q
+            return q.to(torch.int8 if self.signed else torch.uint8)
+        q = torch.cat([self.data[:, :, :8] & 0xF, self.data[:, :, :8] >> 4], dim=2)
+        if self.bits == 4:
             return q
         bit = torch.arange(16, dtype=torch.int32)
         q = q.int()
-        for i in range(EXTRA_BITS[self.bits]):  # plane i: bit low + i, weighing 2^(low + i)
-            at = first + 2 * i
-            plane = self.data[:, :, at].int() | (self.data[:, :, at + 1].int() << 8)
+        for i in range(EXTRA_BITS[self.bits]):  # plane i: bit 4 + i, weighing 2^(4 + i)
+            plane = self.data[:, :, 8 + 2 * i].int() | (self.data[:, :, 9 + 2 * i].int() << 8)
             top = self.signed and i == EXTRA_BITS[self.bits] - 1
-            weight = (1 << low) << i
-            q = q + (plane[:, :, None] >> bit & 1) * (-weight if top else weight)
+            q = q + (plane[:, :, None] >> bit & 1) * (-(16 << i) if top else 16 << i)
         return q.to(torch.int8 if self.signed else torch.uint8)
 
     def dequantize(self) -> torch.Tensor:
@@ -383,11 +387,15 @@ def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int, signed: 
     block, lane = ids // BLOCK_N, ids % BLOCK_N
     if bits == 8:
         q = data[block, :, lane]
-    elif bits in (2, 3):  # row 16 b + j: bits 2 (j % 4) of byte j // 4, then byte 4 + j // 8's bit
+    elif bits == 2:  # row 16 b + j: bits 2 (j % 4) of byte j // 4
         q = f32((data[block, :, lane // 4] >> (2 * (lane % 4))[:, None]) & 3)
-        if bits == 3:
-            bit = (data[block, :, 4 + lane // 8] >> (lane % 8)[:, None]) & 1
-            q = q + f32(bit) * (-4.0 if signed else 4.0)
+    elif bits == 3:  # row 16 b + j: bits 3 j .. 3 j + 2 of the 48-bit line: byte 3 j // 8 (+ next)
+        i64 = (lambda a: a.astype(np.int64)) if isinstance(ids, np.ndarray) else (lambda t: t.long())
+        at = 3 * lane // 8
+        after = np.minimum(at + 1, 5) if isinstance(ids, np.ndarray) else (at + 1).clamp(max=5)
+        two = i64(data[block, :, at]) | (i64(data[block, :, after]) << 8)
+        q = (two >> (3 * lane % 8)[:, None]) & 7
+        q = f32(q - 8 * (q >> 2) if signed else q)
     else:  # row 16 b + j: byte j's low nibble, row 16 b + j + 8: its high one
         q = (data[block, :, lane % 8] >> ((lane >= 8) * 4)[:, None]) & 0xF  # [M, K]
         if codebook is not None:

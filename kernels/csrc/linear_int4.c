@@ -6,8 +6,8 @@
  * 4-bit form's 8 bytes, then 2 bytes whose bit j is row 16 b + j's fifth bit, weighing 16 (or -16
  * with signed5: two's complement); 6-bit data [NB][K][12]: then 2 more bytes of sixth bits,
  * weighing 32 (-32 with signed5); 2-bit data [NB][K][4], a little-endian uint32 whose bits 2 j,
- * 2 j + 1 are row 16 b + j's integer; 3-bit data [NB][K][6]: those 4 bytes, then 2 bytes of
- * third bits, weighing 4 (-4 with signed5); 8-bit data int8 [NB][K][16]; a 4-bit weight with a codebook
+ * 2 j + 1 are row 16 b + j's integer; 3-bit data [NB][K][6], a little-endian 48-bit value whose
+ * bits 3 j .. 3 j + 2 are row 16 b + j's (two's complement with signed5); 8-bit data int8 [NB][K][16]; a 4-bit weight with a codebook
  * (the IQ4 types) holds indices, its value codebook[q] (a 16-entry table lookup per 16 lanes);
  * scales and offsets [NB][K / group][16], fp16 or fp32, or int8 codes with fp16 super parameters
  * per 256 inputs (the K types' two levels: the parameter is super * code, computed once per group
@@ -140,18 +140,23 @@ static inline v16f lanes_int2(const uint8_t *p) {
     const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), at), _mm512_set1_epi32(3));
     return (v16f)_mm512_cvtepi32_ps(q);
 }
-/* 3-bit: then +-4 in the lanes whose third bit is set (one masked add, exact) */
-static inline v16f lanes_int3(const uint8_t *p, float third) {
-    uint16_t bits;
-    memcpy(&bits, p + 4, 2);
-    const __m512 w = (__m512)lanes_int2(p);
-    return (v16f)_mm512_mask_add_ps(w, (__mmask16)bits, w, _mm512_set1_ps(third));
+/* 3-bit: lanes 0-7 from the uint32 at p, 8-15 from the one at p + 2 (bits 16-47), each lane's
+ * field shifted up to the top and arithmetic-shifted down (sign-extended), masked to 0..7 when
+ * unsigned: as many instructions as the nibbles take */
+static inline v16f lanes_int3(const uint8_t *p, int signed3) {
+    int32_t w0, w1;
+    memcpy(&w0, p, 4);
+    memcpy(&w1, p + 2, 4);
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(w0)), _mm256_set1_epi32(w1), 1);
+    const __m512i up = _mm512_set_epi32(0, 3, 6, 9, 12, 15, 18, 21, 8, 11, 14, 17, 20, 23, 26, 29);
+    const __m512i q = _mm512_srai_epi32(_mm512_sllv_epi32(both, up), 29);
+    return (v16f)_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(signed3 ? -1 : 7)));
 }
 /* the lanes of weight form F at p; fifth: the 5-bit top bit's weight (+-16), 6-bit's is twice it,
  * 3-bit's a quarter of it */
 static inline v16f lanes_of(int F, const uint8_t *p, float fifth, v16f book) {
     return F == 4 ? lanes_int4(p) : F == BOOK4 ? lanes_book(p, book) : F == 5 ? lanes_int5(p, fifth)
-         : F == 6 ? lanes_int6(p, 2 * fifth) : F == 2 ? lanes_int2(p) : F == 3 ? lanes_int3(p, fifth * 0.25f)
+         : F == 6 ? lanes_int6(p, 2 * fifth) : F == 2 ? lanes_int2(p) : F == 3 ? lanes_int3(p, fifth < 0)
          : lanes_int8((const int8_t *)p);
 }
 static inline v16f codebook16(const blocked_weight *wt) {
@@ -284,6 +289,20 @@ static inline void lanes_int2(const uint8_t *p, v8f *lo, v8f *hi) {
     *hi = (v8f)_mm256_cvtepi32_ps(_mm256_and_si256(
         _mm256_srlv_epi32(all, _mm256_add_epi32(at, _mm256_set1_epi32(16))), three));
 }
+/* 3-bit: lanes 0-7 from the uint32 at p, 8-15 from the one at p + 2 (bits 16-47); each field
+ * shifted to the top, arithmetic-shifted down (sign-extended), masked to 0..7 when unsigned */
+static inline void lanes_int3(const uint8_t *p, int signed3, v8f *lo, v8f *hi) {
+    int32_t w0, w1;
+    memcpy(&w0, p, 4);
+    memcpy(&w1, p + 2, 4);
+    const __m256i mask = _mm256_set1_epi32(signed3 ? -1 : 7);
+    const __m256i up = _mm256_setr_epi32(29, 26, 23, 20, 17, 14, 11, 8);
+    const __m256i l = _mm256_srai_epi32(_mm256_sllv_epi32(_mm256_set1_epi32(w0), up), 29);
+    const __m256i h = _mm256_srai_epi32(
+        _mm256_sllv_epi32(_mm256_set1_epi32(w1), _mm256_sub_epi32(up, _mm256_set1_epi32(8))), 29);
+    *lo = (v8f)_mm256_cvtepi32_ps(_mm256_and_si256(l, mask));
+    *hi = (v8f)_mm256_cvtepi32_ps(_mm256_and_si256(h, mask));
+}
 /* 4-bit codes: byte j's low (shift 0) or high (shift 4) nibble, 8 lanes */
 static inline v8f u4_to_v8(const uint8_t *p, int shift) {
     const __m128i b = _mm_srl_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_cvtsi32_si128(shift));
@@ -295,6 +314,17 @@ static inline void lanes_int2(const uint8_t *p, v8f *lo, v8f *hi) {
     memcpy(&word, p, 4);
     float a[8], c[8];
     for (int j = 0; j < 8; j++) a[j] = (float)((word >> (2 * j)) & 3), c[j] = (float)((word >> (16 + 2 * j)) & 3);
+    *lo = load_v8(a);
+    *hi = load_v8(c);
+}
+static inline void lanes_int3(const uint8_t *p, int signed3, v8f *lo, v8f *hi) {
+    uint64_t bits = 0;
+    memcpy(&bits, p, 6); /* little-endian: row j at bits 3 j */
+    float a[8], c[8];
+    for (int j = 0; j < 8; j++) {
+        const int q0 = (int)((bits >> (3 * j)) & 7), q1 = (int)((bits >> (3 * j + 24)) & 7);
+        a[j] = (float)(signed3 && q0 > 3 ? q0 - 8 : q0), c[j] = (float)(signed3 && q1 > 3 ? q1 - 8 : q1);
+    }
     *lo = load_v8(a);
     *hi = load_v8(c);
 }
@@ -329,11 +359,11 @@ static inline void lanes_int8(const int8_t *p, v8f *lo, v8f *hi) {
 /* +-16 in the lanes whose fifth bit is set, from a table: FIFTH[signed][byte] holds the 8 lanes'
  * addends of one byte of fifth bits (a load and an exact add per 8 lanes, where expanding the
  * bits took five instructions: 5-bit weights ran at ~0.55x the 4-bit ones' speed on AVX2);
- * FIFTH[2 + signed] the sixth bits' +-32, FIFTH[4 + signed] the 3-bit form's third bits' +-4 */
-static float FIFTH[6][256][8];
+ * FIFTH[2 + signed] the sixth bits' +-32 */
+static float FIFTH[4][256][8];
 __attribute__((constructor)) static void fifth_table(void) {
-    static const float weight[6] = {16.0f, -16.0f, 32.0f, -32.0f, 4.0f, -4.0f};
-    for (int s = 0; s < 6; s++)
+    static const float weight[4] = {16.0f, -16.0f, 32.0f, -32.0f};
+    for (int s = 0; s < 4; s++)
         for (int byte = 0; byte < 256; byte++)
             for (int j = 0; j < 8; j++) FIFTH[s][byte][j] = (byte >> j) & 1 ? weight[s] : 0.0f;
 }
@@ -347,11 +377,7 @@ static inline void lanes_int6(const uint8_t *p, int signed6, v8f *lo, v8f *hi) {
     *lo += load_v8(FIFTH[2 + signed6][p[10]]);
     *hi += load_v8(FIFTH[2 + signed6][p[11]]);
 }
-static inline void lanes_int3(const uint8_t *p, int signed3, v8f *lo, v8f *hi) {
-    lanes_int2(p, lo, hi);
-    *lo += load_v8(FIFTH[4 + signed3][p[4]]);
-    *hi += load_v8(FIFTH[4 + signed3][p[5]]);
-}
+
 #if defined(__F16C__)
 static inline v8f half8(const uint16_t *p) {
     return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));

@@ -80,11 +80,15 @@ static blocked_weight make_weight(rng *g, const q_case *c, float *dequant) {
             for (int lane = 0; lane < LINEAR_BLOCK_N; lane++) {
                 const int past = b * 16 + lane >= c->n;
                 int q;
-                if (c->bits == 2 || c->bits == 3) { /* bits 2 (lane % 4) of byte lane / 4, then the third bit */
-                    q = past ? 0 : (int)(next_u64(g) % (c->bits == 2 ? 4 : 8)) - (c->signed5 ? 4 : 0);
-                    uint8_t *line = data + (b * c->k + i) * c->bits * 2;
-                    line[lane / 4] |= (uint8_t)((q & 3) << (lane % 4 * 2));
-                    if (c->bits == 3) line[4 + lane / 8] |= (uint8_t)(((q >> 2) & 1) << (lane % 8));
+                if (c->bits == 2) { /* bits 2 (lane % 4) of byte lane / 4 */
+                    q = past ? 0 : (int)(next_u64(g) % 4);
+                    data[(b * c->k + i) * 4 + lane / 4] |= (uint8_t)(q << (lane % 4 * 2));
+                } else if (c->bits == 3) { /* bits 3 lane of the line's 48 bits, little-endian */
+                    q = past ? 0 : (int)(next_u64(g) % 8) - (c->signed5 ? 4 : 0);
+                    uint8_t *line = data + (b * c->k + i) * 6;
+                    const int at = 3 * lane;
+                    line[at / 8] |= (uint8_t)(((q & 7) << (at % 8)) & 0xFF);
+                    if (at % 8 > 5) line[at / 8 + 1] |= (uint8_t)((q & 7) >> (8 - at % 8));
                 } else if (c->bits == 4) {
                     q = past ? 0 : (int)(next_u64(g) % 16);
                     data[(b * c->k + i) * 8 + lane % 8] |= (uint8_t)(q << (lane / 8 * 4));
