@@ -91,8 +91,8 @@ def test_5_bit_types_keep_5_bits(qtype):
 @pytest.mark.parametrize("qtype,bits,line,ratio", [(QT.Q2_K, 2, 4, 1.0), (QT.Q3_K, 3, 6, 114 / 110)])
 def test_2_and_3_bit_types_keep_their_bits(qtype, bits, line, ratio):
     """Q2_K's quants packed four to a byte with its 4-bit codes two to a byte (the file's 84
-    bytes per 256), Q3_K's as 2 bits and a plane of signed third bits with int8 codes and no
-    offset (114 bytes per 256 against the file's 110)."""
+    bytes per 256), Q3_K's as signed 3-bit fields, 16 to 6 bytes, with int8 codes and no offset
+    (114 bytes per 256 against the file's 110)."""
     raw = _random_raw(qtype, 32, 512, 3)
     grouped = gguf_blocks.grouped_rows(raw, qtype.name)
     blocked = BlockedQuantWeight.from_rows(grouped)
