@@ -60,7 +60,6 @@ GROUP_SIZES = (16, 32, 64, 128, 256)
 SUPER_K = 256  # inputs per two-level super scale (a K-type super-block)
 EXTRA_BITS = {2: 0, 3: 0, 4: 0, 5: 1, 6: 2, 8: 0}  # bit planes after the nibbles
 BITS = tuple(EXTRA_BITS)
-LINE_BYTES = {b: 2 * b for b in BITS}  # bytes per (block, k): 16 rows of `b`-bit integers
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
@@ -256,7 +255,7 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
 
 @dataclass
 class BlockedQuantWeight:
-    data: torch.Tensor  # uint8 [NB, K, LINE_BYTES[bits]] (int8 for 8-bit)
+    data: torch.Tensor  # uint8 [NB, K, 2 * bits] (16 rows of `bits`-bit integers; int8 for 8-bit)
     scales: torch.Tensor  # [NB, K / G, 16] (4-bit codes: uint8 [NB, K / G / 2, 16])
     offsets: torch.Tensor | None
     bits: int

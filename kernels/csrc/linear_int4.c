@@ -153,7 +153,7 @@ static inline v16f lanes_int3(const uint8_t *p, int signed3) {
     return (v16f)_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(signed3 ? -1 : 7)));
 }
 /* the lanes of weight form F at p; fifth: the 5-bit top bit's weight (+-16), 6-bit's is twice it,
- * 3-bit's a quarter of it */
+ * and its sign says whether 3-bit ones are signed */
 static inline v16f lanes_of(int F, const uint8_t *p, float fifth, v16f book) {
     return F == 4 ? lanes_int4(p) : F == BOOK4 ? lanes_book(p, book) : F == 5 ? lanes_int5(p, fifth)
          : F == 6 ? lanes_int6(p, 2 * fifth) : F == 2 ? lanes_int2(p) : F == 3 ? lanes_int3(p, fifth < 0)
