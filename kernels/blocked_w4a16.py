@@ -4,10 +4,13 @@ The format is quant/int4_format.py's `BlockedQuantWeight`, the one the CPU kerne
 (kernels/csrc/linear_int4.c): blocks of 16 output rows; 4-bit data uint8 [NB, K, 8], byte j of
 (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high); 5-bit data uint8 [NB, K, 10], the
 4-bit form's 8 bytes then 2 bytes of fifth bits (bit j: row 16 b + j, weighing 16, or -16 when
-signed); 6-bit data [NB, K, 12], then 2 bytes of sixth bits (32, or -32); 8-bit data int8
-[NB, K, 16]; 4-bit codebook indices (IQ4: the value is codebook[q], a 16-entry lookup);
-scales / offsets [NB, K / G, 16] fp16 or fp32, or int8 codes times fp16 super parameters
-[NB, K / 256, 16] (the K types' two levels, multiplied in fp32: exact); offsets None: zero.
+signed); 6-bit data [NB, K, 12], then 2 bytes of sixth bits (32, or -32); 2-bit data
+[NB, K, 4], row 16 b + j at bits 2 (j % 4) of byte j // 4; 3-bit data [NB, K, 6], a 48-bit
+little-endian value, row 16 b + j at bits 3 j (two's complement when signed); 8-bit data int8 [NB, K, 16]; 4-bit codebook indices (IQ4: the value is
+codebook[q], a 16-entry lookup); scales / offsets [NB, K / G, 16] fp16 or fp32, or int8 codes
+(4-bit codes: uint8 [NB, K / G / 2, 16], group 2 i in byte i's low nibble, 2 i + 1 in its high
+one) times fp16 super parameters [NB, K / 256, 16] (the K types' two levels, multiplied in fp32:
+exact); offsets None: zero.
 W[n, k] = s q + o.
 So a GGUF model (every served block type, quant/gguf_blocks.py) or an AutoAWQ one converted once
 serves both back ends from the same bytes. y = x @ W^T, x [M, K] -> y [M, N] in x's dtype, fp32 accumulation.
@@ -49,7 +52,7 @@ if triton is not None:
     def _blocked_gemm_kernel(x_ptr, data_ptr, sc_ptr, off_ptr, ssc_ptr, soff_ptr, book_ptr, y_ptr,
                              M, N, K, group_size, s_xm, s_ym, BITS: tl.constexpr,
                              SIGNED: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-                             TWO_LEVEL: tl.constexpr, HAS_BOOK: tl.constexpr,
+                             TWO_LEVEL: tl.constexpr, CODES4: tl.constexpr, HAS_BOOK: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_NT: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         NB, KG = (N + 15) // 16, K // group_size  # derived here: fewer arguments to specialise on
@@ -70,6 +73,20 @@ if triton is not None:
                 if HAS_BOOK:  # the index's codebook value (a 16-entry int8 table, cached)
                     q = tl.load(book_ptr + q)
                 q = q.to(tl.float32)
+            elif BITS == 2:  # bits 2 (j % 4) of byte j // 4
+                byte = tl.load(data_ptr + block[None, :] * K * 4 + k[:, None] * 4 + lane[None, :] // 4,
+                               mask=(k[:, None] < K) & in_blocks[None, :], other=0).to(tl.int32)
+                q = ((byte >> ((lane[None, :] % 4) * 2)) & 3).to(tl.float32)
+            elif BITS == 3:  # bits 3 j .. 3 j + 2 of the 48-bit line: byte 3 j // 8 and the next
+                line = data_ptr + block[None, :] * K * 6 + k[:, None] * 6
+                inside = (k[:, None] < K) & in_blocks[None, :]
+                at = (3 * lane[None, :]) // 8
+                two = tl.load(line + at, mask=inside, other=0).to(tl.int32)
+                two = two | (tl.load(line + at + 1, mask=inside & (at < 5), other=0).to(tl.int32) << 8)
+                q = (two >> ((3 * lane[None, :]) % 8)) & 7
+                if SIGNED:
+                    q = q - 8 * (q >> 2)
+                q = q.to(tl.float32)
             elif BITS == 5 or BITS == 6:  # the nibble, then bit 4 (+ 5) from byte 8 (+ 2) + j // 8
                 line = data_ptr + block[None, :] * K * (2 * BITS) + k[:, None] * (2 * BITS)
                 inside = (k[:, None] < K) & in_blocks[None, :]
@@ -88,14 +105,23 @@ if triton is not None:
                 q = tl.load(data_ptr + block[None, :] * K * 16 + k[:, None] * 16 + lane[None, :],
                             mask=(k[:, None] < K) & in_blocks[None, :], other=0).to(tl.float32)
             g = k0 // group_size  # BLOCK_K divides the group size: one group per step
-            param = block * KG * 16 + g * 16 + lane  # [BN]
-            scale = tl.load(sc_ptr + param, mask=in_blocks, other=0).to(tl.float32)
+            if CODES4:  # two groups a byte: g's code in byte g // 2's low (even g) or high nibble
+                param = block * (KG // 2) * 16 + (g // 2) * 16 + lane
+            else:
+                param = block * KG * 16 + g * 16 + lane  # [BN]
+            scale = tl.load(sc_ptr + param, mask=in_blocks, other=0)
+            if CODES4:
+                scale = (scale.to(tl.int32) >> ((g % 2) * 4)) & 0xF
+            scale = scale.to(tl.float32)
             if TWO_LEVEL:  # code x fp16 super (per 256 inputs): exact in fp32
                 sup = block * (K // 256) * 16 + (k0 // 256) * 16 + lane
                 scale = scale * tl.load(ssc_ptr + sup, mask=in_blocks, other=0).to(tl.float32)
             w = q * scale[None, :]
             if HAS_OFFSETS:
-                offset = tl.load(off_ptr + param, mask=in_blocks, other=0).to(tl.float32)
+                offset = tl.load(off_ptr + param, mask=in_blocks, other=0)
+                if CODES4:
+                    offset = (offset.to(tl.int32) >> ((g % 2) * 4)) & 0xF
+                offset = offset.to(tl.float32)
                 if TWO_LEVEL:
                     offset = offset * tl.load(soff_ptr + sup, mask=in_blocks, other=0).to(tl.float32)
                 w = w + offset[None, :]
@@ -137,6 +163,7 @@ def blocked_gemm_triton(x: torch.Tensor, weight: BlockedQuantWeight, *, block_m:
                                BITS=weight.bits, SIGNED=weight.signed,
                                HAS_OFFSETS=weight.offsets is not None,
                                TWO_LEVEL=weight.super_scales is not None,
+                               CODES4=weight.scales.dtype == torch.uint8,
                                HAS_BOOK=weight.codebook is not None, BLOCK_M=block_m,
                                BLOCK_NT=block_n, BLOCK_K=block_k)
     return y

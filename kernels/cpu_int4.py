@@ -1,7 +1,7 @@
 """Linears and embeddings over quantized weights: C kernels on the CPU (kernels/csrc/linear_int4.c),
 the Triton W4A16 kernel on the CUDA back end (kernels/blocked_w4a16.py).
 
-`QuantLinear` holds one `BlockedQuantWeight` (quant/int4_format.py: 4-, 5-, 6- or 8-bit integers
+`QuantLinear` holds one `BlockedQuantWeight` (quant/int4_format.py: 2- to 8-bit integers
 or 4-bit codebook indices, per-group scale and offset, one- or two-level, blocks of 16 output rows) and computes y = x W^T + b. On the CUDA back
 end (a CUDA tensor, or CPU tensors inside dispatch.prefer_triton: the interpreter) every call runs
 dispatch.blocked_gemm on the same bytes, in the activations' dtype (fp16 on the Orin budgets) with
@@ -49,7 +49,7 @@ class BlockedWeight(ctypes.Structure):
                 ("offsets", ctypes.c_void_p), ("bits", ctypes.c_int32), ("group", ctypes.c_int32),
                 ("params_f32", ctypes.c_int32), ("signed5", ctypes.c_int32),
                 ("super_scales", ctypes.c_void_p), ("super_offsets", ctypes.c_void_p),
-                ("codebook", ctypes.c_void_p)]
+                ("codebook", ctypes.c_void_p), ("codes4", ctypes.c_int32)]
 
 
 def declare(lib) -> None:
@@ -115,7 +115,7 @@ class QuantLinear(nn.Module):
         return BlockedWeight(ptr(self.data), ptr(self.scales), ptr(self.offsets), self.bits,
                              self.group_size, int(self.scales.dtype == torch.float32),
                              int(self.signed), ptr(self.super_scales), ptr(self.super_offsets),
-                             ptr(self.codebook))
+                             ptr(self.codebook), int(self.scales.dtype == torch.uint8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] -> [..., out_features] in x's dtype (float32 on the CPU back end)."""

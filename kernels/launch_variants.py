@@ -41,7 +41,8 @@ MODELS = {  # geometry of the models the Orin budgets serve (config.json)
 }
 # the blocked int4/int8 forms QuantLinear holds (quant/int4_format.py, docs/weights.md):
 # (bits, group size or None for the model's AWQ group, parameter dtype ("two-level": int8 codes x
-# fp16 per 256 inputs, only for K a multiple of 256), offsets, signed, codebook)
+# fp16 per 256 inputs, only for K a multiple of 256; "two-level-4": 4-bit codes), offsets, signed,
+# codebook)
 BLOCKED_FORMS = {
     "gguf-q4_0-q4_1": (4, 32, "fp16", True, False, False),  # the built-in SmolLM2's layers
     "gguf-q8_0": (8, 32, "fp16", False, False, False),  # its embedding / LM head
@@ -50,7 +51,8 @@ BLOCKED_FORMS = {
     "gguf-q5_0": (5, 32, "fp16", False, True, False),  # most of a small model's Q4_K_M file
     "gguf-q5_1": (5, 32, "fp16", True, False, False),
     "gguf-q5_k": (5, 32, "two-level", True, False, False),
-    "gguf-q2_k-q3_k": (4, 16, "two-level", True, False, False),
+    "gguf-q2_k": (2, 16, "two-level-4", True, False, False),
+    "gguf-q3_k": (3, 16, "two-level", False, True, False),
     "gguf-iq4_nl": (4, 32, "fp16", False, False, True),
     "gguf-iq4_xs": (4, 32, "two-level", False, False, True),
     "awq": (4, None, "fp32", True, False, False),
@@ -232,15 +234,18 @@ def _blocked_gemm(model, act, form, rows):
     bits, group, params, offsets, signed, codebook = BLOCKED_FORMS[form]
     group = group or m["group"]
     meta = dict(device="meta")
-    two_level = params == "two-level"
+    two_level = params.startswith("two-level")
     for n, k in sorted(_linear_shapes(m) | {(m["vocab"], m["hidden"])}):  # the head too
         if two_level and k % SUPER_K:
             continue  # a K-type tensor's rows are whole super-blocks
         nb = -(-n // BLOCK_N)
-        data = (torch.empty(nb, k, bits * 2, dtype=torch.uint8, **meta) if bits in (4, 5, 6)
+        data = (torch.empty(nb, k, bits * 2, dtype=torch.uint8, **meta) if bits != 8
                 else torch.empty(nb, k, 16, dtype=torch.int8, **meta))
-        scales = torch.empty(nb, k // group, 16, dtype=torch.int8 if two_level else _dtype(params),
-                             **meta)
+        if params == "two-level-4":  # two groups a byte
+            scales = torch.empty(nb, k // group // 2, 16, dtype=torch.uint8, **meta)
+        else:
+            scales = torch.empty(nb, k // group, 16,
+                                 dtype=torch.int8 if two_level else _dtype(params), **meta)
         supers = [torch.empty(nb, k // SUPER_K, 16, dtype=torch.float16, **meta) if two_level
                   else None for _ in range(2)]
         weight = BlockedQuantWeight(data, scales, torch.empty_like(scales) if offsets else None,

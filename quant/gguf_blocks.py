@@ -13,11 +13,11 @@ each with the runtime form it becomes (bits, group, parameters):
 - Q8_0, 34 bytes per 32: fp16 d, 32 int8. W = d q (8-bit rows, no offset).
 - Q2_K, 84 bytes per 256: 16 bytes of 4-bit (sc, mn) pairs (one per 16 weights), 64 bytes of
   2-bit q (bits 2 i of byte j of 32-byte half h: weight 128 h + 32 i + j), fp16 d, fp16 dmin.
-  W = (d sc) q - dmin mn: 4-bit codes 0..3, group 16, two-level parameters (codes sc and mn, super
-  d and -dmin).
+  W = (d sc) q - dmin mn: 2-bit q, group 16, two-level parameters with 4-bit codes (sc and mn,
+  two groups a byte when blocked; super d and -dmin): the file's 84 bytes.
 - Q3_K, 110 bytes per 256: 32 bytes of high bits, 64 bytes of low 2-bit pairs, 12 bytes of 6-bit
-  scales, fp16 d. W = d (sc - 32) q3 with q3 in -4..3: 4-bit codes q3 + 4, scale d x (sc - 32),
-  offset -d x 4 (sc - 32) (codes -128..124; the sum is d (sc - 32) q3 exactly), group 16.
+  scales, fp16 d. W = d (sc - 32) q3 with q3 = low - 4 (1 - high) in -4..3: signed 3-bit q3,
+  scale d x (sc - 32) (two-level, int8 codes), no offset, group 16: 114 bytes per 256.
 - Q4_K, 144 bytes per 256: fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, mn) pairs for 8 groups of
   32, then 128 bytes: byte j of 32-byte chunk c holds weight j of group 2c (low nibble) and of group
   2c + 1 (high). W = d sc q - dmin mn: 4-bit, scale d x sc, offset -dmin x mn (two-level: the
@@ -33,8 +33,7 @@ each with the runtime form it becomes (bits, group, parameters):
 - IQ4_XS, 136 bytes per 256: fp16 d, 2 + 4 bytes of 6-bit scales (one per 32), 128 bytes of
   indices (16 per group of 32, as Q4_0). W = d (ls - 32) code[i]: 4-bit indices with the
   codebook, scale d x (ls - 32) (two-level).
-The K and IQ4 forms are held in at most 1.03x the file's bytes but Q2_K / Q3_K's, whose 2- / 3-bit
-integers take 4 bits (1.95x / 1.49x; docs/weights.md has the table).
+The K and IQ4 forms are held in at most 1.04x the file's bytes (docs/weights.md has the table).
 Other quantized types (IQ1_*, IQ2_*, IQ3_*, TQ*, MXFP4, ...) are refused with their name and the
 served list: `UnsupportedType`. F16 / BF16 / F32 are not blocks: model/gguf_int4.py serves them.
 """
@@ -143,6 +142,11 @@ def iq4_xs(raw: np.ndarray) -> GroupedRows:
                        None, 4, 32, _f16(b[..., 0:2]), codebook=_codebook())
 
 
+def _codes4(a: np.ndarray, n: int) -> torch.Tensor:
+    """4-bit group codes [N, S, groups] (0..15) -> uint8 [N, S * groups]."""
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8).reshape(n, -1))
+
+
 def q2_k(raw: np.ndarray) -> GroupedRows:
     b = _blocks(raw, 84)
     n, nsb = b.shape[:2]
@@ -150,8 +154,8 @@ def q2_k(raw: np.ndarray) -> GroupedRows:
     # 64 bytes as 2 x 32: shift 2 i of byte j of half h is weight 128 h + 32 i + j
     qs = b[..., 16:80].reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
     q = (qs & 3).reshape(n, -1)
-    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q)), _codes(sc & 0x0F, n),
-                       _codes(sc >> 4, n), 4, 16, _f16(b[..., 80:82]), _neg_f16(b[..., 82:84]))
+    return GroupedRows(torch.from_numpy(np.ascontiguousarray(q)), _codes4(sc & 0x0F, n),
+                       _codes4(sc >> 4, n), 2, 16, _f16(b[..., 80:82]), _neg_f16(b[..., 82:84]))
 
 
 def q3_k(raw: np.ndarray) -> GroupedRows:
@@ -163,12 +167,11 @@ def q3_k(raw: np.ndarray) -> GroupedRows:
     sc = ((low.reshape(n, nsb, 16) & 0x0F) | ((high.reshape(n, nsb, 16) & 3) << 4)).astype(np.int16) - 32
     ql = (qs.reshape(n, nsb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3
     qh = (hmask.reshape(n, nsb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
-    # q3 = ql - 4 (1 - h); stored as the code q3 + 4 = ql + 4 h in 0..7, offset -4 d (sc - 32)
-    # = (-d) x 4 (sc - 32), the code in -128..124 (d (sc - 32): 11 + 6 bits, exact)
-    q = ql.reshape(n, nsb, 8, 32) + (qh << 2)
-    d = _f16(b[..., 108:110])
+    # q3 = ql - 4 (1 - h): signed 3-bit, its top bit (weighing -4) the missing high bit;
+    # d (sc - 32): 11 + 6 bits, exact in fp32, and so is its product with q3
+    q = ql.reshape(n, nsb, 8, 32).astype(np.int8) - (4 * (1 - qh)).astype(np.int8)
     return GroupedRows(torch.from_numpy(np.ascontiguousarray(q.reshape(n, -1))), _codes(sc, n),
-                       _codes(4 * sc, n), 4, 16, d, -d)
+                       None, 3, 16, _f16(b[..., 108:110]))
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,12 +227,13 @@ _CONVERTERS = {"Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1, "Q8_0": q
                "Q3_K": q3_k, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "IQ4_NL": iq4_nl,
                "IQ4_XS": iq4_xs}
 # GGUF type -> its runtime form: (bits, group size, parameter bytes, offsets, signed, codebook);
-# parameter bytes 1: int8 codes with fp16 super parameters per 256 inputs (two-level). What plan
+# parameter bytes 1: int8 codes with fp16 super parameters per 256 inputs (two-level), 0.5: 4-bit
+# codes (two groups a byte) with them. What plan
 # counts without converting (model/gguf_int4.planned_weight_bytes); tests check it on each converter
 RUNTIME_FORM = {"Q4_0": (4, 32, 2, True, False, False), "Q4_1": (4, 32, 2, True, False, False),
                 "Q5_0": (5, 32, 2, False, True, False), "Q5_1": (5, 32, 2, True, False, False),
-                "Q8_0": (8, 32, 2, False, False, False), "Q2_K": (4, 16, 1, True, False, False),
-                "Q3_K": (4, 16, 1, True, False, False), "Q4_K": (4, 32, 1, True, False, False),
+                "Q8_0": (8, 32, 2, False, False, False), "Q2_K": (2, 16, 0.5, True, False, False),
+                "Q3_K": (3, 16, 1, False, True, False), "Q4_K": (4, 32, 1, True, False, False),
                 "Q5_K": (5, 32, 1, True, False, False), "Q6_K": (6, 16, 1, False, True, False),
                 "IQ4_NL": (4, 32, 2, False, False, True), "IQ4_XS": (4, 32, 1, False, False, True)}
 FLOAT_TYPES = ("F32", "F16", "BF16")  # served as floats (16-bit ones in 16 bits), not as blocks

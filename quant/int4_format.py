@@ -1,4 +1,4 @@
-"""The runtime's quantized weight format: 4-, 5-, 6- or 8-bit integers with a per-group scale and offset.
+"""The runtime's quantized weight format: 2- to 8-bit integers with a per-group scale and offset.
 
     W[n, k] = scale[n, g] * q[n, k] + offset[n, g]      g = k // group_size
 
@@ -14,12 +14,16 @@ bit: `s * q + o` rounds as gguf's own dequantize does (tests compare with gguf.q
 5-bit integers are unsigned (0..31: Q5_1, Q5_K) or signed (two's complement, -16..15: Q5_0's
 q - 16 needs no offset then); the `signed` flag says which. Stored as the 4-bit form's nibbles plus
 a plane of fifth bits, so a 5-bit weight costs 5 bits as in the file. 6-bit integers (Q6_K's
-q - 32, signed -32..31, or 0..63) add a plane of sixth bits the same way.
+q - 32, signed -32..31, or 0..63) add a plane of sixth bits the same way. 2-bit integers (Q2_K's
+0..3) are packed four to a byte, and 3-bit ones (Q3_K's q3, signed -4..3, or 0..7) 16 to 6 bytes,
+so Q2_K / Q3_K weights cost their file's 2 / 3 bits.
 
 Two-level parameters (the K types' form, as their files hold them): `scales` / `offsets` int8 codes
 per group and `super_scales` / `super_offsets` fp16 per SUPER_K inputs, the parameter being
 super * code computed in fp32: exact (an fp16's 11 significant bits times an 8-bit integer), so
-the values are the single-level fp32 products' and a group costs 1 byte, not 4.
+the values are the single-level fp32 products' and a group costs 1 byte, not 4. Q2_K's codes
+are 4-bit (0..15, its file packs a scale and a min code in one byte): `scales` / `offsets` uint8
+codes, held two groups to a byte in the blocked form ("4-bit codes"), so a group costs half a byte.
 A `codebook` (int8 [16], the IQ4 types') makes 4-bit integers indices: the value is codebook[q].
 
 Two forms:
@@ -30,8 +34,12 @@ Two forms:
   row 16 b + j in its low nibble and row 16 b + j + 8 in its high one; 8-bit `data` int8
   [NB, K, 16]; 5-bit `data` uint8 [NB, K, 10]: the 4-bit form's 8 bytes, then a little-endian
   uint16 whose bit j is row 16 b + j's fifth bit (weighing +16, or -16 when signed); 6-bit
-  `data` uint8 [NB, K, 12]: then a uint16 of sixth bits (+32, or -32 when signed);
-  `scales` / `offsets` [NB, K / G, 16] (fp16, fp32 or int8 codes; offsets None: zero),
+  `data` uint8 [NB, K, 12]: then a uint16 of sixth bits (+32, or -32 when signed); 2-bit `data`
+  uint8 [NB, K, 4], a little-endian uint32 whose bits 2 j, 2 j + 1 are row 16 b + j's integer;
+  3-bit `data` uint8 [NB, K, 6], a little-endian 48-bit value whose bits 3 j .. 3 j + 2 are row
+  16 b + j's integer (two's complement when signed: the kernels sign-extend it by two shifts);
+  `scales` / `offsets` [NB, K / G, 16] (fp16, fp32 or int8 codes; offsets None: zero), or uint8
+  [NB, K / G / 2, 16] for 4-bit codes (group 2 i in the low nibble of byte i, 2 i + 1 in the high),
   `super_scales` / `super_offsets` [NB, K / SUPER_K, 16] fp16. Rows past N are zero (scale 0,
   offset 0).
 
@@ -50,7 +58,8 @@ from edge_runtime.quant.awq_pack import unpack_int4
 BLOCK_N = 16  # output rows per block, as kernels/csrc/linear_f32.c
 GROUP_SIZES = (16, 32, 64, 128, 256)
 SUPER_K = 256  # inputs per two-level super scale (a K-type super-block)
-EXTRA_BITS = {4: 0, 5: 1, 6: 2, 8: 0}  # bit planes after the nibbles
+EXTRA_BITS = {2: 0, 3: 0, 4: 0, 5: 1, 6: 2, 8: 0}  # bit planes after the nibbles
+BITS = tuple(EXTRA_BITS)
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
@@ -59,8 +68,8 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 
 @dataclass
 class GroupedRows:
-    q: torch.Tensor  # [N, K] uint8 in 0..15 (bits 4), uint8 0..31 or int8 -16..15 (bits 5), int8 (bits 8)
-    scales: torch.Tensor  # [N, K / G] float16 or float32
+    q: torch.Tensor  # [N, K] uint8 in 0..2^bits - 1, or int8 -2^(bits-1)..2^(bits-1) - 1 (bits 3, 5, 6, 8)
+    scales: torch.Tensor  # [N, K / G] float16 or float32, or int8 / uint8 (4-bit) codes
     offsets: torch.Tensor | None  # like scales, or None (zero)
     bits: int
     group_size: int
@@ -70,9 +79,9 @@ class GroupedRows:
 
     def __post_init__(self) -> None:
         n, k = self.q.shape
-        assert self.bits in (4, 5, 6, 8), self.bits
-        assert self.q.dtype in ((torch.uint8,) if self.bits == 4 else (torch.int8,) if self.bits == 8
-                                else (torch.uint8, torch.int8)), (self.bits, self.q.dtype)
+        assert self.bits in BITS, self.bits
+        assert self.q.dtype in ((torch.uint8,) if self.bits in (2, 4) else (torch.int8,)
+                                if self.bits == 8 else (torch.uint8, torch.int8)), (self.bits, self.q.dtype)
         assert self.group_size in GROUP_SIZES and k % self.group_size == 0, (k, self.group_size)
         assert self.scales.shape == (n, k // self.group_size), (self.scales.shape, n, k)
         assert self.offsets is None or (self.offsets.shape == self.scales.shape
@@ -87,8 +96,9 @@ class GroupedRows:
 
     @property
     def signed(self) -> bool:
-        """5- or 6-bit integers in two's complement (-16..15, -32..31) rather than unsigned."""
-        return self.bits in (5, 6) and self.q.dtype == torch.int8
+        """3-, 5- or 6-bit integers in two's complement (-4..3, -16..15, -32..31) rather than
+        unsigned."""
+        return self.bits in (3, 5, 6) and self.q.dtype == torch.int8
 
     def params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(scales, offsets) as one float32 value per group: two-level ones multiplied out."""
@@ -137,12 +147,13 @@ class GroupedRows:
 
 
 def _check_params(scales, offsets, super_scales, super_offsets, k: int) -> None:
-    """float16 / float32 parameters, or int8 codes with float16 super parameters per SUPER_K."""
+    """float16 / float32 parameters, or int8 (or 4-bit: uint8) codes with float16 super parameters
+    per SUPER_K."""
     if super_scales is None:
         assert scales.dtype in (torch.float16, torch.float32), scales.dtype
         assert super_offsets is None
         return
-    assert scales.dtype == torch.int8 and k % SUPER_K == 0, (scales.dtype, k)
+    assert scales.dtype in (torch.int8, torch.uint8) and k % SUPER_K == 0, (scales.dtype, k)
     assert super_scales.dtype == torch.float16, super_scales.dtype
     assert super_scales.shape[-2] == scales.shape[-2] and super_scales.shape[1] == k // SUPER_K, (
         super_scales.shape, scales.shape, k)
@@ -157,12 +168,15 @@ def _level(codes: torch.Tensor | None, supers: torch.Tensor | None, group_size: 
     return supers.float().repeat_interleave(SUPER_K // group_size, dim=1) * codes.float()
 
 
-def blocked_nbytes(bits: int, rows: int, cols: int, group_size: int, param_bytes: int,
+def blocked_nbytes(bits: int, rows: int, cols: int, group_size: int, param_bytes: float,
                    offsets: bool, codebook: bool = False) -> int:
     """Bytes of a BlockedQuantWeight of `rows` x `cols` (what from_rows makes), without making it.
-    param_bytes 1: int8 codes with an fp16 super parameter per SUPER_K inputs."""
+    param_bytes 1: int8 codes with an fp16 super parameter per SUPER_K inputs; 0.5: 4-bit codes
+    (two groups a byte) with them."""
     padded = -(-rows // BLOCK_N) * BLOCK_N
-    per_group = param_bytes * cols // group_size + (2 * cols // SUPER_K if param_bytes == 1 else 0)
+    two_level = param_bytes < 2
+    per_group = (int(2 * param_bytes) * cols // (2 * group_size)
+                 + (2 * cols // SUPER_K if two_level else 0))
     params = padded * per_group * (2 if offsets else 1)
     return padded * cols * bits // 8 + params + (16 if codebook else 0)
 
@@ -181,23 +195,45 @@ def compatible(a: GroupedRows, b: GroupedRows) -> bool:
 
 
 def widened(parts: list[GroupedRows]) -> list[GroupedRows] | None:
-    """`parts` as 8-bit rows when they differ only in their integers' width (4-, 5-, 6- or 8-bit,
+    """`parts` as 8-bit rows when they differ only in their integers' width (2- to 8-bit,
     codebook indices or not, with the same group and parameter kinds: Q5_0 q / k next to a Q8_0
     v), so they can share one blocked weight; the same values (every 4-, 5- and 6-bit integer and
-    every IQ4 codebook value is an int8). Else None."""
+    every IQ4 codebook value is an int8). 2- and 3-bit two-level parts with other parameter kinds
+    (Q2_K q / k next to a Q3_K v) become signed 3-bit rows with int8 codes and offsets instead
+    (`as_signed3`). Else None."""
     first = parts[0]
     same = all(p.q.shape[1] == first.q.shape[1] and p.group_size == first.group_size
-               and _param_kind(p) == _param_kind(first) for p in parts)
-    if not same:
+               for p in parts)
+    if same and all(_signed3_fits(p) for p in parts) and not all(
+            _param_kind(p) == _param_kind(first) for p in parts):
+        return [as_signed3(p) for p in parts]
+    if not same or not all(_param_kind(p) == _param_kind(first) for p in parts):
         return None
     return [p if p.bits == 8 else GroupedRows(
         p.values().to(torch.int8), p.scales, p.offsets, 8, p.group_size, p.super_scales,
         p.super_offsets) for p in parts]
 
 
+def _signed3_fits(rows: GroupedRows) -> bool:
+    """Two-level rows whose integers are signed 3-bit ones: 2-bit (0..3) or signed 3-bit."""
+    return rows.super_scales is not None and (rows.bits == 2 or (rows.bits == 3 and rows.signed))
+
+
+def as_signed3(rows: GroupedRows) -> GroupedRows:
+    """Two-level 2- / 3-bit rows as signed 3-bit ones with int8 codes and offsets, the same
+    values: 0..3 and -4..3 are signed 3-bit integers, 4-bit codes are int8 ones, and rows without
+    an offset get zero codes and zero supers (s q + 0 is s q)."""
+    assert _signed3_fits(rows), describe(rows)
+    offsets, super_offsets = rows.offsets, rows.super_offsets
+    if offsets is None:
+        offsets, super_offsets = torch.zeros_like(rows.scales), torch.zeros_like(rows.super_scales)
+    return GroupedRows(rows.q.to(torch.int8), rows.scales.to(torch.int8), offsets.to(torch.int8),
+                       3, rows.group_size, rows.super_scales, super_offsets)
+
+
 def _params_name(scales: torch.Tensor, super_scales) -> str:
     if super_scales is not None:
-        return "int8 x fp16/256"
+        return f"{'uint4' if scales.dtype == torch.uint8 else 'int8'} x fp16/256"
     return str(scales.dtype).removeprefix("torch.")
 
 
@@ -219,14 +255,14 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
 
 @dataclass
 class BlockedQuantWeight:
-    data: torch.Tensor  # uint8 [NB, K, 8] (4-bit), uint8 [NB, K, 10] (5-bit), int8 [NB, K, 16] (8-bit)
-    scales: torch.Tensor  # [NB, K / G, 16]
+    data: torch.Tensor  # uint8 [NB, K, 2 * bits] (16 rows of `bits`-bit integers; int8 for 8-bit)
+    scales: torch.Tensor  # [NB, K / G, 16] (4-bit codes: uint8 [NB, K / G / 2, 16])
     offsets: torch.Tensor | None
     bits: int
     group_size: int
     out_features: int
     in_features: int
-    signed: bool = False  # 5- / 6-bit only: the top bit weighs -16 / -32
+    signed: bool = False  # 3- / 5- / 6-bit only: the top bit weighs -4 / -16 / -32
     super_scales: torch.Tensor | None = None  # [NB, K / SUPER_K, 16] float16 (scales int8 codes)
     super_offsets: torch.Tensor | None = None
     codebook: torch.Tensor | None = None  # int8 [16]
@@ -244,25 +280,46 @@ class BlockedQuantWeight:
             return a.reshape(nb, BLOCK_N, a.shape[1]).transpose(0, 2, 1)
 
         q = blocked(rows.q)  # [NB, K, 16]
-        if rows.bits in (4, 5, 6):
+        if rows.bits == 3:  # row j at bits 3 j of a little-endian 48-bit value
+            fields = (q.view(np.uint8) & 7).astype(np.uint64) << (3 * np.arange(16, dtype=np.uint64))
+            q = np.bitwise_or.reduce(fields, axis=2).astype("<u8").view(np.uint8).reshape(
+                *q.shape[:2], 8)[:, :, :6]
+        elif rows.bits != 8:
             u = q.view(np.uint8)
-            planes = [(u[:, :, :8] & 0xF) | ((u[:, :, 8:] & 0xF) << 4)]
+            if rows.bits == 2:  # row j at bits 2 (j % 4) of byte j // 4
+                shifts = np.array([0, 2, 4, 6], np.uint8)
+                planes = [np.bitwise_or.reduce((u & 3).reshape(*u.shape[:2], 4, 4) << shifts, axis=3)]
+            else:
+                planes = [(u[:, :, :8] & 0xF) | ((u[:, :, 8:] & 0xF) << 4)]
             for bit in range(4, rows.bits):  # bit j of each uint16: row j's fifth / sixth bit
                 planes.append(np.packbits((u >> bit) & 1, axis=2, bitorder="little"))
             q = np.concatenate(planes, axis=2) if len(planes) > 1 else planes[0]
 
-        def opt(t):
-            return None if t is None else _tensor(blocked(t))
+        def params(t):
+            if t is None:
+                return None
+            a = blocked(t)
+            if a.dtype == np.uint8:  # 4-bit codes: groups 2 i and 2 i + 1 share byte i
+                a = a[:, 0::2] | (a[:, 1::2] << 4)
+            return _tensor(a)
 
-        return cls(_tensor(q), _tensor(blocked(rows.scales)), opt(rows.offsets), rows.bits,
-                   rows.group_size, n, k, rows.signed, opt(rows.super_scales),
-                   opt(rows.super_offsets), rows.codebook)
+        return cls(_tensor(q), params(rows.scales), params(rows.offsets), rows.bits,
+                   rows.group_size, n, k, rows.signed, params(rows.super_scales),
+                   params(rows.super_offsets), rows.codebook)
 
     def lanes(self) -> torch.Tensor:
-        """The integers as [NB, K, 16] (uint8 values 0..15, 0..31, 0..63, or int8); codebook
+        """The integers as [NB, K, 16] (uint8 values 0..2^bits - 1, or int8); codebook
         indices for a codebook weight."""
         if self.bits == 8:
             return self.data
+        if self.bits == 2:
+            q = (self.data[:, :, :, None] >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3
+            return q.reshape(*self.data.shape[:2], 16)
+        if self.bits == 3:
+            value = sum(self.data[:, :, i].long() << (8 * i) for i in range(6))  # [NB, K]
+            q = (value[:, :, None] >> (3 * torch.arange(16))) & 7
+            q = q - 8 * (q >> 2) if self.signed else q
+            return q.to(torch.int8 if self.signed else torch.uint8)
         q = torch.cat([self.data[:, :, :8] & 0xF, self.data[:, :, :8] >> 4], dim=2)
         if self.bits == 4:
             return q
@@ -279,9 +336,9 @@ class BlockedQuantWeight:
         g = self.group_size
         q = self.lanes()
         q = q.float() if self.codebook is None else self.codebook.float()[q.long()]
-        w = q * _level(self.scales, self.super_scales, g).repeat_interleave(g, dim=1)
+        w = q * _level(_codes4(self.scales, 1), self.super_scales, g).repeat_interleave(g, dim=1)
         if self.offsets is not None:
-            w = w + _level(self.offsets, self.super_offsets, g).repeat_interleave(g, dim=1)
+            w = w + _level(_codes4(self.offsets, 1), self.super_offsets, g).repeat_interleave(g, dim=1)
         return w.transpose(1, 2).reshape(-1, self.in_features)[: self.out_features]
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
@@ -304,6 +361,20 @@ class BlockedQuantWeight:
                 f"{_params_name(self.scales, self.super_scales)}")
 
 
+def _codes4(codes, axis: int):
+    """Blocked parameters as one per group along `axis`: 4-bit codes (uint8, two groups a byte)
+    unpacked, anything else as it is; torch tensors or numpy arrays."""
+    if isinstance(codes, np.ndarray) and codes.dtype == np.uint8:
+        both = np.stack([codes & 0xF, codes >> 4], axis=axis + 1)
+    elif isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8:
+        both = torch.stack([codes & 0xF, codes >> 4], dim=axis + 1)
+    else:
+        return codes
+    shape = list(codes.shape)
+    shape[axis] *= 2
+    return both.reshape(shape)
+
+
 def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int, signed: bool = False,
                 super_scales=None, super_offsets=None, codebook=None):
     """`BlockedQuantWeight.rows_of` on torch tensors or on numpy arrays (views of a CPU weight's
@@ -315,6 +386,15 @@ def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int, signed: 
     block, lane = ids // BLOCK_N, ids % BLOCK_N
     if bits == 8:
         q = data[block, :, lane]
+    elif bits == 2:  # row 16 b + j: bits 2 (j % 4) of byte j // 4
+        q = f32((data[block, :, lane // 4] >> (2 * (lane % 4))[:, None]) & 3)
+    elif bits == 3:  # row 16 b + j: bits 3 j .. 3 j + 2 of the 48-bit line: byte 3 j // 8 (+ next)
+        i64 = (lambda a: a.astype(np.int64)) if isinstance(ids, np.ndarray) else (lambda t: t.long())
+        at = 3 * lane // 8
+        after = np.minimum(at + 1, 5) if isinstance(ids, np.ndarray) else (at + 1).clamp(max=5)
+        two = i64(data[block, :, at]) | (i64(data[block, :, after]) << 8)
+        q = (two >> (3 * lane % 8)[:, None]) & 7
+        q = f32(q - 8 * (q >> 2) if signed else q)
     else:  # row 16 b + j: byte j's low nibble, row 16 b + j + 8: its high one
         q = (data[block, :, lane % 8] >> ((lane >= 8) * 4)[:, None]) & 0xF  # [M, K]
         if codebook is not None:
@@ -328,7 +408,7 @@ def lookup_rows(ids, data, scales, offsets, bits: int, group_size: int, signed: 
     m = q.shape[0]
 
     def param(codes, supers):
-        p = f32(codes[block, :, lane])  # [M, K / G]
+        p = f32(_codes4(codes[block, :, lane], 1))  # [M, K / G]
         if supers is None:
             return p
         s = f32(supers[block, :, lane])  # [M, K / SUPER_K]

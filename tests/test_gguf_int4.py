@@ -119,6 +119,41 @@ def test_builtin_model_from_its_blocks_computes_the_fp32_model():
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+def test_q2_k_next_to_q3_k_is_one_3_bit_linear_and_planned_so(tmp_path):
+    """llama.cpp's Q2_K mix on 256-multiple rows keeps q / k in Q2_K next to a Q3_K v: the three
+    are one fused linear in signed 3 bits with offsets (int4_format.as_signed3: the same values),
+    so the one-call C step still runs the layer; plan counts the linear's bytes."""
+    import gguf
+    from torch import nn
+
+    from edge_runtime.model.gguf_int4 import _set_linears
+    from edge_runtime.quant import gguf_blocks
+    from quant_helpers import random_gguf_raw
+
+    qt = gguf.GGMLQuantizationType
+    path = tmp_path / "q2k-q3k.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    parts = {"attn_q": (qt.Q2_K, 48), "attn_k": (qt.Q2_K, 16), "attn_v": (qt.Q3_K, 16)}
+    raws = {name: random_gguf_raw(t, n, 512, seed=n + int(t)) for name, (t, n) in parts.items()}
+    for name, (t, _) in parts.items():
+        writer.add_tensor(f"blk.0.{name}.weight", raws[name], raw_dtype=t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    owner = nn.Module()
+    for hf in ("q_proj", "k_proj", "v_proj"):
+        setattr(owner, hf, None)
+    rows = [gguf_blocks.grouped_rows(raws[n], parts[n][0].name, n) for n in parts]
+    _set_linears(owner, "qkv_proj", ("q_proj", "k_proj", "v_proj"), rows, list(parts), [None] * 3)
+    qkv = owner.qkv_proj
+    assert isinstance(qkv, QuantLinear) and (qkv.bits, qkv.signed) == (3, True)
+    assert qkv.offsets is not None and qkv.out_splits == (48, 16, 16)
+    want = np.concatenate([gguf.quants.dequantize(raws[n], parts[n][0]) for n in parts])
+    assert torch.equal(qkv.weight.dequantize(), torch.from_numpy(want))
+    assert planned_weight_bytes(path) == weight_bytes_of(owner)
+
+
 @pytest.mark.parametrize("layer_type,v_down_type", [
     ("Q4_1", "Q8_0"), ("Q5_0", "Q8_0"), ("Q5_1", "Q4_0"), ("F16", "Q8_0"), ("BF16", "Q5_0")])
 def test_mixed_types_in_a_layer_load_and_compute_the_reference(layer_type, v_down_type):

@@ -17,30 +17,11 @@ from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, blo
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
+from quant_helpers import random_gguf_raw  # noqa: E402
 
 
-# types gguf cannot quantize: (byte offset, count) of their fp16 block parameters
-_FP16_PARAMS = {QT.Q2_K: (80, 2), QT.Q3_K: (108, 1), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2),
-                QT.Q6_K: (208, 1), QT.IQ4_NL: (0, 1), QT.IQ4_XS: (0, 1)}
 SERVED = [QT[name] for name in gguf_blocks.SUPPORTED]
-
-
-def _random_raw(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random blocks of `qtype`: quantized from random floats where gguf can quantize, else
-    random bytes with finite fp16 parameters of either sign (_FP16_PARAMS)."""
-    rng = np.random.default_rng(seed)
-    if qtype in _FP16_PARAMS:
-        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        nb = cols // block_size
-        raw = rng.integers(0, 256, (rows, nb, type_size), dtype=np.uint8)
-        at, count = _FP16_PARAMS[qtype]
-        params = rng.uniform(0.001, 0.05, (rows, nb, count)) * rng.choice([-1, 1], (rows, nb, count))
-        params[0] = rng.uniform(1e-7, 1e-5, (nb, count))  # fp16 subnormals in one row
-        raw[..., at: at + 2 * count] = params.astype(np.float16).view(np.uint8).reshape(rows, nb, -1)
-        return raw.reshape(rows, -1)
-    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
-    w[0, :] += 0.5  # rows of one sign: Q4_1's offset positive
-    return quants.quantize(w.astype(np.float32), qtype)
+_random_raw = random_gguf_raw
 
 
 def _exact(rows: GroupedRows, raw: np.ndarray, qtype: QT) -> None:
@@ -52,10 +33,10 @@ def _exact(rows: GroupedRows, raw: np.ndarray, qtype: QT) -> None:
     assert torch.equal(blocked.dequantize(), want)
 
 
-_BITS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.Q2_K: 4, QT.Q3_K: 4,
+_BITS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.Q2_K: 2, QT.Q3_K: 3,
          QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6, QT.IQ4_NL: 4, QT.IQ4_XS: 4}
 # resident bytes / file bytes of each type's blocked form (16-row multiples: no padding)
-_MAX_RATIO = {QT.Q4_0: 1.12, QT.Q2_K: 1.96, QT.Q3_K: 1.5}
+_MAX_RATIO = {QT.Q4_0: 1.12}
 
 
 @pytest.mark.parametrize("qtype", SERVED, ids=lambda t: t.name)
@@ -68,10 +49,11 @@ def test_gguf_blocks_dequantize_exactly_as_gguf(qtype, rows, cols):
     assert grouped.bits == _BITS[qtype]
     _exact(grouped, raw, qtype)
     bits, group, param_bytes, offsets, signed, codebook = gguf_blocks.RUNTIME_FORM[qtype.name]
-    assert (grouped.bits, grouped.group_size, grouped.scales.element_size(),
+    code_bytes = 0.5 if grouped.scales.dtype == torch.uint8 else grouped.scales.element_size()
+    assert (grouped.bits, grouped.group_size, code_bytes,
             grouped.offsets is not None, grouped.signed, grouped.codebook is not None) == (
         bits, group, param_bytes, offsets, signed, codebook)
-    assert (grouped.super_scales is not None) == (param_bytes == 1)
+    assert (grouped.super_scales is not None) == (param_bytes < 2)
     blocked = BlockedQuantWeight.from_rows(grouped)
     assert blocked.nbytes == blocked_nbytes(bits, rows, cols, group, param_bytes, offsets, codebook)
     ids = torch.tensor([rows - 1, 0, min(9, rows - 1)])
@@ -81,8 +63,8 @@ def test_gguf_blocks_dequantize_exactly_as_gguf(qtype, rows, cols):
 @pytest.mark.parametrize("qtype", SERVED, ids=lambda t: t.name)
 def test_resident_bytes_within_the_file_bytes(qtype):
     """Each type is held in at most 1.1x its file bytes (the K types' two-level parameters, the
-    IQ4 codebook indices as nibbles), but Q4_0 (an fp16 offset -8 d next to d), and Q2_K / Q3_K,
-    whose 2- / 3-bit integers take 4 bits."""
+    IQ4 codebook indices as nibbles, Q2_K / Q3_K's integers in 2 / 3 bits), but Q4_0 (an fp16
+    offset -8 d next to d)."""
     raw = _random_raw(qtype, 32, 512, 11)
     blocked = BlockedQuantWeight.from_rows(gguf_blocks.grouped_rows(raw, qtype.name))
     ratio = blocked.nbytes / raw.nbytes
@@ -104,6 +86,27 @@ def test_5_bit_types_keep_5_bits(qtype):
     assert blocked.signed == (qtype == QT.Q5_0)
     if qtype == QT.Q5_0:
         assert blocked.offsets is None and blocked.nbytes == raw.nbytes
+
+
+@pytest.mark.parametrize("qtype,bits,line,ratio", [(QT.Q2_K, 2, 4, 1.0), (QT.Q3_K, 3, 6, 114 / 110)])
+def test_2_and_3_bit_types_keep_their_bits(qtype, bits, line, ratio):
+    """Q2_K's quants packed four to a byte with its 4-bit codes two to a byte (the file's 84
+    bytes per 256), Q3_K's as signed 3-bit fields, 16 to 6 bytes, with int8 codes and no offset
+    (114 bytes per 256 against the file's 110)."""
+    raw = _random_raw(qtype, 32, 512, 3)
+    grouped = gguf_blocks.grouped_rows(raw, qtype.name)
+    blocked = BlockedQuantWeight.from_rows(grouped)
+    assert blocked.bits == bits and blocked.data.shape == (2, 512, line)
+    assert blocked.nbytes == pytest.approx(ratio * raw.nbytes)
+    lanes = blocked.lanes().transpose(1, 2).reshape(32, 512)
+    assert torch.equal(lanes, grouped.q) and int(lanes.min()) == (-4 if bits == 3 else 0)
+    assert int(lanes.max()) == 3
+    if qtype == QT.Q2_K:  # codes 2 i and 2 i + 1 share byte i
+        assert blocked.scales.dtype == torch.uint8 and blocked.scales.shape == (2, 16, 16)
+        assert torch.equal(blocked.scales[0, 3, 5] & 0xF, grouped.scales[5, 6])
+        assert torch.equal(blocked.offsets[1, 3, 5] >> 4, grouped.offsets[21, 7])
+    else:
+        assert blocked.signed and blocked.offsets is None
 
 
 def test_q4_0_and_q4_1_keep_fp16_parameters():
@@ -169,7 +172,7 @@ def test_builtin_model_tensors_exactly_as_gguf():
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q3_K",
-                                  "IQ4_NL", "IQ4_XS"])
+                                  "Q2_K", "IQ4_NL", "IQ4_XS"])
 def test_row_lookup_on_numpy_arrays_equals_torch(kind):
     rows = gguf_blocks.grouped_rows(_random_raw(QT[kind], 37, 256, 6), kind)
     w = BlockedQuantWeight.from_rows(rows)
@@ -185,7 +188,7 @@ def test_row_lookup_on_numpy_arrays_equals_torch(kind):
     assert torch.equal(w.rows_of(ids), rows.dequantize()[ids])
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "IQ4_XS", "Q2_K", "Q3_K"])
 def test_two_level_rows_cat_and_permute(kind):
     a = gguf_blocks.grouped_rows(_random_raw(QT[kind], 21, 512, 12), kind)
     b = gguf_blocks.grouped_rows(_random_raw(QT[kind], 11, 512, 13), kind)
@@ -210,6 +213,16 @@ def test_widened_rows_keep_their_values_and_fuse():
     assert torch.equal(fused.dequantize(), torch.cat([q5.dequantize(), q8.dequantize()]))
     q4_1 = gguf_blocks.grouped_rows(_random_raw(QT.Q4_1, 8, 128, 9), "Q4_1")
     assert widened([q4_1, q8]) is None
+    q2 = gguf_blocks.grouped_rows(_random_raw(QT.Q2_K, 24, 512, 14), "Q2_K")  # Q2_K q / k, Q3_K v
+    q3 = gguf_blocks.grouped_rows(_random_raw(QT.Q3_K, 8, 512, 15), "Q3_K")
+    assert not compatible(q2, q3)
+    wide = widened([q2, q3])
+    assert [(w.bits, w.signed, w.offsets is not None) for w in wide] == [(3, True, True)] * 2
+    fused = BlockedQuantWeight.from_rows(GroupedRows.cat(wide))
+    want = torch.from_numpy(np.concatenate([quants.dequantize(_random_raw(t, n, 512, seed), t)
+                                            for t, n, seed in ((QT.Q2_K, 24, 14), (QT.Q3_K, 8, 15))]))
+    assert torch.equal(fused.dequantize(), want)
+    assert fused.nbytes == blocked_nbytes(3, 32, 512, 16, 1, True)
     nl = gguf_blocks.grouped_rows(_random_raw(QT.IQ4_NL, 8, 128, 10), "IQ4_NL")  # codebook values
     wide = widened([nl, q8])
     assert wide[0].codebook is None and torch.equal(wide[0].dequantize(), nl.dequantize())

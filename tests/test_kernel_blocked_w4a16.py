@@ -1,7 +1,7 @@
 """The W4A16 Triton kernel on the runtime's blocked format (kernels/blocked_w4a16.py) under
 TRITON_INTERPRET=1, against its plain-torch reference, on tiny shapes: ragged N, rows past a
-BLOCK_M, 4-, 5-, 6- (signed and not) and 8-bit, 4-bit codebook indices, fp16, fp32 and two-level
-(int8 x fp16 per 256) parameters, with and without offsets, groups of 16 to 64,
+BLOCK_M, 2-, 3- (signed and not), 4-, 5-, 6- (signed and not) and 8-bit, 4-bit codebook indices,
+fp16, fp32 and two-level (int8 or 4-bit codes x fp16 per 256) parameters, with and without offsets, groups of 16 to 64,
 output tiles that reach past the last block (nothing read there), tiles from `tile_plan`."""
 import pytest
 import torch
@@ -39,6 +39,12 @@ def _weight(n, k, bits, group, pdtype, offsets, gen) -> BlockedQuantWeight:
     (5, 32, 64, 6, 32, torch.float16, True, torch.float32),    # unsigned 6-bit, one-level
     (3, 37, 64, "iq4", 32, torch.float16, False, torch.float32),  # IQ4_NL: codebook indices
     (17, 32, 512, "iq4", 32, torch.int8, False, torch.float16),   # IQ4_XS: codebook, two-level
+    (3, 37, 256, 2, 16, torch.uint8, True, torch.float32),     # Q2_K: 2-bit, 4-bit codes
+    (18, 24, 512, 2, 16, torch.uint8, True, torch.float16),
+    (2, 37, 256, -3, 16, torch.int8, False, torch.float32),    # Q3_K: signed 3-bit, no offset
+    (17, 20, 256, -3, 16, torch.int8, False, torch.float16),
+    (3, 40, 512, -3, 16, torch.int8, True, torch.float32),     # Q2_K fused with Q3_K (as_signed3)
+    (5, 32, 64, 3, 16, torch.float16, True, torch.float32),    # unsigned 3-bit, one-level
 ])
 def test_matches_reference(m, n, k, bits, group, pdtype, offsets, xdtype):
     gen = torch.Generator().manual_seed(m * 7 + n)

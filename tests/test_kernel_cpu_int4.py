@@ -1,5 +1,6 @@
 """linear_int4.c through kernels/cpu_int4.py: against the plain-torch reference (quant/int4_format.py)
-at several shapes, ragged ones included, every row count 1-12 and larger; bit for bit against the
+at several shapes, ragged ones included, every row count 1-12 and larger, every weight form (2- to
+8-bit, codebook, one- and two-level parameters); bit for bit against the
 fp32 kernel (linear_f32.c) over the dequantized weights; in the native, AVX2 and baseline-ISA
 builds."""
 from __future__ import annotations
@@ -44,10 +45,17 @@ CASES = [  # (N, K, bits, group, param dtype, offsets, bias)
     (72, 512, 4, 32, torch.int8, True, False),  # Q4_K: two-level parameters
     (37, 512, 5, 32, torch.int8, True, True),  # Q5_K
     (40, 256, -6, 16, torch.int8, False, False),  # Q6_K: signed 6-bit, two-level, no offset
-    (24, 256, 4, 16, torch.int8, True, False),  # Q2_K / Q3_K
+    (24, 256, 4, 16, torch.int8, True, False),  # 4-bit, group 16, two-level
     (56, 256, 6, 16, torch.float16, True, True),  # unsigned 6-bit, one-level
     (51, 128, "iq4", 32, torch.float16, False, False),  # IQ4_NL: codebook indices
     (40, 512, "iq4", 32, torch.int8, False, True),  # IQ4_XS: codebook, two-level
+    (24, 256, 2, 16, torch.uint8, True, False),  # Q2_K: 2-bit, two-level 4-bit codes
+    (37, 512, 2, 16, torch.uint8, True, True),
+    (40, 256, -3, 16, torch.int8, False, False),  # Q3_K: signed 3-bit, two-level, no offset
+    (37, 512, -3, 16, torch.int8, False, True),
+    (40, 512, -3, 16, torch.int8, True, True),  # Q2_K q / k fused with a Q3_K v (as_signed3)
+    (56, 64, 3, 16, torch.float16, True, True),  # unsigned 3-bit, one-level
+    (51, 128, 2, 32, torch.float32, True, False),  # 2-bit, fp32
 ]
 
 
@@ -104,7 +112,8 @@ def test_threads_do_not_change_results():
 
 @pytest.mark.parametrize("bits,offsets,pdtype", [(8, False, torch.float16), (-5, False, torch.float16),
                                                  (5, True, torch.float16), (4, True, torch.int8),
-                                                 (-6, False, torch.int8), ("iq4", False, torch.int8)])
+                                                 (-6, False, torch.int8), ("iq4", False, torch.int8),
+                                                 (2, True, torch.uint8), (-3, False, torch.int8)])
 def test_embedding_reads_the_heads_rows(bits, offsets, pdtype):
     head = quant_linear(random_rows(70, 256, bits=bits, param_dtype=pdtype, offsets=offsets, seed=9))
     ids = torch.tensor([[0, 15, 16], [69, 8, 7]])

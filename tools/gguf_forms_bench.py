@@ -1,11 +1,14 @@
-"""Decode-step time of a GGUF's K / IQ4 linears in their file-sized forms vs the one-level forms.
+"""Decode-step time of a GGUF's K / IQ4 linears in their file-sized forms vs earlier forms.
 
-    .venv/bin/python tools/gguf_forms_bench.py FILE.gguf [--rows 1] [--reps 30] [--threads 1] [--json out.json]
+    .venv/bin/python tools/gguf_forms_bench.py FILE.gguf [--before one-level|4-bit] [--rows 1] \
+        [--reps 30] [--threads 1] [--json out.json]
 
 Every tensor of the file in Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS is converted twice:
-as the loader holds it (two-level parameters, Q6_K in 6 bits, IQ4 as codebook indices) and in the
-one-level form the same values took before (fp32 d sc per group, Q6_K and the IQ4 codebook values
-as int8). Each pass times one `rows`-row call of linear_int4.c (the decode kernel, torch's
+as the loader holds it (two-level parameters, Q2_K / Q3_K in 2 / 3 bits, Q6_K in 6 bits, IQ4 as
+codebook indices) and in an earlier form of the same values: `--before one-level` (the default)
+fp32 d sc per group, Q6_K and the IQ4 codebook values as int8, Q2_K / Q3_K's integers in 4 bits;
+`--before 4-bit` (Q2_K and Q3_K only) the two-level 4-bit form they were held in before their
+2- / 3-bit ones (int8 codes, Q3_K's q3 + 4 with an offset -4 d (sc - 32)). Each pass times one `rows`-row call of linear_int4.c (the decode kernel, torch's
 --threads) on every such tensor in one form, then in the other, alternating, so both see the
 same machine load; per type: bytes held, and the minimum and median over the passes of the summed
 ms. Both forms compute the same sums (tests/test_kernel_cpu_int4.py), so only the bytes read and
@@ -37,7 +40,10 @@ CHANGED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 def one_level(rows: GroupedRows) -> GroupedRows:
     """The same values with fp32 (IQ4_NL: fp16) parameters per group, 6-bit and codebook
-    integers as int8: the forms these types were held in before the two-level ones."""
+    integers as int8, 2- / 3-bit ones in 4 bits: the forms these types were held in before the
+    two-level ones."""
+    if rows.bits in (2, 3):
+        rows = four_bit(rows)
     scales, offsets = rows.params()
     if rows.super_scales is None:  # IQ4_NL: its fp16 d as it was
         scales = rows.scales
@@ -46,29 +52,50 @@ def one_level(rows: GroupedRows) -> GroupedRows:
     return GroupedRows(q, scales, offsets, bits, rows.group_size)
 
 
-def linears(path: Path) -> dict[str, list[tuple[QuantLinear, QuantLinear]]]:
+def four_bit(rows: GroupedRows) -> GroupedRows:
+    """Q2_K / Q3_K's 2- / 3-bit rows as the two-level 4-bit form: unsigned 4-bit integers (a
+    signed 3-bit q3 as q3 + 4 with an offset -4 s: code 4 sc times super -d), int8 codes."""
+    if not rows.signed:
+        return GroupedRows(rows.q, rows.scales.to(torch.int8), rows.offsets.to(torch.int8), 4,
+                           rows.group_size, rows.super_scales, rows.super_offsets)
+    assert rows.offsets is None, "a signed 3-bit form has no offset"
+    q = (rows.q.to(torch.int16) + 4).to(torch.uint8)
+    return GroupedRows(q, rows.scales, (4 * rows.scales.to(torch.int16)).to(torch.int8), 4,
+                       rows.group_size, rows.super_scales, -rows.super_scales)
+
+
+BEFORE = {"one-level": (CHANGED, one_level), "4-bit": (("Q2_K", "Q3_K"), four_bit)}
+
+
+def linears(path: Path, before: str) -> dict[str, list[tuple[QuantLinear, QuantLinear]]]:
     import gguf
 
+    types, earlier = BEFORE[before]
     out = defaultdict(list)
     for t in gguf.GGUFReader(path).tensors:
         name = t.tensor_type.name
-        if name in CHANGED and len(t.shape) == 2:
+        if name in types and len(t.shape) == 2:
             rows = gguf_blocks.grouped_rows(np.asarray(t.data), name, t.name)
-            out[name].append((QuantLinear(BlockedQuantWeight.from_rows(rows)),
-                              QuantLinear(BlockedQuantWeight.from_rows(one_level(rows)))))
+            now, then = (BlockedQuantWeight.from_rows(r) for r in (rows, earlier(rows)))
+            assert torch.equal(now.dequantize(), then.dequantize()), f"{t.name}: forms differ"
+            out[name].append((QuantLinear(now), QuantLinear(then)))
+    if not out:
+        raise SystemExit(f"{path} holds no 2-D tensor of {', '.join(types)}")
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path)
+    p.add_argument("--before", choices=sorted(BEFORE), default="one-level",
+                   help="the earlier form to time against (4-bit: Q2_K / Q3_K only)")
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    by_type = linears(args.model)
+    by_type = linears(args.model, args.before)
     xs = {m.in_features: torch.randn(args.rows, m.in_features)
           for pairs in by_type.values() for pair in pairs for m in pair}
     times = {(t, form): [] for t in by_type for form in ("now", "before")}
@@ -86,7 +113,8 @@ def main() -> None:
             rows.append({"type": t, "form": form, "tensors": len(pairs),
                          "bytes": sum(pair[i].weight.nbytes for pair in pairs),
                          "ms_min": min(ms), "ms_median": statistics.median(ms)})
-    print(f"{args.model.name}, {args.rows} row(s), {torch.get_num_threads()} threads, {args.reps} passes")
+    print(f"{args.model.name}, {args.rows} row(s), {torch.get_num_threads()} threads, {args.reps} passes, "
+          f"before: {args.before}")
     print("| type | form | tensors | bytes | ms min | ms median |")
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:
@@ -94,6 +122,7 @@ def main() -> None:
               f"{r['ms_median']:.3f} |")
     if args.json:
         args.json.write_text(json.dumps({"model": str(args.model), "rows": args.rows,
+                                         "before": args.before,
                                          "threads": torch.get_num_threads(), "results": rows},
                                         indent=1))
 

@@ -154,7 +154,8 @@ def _set_linears(owner: nn.Module, fused_name: str, hf_names: tuple[str, ...],
     Face name (a Q4_K_M file keeps attn_v in Q8_0 next to Q5_0 q and k: the model runs them
     one by one, without the CPU's one-call layer stack). Block parts that differ only in their
     integers' width are widened to 8 bits first (int4_format.widened: the same values), so a Q5_0
-    q / k and a Q8_0 v still make one fused linear and the model keeps the one-call stack."""
+    q / k and a Q8_0 v still make one fused linear and the model keeps the one-call stack (Q2_K
+    next to Q3_K: signed 3-bit with offsets)."""
     if not _same_form(parts) and all(isinstance(p, GroupedRows) for p in parts):
         parts = widened(parts) or parts
     if _same_form(parts):
@@ -241,13 +242,14 @@ def planned_weight_bytes(gguf_path: Path, float_bytes: int = 4) -> int:
     for infos in groups.values():
         forms = [RUNTIME_FORM[i.type_name] for i in infos]
         if len(set(forms)) == 1:
-            parts = [(infos, forms[0][0], forms[0][5])]
+            parts = [(infos, forms[0])]
         elif len({f[1:4] for f in forms}) == 1:  # widened to 8 bits and fused (_set_linears)
-            parts = [(infos, 8, False)]
+            parts = [(infos, (8, *forms[0][1:5], False))]
+        elif {f[0] for f in forms} <= {2, 3} and len({f[1] for f in forms}) == 1:
+            parts = [(infos, (3, forms[0][1], 1, True, True, False))]  # int4_format.as_signed3
         else:  # not fused: one weight each
-            parts = [([i], f[0], f[5]) for i, f in zip(infos, forms)]
-        for part, bits, codebook in parts:
-            _, group, param_bytes, offsets, _, _ = RUNTIME_FORM[part[0].type_name]
+            parts = [([i], f) for i, f in zip(infos, forms)]
+        for part, (bits, group, param_bytes, offsets, _, codebook) in parts:
             total += blocked_nbytes(bits, sum(i.shape[0] for i in part), part[0].shape[1],
                                     group, param_bytes, offsets, codebook)
     return total
@@ -259,16 +261,16 @@ def _form_name(type_name: str) -> str:
     if type_name not in RUNTIME_FORM:
         return "float32"
     bits, group, param_bytes, offsets, signed, codebook = RUNTIME_FORM[type_name]
-    params = {1: "int8 x fp16/256", 2: "fp16", 4: "fp32"}[param_bytes]
+    params = {0.5: "uint4 x fp16/256", 1: "int8 x fp16/256", 2: "fp16", 4: "fp32"}[param_bytes]
     book = " codebook" if codebook else ""
     return f"{'s' if signed else ''}int{bits}{book} g{group} {params}{' +offset' if offsets else ''}"
 
 
 def _kernel_form(type_name: str) -> str:
-    """int4 / int5 / int6 / int8, with "codebook" and "two-level" where the kernel reads them."""
+    """int2 ... int8, with "codebook" and "two-level" where the kernel reads them."""
     bits, _, param_bytes, _, _, codebook = RUNTIME_FORM[type_name]
     return (f"int{bits}{' codebook' if codebook else ''}"
-            f"{' two-level parameters' if param_bytes == 1 else ''}")
+            f"{' two-level parameters' if param_bytes < 2 else ''}")
 
 
 def _kernel_name(type_name: str, name: str, backend: str) -> str:

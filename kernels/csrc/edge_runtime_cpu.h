@@ -94,17 +94,21 @@ int linear_blocked_f32(const float *Wb, const float *bias, const float *X, int64
 
 /* A blocked linear weight of any kind (linear_int4.c): bits 32: fp32 [NB][K][16] (linear_f32.c);
  * 4: uint8 [NB][K][8], byte j of (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high);
- * 5 / 6: those 8 bytes then one / two 2-byte planes of the fifth / sixth bits; 8: int8 [NB][K][16].
+ * 5 / 6: those 8 bytes then one / two 2-byte planes of the fifth / sixth bits; 2: uint8 [NB][K][4],
+ * row 16 b + j at bits 2 j of a little-endian uint32; 3: uint8 [NB][K][6], row 16 b + j at bits
+ * 3 j of a little-endian 48-bit value (two's complement with signed5); 8: int8 [NB][K][16].
  * W = scale * q + offset per group of `group` inputs, scales and offsets [NB][K / group][16] in
- * fp16 (params_f32 0) or fp32, or (super_scales set) int8 codes times fp16 super_scales /
- * super_offsets [NB][K / 256][16]; offsets NULL: zero. codebook (4-bit only): int8 [16], the value
- * of each 4-bit index (the IQ4 types), NULL: the integers themselves. */
+ * fp16 (params_f32 0) or fp32, or (super_scales set) int8 codes (codes4: 4-bit ones, two groups a
+ * byte, [NB][K / group / 2][16]) times fp16 super_scales / super_offsets [NB][K / 256][16];
+ * offsets NULL: zero. codebook (4-bit only): int8 [16], the value of each 4-bit index (the IQ4
+ * types), NULL: the integers themselves. */
 typedef struct {
     const void *data;
     const void *scales, *offsets;
-    int32_t bits, group, params_f32, signed5; /* signed5: 5- / 6-bit, the top bit weighs -16 / -32 */
+    int32_t bits, group, params_f32, signed5; /* signed5: 3- / 5- / 6-bit, the top bit weighs -4 / -16 / -32 */
     const void *super_scales, *super_offsets; /* fp16, or NULL: one-level parameters */
     const int8_t *codebook;
+    int32_t codes4; /* two-level codes are 4-bit (uint8, two groups a byte), not int8 */
 } blocked_weight;
 
 /* Output blocks [b0, b1) of any blocked weight for all R rows (one thread's share). */

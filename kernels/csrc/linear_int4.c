@@ -1,15 +1,19 @@
 /* Linear over quantized weights (quant/int4_format.py's blocked form; kernels/cpu_int4.py packs,
- * calls and tests it): 4-, 5-, 6- or 8-bit integers with a per-group scale and offset.
+ * calls and tests it): 2- to 8-bit integers with a per-group scale and offset.
  *
  * Layout, per block of 16 output rows (as linear_f32.c's): 4-bit data [NB][K][8] bytes, byte j of
  * (b, k) = row 16 b + j (low nibble) | row 16 b + j + 8 (high nibble); 5-bit data [NB][K][10]: the
  * 4-bit form's 8 bytes, then 2 bytes whose bit j is row 16 b + j's fifth bit, weighing 16 (or -16
  * with signed5: two's complement); 6-bit data [NB][K][12]: then 2 more bytes of sixth bits,
- * weighing 32 (-32 with signed5); 8-bit data int8 [NB][K][16]; a 4-bit weight with a codebook
+ * weighing 32 (-32 with signed5); 2-bit data [NB][K][4], a little-endian uint32 whose bits 2 j,
+ * 2 j + 1 are row 16 b + j's integer; 3-bit data [NB][K][6], a little-endian 48-bit value whose
+ * bits 3 j .. 3 j + 2 are row 16 b + j's (two's complement with signed5); 8-bit data int8 [NB][K][16]; a 4-bit weight with a codebook
  * (the IQ4 types) holds indices, its value codebook[q] (a 16-entry table lookup per 16 lanes);
  * scales and offsets [NB][K / group][16], fp16 or fp32, or int8 codes with fp16 super parameters
  * per 256 inputs (the K types' two levels: the parameter is super * code, computed once per group
- * and exact in fp32, so the sums are the one-level form's bits); offsets NULL meaning zero.
+ * and exact in fp32, so the sums are the one-level form's bits), the codes int8 or, with codes4,
+ * 4-bit (Q2_K's: [NB][K / group / 2][16] bytes, group 2 i in byte i's low nibble, 2 i + 1 in its
+ * high one); offsets NULL meaning zero.
  *
  * linear_blocks_q: Y[r, n] = sum_k X[r, k] * (s[n, g] q[n, k] + o[n, g]) (+ bias[n]), computed per
  * group as s[n, g] * (sum_k q[n, k] X[r, k]) + o[n, g] * (sum_k X[r, k]): the integers become floats
@@ -45,9 +49,9 @@
  * with four blocks a pass, 2048 beat 1024 and 4096 (docs/cpu-backend.md, "CPU linears") */
 #define Q_PREFETCH_K 2048
 #define SUPER_K 256 /* inputs per super parameter */
-/* Weight forms a kernel is compiled for: bits 4, 5, 6, 8, and BOOK4 (4-bit codebook indices) */
+/* Weight forms a kernel is compiled for: bits 2, 3, 4, 5, 6, 8, and BOOK4 (4-bit codebook indices) */
 #define BOOK4 40
-#define FORM_BYTES(F) ((F) == 5 ? 10 : (F) == 6 ? 12 : (F) == 8 ? 16 : 8)
+#define FORM_BYTES(F) ((F) == BOOK4 ? 8 : 2 * (F)) /* bytes per (block, k) */
 
 /* fp16 bits -> float, exact (subnormals included), for targets without a conversion instruction */
 static inline float half_to_float(uint16_t h) {
@@ -128,10 +132,32 @@ static inline v16f lanes_int6(const uint8_t *p, float sixth) {
     const __m512 w = (__m512)lanes_int5(p, 16.0f);
     return (v16f)_mm512_mask_add_ps(w, (__mmask16)bits6, w, _mm512_set1_ps(sixth));
 }
-/* the lanes of weight form F at p; fifth: the 5-bit top bit's weight (+-16), 6-bit's is twice it */
+/* 2-bit: lane j's pair shifted down from the uint32 (one variable shift, a mask, a conversion) */
+static inline v16f lanes_int2(const uint8_t *p) {
+    int32_t word;
+    memcpy(&word, p, 4);
+    const __m512i at = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i q = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), at), _mm512_set1_epi32(3));
+    return (v16f)_mm512_cvtepi32_ps(q);
+}
+/* 3-bit: lanes 0-7 from the uint32 at p, 8-15 from the one at p + 2 (bits 16-47), each lane's
+ * field shifted up to the top and arithmetic-shifted down (sign-extended), masked to 0..7 when
+ * unsigned: as many instructions as the nibbles take */
+static inline v16f lanes_int3(const uint8_t *p, int signed3) {
+    int32_t w0, w1;
+    memcpy(&w0, p, 4);
+    memcpy(&w1, p + 2, 4);
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(w0)), _mm256_set1_epi32(w1), 1);
+    const __m512i up = _mm512_set_epi32(0, 3, 6, 9, 12, 15, 18, 21, 8, 11, 14, 17, 20, 23, 26, 29);
+    const __m512i q = _mm512_srai_epi32(_mm512_sllv_epi32(both, up), 29);
+    return (v16f)_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(signed3 ? -1 : 7)));
+}
+/* the lanes of weight form F at p; fifth: the 5-bit top bit's weight (+-16), 6-bit's is twice it,
+ * and its sign says whether 3-bit ones are signed */
 static inline v16f lanes_of(int F, const uint8_t *p, float fifth, v16f book) {
     return F == 4 ? lanes_int4(p) : F == BOOK4 ? lanes_book(p, book) : F == 5 ? lanes_int5(p, fifth)
-         : F == 6 ? lanes_int6(p, 2 * fifth) : lanes_int8((const int8_t *)p);
+         : F == 6 ? lanes_int6(p, 2 * fifth) : F == 2 ? lanes_int2(p) : F == 3 ? lanes_int3(p, fifth < 0)
+         : lanes_int8((const int8_t *)p);
 }
 static inline v16f codebook16(const blocked_weight *wt) {
     if (!wt->codebook) return (v16f){0};
@@ -140,11 +166,18 @@ static inline v16f codebook16(const blocked_weight *wt) {
 static inline v16f half16(const uint16_t *p) {
     return (v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
+/* group i's 16 two-level codes: int8, or 4-bit (byte i / 2's low nibble for even i, high for odd) */
+static inline v16f codes16(const blocked_weight *wt, const void *p, int64_t i) {
+    if (!wt->codes4)
+        return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)p + i * BN))));
+    __m128i c = _mm_loadu_si128((const __m128i *)((const uint8_t *)p + (i >> 1) * BN));
+    if (i & 1) c = _mm_srli_epi16(c, 4);
+    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(c, _mm_set1_epi8(0x0F))));
+}
 /* group i's 16 parameters of p (scales or offsets); sp: their super parameters or NULL */
 static inline v16f params16(const blocked_weight *wt, const void *p, const void *sp, int64_t i) {
-    if (sp) /* int8 code x fp16 super: exact in fp32 */
-        return half16((const uint16_t *)sp + i * wt->group / SUPER_K * BN) *
-               (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)p + i * BN))));
+    if (sp) /* code x fp16 super: exact in fp32 */
+        return half16((const uint16_t *)sp + i * wt->group / SUPER_K * BN) * codes16(wt, p, i);
     if (wt->params_f32) return *(const v16f *)((const float *)p + i * BN);
     return half16((const uint16_t *)p + i * BN);
 }
@@ -208,7 +241,8 @@ static inline v16f fmav16(v16f s, v16f a, v16f acc) {
 #define MULTI_BLOCKS 4
 #define DEFINE_BOTH(NBLK, RB)                                                                      \
     DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(5, NBLK, RB) DEFINE_QKERNEL(6, NBLK, RB)            \
-    DEFINE_QKERNEL(8, NBLK, RB) DEFINE_QKERNEL(40, NBLK, RB)
+    DEFINE_QKERNEL(8, NBLK, RB) DEFINE_QKERNEL(40, NBLK, RB) DEFINE_QKERNEL(2, NBLK, RB)           \
+    DEFINE_QKERNEL(3, NBLK, RB)
 DEFINE_BOTH(4, 1)
 DEFINE_BOTH(4, 2)
 DEFINE_BOTH(2, 1)
@@ -242,6 +276,62 @@ static inline void lanes_int4(const uint8_t *p, v8f *lo, v8f *hi) {
     for (int j = 0; j < 8; j++) a[j] = (float)(p[j] & 0x0F), c[j] = (float)(p[j] >> 4);
     *lo = load_v8(a);
     *hi = load_v8(c);
+}
+#endif
+#if defined(__AVX2__)
+/* 2-bit: the uint32 broadcast, each lane's pair shifted down (one variable shift per half) */
+static inline void lanes_int2(const uint8_t *p, v8f *lo, v8f *hi) {
+    int32_t word;
+    memcpy(&word, p, 4);
+    const __m256i all = _mm256_set1_epi32(word), three = _mm256_set1_epi32(3);
+    const __m256i at = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    *lo = (v8f)_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(all, at), three));
+    *hi = (v8f)_mm256_cvtepi32_ps(_mm256_and_si256(
+        _mm256_srlv_epi32(all, _mm256_add_epi32(at, _mm256_set1_epi32(16))), three));
+}
+/* 3-bit: lanes 0-7 from the uint32 at p, 8-15 from the one at p + 2 (bits 16-47); each field
+ * shifted to the top, arithmetic-shifted down (sign-extended), masked to 0..7 when unsigned */
+static inline void lanes_int3(const uint8_t *p, int signed3, v8f *lo, v8f *hi) {
+    int32_t w0, w1;
+    memcpy(&w0, p, 4);
+    memcpy(&w1, p + 2, 4);
+    const __m256i mask = _mm256_set1_epi32(signed3 ? -1 : 7);
+    const __m256i up = _mm256_setr_epi32(29, 26, 23, 20, 17, 14, 11, 8);
+    const __m256i l = _mm256_srai_epi32(_mm256_sllv_epi32(_mm256_set1_epi32(w0), up), 29);
+    const __m256i h = _mm256_srai_epi32(
+        _mm256_sllv_epi32(_mm256_set1_epi32(w1), _mm256_sub_epi32(up, _mm256_set1_epi32(8))), 29);
+    *lo = (v8f)_mm256_cvtepi32_ps(_mm256_and_si256(l, mask));
+    *hi = (v8f)_mm256_cvtepi32_ps(_mm256_and_si256(h, mask));
+}
+/* 4-bit codes: byte j's low (shift 0) or high (shift 4) nibble, 8 lanes */
+static inline v8f u4_to_v8(const uint8_t *p, int shift) {
+    const __m128i b = _mm_srl_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_cvtsi32_si128(shift));
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0F))));
+}
+#else
+static inline void lanes_int2(const uint8_t *p, v8f *lo, v8f *hi) {
+    uint32_t word;
+    memcpy(&word, p, 4);
+    float a[8], c[8];
+    for (int j = 0; j < 8; j++) a[j] = (float)((word >> (2 * j)) & 3), c[j] = (float)((word >> (16 + 2 * j)) & 3);
+    *lo = load_v8(a);
+    *hi = load_v8(c);
+}
+static inline void lanes_int3(const uint8_t *p, int signed3, v8f *lo, v8f *hi) {
+    uint64_t bits = 0;
+    memcpy(&bits, p, 6); /* little-endian: row j at bits 3 j */
+    float a[8], c[8];
+    for (int j = 0; j < 8; j++) {
+        const int q0 = (int)((bits >> (3 * j)) & 7), q1 = (int)((bits >> (3 * j + 24)) & 7);
+        a[j] = (float)(signed3 && q0 > 3 ? q0 - 8 : q0), c[j] = (float)(signed3 && q1 > 3 ? q1 - 8 : q1);
+    }
+    *lo = load_v8(a);
+    *hi = load_v8(c);
+}
+static inline v8f u4_to_v8(const uint8_t *p, int shift) {
+    float f[8];
+    for (int j = 0; j < 8; j++) f[j] = (float)((p[j] >> shift) & 0x0F);
+    return load_v8(f);
 }
 #endif
 #if defined(__AVX2__)
@@ -287,6 +377,7 @@ static inline void lanes_int6(const uint8_t *p, int signed6, v8f *lo, v8f *hi) {
     *lo += load_v8(FIFTH[2 + signed6][p[10]]);
     *hi += load_v8(FIFTH[2 + signed6][p[11]]);
 }
+
 #if defined(__F16C__)
 static inline v8f half8(const uint16_t *p) {
     return (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -305,6 +396,11 @@ static inline void params16(const blocked_weight *wt, const void *p, const void 
     const int f32 = wt->params_f32;
     if (p == 0) {
         *lo = *hi = (v8f){0};
+    } else if (sp && wt->codes4) { /* 4-bit codes: byte i / 2's low nibble for even i, high for odd */
+        const uint16_t *super = (const uint16_t *)sp + i * wt->group / SUPER_K * BN;
+        const uint8_t *codes = (const uint8_t *)p + (i >> 1) * BN;
+        *lo = half8(super) * u4_to_v8(codes, (int)(i & 1) * 4);
+        *hi = half8(super + 8) * u4_to_v8(codes + 8, (int)(i & 1) * 4);
     } else if (sp) {
         const uint16_t *super = (const uint16_t *)sp + i * wt->group / SUPER_K * BN;
         const int8_t *codes = (const int8_t *)p + i * BN;
@@ -329,6 +425,10 @@ static inline void lanes_of(int F, const uint8_t *p, int signed5, const int8_t *
         lanes_int5(p, signed5, lo, hi);
     else if (F == 6)
         lanes_int6(p, signed5, lo, hi);
+    else if (F == 2)
+        lanes_int2(p, lo, hi);
+    else if (F == 3)
+        lanes_int3(p, signed5, lo, hi);
     else
         lanes_int8((const int8_t *)p, lo, hi);
 }
@@ -385,7 +485,8 @@ static inline void lanes_of(int F, const uint8_t *p, int signed5, const int8_t *
     }
 #define DEFINE_BOTH(NBLK, RB)                                                                      \
     DEFINE_QKERNEL(4, NBLK, RB) DEFINE_QKERNEL(5, NBLK, RB) DEFINE_QKERNEL(6, NBLK, RB)            \
-    DEFINE_QKERNEL(8, NBLK, RB) DEFINE_QKERNEL(40, NBLK, RB)
+    DEFINE_QKERNEL(8, NBLK, RB) DEFINE_QKERNEL(40, NBLK, RB) DEFINE_QKERNEL(2, NBLK, RB)           \
+    DEFINE_QKERNEL(3, NBLK, RB)
 
 static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *out) {
     const int64_t G = wt->group, KG = K / G, bytes = FORM_BYTES(wt->bits);
@@ -409,7 +510,8 @@ static void dequant_line(const blocked_weight *wt, int64_t b, int64_t K, float *
  * in time, so without this every pass begins with two misses to memory (one thread's one-row
  * stream ran at ~2/3 of its speed with the parameters in cache). */
 static void prefetch_params(const blocked_weight *wt, int64_t K, int64_t b0, int64_t b1) {
-    const int64_t line = 64, bytes = K / wt->group * BN * (wt->super_scales ? 1 : wt->params_f32 ? 4 : 2);
+    const int64_t line = 64, bytes = K / wt->group * BN * (wt->super_scales ? 1 : wt->params_f32 ? 4 : 2)
+                                     / (wt->codes4 ? 2 : 1);
     for (int64_t i = 0; i < (b1 - b0) * bytes; i += line) {
         __builtin_prefetch((const char *)wt->scales + b0 * bytes + i, 0, 3);
         if (wt->offsets) __builtin_prefetch((const char *)wt->offsets + b0 * bytes + i, 0, 3);
@@ -445,11 +547,13 @@ typedef void (*qkernel_fn)(const blocked_weight *, int64_t, int64_t, const float
      qkernel##BITS##_x1_5, qkernel##BITS##_x1_6}
 #endif
 /* [form(wt)][rows] */
-#define FORMS 5
+#define FORMS 7
 static const qkernel_fn ONE_BLOCK[FORMS][MAX_ROWS + 1] = {
-    ONE_BLOCK_TABLE(4), ONE_BLOCK_TABLE(5), ONE_BLOCK_TABLE(6), ONE_BLOCK_TABLE(8), ONE_BLOCK_TABLE(40)};
+    ONE_BLOCK_TABLE(4), ONE_BLOCK_TABLE(5), ONE_BLOCK_TABLE(6), ONE_BLOCK_TABLE(8), ONE_BLOCK_TABLE(40),
+    ONE_BLOCK_TABLE(2), ONE_BLOCK_TABLE(3)};
 static inline int form_of(const blocked_weight *wt) {
-    return wt->codebook ? 4 : wt->bits == 4 ? 0 : wt->bits == 5 ? 1 : wt->bits == 6 ? 2 : 3;
+    return wt->codebook ? 4 : wt->bits == 4 ? 0 : wt->bits == 5 ? 1 : wt->bits == 6 ? 2 : wt->bits == 8 ? 3
+         : wt->bits == 2 ? 5 : 6;
 }
 
 #if defined(MULTI_BLOCKS)
@@ -458,9 +562,9 @@ static inline int form_of(const blocked_weight *wt) {
 #define FOUR_ROW(F) {0, qkernel##F##_x4_1, qkernel##F##_x4_2, 0, 0}
 #define TWO_ROW(F) {0, qkernel##F##_x2_1, qkernel##F##_x2_2, qkernel##F##_x2_3, qkernel##F##_x2_4}
 static const qkernel_fn FOUR_BLOCKS[FORMS][5] = {FOUR_ROW(4), FOUR_ROW(5), FOUR_ROW(6), FOUR_ROW(8),
-                                                 FOUR_ROW(40)};
+                                                 FOUR_ROW(40), FOUR_ROW(2), FOUR_ROW(3)};
 static const qkernel_fn TWO_BLOCKS[FORMS][5] = {TWO_ROW(4), TWO_ROW(5), TWO_ROW(6), TWO_ROW(8),
-                                                TWO_ROW(40)};
+                                                TWO_ROW(40), TWO_ROW(2), TWO_ROW(3)};
 
 /* Blocks from *b on in passes of four, then two blocks, for 1-4 rows; *b: the first block left. */
 static void multi_block_passes(const blocked_weight *wt, const float *bias, const float *X,
@@ -544,9 +648,10 @@ void weight_block_bytes(const blocked_weight *wt, int64_t K, int64_t b0, int64_t
 }
 
 static int check_weight(const blocked_weight *wt, int64_t K) {
-    if (wt->bits != 4 && wt->bits != 5 && wt->bits != 6 && wt->bits != 8) return -1;
+    if (wt->bits < 2 || wt->bits > 8 || wt->bits == 7) return -1;
     if (wt->group <= 0 || K % wt->group != 0 || K / wt->group > GROUP_SUMS) return -1;
     if (wt->codebook && wt->bits != 4) return -1;
+    if (wt->codes4 && (!wt->super_scales || (K / wt->group) % 2)) return -1;
     if (wt->super_scales && (K % SUPER_K || SUPER_K % wt->group || (wt->offsets && !wt->super_offsets)))
         return -1;
     return 0;

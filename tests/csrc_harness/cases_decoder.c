@@ -20,7 +20,7 @@ typedef struct {
 
 /* an fp32 blocked weight (bits 32: linear_f32.c's layout) */
 static blocked_weight fp32_weight(const float *data) {
-    blocked_weight w = {data, NULL, NULL, 32, 0, 0, 0, NULL, NULL, NULL};
+    blocked_weight w = {data, NULL, NULL, 32, 0, 0, 0, NULL, NULL, NULL, 0};
     return w;
 }
 

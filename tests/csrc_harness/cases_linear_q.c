@@ -1,5 +1,6 @@
-/* linear_int4.c's cases: test_kernel_cpu_int4.py's (4-, 5-, 6- (signed and not) and 8-bit weights,
- * 4-bit codebook indices (IQ4), fp16, fp32 and two-level (int8 codes x fp16 per 256: the K types)
+/* linear_int4.c's cases: test_kernel_cpu_int4.py's (2-, 3-, 5-, 6- (signed and not), 4- and 8-bit
+ * weights, 4-bit codebook indices (IQ4), fp16, fp32 and two-level (int8 or 4-bit codes x fp16 per
+ * 256: the K types)
  * parameters, with and without offsets, groups of 16 to 128, ragged N, bias, every row count of a
  * pass, thread counts): each row's output must be the same bits alone and in any pass on any
  * number of threads, close to linear_f32.c's over the dequantized weights (the quantized kernel
@@ -13,14 +14,15 @@
 
 typedef struct {
     int64_t n, k;
-    int bits, group, params_f32, offsets, bias, signed5, two_level, codebook;
+    int bits, group, params_f32, offsets, bias, signed5, two_level, codebook, codes4;
 } q_case;
 
 static const int8_t IQ4_CODEBOOK[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                         1,    13,   25,  38,  53,  69,  89,  113};
 
-/* two-level parameters: int8 codes in [lo, lo + span) per group, fp16 supers per 256 inputs of
- * either sign (row 0's subnormal); values[p] = super x code (exact in fp32) */
+/* two-level parameters: int8 codes in [lo, lo + span) per group (codes4: 4-bit ones, 0..15, two
+ * groups a byte), fp16 supers per 256 inputs of either sign (row 0's subnormal); values[p] =
+ * super x code (exact in fp32) */
 static void two_level(rng *g, const q_case *c, int lo, int span, int8_t **codes, uint16_t **supers,
                       float *values) {
     const int64_t nb = (c->n + LINEAR_BLOCK_N - 1) / LINEAR_BLOCK_N, kg = c->k / c->group, ks = c->k / 256;
@@ -33,8 +35,12 @@ static void two_level(rng *g, const q_case *c, int lo, int span, int8_t **codes,
     }
     for (int64_t p = 0; p < nb * kg * LINEAR_BLOCK_N; p++) {
         const int64_t b = p / (kg * LINEAR_BLOCK_N), grp = p / LINEAR_BLOCK_N % kg, lane = p % LINEAR_BLOCK_N;
-        const int8_t code = (int8_t)(lo + (int)(next_u64(g) % (uint64_t)span));
-        (*codes)[p] = code;
+        const int8_t code = c->codes4 ? (int8_t)(next_u64(g) % 16)
+                                      : (int8_t)(lo + (int)(next_u64(g) % (uint64_t)span));
+        if (c->codes4) /* group 2 i: byte i's low nibble, 2 i + 1: its high one */
+            ((uint8_t *)*codes)[(b * kg + grp) / 2 * LINEAR_BLOCK_N + lane] |= (uint8_t)(code << (grp % 2 * 4));
+        else
+            (*codes)[p] = code;
         values[p] = f16_value((*supers)[(b * ks + grp * c->group / 256) * LINEAR_BLOCK_N + lane]) * (float)code;
     }
 }
@@ -74,7 +80,16 @@ static blocked_weight make_weight(rng *g, const q_case *c, float *dequant) {
             for (int lane = 0; lane < LINEAR_BLOCK_N; lane++) {
                 const int past = b * 16 + lane >= c->n;
                 int q;
-                if (c->bits == 4) {
+                if (c->bits == 2) { /* bits 2 (lane % 4) of byte lane / 4 */
+                    q = past ? 0 : (int)(next_u64(g) % 4);
+                    data[(b * c->k + i) * 4 + lane / 4] |= (uint8_t)(q << (lane % 4 * 2));
+                } else if (c->bits == 3) { /* bits 3 lane of the line's 48 bits, little-endian */
+                    q = past ? 0 : (int)(next_u64(g) % 8) - (c->signed5 ? 4 : 0);
+                    uint8_t *line = data + (b * c->k + i) * 6;
+                    const int at = 3 * lane;
+                    line[at / 8] |= (uint8_t)(((q & 7) << (at % 8)) & 0xFF);
+                    if (at % 8 > 5) line[at / 8 + 1] |= (uint8_t)((q & 7) >> (8 - at % 8));
+                } else if (c->bits == 4) {
                     q = past ? 0 : (int)(next_u64(g) % 16);
                     data[(b * c->k + i) * 8 + lane % 8] |= (uint8_t)(q << (lane / 8 * 4));
                     if (c->codebook) q = IQ4_CODEBOOK[q];
@@ -98,7 +113,7 @@ static blocked_weight make_weight(rng *g, const q_case *c, float *dequant) {
             }
     free(s), free(o);
     return (blocked_weight){data, scales, offsets, c->bits, c->group, c->params_f32, c->signed5,
-                            ssuper, osuper, c->codebook ? IQ4_CODEBOOK : NULL};
+                            ssuper, osuper, c->codebook ? IQ4_CODEBOOK : NULL, c->codes4};
 }
 
 static void linear_q_case(const q_case *c) {
@@ -116,7 +131,7 @@ static void linear_q_case(const q_case *c) {
     char name[64];
     snprintf(name, sizeof name, "linear_q/n%lld/k%lld/%sint%d%s/g%d/%s%s%s", (long long)n,
              (long long)k, c->signed5 ? "s" : "", c->bits, c->codebook ? "book" : "", c->group,
-             c->two_level ? "i8x16" : c->params_f32 ? "f32" : "f16", c->offsets ? "/off" : "",
+             c->two_level ? (c->codes4 ? "u4x16" : "i8x16") : c->params_f32 ? "f32" : "f16", c->offsets ? "/off" : "",
              c->bias ? "/bias" : "");
     if (dequant_blocks_q(&wt, k, 0, nb, tiles, 2) || memcmp(tiles, wb, sizeof(float) * nb * k * 16))
         fail("%s: dequant_blocks_q is not the dequantized weight", name);
@@ -153,23 +168,30 @@ static void linear_q_case(const q_case *c) {
 
 void cases_linear_q(void) {
     static const q_case cases[] = {
-        {16, 64, 4, 32, 0, 1, 0, 0, 0, 0},    /* GGUF Q4_0 / Q4_1 */
-        {37, 96, 4, 32, 0, 1, 1, 0, 0, 0},    /* ragged N: a partial last block */
-        {200, 256, 4, 64, 1, 1, 0, 0, 0, 0},  /* AWQ parameters */
-        {72, 256, 4, 128, 0, 1, 1, 0, 0, 0},
-        {51, 128, 8, 32, 0, 0, 0, 0, 0, 0},   /* Q8_0 */
-        {40, 256, 8, 16, 1, 0, 0, 0, 0, 0},   /* 8-bit, group 16, fp32 */
-        {51, 128, 5, 32, 0, 0, 0, 1, 0, 0}, /* Q5_0: signed 5-bit, no offset */
-        {37, 96, 5, 32, 0, 1, 1, 0, 0, 0},  /* Q5_1 */
-        {72, 256, 5, 32, 1, 1, 0, 0, 0, 0}, /* 5-bit, fp32 */
-        {24, 64, 4, 16, 1, 1, 0, 0, 0, 0},  /* 4-bit, group 16 */
-        {72, 512, 4, 32, 0, 1, 0, 0, 1, 0},  /* Q4_K: two-level parameters */
-        {37, 512, 5, 32, 0, 1, 1, 0, 1, 0},  /* Q5_K */
-        {40, 256, 6, 16, 0, 0, 0, 1, 1, 0},  /* Q6_K: signed 6-bit, two-level, no offset */
-        {24, 256, 4, 16, 0, 1, 0, 0, 1, 0},  /* Q2_K / Q3_K */
-        {56, 256, 6, 16, 0, 1, 1, 0, 0, 0},  /* unsigned 6-bit, one-level */
-        {51, 128, 4, 32, 0, 0, 0, 0, 0, 1},  /* IQ4_NL: codebook indices */
-        {40, 512, 4, 32, 0, 0, 1, 0, 1, 1},  /* IQ4_XS: codebook, two-level */
+        {16, 64, 4, 32, 0, 1, 0, 0, 0, 0, 0},    /* GGUF Q4_0 / Q4_1 */
+        {37, 96, 4, 32, 0, 1, 1, 0, 0, 0, 0},    /* ragged N: a partial last block */
+        {200, 256, 4, 64, 1, 1, 0, 0, 0, 0, 0},  /* AWQ parameters */
+        {72, 256, 4, 128, 0, 1, 1, 0, 0, 0, 0},
+        {51, 128, 8, 32, 0, 0, 0, 0, 0, 0, 0},   /* Q8_0 */
+        {40, 256, 8, 16, 1, 0, 0, 0, 0, 0, 0},   /* 8-bit, group 16, fp32 */
+        {51, 128, 5, 32, 0, 0, 0, 1, 0, 0, 0}, /* Q5_0: signed 5-bit, no offset */
+        {37, 96, 5, 32, 0, 1, 1, 0, 0, 0, 0},  /* Q5_1 */
+        {72, 256, 5, 32, 1, 1, 0, 0, 0, 0, 0}, /* 5-bit, fp32 */
+        {24, 64, 4, 16, 1, 1, 0, 0, 0, 0, 0},  /* 4-bit, group 16 */
+        {72, 512, 4, 32, 0, 1, 0, 0, 1, 0, 0},  /* Q4_K: two-level parameters */
+        {37, 512, 5, 32, 0, 1, 1, 0, 1, 0, 0},  /* Q5_K */
+        {40, 256, 6, 16, 0, 0, 0, 1, 1, 0, 0},  /* Q6_K: signed 6-bit, two-level, no offset */
+        {24, 256, 4, 16, 0, 1, 0, 0, 1, 0, 0},  /* 4-bit, group 16, two-level */
+        {56, 256, 6, 16, 0, 1, 1, 0, 0, 0, 0},  /* unsigned 6-bit, one-level */
+        {51, 128, 4, 32, 0, 0, 0, 0, 0, 1, 0},  /* IQ4_NL: codebook indices */
+        {40, 512, 4, 32, 0, 0, 1, 0, 1, 1, 0},  /* IQ4_XS: codebook, two-level */
+        {24, 256, 2, 16, 0, 1, 0, 0, 1, 0, 1},  /* Q2_K: 2-bit, two-level 4-bit codes */
+        {37, 512, 2, 16, 0, 1, 1, 0, 1, 0, 1},
+        {40, 256, 3, 16, 0, 0, 0, 1, 1, 0, 0},  /* Q3_K: signed 3-bit, two-level, no offset */
+        {37, 512, 3, 16, 0, 0, 1, 1, 1, 0, 0},
+        {40, 512, 3, 16, 0, 1, 1, 1, 1, 0, 0},  /* Q2_K fused with Q3_K: signed 3-bit, offsets */
+        {56, 64, 3, 16, 0, 1, 1, 0, 0, 0, 0},   /* unsigned 3-bit, one-level */
+        {51, 128, 2, 32, 1, 1, 0, 0, 0, 0, 0},  /* 2-bit, fp32 */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) linear_q_case(&cases[c]);
 }
