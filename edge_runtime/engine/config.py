@@ -41,6 +41,10 @@ class EngineConfig:
     # captured at start (engine/cuda_graphs.py); () = off; None = (1, 2, 4, 8, 16) on a CUDA
     # device, off on a CPU one (the interpreter runs the padded steps eagerly when given buckets)
     decode_buckets: tuple[int, ...] | None = None
+    # constrained requests: append the tokens a grammar forces (the only one its mask allows)
+    # without a forward each, then compute them in one chunk (engine/emission.py); the outputs
+    # are the same with it off
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
@@ -53,6 +57,8 @@ class EngineConfig:
                               f"off), got {self.recent_window!r}")
         if not isinstance(self.centred_keys, bool):
             raise ConfigError(f"centred_keys must be true or false, got {self.centred_keys!r}")
+        if not isinstance(self.jump_forward, bool):
+            raise ConfigError(f"jump_forward must be true or false, got {self.jump_forward!r}")
         if self.backend not in (None, "cpu", "cuda"):
             raise ConfigError(f"backend must be cpu or cuda, got {self.backend!r}")
         if self.num_pages is not None and self.num_pages < 1:

@@ -66,6 +66,11 @@ class Constraints:
         seq.matcher.accept(token_id)
         return seq.matcher.is_terminated
 
+    @staticmethod
+    def forced_token(seq) -> int | None:
+        """The token the sequence's grammar allows next if it allows exactly one, else None."""
+        return None if seq.matcher is None else seq.matcher.forced_token()
+
     def stats(self) -> dict:
         c = self._compiler
         return dict(grammar_masks=self.masks.masks_filled, grammar_mask_s=self.masks.fill_s,

@@ -8,6 +8,17 @@ end) and hands each beam search its logits rows (engine/beam.py decides, the emi
 drops). A finished sequence leaves through the lifecycle (engine/seq_lifecycle.py), and its
 request ends when its last sequence does.
 
+Jump-forward: after a constrained sequence's token is appended, every token its grammar then
+forces (the mask allows exactly that one, `Matcher.forced_token`) is appended too, with the same
+grammar and stop checks and one event each, before the next forward. The sequence then has more
+than one token pending, and the scheduler computes them as one chunk (a prefill-style extend of a
+decoding sequence: the normal KV paths write them), whose last row's logits give the next free
+token. A forced token is what any sampler picks under that mask, so outputs are unchanged; a
+sampled (temperature > 0) row still takes the one uniform from its generator that the step it
+skips would have drawn, so seeded outputs are unchanged too. Requests that ask for log-probs do
+not jump (their forced tokens' log-probs are the model's, computed a step each); beam search takes
+no grammar. `EngineConfig.jump_forward` turns it off.
+
 Invariants: called with the engine lock held, once per step, after the step's tokens were
 committed; the plain sequences' tokens are appended in choice order (index) per request.
 """
@@ -20,20 +31,21 @@ import torch
 
 from edge_runtime.engine import beam
 from edge_runtime.engine.api import TokenEvent
-from edge_runtime.engine.sampler import SampleRows, SamplerRow
+from edge_runtime.engine.sampler import SampleRows, SamplerRow, skip_draw
 from edge_runtime.engine.seq_lifecycle import SeqLifecycle
 from edge_runtime.engine.sequence import Request, Sequence, SeqStatus
 
 
 class Emitter:
     def __init__(self, runner, constraints, lifecycle: SeqLifecycle, tokenizer,
-                 max_positions: int, counters: dict[str, int]):
+                 max_positions: int, counters: dict[str, int], jump_forward: bool = True):
         self.runner = runner  # samples, and computes beam candidates, where the logits are
         self.constraints = constraints
         self.lifecycle = lifecycle
         self.tokenizer = tokenizer
         self.max_positions = max_positions  # the model's context: a sequence ends there
         self.counters = counters
+        self.jump_forward = jump_forward  # append grammar-forced tokens without a forward each
 
     def sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor,
                         events: list[TokenEvent], masks=None) -> None:
@@ -67,8 +79,27 @@ class Emitter:
         return [self.lifecycle.fork(parent, i, seed_offset=i) for i in range(1, req.params.n)]
 
     def _append_token(self, seq: Sequence, token: int, events: list[TokenEvent], logprob=None) -> None:
+        """`token` onto `seq`, then the tokens its grammar forces after it (jump-forward)."""
+        going = self._append_one(seq, token, events, logprob)
+        if not (going and self.jump_forward and self._may_jump(seq)):
+            return
+        while going and (forced := self.constraints.forced_token(seq)) is not None:
+            if seq.request.params.temperature > 0:
+                skip_draw(seq.generator)  # the draw the skipped step would have taken
+            self.counters["forced_tokens"] += 1
+            going = self._append_one(seq, forced, events)
+
+    @staticmethod
+    def _may_jump(seq: Sequence) -> bool:
+        """Constrained, and not asking for log-probs (a forced token's is the model's, which
+        takes the forward a jump skips)."""
+        params = seq.request.params
+        assert seq.matcher is None or not seq.request.is_beam, "beam search takes no grammar"
+        return seq.matcher is not None and params.logprobs is None
+
+    def _append_one(self, seq: Sequence, token: int, events: list[TokenEvent], logprob=None) -> bool:
         """`token` onto `seq`: grammar, stop checks, the event; a finished sequence leaves the
-        scheduler and its request ends when its last sequence does."""
+        scheduler and its request ends when its last sequence does. True while `seq` goes on."""
         req = seq.request
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
@@ -90,6 +121,7 @@ class Emitter:
             if all(s.status is SeqStatus.FINISHED for s in req.seqs):
                 self.counters["requests_finished"] += 1
                 self.lifecycle.finish_request(req, events)
+        return reason is None
 
     def _beam_step(self, req: Request, group: list, events: list[TokenEvent]) -> None:
         """One step of `req`'s beam search (engine/beam.py decides): the chosen beams forked and

@@ -3,7 +3,8 @@
 One step = scheduler decision -> CopyOps on the tensors -> the step runner's forward over the
 flattened varlen batch (engine/step_runner.py: the back end's KV context, or a decode graph)
 -> commit written tokens to the KVManager -> the emitter (engine/emission.py) has the runner
-sample, appends each token (grammar, stop checks), forks the choices of an n > 1 request,
+sample, appends each token (grammar, stop checks) and the tokens its grammar forces after it
+(jump-forward: computed next step as one chunk, like a prefill), forks the choices of an n > 1 request,
 advances beam searches (engine/beam.py decides) and emits the events. Sequences are made, forked
 and dropped, and requests ended, by engine/seq_lifecycle.py.
 
@@ -68,14 +69,18 @@ class Engine:
         self._admission_paused = False
         self._broken: BaseException | None = None  # a step failed after committing ahead
         self.last_step_tokens = 0  # tokens computed by the last step (0: nothing could run)
-        self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
+        # prefill_tokens / decode_tokens: tokens computed at prompt / generated positions (a
+        # jump-forward extend computes several generated ones in a step); forced_tokens: tokens
+        # appended by jump-forward (engine/emission.py)
+        self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, forced_tokens=0,
+                             requests_finished=0,
                              requests_failed=0, requests_cancelled=0, requests_refused=0,
                              pool_bytes_released=0)
         self._lifecycle = SeqLifecycle(self.kv, self.storage, self.scheduler, self.constraints,
                                        self.tokenizer, mc.eos_token_ids, self._arrival,
                                        self.requests, self.counters)
         self._emitter = Emitter(self.runner, self.constraints, self._lifecycle, self.tokenizer,
-                                mc.max_position_embeddings, self.counters)
+                                mc.max_position_embeddings, self.counters, cfg.jump_forward)
 
     # --- public API -------------------------------------------------------------------------
     @property
@@ -246,8 +251,9 @@ class Engine:
             if start + n == len(seq.token_ids):
                 last_rows.append(len(ids) - 1)
                 sampled.append(seq)
-            counter = "decode_tokens" if n == 1 and seq.num_generated > 0 else "prefill_tokens"
-            self.counters[counter] += n
+            prompt_part = max(0, min(n, seq.num_prompt - start))
+            self.counters["prefill_tokens"] += prompt_part
+            self.counters["decode_tokens"] += n - prompt_part
         masks = self.constraints.start_masks(sampled)  # filled while the forward runs
         logits = self.runner.forward(ids, steps, last_rows)
         for seq, n in scheduled:

@@ -8,6 +8,8 @@ The flow per step (engine.py): `GrammarMasks.start(seqs)` fills the next-token b
 constrained sequence on a worker thread while the forward runs (torch releases the GIL);
 `.wait()` returns it; `apply_bitmask` sets the logits of disallowed tokens to -inf before
 sampling; the engine then calls `accept` on the sequence's matcher with the sampled token.
+Jump-forward (engine/emission.py) asks `Matcher.forced_token` after each appended token: the one
+token the grammar allows next, if it allows exactly one.
 
 Invariants:
 - A sequence's matcher has accepted exactly its generated tokens, in order (the matcher advances on
@@ -90,7 +92,7 @@ class GrammarCompiler:
         raise AssertionError(f"unknown grammar kind {spec.kind!r}")
 
     def matcher(self, compiled) -> "Matcher":
-        return Matcher(_xgr().GrammarMatcher(compiled))
+        return Matcher(_xgr().GrammarMatcher(compiled), self.vocab_size)
 
 
 def library_message(exc: Exception) -> str:
@@ -102,11 +104,23 @@ def library_message(exc: Exception) -> str:
 class Matcher:
     """The grammar state of one sequence."""
 
-    def __init__(self, matcher):
+    def __init__(self, matcher, vocab_size: int):
         self._m = matcher
+        self.vocab_size = vocab_size
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
+
+    def forced_token(self) -> int | None:
+        """The next token if the grammar allows exactly one (of the model's vocabulary), else None.
+
+        Whole tokens only, read off the same mask sampling uses: a token so forced is the one any
+        sampler picks under that mask, so appending it without a forward changes no output. (The
+        library's `find_jump_forward_tokens` tokenizes the forced text its own way, which need not
+        be the way the model would have written it.)"""
+        bitmask = allocate_bitmask(1, self.vocab_size)
+        self.fill(bitmask, 0)
+        return single_allowed_token(bitmask[0], self.vocab_size)
 
     def accept(self, token_id: int) -> None:
         ok = self._m.accept_token(int(token_id))
@@ -120,6 +134,21 @@ class Matcher:
 def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
     # bitmask: int32 [num_rows, ceil(vocab / 32)]; bit j of word w allows token 32 * w + j
     return torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def single_allowed_token(row: torch.Tensor, vocab_size: int) -> int | None:
+    """The token id whose bit is the only one set in the bitmask row, if it is below vocab_size.
+    A set bit past the vocabulary counts as a second token (None: no jump, never a wrong one)."""
+    # row: int32 [W]
+    words = row.nonzero()
+    if words.numel() != 1:
+        return None
+    w = int(words[0, 0])
+    bits = int(row[w]) & 0xFFFFFFFF
+    if bits & (bits - 1):
+        return None
+    token = 32 * w + bits.bit_length() - 1
+    return token if token < vocab_size else None
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
