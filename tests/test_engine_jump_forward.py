@@ -1,9 +1,12 @@
-"""Jump-forward (engine/emission.py): a constrained request's grammar-forced tokens, appended without
-a forward each and computed next step as one chunk, give exactly what decoding them one step each
-gives: token ids, text, streamed events, finish reasons, seeded samples (n > 1), stop strings,
-max_tokens cuts and preemptions, in fewer steps; on the tiny random model (fp32 and int8 KV), on
-the built-in SmolLM2 with the voice loop's tool grammar, and on the CUDA back end (Triton
-interpreter). Requests that ask for log-probs do not jump."""
+"""Jump-forward (engine/emission.py) and forced-text drafts (engine/forced_drafts.py): a constrained
+request's grammar-forced tokens, appended without a forward each (and its forced text drafted and
+kept as far as the sampler confirms it), give exactly what decoding them one step each gives:
+token ids, text, streamed events, finish reasons, seeded samples (n > 1), stop strings,
+max_tokens cuts and preemptions, in fewer steps, and the logits after the same tokens are the
+same (bit for bit alone: a rejected draft position must not disturb int8 KV's recent-key
+window); on the tiny random model (fp32 and int8 KV), on the built-in SmolLM2 with the voice
+loop's tool grammar, and on the CUDA back end (Triton interpreter). Requests that ask for
+log-probs do not jump."""
 
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from model_helpers import random_ids, smollm2_gguf
 
 from edge_runtime.engine.api import GrammarSpec, SamplingParams
 from edge_runtime.engine.config import EngineConfig
-from edge_runtime.engine.grammar import schema_text, single_allowed_token
+from edge_runtime.engine.forced_drafts import accepted_count, build_draft
+from edge_runtime.engine.grammar import allows, schema_text, single_allowed_token
 from edge_runtime.errors import ConfigError
 from edge_runtime.kernels import dispatch
 from edge_runtime.voice.call_narrowing import narrow_functions
@@ -64,6 +68,33 @@ def run(engine, prompts, params) -> tuple[list, dict, int]:
     return [results[r] for r in rids], streamed, engine.counters["steps"]
 
 
+def record_logits(engine) -> dict[tuple[int, ...], torch.Tensor]:
+    """Every logits row the engine samples from, keyed by the tokens before it (a draft's rows
+    by the real tokens and the draft tokens before the row)."""
+    seen, emit = {}, engine._emitter.sample_and_emit
+
+    def recording(sampled, logits, events, masks=None):
+        for row, seq in sampled:
+            draft = [] if seq.draft is None else seq.draft.token_ids
+            for j in range(len(draft) + 1):
+                seen[tuple(seq.token_ids + draft[:j])] = logits[row + j].clone()
+        return emit(sampled, logits, events, masks)
+
+    engine._emitter.sample_and_emit = recording
+    return seen
+
+
+def assert_same_logits(jumped: dict, plain: dict, atol: float = 0.0) -> None:
+    """Where both computed the logits after the same tokens, they are the same: bit for bit when
+    each request ran alone; within rounding (atol) when batched otherwise (the linears' float
+    sums run over other batch shapes)."""
+    common = [key for key in plain if key in jumped]
+    assert len(common) > len(plain) // 2, (len(common), len(plain))
+    for key in common:
+        diff = float((jumped[key] - plain[key]).abs().max())
+        assert diff <= atol, (len(key), diff)
+
+
 def outputs(results) -> list:
     return [[(c.token_ids, c.text, c.finish_reason, c.logprobs) for c in r.completions]
             for r in results]
@@ -98,10 +129,34 @@ def test_single_allowed_token_reads_one_set_bit_below_the_vocabulary():
     assert single_allowed_token(row, 100) is None
 
 
-def test_the_setting_is_a_bool():
-    assert EngineConfig().jump_forward is True
-    with pytest.raises(ConfigError, match="jump_forward must be true or false"):
-        EngineConfig(jump_forward="yes")
+def test_the_settings_are_bools():
+    assert EngineConfig().jump_forward is True and EngineConfig().forced_text_drafts is True
+    for name in ("jump_forward", "forced_text_drafts"):
+        with pytest.raises(ConfigError, match=f"{name} must be true or false"):
+            EngineConfig(**{name: "yes"})
+
+
+def test_a_draft_spells_the_forced_text_on_a_fork_with_each_rows_mask():
+    engine = _tiny_engine(True)
+    tokenizer = engine.tokenizer
+    matcher = engine.constraints.compiler.matcher(engine.constraints.compile(constrained()))
+    text = matcher.forced_text()
+    assert text.startswith('{"device": "')
+    draft = build_draft(matcher, lambda t: tokenizer.encode(t, add_special_tokens=False), 32)
+    assert len(draft.masks) == len(draft.token_ids) + 1
+    assert tokenizer.decode(draft.token_ids) == text  # then three devices: no single token
+    for token, mask in zip(draft.token_ids, draft.masks):
+        assert allows(mask, token)
+    assert matcher.forced_text() == text  # the sequence's own matcher did not move
+    for token in draft.token_ids:
+        matcher.accept(token)
+    assert torch.equal(matcher.next_mask(), draft.masks[-1])
+    short = build_draft(engine.constraints.compiler.matcher(engine.constraints.compile(
+        constrained())), lambda t: tokenizer.encode(t, add_special_tokens=False), 2)
+    assert short.token_ids == draft.token_ids[:2] and draft.truncated(2).token_ids == short.token_ids
+    assert all(torch.equal(a, b) for a, b in zip(draft.truncated(2).masks, short.masks))
+    assert accepted_count([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert accepted_count([5, 6], [5, 6, 4]) == 2 and accepted_count([5], [4, 1]) == 0
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp32", "int8"])
@@ -111,9 +166,33 @@ def test_greedy_batch_with_plain_requests_and_a_shared_prefix_is_unchanged(kv_dt
                for i, p in enumerate(tiny_prompts([12, 30, 8, 21, 15, 9], seed=810))]
     params = [constrained() if i % 3 != 2 else SamplingParams(max_tokens=10, ignore_eos=True)
               for i in range(len(prompts))]
-    results = assert_same_in_fewer_steps(prompts, params, _tiny_engine(True, kv_dtype=kv_dtype),
-                                         _tiny_engine(False, kv_dtype=kv_dtype))
+    jumping, plain = _tiny_engine(True, kv_dtype=kv_dtype), _tiny_engine(False, kv_dtype=kv_dtype)
+    jumped_logits, plain_logits = record_logits(jumping), record_logits(plain)
+    results = assert_same_in_fewer_steps(prompts, params, jumping, plain)
     assert any(r.finish_reason == "stop" for r, sp in zip(results, params) if sp.grammar)
+    assert_same_logits(jumped_logits, plain_logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("page_tokens", [16, 64])
+def test_int8_kv_with_recent_windows_and_rejected_drafts_is_unchanged(page_tokens):
+    # 64-token pages: a draft could reach past its 16-position window block (it must not: the
+    # block a chunk ends in is written to the window, over the block before)
+    cfg = dict(kv_dtype="int8", page_tokens=page_tokens, num_pages=60 * 16 // page_tokens)
+    jumping, plain = _tiny_engine(True, **cfg), _tiny_engine(False, **cfg)
+    assert jumping.config.recent_window == 16
+    jumped_logits, plain_logits = record_logits(jumping), record_logits(plain)
+    assert_same_in_fewer_steps(tiny_prompts([5, 9, 13, 17, 23], seed=815), constrained(),
+                               jumping, plain)
+    counters = jumping.counters
+    assert counters["draft_tokens"] > counters["draft_tokens_kept"] > 0  # guesses kept, rejected
+    assert_same_logits(jumped_logits, plain_logits)  # the tokens could hide a wrong read
+
+
+def test_without_drafts_only_single_forced_tokens_jump_and_nothing_changes():
+    prompts = tiny_prompts([12, 8, 21], seed=812)
+    singles = _tiny_engine(True, forced_text_drafts=False)
+    assert_same_in_fewer_steps(prompts, constrained(), singles, _tiny_engine(False))
+    assert singles.counters["draft_tokens"] == 0
 
 
 def test_seeded_samples_n_gt_1_with_penalties_are_unchanged():
@@ -182,8 +261,12 @@ def test_smollm2_voice_tool_calls_are_unchanged():
         return engine_for(loaded, jump_forward=jump, num_pages=16, max_num_seqs=3,
                           check_invariants_every_step=False)
 
-    results = assert_same_in_fewer_steps(prompts, params, engine(True), engine(False))
+    jumping, plain = engine(True), engine(False)
+    jumped_logits, plain_logits = record_logits(jumping), record_logits(plain)
+    results = assert_same_in_fewer_steps(prompts, params, jumping, plain)
     assert all(r.finish_reason == "stop" for r in results), [r.text for r in results]
+    assert jumping.counters["draft_tokens_kept"] > jumping.counters["draft_tokens"] // 2
+    assert_same_logits(jumped_logits, plain_logits, atol=1e-3)
 
 
 @pytest.mark.slow  # the interpreter: ~100 s
@@ -195,3 +278,4 @@ def test_cuda_back_end_jumps_to_the_cpu_back_ends_tokens():
     cuda = engine_on("cuda", jump_forward=True)
     jumped = assert_same_in_fewer_steps(prompts, params, cuda, engine_on("cuda", jump_forward=False))
     assert outputs(jumped) == outputs(cpu_plain)
+    assert cuda.counters["draft_tokens"] > cuda.counters["draft_tokens_kept"] > 0

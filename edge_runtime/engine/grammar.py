@@ -118,13 +118,28 @@ class Matcher:
         sampler picks under that mask, so appending it without a forward changes no output. (The
         library's `find_jump_forward_tokens` tokenizes the forced text its own way, which need not
         be the way the model would have written it.)"""
-        bitmask = allocate_bitmask(1, self.vocab_size)
-        self.fill(bitmask, 0)
-        return single_allowed_token(bitmask[0], self.vocab_size)
+        return single_allowed_token(self.next_mask(), self.vocab_size)
 
     def accept(self, token_id: int) -> None:
         ok = self._m.accept_token(int(token_id))
         assert ok, f"token {token_id} was sampled under a mask that did not allow it"
+
+    def next_mask(self) -> torch.Tensor:
+        """int32 [W]: the bitmask row of the tokens allowed next."""
+        bitmask = allocate_bitmask(1, self.vocab_size)
+        self.fill(bitmask, 0)
+        return bitmask[0]
+
+    def forced_text(self) -> str:
+        """The text the grammar forces next, whatever tokens spell it ('' when none)."""
+        return self._m.find_jump_forward_string()
+
+    def fork(self) -> "Matcher":
+        """An independent matcher in this one's state (a draft walks it ahead)."""
+        return Matcher(self._m.fork(), self.vocab_size)
+
+    def try_accept(self, token_id: int) -> bool:
+        return bool(self._m.accept_token(int(token_id)))
 
     @property
     def is_terminated(self) -> bool:
@@ -149,6 +164,11 @@ def single_allowed_token(row: torch.Tensor, vocab_size: int) -> int | None:
         return None
     token = 32 * w + bits.bit_length() - 1
     return token if token < vocab_size else None
+
+
+def allows(row: torch.Tensor, token_id: int) -> bool:
+    """Whether the bitmask row allows `token_id`."""
+    return bool((int(row[token_id // 32]) >> (token_id % 32)) & 1)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -176,20 +196,25 @@ class GrammarMasks:
         self.fill_s = 0.0  # total seconds spent filling masks (worker thread)
         self.masks_filled = 0
 
-    def start(self, matchers: list[tuple[int, Matcher]]) -> Future | None:
-        """matchers: (row of the batch's logits, matcher). None when no row is constrained."""
-        if not matchers:
+    def start(self, matchers: list[tuple[int, Matcher]],
+              filled: list[tuple[int, torch.Tensor]] = ()) -> Future | None:
+        """matchers: (row of the batch's logits, matcher); filled: (row, bitmask row) already
+        known (a draft's rows). None when no row is constrained."""
+        if not matchers and not filled:
             return None
-        return self._pool.submit(self._fill, list(matchers))
+        return self._pool.submit(self._fill, list(matchers), list(filled))
 
-    def _fill(self, matchers: list[tuple[int, Matcher]]) -> tuple[torch.Tensor, list[int]]:
+    def _fill(self, matchers: list[tuple[int, Matcher]], filled: list[tuple[int, torch.Tensor]]
+              ) -> tuple[torch.Tensor, list[int]]:
         t0 = time.perf_counter()
-        bitmask = allocate_bitmask(len(matchers), self.vocab_size)
+        bitmask = allocate_bitmask(len(matchers) + len(filled), self.vocab_size)
         for i, (_, m) in enumerate(matchers):
             m.fill(bitmask, i)
+        for i, (_, row) in enumerate(filled, start=len(matchers)):
+            bitmask[i] = row
         self.fill_s += time.perf_counter() - t0
         self.masks_filled += len(matchers)
-        return bitmask, [row for row, _ in matchers]
+        return bitmask, [row for row, _ in matchers] + [row for row, _ in filled]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
