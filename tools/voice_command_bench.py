@@ -16,13 +16,13 @@ the built-in model's constrained calls:
 skips recognition and scores the typed commands only (recognition does not depend on the model),
 which is how two models' calls are compared.
 
-`--jump-forward` measures the engine's jump-forward instead (engine/emission.py): the typed
-commands in the loop's setting (examples in, narrowing on), one call at a time as one stream asks
-them, on two engines over the one loaded model, jump-forward on and off, alternated command by
-command (on/off, then off/on), each engine warmed first (both homes' system prompts cached, the
-grammar compiled). Per call: engine wall and process-CPU milliseconds from the request to its
-result, model steps (forwards), generated and grammar-forced tokens, and whether the two calls'
-tokens are identical.
+`--jump-forward` measures the engine's jump-forward instead (engine/emission.py,
+engine/forced_drafts.py): the typed commands in the loop's setting (examples in, narrowing on),
+one call at a time as one stream asks them, on three engines over the one loaded model (on; single
+forced tokens only, no drafts; off), the order rotated command by command, each engine warmed
+first (both homes' system prompts cached, the grammar compiled). Per call: engine wall and
+process-CPU milliseconds from the request to its result, model steps (forwards), generated tokens,
+single forced tokens, draft tokens computed and kept, and whether the calls' tokens are identical.
 
     .venv/bin/python tools/voice_command_bench.py --jump-forward --out jump_forward.json
 
@@ -141,57 +141,72 @@ class CallMaker:
         return [r.text for r in self.engine.generate(prompts, params)]
 
 
+COUNTED = {"steps": "steps", "forced": "forced_tokens", "draft": "draft_tokens",
+           "kept": "draft_tokens_kept"}
+
+
 def timed_call(engine, prompt: list[int], params) -> dict:
     """One call alone on `engine`: its engine time, model steps and tokens."""
-    steps, forced = engine.counters["steps"], engine.counters["forced_tokens"]
+    before = {k: engine.counters[c] for k, c in COUNTED.items()}
     t0, cpu0 = time.perf_counter(), time.process_time()
     result = engine.generate([prompt], params)[0]
     return {"ms": (time.perf_counter() - t0) * 1e3, "cpu_ms": (time.process_time() - cpu0) * 1e3,
-            "steps": engine.counters["steps"] - steps, "tokens": len(result.token_ids),
-            "forced": engine.counters["forced_tokens"] - forced, "token_ids": result.token_ids}
+            "tokens": len(result.token_ids), "token_ids": result.token_ids,
+            **{k: engine.counters[c] - before[k] for k, c in COUNTED.items()}}
+
+
+VARIANTS = {"on": {}, "single tokens only": {"forced_text_drafts": False},
+            "off": {"jump_forward": False}}
 
 
 def jump_forward_rows(maker: CallMaker) -> tuple[list[dict], list[dict]]:
-    """Every typed command's call with jump-forward on and off, alternated -> (summary rows, calls)."""
+    """Every typed command's call under each of VARIANTS, the order rotated per command ->
+    (summary rows, calls)."""
     import statistics
 
     prompts, params = maker.requests([c.text for c in COMMANDS], examples=True, narrow=True)
-    engines = {on: maker.new_engine(num_pages=32, jump_forward=on) for on in (True, False)}
+    engines = {name: maker.new_engine(num_pages=32, **settings)
+               for name, settings in VARIANTS.items()}
     warm = [next(i for i, c in enumerate(COMMANDS) if c.home == h) for h in HOMES]
     for engine in engines.values():
         engine.generate([prompts[i] for i in warm], [params[i] for i in warm])
-    calls = []
+    names, calls = list(VARIANTS), []
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
-        order = (True, False) if i % 2 == 0 else (False, True)
-        got = {on: timed_call(engines[on], prompt, sp) for on in order}
-        calls.append({"command": COMMANDS[i].text, "on": got[True], "off": got[False],
-                      "identical": got[True]["token_ids"] == got[False]["token_ids"]})
+        order = names[i % len(names):] + names[:i % len(names)]
+        got = {name: timed_call(engines[name], prompt, sp) for name in order}
+        calls.append({"command": COMMANDS[i].text, **got,
+                      "identical": all(g["token_ids"] == got["off"]["token_ids"]
+                                       for g in got.values())})
         if (i + 1) % 10 == 0:
             log(f"  {i + 1}/{len(prompts)} commands")
     rows = []
-    for on in (True, False):
-        runs = [c["on" if on else "off"] for c in calls]
+    for name in names:
+        runs = [c[name] for c in calls]
         ms = sorted(r["ms"] for r in runs)
-        rows.append({"jump_forward": "on" if on else "off", "calls": len(runs),
+        rows.append({"jump_forward": name, "calls": len(runs),
                      "ms_p50": statistics.median(ms), "ms_p95": ms[int(0.95 * (len(ms) - 1))],
                      "ms_mean": statistics.fmean(ms),
                      "cpu_ms_p50": statistics.median(r["cpu_ms"] for r in runs),
                      "steps_mean": statistics.fmean(r["steps"] for r in runs),
                      "tokens_mean": statistics.fmean(r["tokens"] for r in runs),
                      "forced_mean": statistics.fmean(r["forced"] for r in runs),
+                     "draft_mean": statistics.fmean(r["draft"] for r in runs),
+                     "kept_mean": statistics.fmean(r["kept"] for r in runs),
                      "identical": sum(c["identical"] for c in calls)})
     return rows, calls
 
 
 def print_jump_forward(rows: list[dict]) -> None:
-    print(f"\n{'jump-forward':<14}{'calls':>6}{'ms p50':>9}{'ms p95':>9}{'ms mean':>9}"
-          f"{'CPU ms p50':>12}{'steps/call':>12}{'tokens/call':>13}{'forced/call':>13}"
+    print(f"\n{'jump-forward':<20}{'calls':>6}{'ms p50':>8}{'ms p95':>8}{'ms mean':>9}"
+          f"{'CPU ms p50':>11}{'steps':>7}{'tokens':>8}{'forced':>8}{'drafted':>9}{'kept':>6}"
           f"{'identical':>11}")
     for r in rows:
-        print(f"{r['jump_forward']:<14}{r['calls']:>6}{r['ms_p50']:>9.0f}{r['ms_p95']:>9.0f}"
-              f"{r['ms_mean']:>9.0f}{r['cpu_ms_p50']:>12.0f}{r['steps_mean']:>12.1f}"
-              f"{r['tokens_mean']:>13.1f}{r['forced_mean']:>13.1f}"
-              f"{r['identical']:>6}/{r['calls']}")
+        print(f"{r['jump_forward']:<20}{r['calls']:>6}{r['ms_p50']:>8.0f}{r['ms_p95']:>8.0f}"
+              f"{r['ms_mean']:>9.0f}{r['cpu_ms_p50']:>11.0f}{r['steps_mean']:>7.1f}"
+              f"{r['tokens_mean']:>8.1f}{r['forced_mean']:>8.1f}{r['draft_mean']:>9.1f}"
+              f"{r['kept_mean']:>6.1f}{r['identical']:>6}/{r['calls']}")
+    print("(per call, means: model steps, generated tokens, single forced tokens appended without "
+          "a step, draft tokens computed and kept)")
 
 
 def score_rows(texts: list[str], call_texts: list[str]) -> list[dict]:
