@@ -19,6 +19,11 @@ skips would have drawn, so seeded outputs are unchanged too. Requests that ask f
 not jump (their forced tokens' log-probs are the model's, computed a step each); beam search takes
 no grammar. `EngineConfig.jump_forward` turns it off.
 
+Drafts (engine/forced_drafts.py): then a greedy sequence drafts the forced text that several
+tokens could start; the next forward gives a row per draft token, and `_take_draft` keeps the
+draft as far as the sampler picked it (committing those tokens' K/V: they were computed), then
+appends the sampler's next token as any sampled one. `EngineConfig.forced_text_drafts`.
+
 Invariants: called with the engine lock held, once per step, after the step's tokens were
 committed; the plain sequences' tokens are appended in choice order (index) per request.
 """
