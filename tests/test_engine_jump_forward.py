@@ -24,9 +24,12 @@ from edge_runtime.engine.grammar import allows, schema_text, single_allowed_toke
 from edge_runtime.errors import ConfigError
 from edge_runtime.kernels import dispatch
 from edge_runtime.voice.call_narrowing import narrow_functions
+from edge_runtime.engine.placement import resolve
 from edge_runtime.voice.command_set import COMMANDS, HOMES
+from edge_runtime.voice.config import load_voice_config
 from edge_runtime.voice.loop import action_params
 from edge_runtime.voice.prompting import encode_text, load_system_prompt, render
+from edge_runtime.voice.session import engine_config
 
 SCHEMA = {
     "type": "object",
@@ -134,6 +137,15 @@ def test_the_settings_are_bools():
     for name in ("jump_forward", "forced_text_drafts"):
         with pytest.raises(ConfigError, match=f"{name} must be true or false"):
             EngineConfig(**{name: "yes"})
+
+
+def test_the_voice_config_setting_reaches_the_engine(tmp_path):
+    (tmp_path / "voice.yaml").write_text("jump_forward: false\n")
+    voice = load_voice_config(tmp_path / "voice.yaml")
+    assert voice.jump_forward is False and load_voice_config().jump_forward is True
+    placement = resolve("cpu", "cpu")
+    for on in (True, False):
+        assert engine_config(5, None, tiny(), placement, on).jump_forward is on
 
 
 def test_a_draft_spells_the_forced_text_on_a_fork_with_each_rows_mask():
