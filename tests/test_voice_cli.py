@@ -176,6 +176,7 @@ BAD_VOICE_CONFIGS = [  # (YAML, what the one error line must say)
     ("max_tokens: 2.5", "max_tokens must be a whole number >= 1, got 2.5"),
     ("asr: 5", "asr must be a non-empty text, got 5"),
     ('asr_hint: "no"', "asr_hint must be true or false, got 'no'"),
+    ('jump_forward: "off"', "jump_forward must be true or false, got 'off'"),
     ("cpu: {max_tokens: 4}", "unknown setting(s) cpu.max_tokens"),
 ]
 

@@ -16,6 +16,16 @@ the built-in model's constrained calls:
 skips recognition and scores the typed commands only (recognition does not depend on the model),
 which is how two models' calls are compared.
 
+`--jump-forward` measures the engine's jump-forward instead (engine/emission.py,
+engine/forced_drafts.py): the typed commands in the loop's setting (examples in, narrowing on),
+one call at a time as one stream asks them, on three engines over the one loaded model (on; single
+forced tokens only, no drafts; off), the order rotated command by command, each engine warmed
+first (both homes' system prompts cached, the grammar compiled). Per call: engine wall and
+process-CPU milliseconds from the request to its result, model steps (forwards), generated tokens,
+single forced tokens, draft tokens computed and kept, and whether the calls' tokens are identical.
+
+    .venv/bin/python tools/voice_command_bench.py --jump-forward --out jump_forward.json
+
 Prints tables (and every command's row for the voice loop's own setting: heard with the hotwords
 bias, examples in), writes JSON. The WAVs are synthesized into the cache folder on the first run.
 """
@@ -96,18 +106,23 @@ class CallMaker:
         import torch
 
         from edge_runtime.engine.backend import prepare_model, select_backend
-        from edge_runtime.engine.config import EngineConfig
-        from edge_runtime.engine.engine import Engine
         from edge_runtime.model.loader import DEFAULT_MODEL, load_model
 
         torch.set_num_threads(1)
         self.loaded = load_model(model or DEFAULT_MODEL)
         prepare_model(self.loaded.model, select_backend("cpu", "cpu"))
-        self.engine = Engine(self.loaded, EngineConfig(num_pages=256))
+        self.engine = self.new_engine()
         self.functions = {home: [a.function for a in load_system_prompt(p).actions]
                           for home, p in HOMES.items()}
 
-    def calls(self, texts: list[str], examples: bool, narrow: bool) -> list[str]:
+    def new_engine(self, num_pages: int = 256, **settings):
+        from edge_runtime.engine.config import EngineConfig
+        from edge_runtime.engine.engine import Engine
+
+        return Engine(self.loaded, EngineConfig(num_pages=num_pages, **settings))
+
+    def requests(self, texts: list[str], examples: bool, narrow: bool) -> tuple[list, list]:
+        """(prompt ids, SamplingParams) of each command's call, as the voice loop asks for it."""
         from edge_runtime.voice.call_narrowing import narrow_functions
         from edge_runtime.voice.loop import action_params
         from edge_runtime.voice.prompting import encode_text, render
@@ -119,7 +134,79 @@ class CallMaker:
         params = [action_params(narrow_functions(self.functions[c.home], text) if narrow
                                 else self.functions[c.home], 48)
                   for c, text in zip(COMMANDS, texts)]
+        return prompts, params
+
+    def calls(self, texts: list[str], examples: bool, narrow: bool) -> list[str]:
+        prompts, params = self.requests(texts, examples, narrow)
         return [r.text for r in self.engine.generate(prompts, params)]
+
+
+COUNTED = {"steps": "steps", "forced": "forced_tokens", "draft": "draft_tokens",
+           "kept": "draft_tokens_kept"}
+
+
+def timed_call(engine, prompt: list[int], params) -> dict:
+    """One call alone on `engine`: its engine time, model steps and tokens."""
+    before = {k: engine.counters[c] for k, c in COUNTED.items()}
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    result = engine.generate([prompt], params)[0]
+    return {"ms": (time.perf_counter() - t0) * 1e3, "cpu_ms": (time.process_time() - cpu0) * 1e3,
+            "tokens": len(result.token_ids), "token_ids": result.token_ids,
+            **{k: engine.counters[c] - before[k] for k, c in COUNTED.items()}}
+
+
+VARIANTS = {"on": {}, "single tokens only": {"forced_text_drafts": False},
+            "off": {"jump_forward": False}}
+
+
+def jump_forward_rows(maker: CallMaker) -> tuple[list[dict], list[dict]]:
+    """Every typed command's call under each of VARIANTS, the order rotated per command ->
+    (summary rows, calls)."""
+    import statistics
+
+    prompts, params = maker.requests([c.text for c in COMMANDS], examples=True, narrow=True)
+    engines = {name: maker.new_engine(num_pages=32, **settings)
+               for name, settings in VARIANTS.items()}
+    warm = [next(i for i, c in enumerate(COMMANDS) if c.home == h) for h in HOMES]
+    for engine in engines.values():
+        engine.generate([prompts[i] for i in warm], [params[i] for i in warm])
+    names, calls = list(VARIANTS), []
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        order = names[i % len(names):] + names[:i % len(names)]
+        got = {name: timed_call(engines[name], prompt, sp) for name in order}
+        calls.append({"command": COMMANDS[i].text, **got,
+                      "identical": all(g["token_ids"] == got["off"]["token_ids"]
+                                       for g in got.values())})
+        if (i + 1) % 10 == 0:
+            log(f"  {i + 1}/{len(prompts)} commands")
+    rows = []
+    for name in names:
+        runs = [c[name] for c in calls]
+        ms = sorted(r["ms"] for r in runs)
+        rows.append({"jump_forward": name, "calls": len(runs),
+                     "ms_p50": statistics.median(ms), "ms_p95": ms[int(0.95 * (len(ms) - 1))],
+                     "ms_mean": statistics.fmean(ms),
+                     "cpu_ms_p50": statistics.median(r["cpu_ms"] for r in runs),
+                     "steps_mean": statistics.fmean(r["steps"] for r in runs),
+                     "tokens_mean": statistics.fmean(r["tokens"] for r in runs),
+                     "forced_mean": statistics.fmean(r["forced"] for r in runs),
+                     "draft_mean": statistics.fmean(r["draft"] for r in runs),
+                     "kept_mean": statistics.fmean(r["kept"] for r in runs),
+                     "identical": sum(c["identical"] for c in calls)})
+    return rows, calls
+
+
+def print_jump_forward(rows: list[dict]) -> None:
+    print(f"\n{'jump-forward':<20}{'calls':>6}{'ms p50':>8}{'ms p95':>8}{'ms mean':>9}"
+          f"{'CPU ms p50':>11}{'steps':>7}{'tokens':>8}{'forced':>8}{'drafted':>9}{'kept':>6}"
+          f"{'identical':>11}")
+    for r in rows:
+        print(f"{r['jump_forward']:<20}{r['calls']:>6}{r['ms_p50']:>8.0f}{r['ms_p95']:>8.0f}"
+              f"{r['ms_mean']:>9.0f}{r['cpu_ms_p50']:>11.0f}{r['steps_mean']:>7.1f}"
+              f"{r['tokens_mean']:>8.1f}{r['forced_mean']:>8.1f}{r['draft_mean']:>9.1f}"
+              f"{r['kept_mean']:>6.1f}{r['identical']:>6}/{r['calls']}")
+    print("(per call, means: model steps, generated tokens, single forced tokens appended without "
+          "a step, draft tokens computed and kept)")
 
 
 def score_rows(texts: list[str], call_texts: list[str]) -> list[dict]:
@@ -174,8 +261,17 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the model making the calls (default: built-in)")
     ap.add_argument("--typed-only", action="store_true",
                     help="no recognition: the calls from the typed commands only")
+    ap.add_argument("--jump-forward", action="store_true",
+                    help="only compare the engine with jump-forward on and off (typed commands)")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.jump_forward:
+        log("loading the model")
+        rows, calls = jump_forward_rows(CallMaker(args.model))
+        print_jump_forward(rows)
+        write_out(args.out, {"model": args.model or "built-in", "jump_forward": rows,
+                             "calls": calls}, t0)
+        return
     heard = {}
     if args.transcripts_from and not args.typed_only:
         heard = recognized_before(args.transcripts_from)
@@ -205,13 +301,18 @@ def main() -> None:
                 acc_rows.append(accuracy_row(rows, **labels, calls_s=round(seconds, 1)))
     detail = details[f"narrowing on, examples in, input {'heard, ' + LOOP_BIAS if heard else 'typed'}"]
     print_tables(wer_rows, acc_rows, detail)
+    write_out(args.out, {"model": args.model or "built-in", "wer": wer_rows,
+                         "accuracy": acc_rows, "transcripts": heard, "calls": details}, t0)
+
+
+def write_out(path: str, data: dict, t0: float) -> None:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    with open(args.out, "w") as f:
-        json.dump({"commit": commit, "model": args.model or "built-in", "machine": cpu_model(), "cores": os.cpu_count(),
-                   "seconds": round(time.perf_counter() - t0, 1), "wer": wer_rows,
-                   "accuracy": acc_rows, "transcripts": heard, "calls": details}, f, indent=1)
-    log(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
+    with open(path, "w") as f:
+        json.dump({"commit": commit, "machine": cpu_model(), "cores": os.cpu_count(),
+                   "load_average": os.getloadavg()[0],
+                   "seconds": round(time.perf_counter() - t0, 1), **data}, f, indent=1)
+    log(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,14 @@ class EngineConfig:
     # captured at start (engine/cuda_graphs.py); () = off; None = (1, 2, 4, 8, 16) on a CUDA
     # device, off on a CPU one (the interpreter runs the padded steps eagerly when given buckets)
     decode_buckets: tuple[int, ...] | None = None
+    # constrained requests: append the tokens a grammar forces (the only one its mask allows)
+    # without a forward each, then compute them in one chunk (engine/emission.py); the outputs
+    # are the same with it off
+    jump_forward: bool = True
+    # with jump_forward, greedy constrained rows also draft the grammar's forced text in the
+    # tokenizer's tokens, computed in that chunk and kept as far as the sampler confirms them
+    # (engine/forced_drafts.py); the outputs are the same with it off
+    forced_text_drafts: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
@@ -53,6 +61,9 @@ class EngineConfig:
                               f"off), got {self.recent_window!r}")
         if not isinstance(self.centred_keys, bool):
             raise ConfigError(f"centred_keys must be true or false, got {self.centred_keys!r}")
+        for name in ("jump_forward", "forced_text_drafts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.backend not in (None, "cpu", "cuda"):
             raise ConfigError(f"backend must be cpu or cuda, got {self.backend!r}")
         if self.num_pages is not None and self.num_pages < 1:

@@ -42,10 +42,14 @@ class Constraints:
             return None
         return self.compiler.matcher(request.compiled_grammar)
 
-    def start_masks(self, sampled_seqs: list) -> Future | None:
-        """Begin filling the masks of the constrained rows (run while the forward runs)."""
-        return self.masks.start([(i, s.matcher) for i, s in enumerate(sampled_seqs)
-                                 if s.matcher is not None])
+    def start_masks(self, sampled: list) -> Future | None:
+        """Begin filling the masks of the constrained rows (run while the forward runs).
+        sampled: (first logits row, sequence); a sequence with a draft has its rows' masks
+        already (engine/forced_drafts.py), one per row from the first."""
+        filled = [(row + j, mask) for row, s in sampled if s.draft is not None
+                  for j, mask in enumerate(s.draft.masks)]
+        return self.masks.start([(row, s.matcher) for row, s in sampled
+                                 if s.matcher is not None and s.draft is None], filled)
 
     @staticmethod
     def apply_masks(logits: torch.Tensor, source_rows: list[int], masks: Future | None) -> None:
@@ -65,6 +69,11 @@ class Constraints:
             return False
         seq.matcher.accept(token_id)
         return seq.matcher.is_terminated
+
+    @staticmethod
+    def forced_token(seq) -> int | None:
+        """The token the sequence's grammar allows next if it allows exactly one, else None."""
+        return None if seq.matcher is None else seq.matcher.forced_token()
 
     def stats(self) -> dict:
         c = self._compiler

@@ -3,7 +3,8 @@
 One step = scheduler decision -> CopyOps on the tensors -> the step runner's forward over the
 flattened varlen batch (engine/step_runner.py: the back end's KV context, or a decode graph)
 -> commit written tokens to the KVManager -> the emitter (engine/emission.py) has the runner
-sample, appends each token (grammar, stop checks), forks the choices of an n > 1 request,
+sample, appends each token (grammar, stop checks) and the tokens its grammar forces after it
+(jump-forward: computed next step as one chunk, like a prefill), forks the choices of an n > 1 request,
 advances beam searches (engine/beam.py decides) and emits the events. Sequences are made, forked
 and dropped, and requests ended, by engine/seq_lifecycle.py.
 
@@ -68,14 +69,21 @@ class Engine:
         self._admission_paused = False
         self._broken: BaseException | None = None  # a step failed after committing ahead
         self.last_step_tokens = 0  # tokens computed by the last step (0: nothing could run)
-        self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, requests_finished=0,
+        # prefill_tokens / decode_tokens: tokens computed at prompt / generated positions (a
+        # jump-forward extend computes several generated ones in a step); forced_tokens: tokens
+        # appended by jump-forward (engine/emission.py); draft_tokens / draft_tokens_kept: forced
+        # text drafts computed / confirmed by the sampler (engine/forced_drafts.py)
+        self.counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, forced_tokens=0,
+                             draft_tokens=0, draft_tokens_kept=0, requests_finished=0,
                              requests_failed=0, requests_cancelled=0, requests_refused=0,
                              pool_bytes_released=0)
         self._lifecycle = SeqLifecycle(self.kv, self.storage, self.scheduler, self.constraints,
                                        self.tokenizer, mc.eos_token_ids, self._arrival,
                                        self.requests, self.counters)
         self._emitter = Emitter(self.runner, self.constraints, self._lifecycle, self.tokenizer,
-                                mc.max_position_embeddings, self.counters)
+                                mc.max_position_embeddings, self.counters, cfg.jump_forward,
+                                cfg.forced_text_drafts and cfg.jump_forward,
+                                cfg.recent_window if cfg.kv_dtype == "int8" else 0)
 
     # --- public API -------------------------------------------------------------------------
     @property
@@ -241,20 +249,28 @@ class Engine:
             if seq.request.first_scheduled_at is None:
                 seq.request.first_scheduled_at = now
             start = seq.num_computed
-            ids += seq.token_ids[start:start + n]
+            real = min(n, len(seq.token_ids) - start)  # the rest: the draft (forced_drafts.py)
+            draft = seq.draft.token_ids if n > real else []
+            assert real + len(draft) == n, (seq.seq_id, n, real, seq.num_draft)
+            ids += seq.token_ids[start:start + real] + draft
             steps.append(SeqStep.from_segments(self.kv.segments(seq.seq_id), start, n))
-            if start + n == len(seq.token_ids):
-                last_rows.append(len(ids) - 1)
-                sampled.append(seq)
-            counter = "decode_tokens" if n == 1 and seq.num_generated > 0 else "prefill_tokens"
-            self.counters[counter] += n
+            if start + real == len(seq.token_ids):
+                if not draft:
+                    seq.draft = None  # not scheduled this step: sampled as usual
+                sampled.append((len(last_rows), seq))  # its rows: one, or one per draft token + 1
+                last_rows += range(len(ids) - len(draft) - 1, len(ids))
+            prompt_part = max(0, min(n, seq.num_prompt - start))
+            self.counters["prefill_tokens"] += prompt_part
+            self.counters["decode_tokens"] += n - prompt_part
+            self.counters["draft_tokens"] += len(draft)
         masks = self.constraints.start_masks(sampled)  # filled while the forward runs
         logits = self.runner.forward(ids, steps, last_rows)
         for seq, n in scheduled:
             start = seq.num_computed
+            real = min(n, len(seq.token_ids) - start)  # a draft is committed as it is kept
             if seq.seq_id not in committed:
-                self.kv.commit(seq.seq_id, seq.token_ids[start:start + n])
-            seq.num_computed += n
+                self.kv.commit(seq.seq_id, seq.token_ids[start:start + real])
+            seq.num_computed += real
         self._emitter.sample_and_emit(sampled, logits, events, masks)
 
     # --- requests --------------------------------------------------------------------------

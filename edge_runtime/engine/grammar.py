@@ -8,6 +8,8 @@ The flow per step (engine.py): `GrammarMasks.start(seqs)` fills the next-token b
 constrained sequence on a worker thread while the forward runs (torch releases the GIL);
 `.wait()` returns it; `apply_bitmask` sets the logits of disallowed tokens to -inf before
 sampling; the engine then calls `accept` on the sequence's matcher with the sampled token.
+Jump-forward (engine/emission.py) asks `Matcher.forced_token` after each appended token: the one
+token the grammar allows next, if it allows exactly one.
 
 Invariants:
 - A sequence's matcher has accepted exactly its generated tokens, in order (the matcher advances on
@@ -90,7 +92,7 @@ class GrammarCompiler:
         raise AssertionError(f"unknown grammar kind {spec.kind!r}")
 
     def matcher(self, compiled) -> "Matcher":
-        return Matcher(_xgr().GrammarMatcher(compiled))
+        return Matcher(_xgr().GrammarMatcher(compiled), self.vocab_size)
 
 
 def library_message(exc: Exception) -> str:
@@ -102,15 +104,42 @@ def library_message(exc: Exception) -> str:
 class Matcher:
     """The grammar state of one sequence."""
 
-    def __init__(self, matcher):
+    def __init__(self, matcher, vocab_size: int):
         self._m = matcher
+        self.vocab_size = vocab_size
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
 
+    def forced_token(self) -> int | None:
+        """The next token if the grammar allows exactly one (of the model's vocabulary), else None.
+
+        Whole tokens only, read off the same mask sampling uses: a token so forced is the one any
+        sampler picks under that mask, so appending it without a forward changes no output. (The
+        library's `find_jump_forward_tokens` tokenizes the forced text its own way, which need not
+        be the way the model would have written it.)"""
+        return single_allowed_token(self.next_mask(), self.vocab_size)
+
     def accept(self, token_id: int) -> None:
         ok = self._m.accept_token(int(token_id))
         assert ok, f"token {token_id} was sampled under a mask that did not allow it"
+
+    def next_mask(self) -> torch.Tensor:
+        """int32 [W]: the bitmask row of the tokens allowed next."""
+        bitmask = allocate_bitmask(1, self.vocab_size)
+        self.fill(bitmask, 0)
+        return bitmask[0]
+
+    def forced_text(self) -> str:
+        """The text the grammar forces next, whatever tokens spell it ('' when none)."""
+        return self._m.find_jump_forward_string()
+
+    def fork(self) -> "Matcher":
+        """An independent matcher in this one's state (a draft walks it ahead)."""
+        return Matcher(self._m.fork(), self.vocab_size)
+
+    def try_accept(self, token_id: int) -> bool:
+        return bool(self._m.accept_token(int(token_id)))
 
     @property
     def is_terminated(self) -> bool:
@@ -120,6 +149,26 @@ class Matcher:
 def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
     # bitmask: int32 [num_rows, ceil(vocab / 32)]; bit j of word w allows token 32 * w + j
     return torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def single_allowed_token(row: torch.Tensor, vocab_size: int) -> int | None:
+    """The token id whose bit is the only one set in the bitmask row, if it is below vocab_size.
+    A set bit past the vocabulary counts as a second token (None: no jump, never a wrong one)."""
+    # row: int32 [W]
+    words = row.nonzero()
+    if words.numel() != 1:
+        return None
+    w = int(words[0, 0])
+    bits = int(row[w]) & 0xFFFFFFFF
+    if bits & (bits - 1):
+        return None
+    token = 32 * w + bits.bit_length() - 1
+    return token if token < vocab_size else None
+
+
+def allows(row: torch.Tensor, token_id: int) -> bool:
+    """Whether the bitmask row allows `token_id`."""
+    return bool((int(row[token_id // 32]) >> (token_id % 32)) & 1)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -147,20 +196,25 @@ class GrammarMasks:
         self.fill_s = 0.0  # total seconds spent filling masks (worker thread)
         self.masks_filled = 0
 
-    def start(self, matchers: list[tuple[int, Matcher]]) -> Future | None:
-        """matchers: (row of the batch's logits, matcher). None when no row is constrained."""
-        if not matchers:
+    def start(self, matchers: list[tuple[int, Matcher]],
+              filled: list[tuple[int, torch.Tensor]] = ()) -> Future | None:
+        """matchers: (row of the batch's logits, matcher); filled: (row, bitmask row) already
+        known (a draft's rows). None when no row is constrained."""
+        if not matchers and not filled:
             return None
-        return self._pool.submit(self._fill, list(matchers))
+        return self._pool.submit(self._fill, list(matchers), list(filled))
 
-    def _fill(self, matchers: list[tuple[int, Matcher]]) -> tuple[torch.Tensor, list[int]]:
+    def _fill(self, matchers: list[tuple[int, Matcher]], filled: list[tuple[int, torch.Tensor]]
+              ) -> tuple[torch.Tensor, list[int]]:
         t0 = time.perf_counter()
-        bitmask = allocate_bitmask(len(matchers), self.vocab_size)
+        bitmask = allocate_bitmask(len(matchers) + len(filled), self.vocab_size)
         for i, (_, m) in enumerate(matchers):
             m.fill(bitmask, i)
+        for i, (_, row) in enumerate(filled, start=len(matchers)):
+            bitmask[i] = row
         self.fill_s += time.perf_counter() - t0
         self.masks_filled += len(matchers)
-        return bitmask, [row for row, _ in matchers]
+        return bitmask, [row for row, _ in matchers] + [row for row, _ in filled]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -173,6 +173,13 @@ def sample(logits: torch.Tensor, rows: list[SamplerRow]) -> list[int]:
     return torch.where(greedy, out, drawn).tolist()
 
 
+def skip_draw(generator: torch.Generator) -> None:
+    """Take the one uniform a sampled row draws per step (`sample`), without a step: a token
+    appended without sampling (a grammar's forced token) keeps the row's random stream where
+    sampling it would have left it."""
+    torch.rand((), generator=generator)
+
+
 def draw_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Index i with cdf[i-1] <= u * total < cdf[i], skipping zero-probability tokens."""
     # probs: [B, V]; uniforms: [B] in [0, 1)

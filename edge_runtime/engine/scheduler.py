@@ -24,6 +24,12 @@ Policy (one `schedule()` call per engine step):
    are not written yet); nothing is preempted after the commit. Before this the others waited a
    step (`_waits_for_inflight_prefix`), as they still do for a prefill longer than the step.
 
+6. A sequence scheduled with all its pending tokens also computes its draft of grammar-forced
+   text (engine/forced_drafts.py), cut to what is left of the budget and to the storage already
+   reserved for those tokens (the rest of their page or inline slot), after every decode and
+   prefill chunk and before admissions; a draft reserves nothing and never preempts. Only the
+   kept part of a draft is committed (by the emitter); its rejected positions are written again.
+
 Beam groups (a beam-search request's sequences) move together: admitted all-or-nothing, never
 chunked, preempted together, so every beam has its logits in the same step.
 
@@ -100,6 +106,7 @@ class Scheduler:
             if seq.num_pending > 1 and seq.status is SeqStatus.RUNNING and budget > 0:
                 n = seq.num_pending if seq.request.is_beam else min(seq.num_pending, budget)
                 budget -= self._reserve_or_preempt(seq, n, out)
+        budget -= self._add_drafts(out, budget)
         budget, held = self._admit(out, budget)
         if held and budget > 0:  # policy 5: share a prefix computed in this very step
             self._commit_ahead(out)
@@ -123,11 +130,33 @@ class Scheduler:
             budget -= admitted
         return budget, False
 
+    def _add_drafts(self, out: SchedulerOutput, budget: int) -> int:
+        """Policy 6: a sequence scheduled with all its pending tokens also computes its draft
+        (engine/forced_drafts.py) when the budget and its storage allow; returns tokens added."""
+        added = 0
+        for i, (seq, n) in enumerate(out.scheduled):
+            if not seq.num_draft or n != seq.num_pending:
+                continue
+            # only inside the storage reserved for the pending tokens (a page or slot ends the
+            # draft): its rejected positions then sit past the committed ones in the last page
+            # or slot, which the KV bookkeeping allows
+            segs = self.kv.segments(seq.seq_id)
+            room = segs.prefix_len + segs.tail_capacity - seq.num_computed - n
+            k = min(seq.num_draft, room, budget - added)
+            if k <= 0:
+                continue
+            seq.draft = seq.draft.truncated(k)
+            out.scheduled[i] = (seq, n + k)
+            added += k
+        return added
+
     def _commit_ahead(self, out: SchedulerOutput) -> None:
-        """Commit the prefill tokens of this step now, so that the prefix cache matches them."""
+        """Commit the prefill tokens of this step now, so that the prefix cache matches them
+        (not a draft's: it is committed as far as it is kept)."""
         for seq, n in out.scheduled:
             if n > 1 and seq.seq_id not in out.committed:
-                self.kv.commit(seq.seq_id, seq.token_ids[seq.num_computed:seq.num_computed + n])
+                real = min(n, seq.num_pending)
+                self.kv.commit(seq.seq_id, seq.token_ids[seq.num_computed:seq.num_computed + real])
                 out.committed.add(seq.seq_id)
 
     def _admit_group(self, group: list[Sequence], budget: int, out: SchedulerOutput,

@@ -43,6 +43,9 @@ class Sequence:
     num_computed: int = 0
     beam_score: float = 0.0  # sum of log-probs of the generated tokens (beam search)
     matcher: object | None = None  # engine/grammar.py Matcher: constrained requests only
+    # engine/forced_drafts.py Draft: tokens guessed for the grammar's forced text, computed after
+    # token_ids in the next step and kept as far as the sampler confirms them (not in token_ids)
+    draft: object | None = None
     logprobs: list = field(default_factory=list)  # TokenLogprob per generated token, if asked
 
     @property
@@ -57,6 +60,10 @@ class Sequence:
     def num_pending(self) -> int:
         """Tokens whose K/V still has to be computed."""
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def num_draft(self) -> int:
+        return 0 if self.draft is None else len(self.draft.token_ids)
 
     @property
     def max_new_remaining(self) -> int:

@@ -36,6 +36,9 @@ class VoiceConfig:
     asr_threads: int = 1
     engine_threads: int = 0  # 0: the cores left after ASR
     server_retry_s: float = 60.0  # --server: how long a service that is down or loading is retried
+    # the local engine appends the tokens a call's grammar forces without a model step each
+    # (EngineConfig.jump_forward and forced_text_drafts, docs/constrained.md); false: one each
+    jump_forward: bool = True
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)  # the Wyoming server (--wyoming)
 
     def __post_init__(self) -> None:
@@ -44,6 +47,7 @@ class VoiceConfig:
                               f"{self.system_prompt!r}")
         check.text("asr", self.asr)
         check.flag("asr_hint", self.asr_hint)
+        check.flag("jump_forward", self.jump_forward)
         assert isinstance(self.vad, VADConfig), self.vad
         assert isinstance(self.wyoming, WyomingConfig), self.wyoming
         check.count("history_tokens", self.history_tokens, 0)

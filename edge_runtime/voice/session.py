@@ -46,13 +46,14 @@ class Runtime:
         self.aengine.shutdown()
 
 
-def engine_config(num_streams: int, budget, loaded, placement):
+def engine_config(num_streams: int, budget, loaded, placement, jump_forward: bool = True):
     """`budget`: a loaded Budget (configs/orin/*.yaml) or None for the engine's defaults;
-    `placement`: device and back end (engine/placement.py)."""
+    `placement`: device and back end (engine/placement.py); `jump_forward`: VoiceConfig's."""
     # start-up time: imports torch
     from edge_runtime.engine.config import EngineConfig, budget_engine_config
 
-    overrides = dict(max_num_seqs=max(8, num_streams), **placement.engine_settings())
+    overrides = dict(max_num_seqs=max(8, num_streams), jump_forward=jump_forward,
+                     **placement.engine_settings())
     if budget is not None:
         return budget_engine_config(budget, loaded, overrides)[0]
     return EngineConfig(**overrides)
@@ -86,7 +87,8 @@ def _local_engine(config: VoiceConfig, model: str, num_streams: int, budget: str
     progress(f"loading model {model} on the {placement.backend} back end ({placement.device}, "
              f"--weights {weights}) ...")
     loaded = load_for(model, placement, weights=weights)
-    aengine = AsyncEngine(Engine(loaded, engine_config(num_streams, budget, loaded, placement)))
+    aengine = AsyncEngine(Engine(loaded, engine_config(num_streams, budget, loaded, placement,
+                                                       config.jump_forward)))
     return loaded.tokenizer, tuple(loaded.config.eos_token_ids), aengine
 
 
