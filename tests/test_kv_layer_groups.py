@@ -1,0 +1,131 @@
+"""Layer groups in the KV bookkeeping (kv/layer_groups.py, kv/page_pool.py, kv/manager.py).
+
+The state machine of tests/test_kv_manager_stateful.py on a pool of slices (a page = global
+slices + local slices), with a content model per slice: a "pages" CopyOp runs for every group's
+slice of the page (the group map), and each committed token is written to every group's slice.
+After every step, besides every invariant: a running sequence reads back every position from its
+global slices and every position its next query reads (its window) from its local slices; before
+each write, the positions the first new token reads are there in every local slice. So a local
+part dropped too early, a prefix hit without its window, or a copy that missed a group fails here.
+
+White-box scenarios check the release itself: a long sequence holds at most ceil(W / P) + 1
+local parts, the dropped ones are cached and evicted before global pages, and a prefix hit is cut
+to where its window's local parts are still there.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import initialize, invariant, rule, run_state_machine_as_test
+from test_kv_manager_stateful import BASES, KVMachine
+
+from edge_runtime.kv.layer_groups import LayerGroups, pages_behind
+from edge_runtime.kv.manager import KVManager
+from edge_runtime.kv.page_math import ceil_div
+
+STEPS = {"n": 0, "released": 0, "local_evictions": 0}
+
+
+class GroupedKVMachine(KVMachine):
+    @initialize(page_tokens=st.sampled_from([1, 2, 4]), pages=st.integers(3, 10),
+                slots=st.integers(0, 4), cache=st.sampled_from([True, True, False]),
+                slots_per_page=st.sampled_from([1, 2]), global_slices=st.integers(1, 2),
+                local_slices=st.integers(1, 3), window=st.integers(1, 9))
+    def setup(self, page_tokens, pages, slots, cache, slots_per_page, global_slices,
+              local_slices, window):
+        inline = max(1, page_tokens // slots_per_page)
+        n = global_slices + local_slices
+        self.mgr = KVManager(pages * n, page_tokens, slots, inline, enable_prefix_cache=cache,
+                             enable_inline=slots > 0, global_slices=global_slices,
+                             local_slices=local_slices, local_window=window)
+        self.store = {}
+        self.pending, self.preempted, self.histories, self.next_id = {}, [], [], 0
+
+    # -- the content model: one entry per (slice, offset) of the pool ---------------------------
+    def _addrs(self, store: str, flat: int) -> list:
+        pool, P = self.mgr.pool, self.mgr.page_tokens
+        if store == "slices":
+            return [("pool", flat)]
+        if store == "pages":
+            return [("pool", pool.group_map[g][flat // P] * P + flat % P)
+                    for g in range(pool.page_slices)]
+        return [(store, g, flat) for g in range(pool.page_slices)]
+
+    def _apply(self, copies) -> None:
+        for op in copies:
+            for i in range(op.num_tokens):
+                src = self._addrs(op.src_store, op.src_slot_start + i)
+                dst = self._addrs(op.dst_store, op.dst_slot_start + i)
+                if len(src) != len(dst):  # a slice (one group) with no inline counterpart
+                    raise AssertionError(f"slices copied to another store: {op}")
+                for s, d in zip(src, dst):
+                    self.store[d] = self.store.get(s)
+
+    def _read(self, sid, pos: int, groups) -> list:
+        store, flat = self.mgr.slot_of(sid, pos)
+        addrs = self._addrs(store, flat)
+        return [self.store.get(addrs[g]) for g in groups]
+
+    def _write(self, sid: int, tokens: list[int]) -> bool:
+        seq = self.mgr.seqs[sid]
+        copies = self._try(self.mgr.reserve, sid, len(tokens))
+        if copies is None:
+            return False
+        self._apply(copies)
+        start, W = seq.num_tokens, self.mgr.local_window
+        local = range(self.mgr.pool.global_slices, self.mgr.pool.page_slices)
+        for pos in range(max(0, start - W + 1), start):  # what the first new token reads
+            assert self._read(sid, pos, local) == [seq.token_ids[pos]] * len(local), \
+                (sid, pos, self.mgr.dump())
+        for i, tok in enumerate(tokens):
+            for addr in self._addrs(*self.mgr.slot_of(sid, start + i)):
+                self.store[addr] = tok
+        self.mgr.commit(sid, tokens)
+        return True
+
+    @rule(start=st.integers(0, 40), length=st.integers(1, 6))
+    def retire(self, start, length):  # the pool's ids are slices
+        n, P = self.mgr.pool.num_pages, self.mgr.page_tokens
+        start = min(start, n - 1)
+        copies = self._try(self.mgr.retire_pages, start, min(n, start + length))
+        if copies is not None:
+            self._apply(copies)
+            for i in range(start, min(n, start + length)):
+                assert self.mgr.pool.pages[i].state == "retired"
+                for j in range(P):
+                    self.store.pop(("pool", i * P + j), None)
+
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "mgr"):
+            return
+        STEPS["n"] += 1
+        mgr, P = self.mgr, self.mgr.page_tokens
+        mgr.check_invariants()
+        gs, n = mgr.pool.global_slices, mgr.pool.page_slices
+        for sid, seq in mgr.seqs.items():
+            L = seq.num_tokens
+            for pos, tok in enumerate(seq.token_ids):
+                groups = range(n) if pos > L - mgr.local_window else range(gs)
+                assert self._read(sid, pos, groups) == [tok] * len(groups), (sid, pos, mgr.dump())
+        for page in mgr.pool.pages:  # every cached or live page holds its tokens
+            if page.state in ("free", "retired") or page.head is not None:
+                continue
+            ids = [page.page_id] + page.companions
+            for i, tok in enumerate(page.tokens):
+                assert [self.store.get(("pool", s * P + i)) for s in ids] == [tok] * len(ids), page
+
+    def teardown(self):
+        if hasattr(self, "mgr"):
+            STEPS["released"] += self.mgr.counters.local_pages_released
+        super().teardown()
+
+
+def test_grouped_kv_manager_state_machine():
+    STEPS.update(dict.fromkeys(STEPS, 0))
+    run_state_machine_as_test(GroupedKVMachine, settings=settings(
+        max_examples=120, stateful_step_count=80, deadline=None, derandomize=True,
+        suppress_health_check=list(HealthCheck)))
+    assert STEPS["n"] >= 5_000, f"only {STEPS['n']} steps ran"
+    assert STEPS["released"] > 0, "no local part was ever released"
