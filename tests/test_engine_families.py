@@ -94,6 +94,39 @@ def test_gemma3_local_layers_past_the_window(backend):
     engine.kv.check_leaks()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemma3_local_pages_are_released_behind_the_window(backend):
+    """Layer groups (kv/layer_groups.py): while a 97-token prompt decodes, its local layers hold
+    the slices of at most ceil(24 / 16) + 1 = 3 pages and its global layers all of them, and the
+    greedy answer still equals transformers'. Then, with the local part of positions [64, 80)
+    evicted (the first in line), a prompt sharing 70 tokens hits only 64 (its window, positions
+    [41, 64), is still there) and still answers as transformers does."""
+    engine = engine_on("gemma3", backend, num_pages=48)
+    assert engine.kv.pool.page_slices > 1  # the tiny Gemma 3 has global and local layers
+    prompt = random_ids(97, 512, seed=167)
+    rid = engine.add_request(prompt, _greedy(12))
+    most, tokens = 0, None
+    while engine.has_unfinished():
+        for ev in engine.step():
+            if ev.result is not None and ev.request_id == rid:
+                tokens = ev.result.completions[0].token_ids
+        for seq in engine.kv.seqs.values():
+            if seq.read_from >= len(prompt):  # decoding (a prefill chunk holds its pages)
+                held = len(seq.all_pages()) - seq.local_from
+                assert held <= -(-WINDOW // 16) + 1, (held, seq.read_from)
+                most = max(most, held)
+    assert most >= 2 and engine.kv.counters.local_pages_released >= 5
+    assert tokens == hf_greedy("gemma3", prompt, 12), backend
+    front = engine.kv.pool.lru.front()
+    assert front.local and engine.kv.pool.pages[front.head].start == 64
+    engine.kv.evict(1)
+    shared = prompt[:70] + random_ids(9, 512, seed=6)
+    res = engine.generate([shared], _greedy(12))[0]
+    assert res.cached_prompt_tokens == 64, res.cached_prompt_tokens
+    assert res.completions[0].token_ids == hf_greedy("gemma3", shared, 12), backend
+    engine.kv.check_leaks()
+
+
 def test_gemma3_beam_search_past_the_window():
     """Beam search (forks sharing pages, copy-on-write) over a 75-token prompt equals
     transformers' num_beams=2."""

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import initialize, invariant, rule, run_state_machine_as_test
 from test_kv_manager_stateful import BASES, KVMachine
 
-from edge_runtime.kv.layer_groups import LayerGroups, pages_behind
+from edge_runtime.kv.layer_groups import LayerGroups
 from edge_runtime.kv.manager import KVManager
 from edge_runtime.kv.page_math import ceil_div
 
@@ -129,3 +129,85 @@ def test_grouped_kv_manager_state_machine():
         suppress_health_check=list(HealthCheck)))
     assert STEPS["n"] >= 5_000, f"only {STEPS['n']} steps ran"
     assert STEPS["released"] > 0, "no local part was ever released"
+
+
+def _manager(window: int, local_slices: int = 2, pages: int = 40) -> KVManager:
+    return KVManager(pages * (1 + local_slices), 4, global_slices=1, local_slices=local_slices,
+                     local_window=window)
+
+
+def _local_held(mgr: KVManager, seq_id) -> int:
+    seq = mgr.seqs[seq_id]
+    return len(seq.all_pages()) - seq.local_from
+
+
+def test_a_long_sequence_holds_its_window_of_local_pages():
+    """4-token pages, window 6: decoding 60 tokens, a sequence holds the local part of at most
+    ceil(6 / 4) + 1 = 3 pages (2 live local slices each), every global page, and the dropped
+    local parts are cached at the LRU's head: evicted before any global page."""
+    mgr, W, P = _manager(6), 6, 4
+    mgr.admit("a", [1, 2], 60)
+    mgr.reserve("a", 2)
+    mgr.commit("a", [1, 2])
+    most = 0
+    for t in range(60):
+        mgr.reserve("a", 1)
+        mgr.commit("a", [3 + t])
+        mgr.check_invariants()
+        most = max(most, _local_held(mgr, "a"))
+        live_local = sum(1 for pg in mgr.pool.pages if pg.local and pg.state == "live")
+        assert live_local == 2 * _local_held(mgr, "a")
+    assert most == ceil_div(W, P) + 1
+    seq = mgr.seqs["a"]
+    assert len(seq.all_pages()) == 16 and seq.local_from == 14
+    assert mgr.counters.local_pages_released == 14
+    assert mgr.pool.num_cached == 14 * 2  # the dropped local parts, indexed: cached
+    assert mgr.pool.lru.front().local
+    mgr.evict(14)  # every dropped local part goes before a global page
+    assert mgr.pool.num_cached == 0 and mgr.pool.num_free == (40 - 16) * 3 + 14 * 2
+    mgr.finish("a")
+    mgr.check_leaks()
+
+
+def test_a_prefix_hit_after_release_is_cut_to_where_its_window_is_there():
+    """A 41-token history, window 6, 4-token pages. Its local parts behind the window were
+    dropped (cached). With them all there the next turn hits all 41 tokens; with the local part
+    of positions [36, 40) and of [0, 16) evicted it hits 36 (the window of position 36 reads
+    [31, 36): pages 7 and 8, still there); with page 7's gone too, 28, and so on."""
+    mgr = _manager(6, local_slices=1)
+    history = list(range(1, 42))
+    mgr.admit("a", history, 1)
+    mgr.reserve("a", 40)
+    mgr.commit("a", history[:40])
+    mgr.reserve("a", 1)
+    mgr.commit("a", history[40:])
+    pages = list(mgr.seqs["a"].all_pages())
+    assert mgr.seqs["a"].local_from == 8  # pages 0-7 end at or before 40 - 6 + 1
+    mgr.finish("a")
+    assert mgr.admit("b", history + [99], 4).num_cached_tokens == 41
+    mgr.release("b")
+    for i in (0, 1, 2, 3, 9):
+        mgr.pool.evict_local(mgr.pool.pages[pages[i]])
+    mgr.check_invariants()
+    b = mgr.admit("b", history + [99], 4)
+    assert b.num_cached_tokens == 36 and b.local_from == 7
+    mgr.check_invariants()
+    mgr.release("b")
+    mgr.pool.evict_local(mgr.pool.pages[pages[7]])
+    assert mgr.admit("c", history + [99], 4).num_cached_tokens == 28  # [23, 28): pages 5, 6
+    mgr.release("c")
+    mgr.check_leaks()
+
+
+def test_layer_groups_of_gemma3_shapes():
+    """Gemma 3 270M: 18 layers, every sixth global: G = 3, one global and five local groups;
+    a model with one kind of layer, or two windows, has none."""
+    windows = [None if (i + 1) % 6 == 0 else 512 for i in range(18)]
+    groups = LayerGroups.of(windows)
+    assert groups.layers[0] == (5, 11, 17) and groups.num_global_groups == 1
+    assert groups.num_groups == 6 and groups.layers_per_group == 3 and groups.window == 512
+    assert groups.slot_of(11) == (0, 1) and groups.slot_of(0) == (1, 0) and groups.slot_of(16) == (5, 2)
+    one_b = [None if (i + 1) % 6 == 0 else 512 for i in range(26)]  # 4 global, 22 local: G = 2
+    assert (LayerGroups.of(one_b).num_global_groups, LayerGroups.of(one_b).num_groups) == (2, 13)
+    assert LayerGroups.of([None] * 4) is None and LayerGroups.of([8] * 4) is None
+    assert LayerGroups.of([None, 8, 16, None]) is None

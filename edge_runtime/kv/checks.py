@@ -55,7 +55,8 @@ def _check_local(mgr, seq) -> None:
     if mgr.local_window is None:
         assert seq.local_from == 0, (seq.seq_id, seq.local_from)
         return
-    behind = pages_behind(seq, mgr.page_tokens, mgr.local_window)
+    assert seq.num_cached_tokens <= seq.read_from <= seq.num_tokens, (seq.seq_id, seq.read_from)
+    behind = pages_behind(seq, mgr.page_tokens, mgr.local_window, seq.read_from)
     assert seq.local_from == behind, \
         f"{seq.seq_id!r} holds local parts from page {seq.local_from}, {behind} are behind"
 

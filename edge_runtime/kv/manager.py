@@ -10,7 +10,9 @@ concurrent request can already share it); `finish` moves an inline tail into a p
 next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
 reference. With layer groups (kv/layer_groups.py: a page is a head slice plus companions, one
 per layer group) a sequence drops the local part of each page that falls behind its local
-layers' window as its tokens are committed (`local_from`), keeps the global part, and a prefix
+layers' window as its tokens are committed (`local_from`: behind the window of the first
+token of the last commit, `read_from`, since a prefill chunk may be committed before its
+forward reads), keeps the global part, and a prefix
 hit is cut to where every local page its first query reads is still there. A sequence also holds a recent-key window while it runs when windows are configured
 (kv/recent_window.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
 by finish/release/preempt). Pages whose count reaches 0 stay CACHED when they hold committed tokens and the prefix
@@ -105,6 +107,7 @@ class KVManager:
         take_over = m.take_over and slots is None
         if take_over:  # taken over, the last page is ours: slots only past its end
             slots = tails.slot_plan(seq, len(prompt), owns_last=True)
+        seq.read_from = m.num_cached
         seq.local_from = self._pages_behind(seq)
         if not use_inline and slots is None:
             pinned = sum(self.pool.cached_slices(pid, i >= seq.local_from)
@@ -176,7 +179,7 @@ class KVManager:
     def commit(self, seq_id, token_ids) -> None:
         """The K/V of these tokens (positions num_tokens...) are now written."""
         seq, P = self.seqs[seq_id], self.page_tokens
-        p = seq.prefix_len
+        p, first = seq.prefix_len, seq.num_tokens
         for tok in token_ids:
             pos = seq.num_tokens
             assert pos < seq.capacity, f"commit past reserved storage: {seq_id!r} pos {pos}"
@@ -190,16 +193,19 @@ class KVManager:
                 if len(page.tokens) == 1 and self.enable_prefix_cache:
                     self.prefix.register(page)
             seq.token_ids.append(int(tok))
+        if token_ids:
+            seq.read_from = first
         self._release_behind(seq)
 
     def _pages_behind(self, seq: SeqKV) -> int:
         if self.local_window is None:
             return 0
-        return pages_behind(seq, self.page_tokens, self.local_window)
+        return pages_behind(seq, self.page_tokens, self.local_window, seq.read_from)
 
     def _release_behind(self, seq: SeqKV) -> None:
-        """Drop the local part of the pages the sequence's window has left (cached, first to
-        evict, where indexed: a prefix ending where they are still read can use them)."""
+        """Drop the local part of the pages the window of a query at `read_from` has left
+        (cached, first to evict, where indexed: a prefix ending where they are still read can
+        use them)."""
         behind = self._pages_behind(seq)
         pages = seq.all_pages()
         for pid in pages[seq.local_from:behind]:
@@ -220,7 +226,7 @@ class KVManager:
         child = SeqKV(child_id, par.prompt_len, par.max_new_tokens, par.num_cached_tokens,
                       list(par.prefix_pages), par.prefix_len, INLINE if slots else PAGES,
                       list(par.tail_pages[:used_pages]), list(slots), list(par.token_ids))
-        child.local_from = par.local_from
+        child.local_from, child.read_from = par.local_from, par.read_from
         for i, pid in enumerate(child.all_pages()):
             self.pool.incref(pid, child_id, local=i >= child.local_from)
         for slot in slots:

@@ -127,6 +127,7 @@ class PagePool:
         # group g's slice of the page whose head is h: group_map[g][h] (identity for a plain
         # pool); an entry of a page's dropped local part is stale, never read for a key
         self.group_map = [list(range(num_pages)) for _ in range(self.page_slices)]
+        self.map_version = 0  # bumped whenever group_map changes
         self.pages = [Page(i) for i in range(num_pages)]
         self.free_queue: deque[int] = deque(range(num_pages))
         self.lru = _LRU()
@@ -196,6 +197,7 @@ class PagePool:
                 if g:
                     self.pages[sid].head, self.pages[sid].local = ids[0], g >= self.global_slices
             out.append(ids[0])
+        self.map_version += 1
         return out
 
     def _take(self, seq_id) -> int:
@@ -300,6 +302,7 @@ class PagePool:
             head.companions[i] = new_id
             self.group_map[i + 1][old.head] = new_id
         old.reset()
+        self.map_version += 1
 
     def restore(self, page_ids) -> int:
         """RETIRED pages -> FREE (at the back of the free queue); returns how many."""

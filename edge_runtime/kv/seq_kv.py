@@ -63,9 +63,12 @@ class SeqKV:
     copied_from: int | None = None  # the shared partial page an inline end was copied from
     window: int | None = None  # recent-key window held (kv/recent_window.py), None: none
     window_start: int = 0  # first position computed by this sequence (the window's offset 0)
-    # layer groups (kv/layer_groups.py): its first `local_from` pages are behind its local
-    # layers' window, held without their local part
+    # layer groups (kv/layer_groups.py): its first `local_from` pages are behind the local
+    # layers' window of a query at `read_from`, held without their local part. read_from: the
+    # first position of the last tokens committed (the engine may commit a prefill chunk before
+    # its forward reads), or the cached prefix's end at admission
     local_from: int = 0
+    read_from: int = 0
 
     @property
     def num_tokens(self) -> int:
