@@ -18,7 +18,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import initialize, invariant, rule, run_state_machine_as_test
-from test_kv_manager_stateful import BASES, KVMachine
+from test_kv_manager_stateful import KVMachine
 
 from edge_runtime.kv.layer_groups import LayerGroups
 from edge_runtime.kv.manager import KVManager

@@ -10,18 +10,18 @@ concurrent request can already share it); `finish` moves an inline tail into a p
 next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
 reference. With layer groups (kv/layer_groups.py: a page is a head slice plus companions, one
 per layer group) a sequence drops the local part of each page that falls behind its local
-layers' window as its tokens are committed (`local_from`: behind the window of the first
-token of the last commit, `read_from`, since a prefill chunk may be committed before its
-forward reads), keeps the global part, and a prefix
-hit is cut to where every local page its first query reads is still there. A sequence also holds a recent-key window while it runs when windows are configured
-(kv/recent_window.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
+layers' window as its tokens are committed (`local_from`: behind the window of the first token
+of the last commit, `read_from`, since a prefill chunk may be committed before its forward
+reads) and keeps the global part; a prefix hit is cut to where every local page its first query
+reads is still there. A sequence also holds a recent-key window while it runs when windows are
+configured (kv/recent_window.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
 by finish/release/preempt). Pages whose count reaches 0 stay CACHED when they hold committed tokens and the prefix
 cache is on; committed tokens are K/V already written, so they are complete by definition.
 
 Invariants (`check_invariants`, after every step in tests, `check_leaks` when idle):
 - pool: free + cached + live == total; ref count of each page == number of block tables holding it;
   with layer groups the ref count of a page's local part == the number of block tables holding
-  it at or after their `local_from`, which is `pages_behind` of their committed tokens.
+  it at or after their `local_from`, which is `pages_behind` of their `read_from`.
 - only a page's (or slot's) owner writes into it, at its end; every block table's view of a page
   equals that page's tokens over the positions it uses (what attention reads is what was written).
 - prefix pages are aligned and all but the last fully used; the tail starts at prefix_len.
@@ -43,7 +43,7 @@ from edge_runtime.kv.checks import check_manager, manager_stats
 from edge_runtime.kv.seq_kv import INLINE, PAGES, CopyOp, Segments, SeqKV
 from edge_runtime.kv.observability import EventLog, KVCounters, LowFreePagesDump, dump_state
 from edge_runtime.kv.page_math import ceil_div
-from edge_runtime.kv.page_pool import CACHED, PagePool
+from edge_runtime.kv.page_pool import PagePool
 from edge_runtime.kv.prefix_cache import Match, PrefixCache
 from edge_runtime.kv.recent_window import RecentWindows, aligned_cached
 from edge_runtime.kv.tail_allocator import TailAllocator

@@ -405,6 +405,8 @@ class PagePool:
                 assert page.head is None and not page.companions and not page.has_local, page
             elif page.head is None:
                 self._check_page(page)
+            else:  # a companion: its head names it (and _check_page the rest)
+                assert page.page_id in self.pages[page.head].companions, page
             if page.state == CACHED:
                 head = page if page.head is None else self.pages[page.head]
                 assert head.indexed and page.owner is None, page
