@@ -127,7 +127,7 @@ class PagePool:
         # group g's slice of the page whose head is h: group_map[g][h] (identity for a plain
         # pool); an entry of a page's dropped local part is stale, never read for a key
         self.group_map = [list(range(num_pages)) for _ in range(self.page_slices)]
-        self.map_version = 0  # bumped whenever group_map changes
+        self.map_changes: set[int] = set()  # heads whose group_map column changed since taken
         self.pages = [Page(i) for i in range(num_pages)]
         self.free_queue: deque[int] = deque(range(num_pages))
         self.lru = _LRU()
@@ -197,7 +197,17 @@ class PagePool:
                 if g:
                     self.pages[sid].head, self.pages[sid].local = ids[0], g >= self.global_slices
             out.append(ids[0])
-        self.map_version += 1
+            self._map_changed(ids[0])
+        return out
+
+    def _map_changed(self, head: int) -> None:
+        if self.page_slices > 1:  # a plain pool's map is the identity: nobody reads it
+            self.map_changes.add(head)
+
+    def take_map_changes(self) -> list[int]:
+        """The heads whose group_map column changed since the last call (the storage's copy of
+        the map applies them), sorted; empties the set."""
+        out, self.map_changes = sorted(self.map_changes), set()
         return out
 
     def _take(self, seq_id) -> int:
@@ -301,8 +311,8 @@ class PagePool:
             i = head.companions.index(old_id)
             head.companions[i] = new_id
             self.group_map[i + 1][old.head] = new_id
+        self._map_changed(new_id if new.head is None else new.head)
         old.reset()
-        self.map_version += 1
 
     def restore(self, page_ids) -> int:
         """RETIRED pages -> FREE (at the back of the free queue); returns how many."""

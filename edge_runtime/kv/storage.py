@@ -70,10 +70,10 @@ class KVStorage:
             tuple(layer_windows)
         self.groups = LayerGroups.of(self.layer_windows)
         pool_layers = num_layers if self.groups is None else self.groups.layers_per_group
-        # group g's slice of every page: set from the page pool (bind_group_map), as a tensor
-        # rebuilt only when the pool's map changed
+        # group g's slice of every page: the page pool's map (bind_group_map), as a tensor
+        # updated by the columns the pool changed
         self._group_map = None
-        self._group_tables: tuple[int, torch.Tensor] | None = None
+        self._group_tables: torch.Tensor | None = None
         assert kv_dtype in KV_DTYPES, kv_dtype
         dtype = KV_DTYPES[kv_dtype]
         self.kv_dtype = kv_dtype
@@ -121,12 +121,18 @@ class KVStorage:
         self._group_map = pool
 
     def group_tables(self) -> torch.Tensor:
-        """int64 [num_groups, num_slices]: group g's slice of the page whose head slice is h."""
+        """int64 [num_groups, num_slices]: group g's slice of the page whose head slice is h
+        (kept in step with the pool's map by the columns it changed)."""
         pool = self._group_map
         assert pool is not None, "layer groups: bind_group_map was not called"
-        if self._group_tables is None or self._group_tables[0] != pool.map_version:
-            self._group_tables = (pool.map_version, torch.tensor(pool.group_map, dtype=torch.int64))
-        return self._group_tables[1]
+        if self._group_tables is None:
+            pool.take_map_changes()
+            self._group_tables = torch.tensor(pool.group_map, dtype=torch.int64)
+        heads = pool.take_map_changes()
+        if heads:
+            self._group_tables[:, heads] = torch.tensor(
+                [[row[h] for h in heads] for row in pool.group_map], dtype=torch.int64)
+        return self._group_tables
 
     def layer_slot(self, layer: int) -> tuple[int, int]:
         """(group, index inside the group's slice) of a layer; (0, layer) without groups."""
