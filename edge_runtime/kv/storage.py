@@ -125,13 +125,16 @@ class KVStorage:
         (kept in step with the pool's map by the columns it changed)."""
         pool = self._group_map
         assert pool is not None, "layer groups: bind_group_map was not called"
-        if self._group_tables is None:
-            pool.take_map_changes()
-            self._group_tables = torch.tensor(pool.group_map, dtype=torch.int64)
-        heads = pool.take_map_changes()
-        if heads:
-            self._group_tables[:, heads] = torch.tensor(
-                [[row[h] for h in heads] for row in pool.group_map], dtype=torch.int64)
+        # a normal tensor, whichever mode a step runs in: one made inside inference mode could
+        # not be updated outside it
+        with torch.inference_mode(False):
+            if self._group_tables is None:
+                pool.take_map_changes()
+                self._group_tables = torch.tensor(pool.group_map, dtype=torch.int64)
+            heads = pool.take_map_changes()
+            if heads:
+                self._group_tables[:, heads] = torch.tensor(
+                    [[row[h] for h in heads] for row in pool.group_map], dtype=torch.int64)
         return self._group_tables
 
     def layer_slot(self, layer: int) -> tuple[int, int]:
