@@ -125,7 +125,7 @@ class PagePool:
         self.global_slices, self.local_slices = global_slices, local_slices
         self.page_slices = global_slices + local_slices
         # group g's slice of the page whose head is h: group_map[g][h] (identity for a plain
-        # pool); an entry of a page's dropped local part is stale, never read for a key
+        # pool); an entry of a dropped local part is stale: its keys are masked, never used
         self.group_map = [list(range(num_pages)) for _ in range(self.page_slices)]
         self.map_changes: set[int] = set()  # heads whose group_map column changed since taken
         self.pages = [Page(i) for i in range(num_pages)]
