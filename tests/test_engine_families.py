@@ -127,6 +127,36 @@ def test_gemma3_local_pages_are_released_behind_the_window(backend):
     engine.kv.check_leaks()
 
 
+def test_gemma3_pool_shrinks_by_slices_mid_generation():
+    """Layer groups under the memory guard: 3/4 of the pool's slices leave service while two
+    sequences run past the window (live global and local slices moved one by one, a "slices"
+    copy each), and both answers still equal transformers'; the slices come back after."""
+    engine = engine_on("gemma3", "cpu", num_pages=48)
+    engine.generate([random_ids(70, 512, seed=179)], _greedy(4))  # cached: the low slices
+    prompts = [random_ids(n, 512, seed=180 + n) for n in (75, 60)]
+    rids = [engine.add_request(p, _greedy(12)) for p in prompts]
+    for _ in range(4):  # prompts computed, a few tokens decoded
+        engine.step()
+    slices, copies = engine.kv.pool.num_pages, engine.kv.counters.copies
+    assert slices == 48 * engine.kv.pool.page_slices
+    assert engine.shrink_pool(3) == 3  # a quarter of the slices stays
+    assert engine.kv.stats()["pages_retired"] == slices * 3 // 4
+    assert engine.kv.counters.copies > copies  # live slices were moved
+    kept = range(slices // 4)
+    assert all(p in kept for s in engine.kv.seqs.values() for p in s.all_pages())
+    assert all(engine.kv.pool.group_map[g][p] in kept for s in engine.kv.seqs.values()
+               for p in s.all_pages()[s.local_from:] for g in range(engine.kv.pool.page_slices))
+    results = {}
+    while engine.has_unfinished():
+        for ev in engine.step():
+            if ev.result is not None:
+                results[ev.request_id] = ev.result
+    for rid, prompt in zip(rids, prompts):
+        assert results[rid].completions[0].token_ids == hf_greedy("gemma3", prompt, 12)
+    assert engine.grow_pool() == 3 and engine.kv.stats()["pages_retired"] == 0
+    engine.kv.check_leaks()
+
+
 def test_gemma3_beam_search_past_the_window():
     """Beam search (forks sharing pages, copy-on-write) over a 75-token prompt equals
     transformers' num_beams=2."""
