@@ -127,11 +127,12 @@ def test_gemma3_local_pages_are_released_behind_the_window(backend):
     engine.kv.check_leaks()
 
 
-def test_gemma3_pool_shrinks_by_slices_mid_generation():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemma3_pool_shrinks_by_slices_mid_generation(backend):
     """Layer groups under the memory guard: 3/4 of the pool's slices leave service while two
     sequences run past the window (live global and local slices moved one by one, a "slices"
     copy each), and both answers still equal transformers'; the slices come back after."""
-    engine = engine_on("gemma3", "cpu", num_pages=48)
+    engine = engine_on("gemma3", backend, num_pages=48)
     engine.generate([random_ids(70, 512, seed=179)], _greedy(4))  # cached: the low slices
     prompts = [random_ids(n, 512, seed=180 + n) for n in (75, 60)]
     rids = [engine.add_request(p, _greedy(12)) for p in prompts]
