@@ -158,8 +158,9 @@ def make_plan(budget: Budget, model_config, weight_bytes: int | None,
 class LayerGroupBytes:
     """KV bytes of one stream of `context_tokens` by layer group (docs/pool.md, "Layer groups"):
     global layers hold every position; a local layer of window W needs at most
-    ceil(W / P) + 1 pages of it. `stream_bytes_grouped` is the design's prediction; the pool
-    stores every layer (`stream_bytes_all_layers`) until local groups release their pages."""
+    ceil(W / P) + 1 pages of it. `stream_bytes_grouped` is what the pool holds with layer groups
+    (kv/layer_groups.py; `edge-runtime bench kv-groups` measures it), `stream_bytes_all_layers`
+    what it held storing every layer."""
 
     window: int
     global_layers: int

@@ -249,4 +249,4 @@ def test_plan_cli_shows_layer_groups(capsys):
     out = capsys.readouterr().out
     assert "3 global / 15 local layers (window 512)" in out and "1,548 / 7,740" in out
     # 2,048-token streams: (3 x 2,048 + 15 x 1,024) / (18 x 2,048)
-    assert "with layer groups (predicted, not built)" in out and "(ratio 0.58)" in out
+    assert "with layer groups (predicted)" in out and "(ratio 0.58)" in out

@@ -94,6 +94,70 @@ def test_gemma3_local_layers_past_the_window(backend):
     engine.kv.check_leaks()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemma3_local_pages_are_released_behind_the_window(backend):
+    """Layer groups (kv/layer_groups.py): while a 97-token prompt decodes, its local layers hold
+    the slices of at most ceil(24 / 16) + 1 = 3 pages and its global layers all of them, and the
+    greedy answer still equals transformers'. Then, with the local part of positions [64, 80)
+    evicted (the first in line), a prompt sharing 70 tokens hits only 64 (its window, positions
+    [41, 64), is still there) and still answers as transformers does."""
+    engine = engine_on("gemma3", backend, num_pages=48)
+    assert engine.kv.pool.page_slices > 1  # the tiny Gemma 3 has global and local layers
+    prompt = random_ids(97, 512, seed=167)
+    rid = engine.add_request(prompt, _greedy(12))
+    most, tokens = 0, None
+    while engine.has_unfinished():
+        for ev in engine.step():
+            if ev.result is not None and ev.request_id == rid:
+                tokens = ev.result.completions[0].token_ids
+        for seq in engine.kv.seqs.values():
+            if seq.read_from >= len(prompt):  # decoding (a prefill chunk holds its pages)
+                held = len(seq.all_pages()) - seq.local_from
+                assert held <= -(-WINDOW // 16) + 1, (held, seq.read_from)
+                most = max(most, held)
+    assert most >= 2 and engine.kv.counters.local_pages_released >= 5
+    assert tokens == hf_greedy("gemma3", prompt, 12), backend
+    front = engine.kv.pool.lru.front()
+    assert front.local and engine.kv.pool.pages[front.head].start == 64
+    engine.kv.evict(1)
+    shared = prompt[:70] + random_ids(9, 512, seed=6)
+    res = engine.generate([shared], _greedy(12))[0]
+    assert res.cached_prompt_tokens == 64, res.cached_prompt_tokens
+    assert res.completions[0].token_ids == hf_greedy("gemma3", shared, 12), backend
+    engine.kv.check_leaks()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemma3_pool_shrinks_by_slices_mid_generation(backend):
+    """Layer groups under the memory guard: 3/4 of the pool's slices leave service while two
+    sequences run past the window (live global and local slices moved one by one, a "slices"
+    copy each), and both answers still equal transformers'; the slices come back after."""
+    engine = engine_on("gemma3", backend, num_pages=48)
+    engine.generate([random_ids(70, 512, seed=179)], _greedy(4))  # cached: the low slices
+    prompts = [random_ids(n, 512, seed=180 + n) for n in (75, 60)]
+    rids = [engine.add_request(p, _greedy(12)) for p in prompts]
+    for _ in range(4):  # prompts computed, a few tokens decoded
+        engine.step()
+    slices, copies = engine.kv.pool.num_pages, engine.kv.counters.copies
+    assert slices == 48 * engine.kv.pool.page_slices
+    assert engine.shrink_pool(3) == 3  # a quarter of the slices stays
+    assert engine.kv.stats()["pages_retired"] == slices * 3 // 4
+    assert engine.kv.counters.copies > copies  # live slices were moved
+    kept = range(slices // 4)
+    assert all(p in kept for s in engine.kv.seqs.values() for p in s.all_pages())
+    assert all(engine.kv.pool.group_map[g][p] in kept for s in engine.kv.seqs.values()
+               for p in s.all_pages()[s.local_from:] for g in range(engine.kv.pool.page_slices))
+    results = {}
+    while engine.has_unfinished():
+        for ev in engine.step():
+            if ev.result is not None:
+                results[ev.request_id] = ev.result
+    for rid, prompt in zip(rids, prompts):
+        assert results[rid].completions[0].token_ids == hf_greedy("gemma3", prompt, 12)
+    assert engine.grow_pool() == 3 and engine.kv.stats()["pages_retired"] == 0
+    engine.kv.check_leaks()
+
+
 def test_gemma3_beam_search_past_the_window():
     """Beam search (forks sharing pages, copy-on-write) over a 75-token prompt equals
     transformers' num_beams=2."""

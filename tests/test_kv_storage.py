@@ -139,3 +139,36 @@ def test_cuda_release_returns_the_chunk_to_the_driver_and_regrow_takes_it_again(
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - (allocated - fell_alloc) == chunk_bytes
     assert torch.cuda.memory_reserved() - (reserved - fell_reserved) >= 0.97 * chunk_bytes
+
+
+def test_layer_groups_pool_is_one_of_slices_and_copies_run_per_group():
+    """Layers 0, 1, 3 local (window 8), layer 2 global: G = 1, four groups, a pool of slices of
+    one layer. A pages CopyOp copies each group's slice of the page to the destination page's
+    slice of the same group; pages -> inline lands in each group's layers of the slot."""
+    from edge_runtime.kv.manager import KVManager
+    from edge_runtime.kv.seq_kv import CopyOp
+
+    P = 4
+    st = KVStorage(4, 2, 8, 8 * 4, P, num_inline_slots=2, inline_tokens=P, kv_dtype="fp32",
+                   layer_windows=(8, 8, None, 8))
+    assert st.groups.layers == ((2,), (0,), (1,), (3,)) and st.pool.k.shape == (32, 1, P, 2, 8)
+    mgr = KVManager(32, P, global_slices=1, local_slices=3, local_window=8)
+    st.bind_group_map(mgr.pool)
+    src, dst = mgr.pool.allocate(2)
+    tables = st.group_tables()
+    assert tables.shape == (4, 32) and int(tables[0, src]) == src
+    slices = [int(tables[g, src]) for g in range(4)]
+    assert len(set(slices + [int(tables[g, dst]) for g in range(4)])) == 8
+    torch.manual_seed(0)
+    for s in slices:
+        st.pool.k[s].normal_()
+        st.pool.v[s].normal_()
+    st.copy(CopyOp("pages", src * P + 1, "pages", dst * P, 3))
+    st.copy(CopyOp("pages", src * P, "inline", 1 * P, 4))
+    for layer in range(4):
+        g, index = st.layer_slot(layer)
+        assert index == 0 and st.view("pages", layer).k_cache.shape == (32, P, 2, 8)
+        a, b = int(tables[g, src]), int(tables[g, dst])
+        assert torch.equal(st.pool.k[b, 0, :3], st.pool.k[a, 0, 1:])
+        assert torch.equal(st.pool.v[b, 0, :3], st.pool.v[a, 0, 1:])
+        assert torch.equal(st.inline.k[1, layer], st.pool.k[a, 0])  # the slot keeps every layer

@@ -96,13 +96,13 @@ def format_plan(plan, placement, weights_form: str | None = None) -> str:
         ("max concurrent sequences (budget)", f"{plan.max_concurrent_sequences}"),
     ]
     groups = plan.layer_groups
-    if groups:  # the layer-group design's prediction (docs/pool.md): the pool stores every layer
+    if groups:  # layer groups (docs/pool.md): what the pool holds, measured by `bench kv-groups`
         rows += [
             (f"KV bytes per token: {groups['global_layers']} global / {groups['local_layers']} "
              f"local layers (window {groups['window']})",
              f"{groups['global_bytes_per_token']:,} / {groups['local_bytes_per_token']:,}"),
             (f"one {groups['context_tokens']}-token stream: every layer / with layer groups "
-             "(predicted, not built)",
+             "(predicted)",
              f"{groups['stream_bytes_all_layers'] / mib:,.1f} / "
              f"{groups['stream_bytes_grouped'] / mib:,.1f} MiB (ratio {groups['ratio']:.2f})"),
             (f"streams of {plan.stream_context_tokens} tokens with layer groups (predicted)",

@@ -55,9 +55,10 @@ class Engine:
         mc = self.model_config = loaded_model.config
         cfg = self.config
         self.num_pages = resolve_num_pages(cfg)
-        self.pool_chunks = PoolChunks(self.num_pages)
         self.storage, self.kv = build_kv(loaded_model, cfg, self.num_pages,
                                          self.backend.pool_in_chunks)
+        # the pool's ids: slices with layer groups (kv/layer_groups.py), else pages
+        self.pool_chunks = PoolChunks(self.kv.pool.num_pages)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_batch_tokens,
                                    admission_gate=self.admission_gate)
         self.constraints = Constraints(self.tokenizer, mc.vocab_size, tuple(mc.eos_token_ids))
@@ -196,7 +197,7 @@ class Engine:
             return EngineSnapshot(
                 running_request_ids=frozenset(s.request.request_id for s in self.scheduler.running),
                 held_request_ids=frozenset(self.requests),
-                pool_bytes=self.storage.pool.nbytes(), num_pages=self.num_pages,
+                pool_bytes=self.storage.pool.nbytes(), num_pages=self.kv.pool.num_pages,
                 next_regrow_pages=self.pool_chunks.next_regrow_pages(),
                 pool_bytes_released=self.counters["pool_bytes_released"])
 

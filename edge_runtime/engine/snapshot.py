@@ -15,7 +15,7 @@ class EngineSnapshot:
     running_request_ids: frozenset[str]  # requests with a sequence in the batch
     held_request_ids: frozenset[str]  # every request the engine has unfinished
     pool_bytes: int  # bytes of the page pool's storage in service
-    num_pages: int  # pages of the budgeted pool
+    num_pages: int  # page ids of the budgeted pool (slices with layer groups: kv/layer_groups.py)
     next_regrow_pages: int  # pages the next regrown chunk brings back (0: nothing to regrow)
     pool_bytes_released: int  # pool bytes given back to the OS so far
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from edge_runtime.kv.layer_groups import pages_behind
 from edge_runtime.kv.seq_kv import INLINE
 
 
@@ -49,20 +50,43 @@ def _check_seq(mgr, seq) -> None:
             assert i == len(seq.tail_pages) - 1 or len(page.tokens) == P, page
 
 
+def _check_local(mgr, seq) -> None:
+    """Layer groups: a sequence holds the local part of exactly its pages in its window."""
+    if mgr.local_window is None:
+        assert seq.local_from == 0, (seq.seq_id, seq.local_from)
+        return
+    assert seq.num_cached_tokens <= seq.read_from <= seq.num_tokens, (seq.seq_id, seq.read_from)
+    behind = pages_behind(seq, mgr.page_tokens, mgr.local_window, seq.read_from)
+    assert seq.local_from == behind, \
+        f"{seq.seq_id!r} holds local parts from page {seq.local_from}, {behind} are behind"
+
+
 def check_manager(mgr) -> None:
     mgr.pool.check_invariants()
     mgr.prefix.check_invariants()
     mgr.arena.check_invariants()
-    page_refs, slot_refs = Counter(), Counter()
+    page_refs, slot_refs, local_refs = Counter(), Counter(), Counter()
     for seq in mgr.seqs.values():
         assert len(set(seq.all_pages())) == len(seq.all_pages()), f"page twice in {seq.seq_id!r}"
         page_refs.update(seq.all_pages())
+        _check_local(mgr, seq)
+        local_refs.update(seq.all_pages()[seq.local_from:])
         assert len(set(seq.inline_slots)) == len(seq.inline_slots), f"slot twice in {seq.seq_id!r}"
         slot_refs.update(seq.inline_slots)
         _check_seq(mgr, seq)
     for page in mgr.pool.pages:
+        if page.head is not None:  # a companion slice: checked with its page (below, pool)
+            continue
         assert page.ref_count == page_refs[page.page_id], \
             f"page {page.page_id}: ref {page.ref_count} != {page_refs[page.page_id]} block tables"
+        if page.has_local:
+            local = mgr.pool.pages[page.companions[-1]]
+            assert local.ref_count == local_refs[page.page_id], \
+                f"page {page.page_id}'s local part: ref {local.ref_count} != " \
+                f"{local_refs[page.page_id]} block tables in its window"
+        else:
+            assert not local_refs[page.page_id] or not mgr.pool.local_slices, \
+                f"page {page.page_id} read in a window without its local part"
         if page.owner is not None:
             owner = mgr.seqs.get(page.owner)
             assert owner is not None and page.page_id in owner.tail_pages, page
@@ -82,8 +106,9 @@ def check_manager(mgr) -> None:
 
 def manager_stats(mgr) -> dict:
     pool, c = mgr.pool, mgr.counters
-    held = pool.num_live + pool.num_cached
+    held = (pool.num_live + pool.num_cached) // pool.page_slices  # whole pages' worth
     tokens_held = sum(len(pg.tokens) for pg in pool.pages if pg.state != "free")
+    local_held = sum(1 for pg in pool.pages if pg.local and pg.state in ("live", "cached"))
     return {
         "pages_total": pool.num_pages,
         "pages_free": pool.num_free,
@@ -100,5 +125,7 @@ def manager_stats(mgr) -> dict:
         "page_utilization": tokens_held / (held * mgr.page_tokens) if held else 0.0,
         "prefix_hit_rate": c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
         "evictions": pool.num_evictions,
+        "page_slices": pool.page_slices,  # slices per page: 1 without layer groups
+        "local_slices_held": local_held,  # layer groups: live + cached slices of local groups
         **c.as_dict(),
     }

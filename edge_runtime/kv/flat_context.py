@@ -9,7 +9,11 @@ come from a per-step fp16 "fresh" store); for fp32 stores (or without a C compil
 tokens through torch ops and each prefill row through one causal SDPA call. A step whose tokens
 are all gathered by the C attention (int8 or fp16 KV) also offers `native_decode_args` for the
 one-call C layer stack (kernels/cpu_decoder.py), prefill chunks included, unless the model has
-local (sliding-window) layers, whose reads are cut per layer (kv/layer_windows.py).
+local (sliding-window) layers, whose reads are cut per layer (kv/layer_windows.py). With layer
+groups (kv/layer_groups.py) the pool's rows of a layer are its group's: the step's pool rows
+(page head slices) are turned into each group's slices once per step and group (`_rows`), and
+the C decode attention is made per layer (a part's rows plus one stride per layer cannot name
+another group's slices).
 
 Invariants: as kv/paged_context.py's (new tokens outside the shared prefix, tail storage reserved,
 indexes built once per step in `__init__`, never per layer); the storage is on the CPU.
@@ -41,8 +45,24 @@ class FlatKVContext(StepKVContext):
         if self.flat.num_fresh:
             self._fresh = self._flat_fresh_store(self.flat.num_fresh, *self.flat.fresh_carry)
         # per layer window (None: global) its NativeDecodeAttention, made at its first layer
-        # (needs q's heads)
-        self._native: dict[int | None, object] = {}
+        # (needs q's heads); with layer groups per (window, layer)
+        self._native: dict[object, object] = {}
+        self._group_rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _rows(self, name: str, rows: torch.Tensor, layer: int) -> torch.Tensor:
+        """A store's layer-0 rows -> `layer`'s rows; with layer groups the pool's rows (of page
+        head slices) become the layer's group's slices, plus its index inside the group."""
+        groups = self.storage.groups
+        if name != "pages" or groups is None:
+            return rows + self.flat.layer_offset(name, layer)
+        g, index = groups.slot_of(layer)
+        hit = self._group_rows.get((id(rows), g))
+        if hit is None or hit[0] is not rows:
+            stride = self.flat.layer_offset("pages", groups.layers_per_group)  # rows per slice
+            block = torch.div(rows, stride, rounding_mode="floor")
+            mapped = self.storage.group_tables()[g][block] * stride + (rows - block * stride)
+            hit = self._group_rows[(id(rows), g)] = (rows, mapped.to(rows.dtype))
+        return hit[1] + self.flat.layer_offset("pages", index)
 
     @property
     def slot_mapping(self) -> dict[str, torch.Tensor]:
@@ -57,7 +77,7 @@ class FlatKVContext(StepKVContext):
             st_k, st_v, st_ks, st_vs = self._store_tensors(name)
             sel = tokens if tokens.numel() != self.num_tokens else slice(None)
             write_kv_flat(k[sel], v[sel], st_k, st_v, st_ks, st_vs,
-                          rows + flat.layer_offset(name, layer), self.storage.key_mean(name, layer))
+                          self._rows(name, rows, layer), self.storage.key_mean(name, layer))
         out = None
         if flat.prefill:
             out = torch.empty(q.shape, dtype=torch.float32)
@@ -110,22 +130,29 @@ class FlatKVContext(StepKVContext):
                 and self.storage.pool.k.shape[4] <= NATIVE_MAX_HEAD_DIM
                 and cpu_native.library() is not None)
 
-    def _native_attention(self, num_heads: int, head_dim: int, window: int | None = None):
+    def _native_attention(self, num_heads: int, head_dim: int, window: int | None = None,
+                          layer: int = 0):
         """The C decode attention for this step's gathered rows (cut to `window` for a local
-        layer), made once per window; False where it does not apply (float stores, head_dim too
+        layer), made once per window (with layer groups per layer: its pool part's rows are
+        the layer's own, stride 0); False where it does not apply (float stores, head_dim too
         large, no C library)."""
-        if window not in self._native:
+        grouped = self.storage.groups is not None
+        key = (window, layer) if grouped else window
+        if key not in self._native:
             gather, gather_lens, _ = self.flat.gather_for(window)
-            self._native[window] = False
+            self._native[key] = False
             if self._fits:
                 lib = cpu_native.library()
                 parts = []
                 for (name, rows), lens in zip(gather, gather_lens):
                     k, v, ks, vs = self._store_tensors(name)
-                    parts.append((k, v, ks, vs, rows, lens, self.flat.layer_offset(name, 1)))
-                self._native[window] = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale,
-                                                             self.storage.k_means)
-        return self._native[window]
+                    stride = self.flat.layer_offset(name, 1)
+                    if grouped and name == "pages":  # C adds layer * stride: 0 here
+                        rows, stride = self._rows(name, rows, layer), 0
+                    parts.append((k, v, ks, vs, rows, lens, stride))
+                self._native[key] = NativeDecodeAttention(lib, parts, num_heads, self.sm_scale,
+                                                          self.storage.k_means)
+        return self._native[key]
 
     def metadata(self) -> dict:
         """Nothing to upload: the CPU back end's kernels read the host tensors themselves."""
@@ -159,7 +186,7 @@ class FlatKVContext(StepKVContext):
 
     def _decode(self, layer: int, q_dec: torch.Tensor, window: int | None) -> torch.Tensor:
         """Decode tokens' attention: C over int8 stores when it is built, else torch ops."""
-        native = self._native_attention(q_dec.shape[1], q_dec.shape[-1], window)
+        native = self._native_attention(q_dec.shape[1], q_dec.shape[-1], window, layer)
         if native:  # float32 in and out (a bf16/fp16 model's q is cast; the caller casts back)
             return native(q_dec.float(), layer)
         gather, _, bias = self.flat.gather_for(window)
@@ -176,4 +203,4 @@ class FlatKVContext(StepKVContext):
         return st.k, st.v, st.k_scale, st.v_scale
 
     def _store_args(self, name: str, rows: torch.Tensor, layer: int):
-        return (*self._store_tensors(name), rows + self.flat.layer_offset(name, layer))
+        return (*self._store_tensors(name), self._rows(name, rows, layer))

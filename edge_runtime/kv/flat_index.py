@@ -86,14 +86,18 @@ class FlatKVIndex:
         attention, which reads keys the same way whatever step a query is in); else each prefill
         row through one causal SDPA call (`prefill`)."""
         pool = storage.pool
-        self.num_layers = pool.k.shape[1]
+        self.num_layers = pool.k.shape[1]  # layers in a pool block (a slice's: layer groups)
+        # layers per block of each store: the pool's may hold one layer group only
+        self._layers = {"pages": pool.k.shape[1]}
         self.num_kv_heads = pool.k.shape[3]
         self._heads = np.arange(self.num_kv_heads, dtype=np.int64)
         self._block = {"pages": pool.block_tokens}
         if storage.inline is not None:
             self._block["inline"] = storage.inline.block_tokens
+            self._layers["inline"] = storage.inline.k.shape[1]
         if getattr(storage, "window", None) is not None:
             self._block["window"] = storage.window.block_tokens
+            self._layers["window"] = storage.window.k.shape[1]
         self.num_tokens = sum(s.num_new for s in seqs)
         # (first token, n, parts, bias, carry): carry is None, or the window rows [Hkv, c] of
         # the exact positions before the row's new tokens (read with the new tokens, fp16)
@@ -162,12 +166,12 @@ class FlatKVIndex:
 
     def _bases(self, store: str, block_ids, length: int) -> np.ndarray:
         block = self._block[store]
-        return block_bases(block_ids, length, block, self.num_layers * block, self.num_kv_heads)
+        return block_bases(block_ids, length, block, self._layers[store] * block, self.num_kv_heads)
 
     def _slots(self, store: str, bases: np.ndarray) -> np.ndarray:
         """Layer-0 base rows -> flat slots (block * block_tokens + offset)."""
         block = self._block[store]
-        block_id, offset = np.divmod(bases // self.num_kv_heads, self.num_layers * block)
+        block_id, offset = np.divmod(bases // self.num_kv_heads, self._layers[store] * block)
         return block_id * block + offset
 
     def _key_bases(self, s) -> dict[str, np.ndarray]:

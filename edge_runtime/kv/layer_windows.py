@@ -17,8 +17,8 @@ inside a local window when Wr <= W, so it is never cut (`check_windows` refuses 
 
 The rule depends on (i, j) alone, so a local layer reads the same keys whether its prefix came
 from the prefix cache, another chunk or another step: the determinism of docs/engine.md holds.
-Every position stays stored in every layer (the page pool does not yet free a local layer's
-pages behind its window; docs/pool.md, "Layer groups").
+What a local layer *stores* is the pool's layer groups (kv/layer_groups.py): the slices of its
+group's pages behind every reader's window go back to the pool.
 """
 
 from __future__ import annotations

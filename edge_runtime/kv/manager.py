@@ -8,13 +8,20 @@ tail whose end continues in slots: kv/tail_allocator.py says when);
 `commit` records the written tokens (first token of a page indexes it in the prefix cache, so a
 concurrent request can already share it); `finish` moves an inline tail into a page (CopyOp) so the
 next turn finds it, then drops every reference; `release` (cancel) and `preempt` drop every
-reference. A sequence also holds a recent-key window while it runs when windows are configured
-(kv/recent_window.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
+reference. With layer groups (kv/layer_groups.py: a page is a head slice plus companions, one
+per layer group) a sequence drops the local part of each page that falls behind its local
+layers' window as its tokens are committed (`local_from`: behind the window of the first token
+of the last commit, `read_from`, since a prefill chunk may be committed before its forward
+reads) and keeps the global part; a prefix hit is cut to where every local page its first query
+reads is still there. A sequence also holds a recent-key window while it runs when windows are
+configured (kv/recent_window.py: taken at admit and fork, `window_copy` gives the fork's copy, given back
 by finish/release/preempt). Pages whose count reaches 0 stay CACHED when they hold committed tokens and the prefix
 cache is on; committed tokens are K/V already written, so they are complete by definition.
 
 Invariants (`check_invariants`, after every step in tests, `check_leaks` when idle):
-- pool: free + cached + live == total; ref count of each page == number of block tables holding it.
+- pool: free + cached + live == total; ref count of each page == number of block tables holding it;
+  with layer groups the ref count of a page's local part == the number of block tables holding
+  it at or after their `local_from`, which is `pages_behind` of their `read_from`.
 - only a page's (or slot's) owner writes into it, at its end; every block table's view of a page
   equals that page's tokens over the positions it uses (what attention reads is what was written).
 - prefix pages are aligned and all but the last fully used; the tail starts at prefix_len.
@@ -31,11 +38,12 @@ from __future__ import annotations
 
 from edge_runtime.kv import pool_shrink
 from edge_runtime.kv.inline_arena import InlineArena
+from edge_runtime.kv.layer_groups import page_ends, pages_behind
 from edge_runtime.kv.checks import check_manager, manager_stats
 from edge_runtime.kv.seq_kv import INLINE, PAGES, CopyOp, Segments, SeqKV
 from edge_runtime.kv.observability import EventLog, KVCounters, LowFreePagesDump, dump_state
 from edge_runtime.kv.page_math import ceil_div
-from edge_runtime.kv.page_pool import CACHED, PagePool
+from edge_runtime.kv.page_pool import PagePool
 from edge_runtime.kv.prefix_cache import Match, PrefixCache
 from edge_runtime.kv.recent_window import RecentWindows, aligned_cached
 from edge_runtime.kv.tail_allocator import TailAllocator
@@ -51,14 +59,20 @@ class KVManager:
     def __init__(self, num_pages: int, page_tokens: int, num_inline_slots: int = 0,
                  inline_tokens: int = 0, enable_prefix_cache: bool = True,
                  enable_inline: bool = True, debug: bool | None = None,
-                 dump_below_free: int = 0, num_windows: int = 0, window_tokens: int = 0):
+                 dump_below_free: int = 0, num_windows: int = 0, window_tokens: int = 0,
+                 global_slices: int = 1, local_slices: int = 0, local_window: int | None = None):
+        """num_pages: slices (a page is global_slices + local_slices of them, 1 without layer
+        groups); local_window: the window of the local groups (kv/layer_groups.py)."""
         assert page_tokens > 0 and inline_tokens <= page_tokens, (page_tokens, inline_tokens)
+        assert (local_slices > 0) == (local_window is not None), (local_slices, local_window)
+        self.local_window = local_window
         self.page_tokens = page_tokens
         self.inline_tokens = inline_tokens
         self.enable_prefix_cache = enable_prefix_cache
         self.enable_inline = enable_inline and num_inline_slots > 0 and inline_tokens > 0
         self.log = EventLog(debug)
-        self.pool = PagePool(num_pages, on_evict=self._on_evict, on_event=self.log)
+        self.pool = PagePool(num_pages, on_evict=self._on_evict, on_event=self.log,
+                             global_slices=global_slices, local_slices=local_slices)
         self.prefix = PrefixCache(self.pool, page_tokens)
         self.arena = InlineArena(num_inline_slots if self.enable_inline else 0, inline_tokens)
         self.windows = RecentWindows(num_windows, window_tokens)
@@ -93,16 +107,19 @@ class KVManager:
         take_over = m.take_over and slots is None
         if take_over:  # taken over, the last page is ours: slots only past its end
             slots = tails.slot_plan(seq, len(prompt), owns_last=True)
+        seq.read_from = m.num_cached
+        seq.local_from = self._pages_behind(seq)
         if not use_inline and slots is None:
-            pinned = sum(self.pool.pages[p].state == CACHED for p in seq.all_pages())
+            pinned = sum(self.pool.cached_slices(pid, i >= seq.local_from)
+                         for i, pid in enumerate(seq.all_pages()))
             n_new, _ = tails.pages_needed(seq, len(prompt), owns_last=take_over)
-            if n_new > self.pool.num_available - pinned:
+            if n_new > self.pool.available_pages(pinned):
                 self.counters.failed_allocations += 1
                 raise OutOfPages(f"prompt of {len(prompt)} tokens ({m.num_cached} cached) needs "
-                                 f"{n_new} new KV pages, {self.pool.num_available - pinned} "
+                                 f"{n_new} new KV pages, {self.pool.available_pages(pinned)} "
                                  f"are free or evictable")
-        for pid in seq.all_pages():
-            self.pool.incref(pid, seq_id)
+        for i, pid in enumerate(seq.all_pages()):
+            self.pool.incref(pid, seq_id, local=i >= seq.local_from)
         if take_over:
             last = self.pool.pages[seq.tail_pages[-1]]
             assert last.owner is None, last
@@ -127,7 +144,28 @@ class KVManager:
             return Match()
         m = self.prefix.match(list(prompt_ids[:-1]))
         window = self.windows.window_tokens if self.windows.num_windows else 0
-        return m.truncated(aligned_cached(m.num_cached, window), self.page_tokens)
+        while True:  # each cut can only shorten the match; stop where neither moves it
+            n = aligned_cached(self._local_usable(m), window)
+            if n == m.num_cached:
+                return m
+            m = m.truncated(n, self.page_tokens)
+
+    def _local_usable(self, m: Match) -> int:
+        """The match's length, or, where a local page its first query would read (positions
+        [n - W + 1, n)) is gone, the start of the last such page: the longest usable prefix
+        is no longer (kv/layer_groups.py)."""
+        n, W = m.num_cached, self.local_window
+        if W is None:
+            return n
+        view = SeqKV(None, 0, 0, 0, m.prefix_pages, m.prefix_len, PAGES, m.tail_pages)
+        pages = view.all_pages()
+        behind = pages_behind(view, self.page_tokens, W, n)
+        usable, start = n, 0
+        for i, end in enumerate(page_ends(view, self.page_tokens)):
+            if i >= behind and start < n and not self.pool.holds_local(pages[i]):
+                usable = start
+            start = end
+        return usable
 
     # -- growth -------------------------------------------------------------------------------
     def reserve(self, seq_id, num_new_tokens: int) -> list[CopyOp]:
@@ -141,7 +179,7 @@ class KVManager:
     def commit(self, seq_id, token_ids) -> None:
         """The K/V of these tokens (positions num_tokens...) are now written."""
         seq, P = self.seqs[seq_id], self.page_tokens
-        p = seq.prefix_len
+        p, first = seq.prefix_len, seq.num_tokens
         for tok in token_ids:
             pos = seq.num_tokens
             assert pos < seq.capacity, f"commit past reserved storage: {seq_id!r} pos {pos}"
@@ -155,6 +193,25 @@ class KVManager:
                 if len(page.tokens) == 1 and self.enable_prefix_cache:
                     self.prefix.register(page)
             seq.token_ids.append(int(tok))
+        if token_ids:
+            seq.read_from = first
+        self._release_behind(seq)
+
+    def _pages_behind(self, seq: SeqKV) -> int:
+        if self.local_window is None:
+            return 0
+        return pages_behind(seq, self.page_tokens, self.local_window, seq.read_from)
+
+    def _release_behind(self, seq: SeqKV) -> None:
+        """Drop the local part of the pages the window of a query at `read_from` has left
+        (cached, first to evict, where indexed: a prefix ending where they are still read can
+        use them)."""
+        behind = self._pages_behind(seq)
+        pages = seq.all_pages()
+        for pid in pages[seq.local_from:behind]:
+            self.pool.decref_local(pid, seq.seq_id, evict_first=True)
+            self.counters.local_pages_released += 1
+        seq.local_from = max(seq.local_from, behind)
 
     # -- sharing and the end of a sequence -----------------------------------------------------
     def fork(self, parent_id, child_id) -> SeqKV:
@@ -169,8 +226,9 @@ class KVManager:
         child = SeqKV(child_id, par.prompt_len, par.max_new_tokens, par.num_cached_tokens,
                       list(par.prefix_pages), par.prefix_len, INLINE if slots else PAGES,
                       list(par.tail_pages[:used_pages]), list(slots), list(par.token_ids))
-        for pid in child.all_pages():
-            self.pool.incref(pid, child_id)
+        child.local_from, child.read_from = par.local_from, par.read_from
+        for i, pid in enumerate(child.all_pages()):
+            self.pool.incref(pid, child_id, local=i >= child.local_from)
         for slot in slots:
             self.arena.incref(slot)
         # the child's window is a copy of the parent's (window_copy), and so is what it computed;
@@ -224,8 +282,9 @@ class KVManager:
 
     def _drop(self, seq: SeqKV) -> None:
         # deepest first, so leaves enter the LRU before (older than) their parents
-        for pid in reversed(seq.all_pages()):
-            self.pool.decref(pid, seq.seq_id)
+        pages = seq.all_pages()
+        for i in reversed(range(len(pages))):
+            self.pool.decref(pages[i], seq.seq_id, local=i >= seq.local_from)
         for slot in seq.inline_slots:
             self.arena.decref(slot, seq.seq_id)
         if seq.window is not None:

@@ -43,6 +43,7 @@ class KVCounters:
     pages_to_slots: int = 0  # a page tail continued in inline slots
     take_overs: int = 0
     failed_allocations: int = 0
+    local_pages_released: int = 0  # layer groups: pages whose local part a sequence dropped
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

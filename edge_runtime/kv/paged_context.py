@@ -34,6 +34,9 @@ Invariants:
   shared prefix), and the tail storage was reserved (KVManager.reserve) before the step.
 - All index tensors (position index, slot mappings, exact-block indices) are built once per step
   in `PagedKVContext.__init__`, never per layer.
+- With layer groups (kv/layer_groups.py) a layer reads and writes its group's slices: the
+  position index's pool table and the pool slot mapping are turned into each group's slices
+  once per step (`group_index`, `group_slots`), after any padding.
 - Built with a `DecodeShape` (a decode step padded to a batch-size bucket, engine/cuda_graphs.py),
   every index tensor has the shape's sizes and the host values are the shape's, whatever the
   sequences (kv/decode_shape.py); a step that does not fit raises DoesNotFit.
@@ -122,6 +125,25 @@ class PagedKVContext(StepKVContext):
         self._build(seqs)
         if shape is not None:
             self._pad(shape)
+        self._by_group()
+
+    def _by_group(self) -> None:
+        """Layer groups: per group its position index and pool slot mapping (its slices)."""
+        self.group_index: dict[int, PositionIndex] = {}
+        self.group_slots: dict[int, torch.Tensor] = {}
+        groups = self.storage.groups
+        if groups is None:
+            return
+        tables = self.storage.group_tables()
+        P = self.storage.store("pages").block_tokens
+        slots = self.slot_mapping.get("pages")
+        for g in range(groups.num_groups):
+            table = tables[g]
+            self.group_index[g] = dataclasses.replace(
+                self.index, pool_table=table[self.index.pool_table.long()].to(torch.int32))
+            if slots is not None:
+                at = slots.clamp(min=0)
+                self.group_slots[g] = torch.where(slots >= 0, table[at // P] * P + at % P, -1)
 
     def _pad(self, shape: DecodeShape) -> None:
         """Every index tensor at the shape's size, padding rows reading and writing nothing."""
@@ -249,7 +271,10 @@ class PagedKVContext(StepKVContext):
         if self.exact is not None:  # before the window writes: it reads carried positions
             window = self.storage.view("window", layer)
             exact = (self._exact_store(k, window.k_cache), self._exact_store(v, window.v_cache))
+        group = self.storage.layer_slot(layer)[0]
         for store, slots in self.slot_mapping.items():
+            if store == "pages" and self.group_slots:
+                slots = self.group_slots[group]
             view = self.storage.view(store, layer)
             write_kv(k, v, view.k_cache, view.v_cache, view.k_scale, view.v_scale, slots, view.k_mean,
                      chunks=view.chunks)
@@ -259,8 +284,9 @@ class PagedKVContext(StepKVContext):
         pool = self.storage.view("pages", layer)
         arena = self.storage.view("inline", layer) if self.storage.inline is not None else None
         window = self.layer_window(layer)
-        index = self.index if window is None else \
-            dataclasses.replace(self.index, key_start=self.key_starts[window])
+        index = self.group_index.get(group, self.index)
+        if window is not None:
+            index = dataclasses.replace(index, key_start=self.key_starts[window])
         p_out, p_lse = read_by_position(
             q, (pool.k_cache, pool.v_cache, pool.k_scale, pool.v_scale),
             None if arena is None else (arena.k_cache, arena.v_cache, arena.k_scale, arena.v_scale),

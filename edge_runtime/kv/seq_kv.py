@@ -15,13 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PAGES, INLINE = "pages", "inline"
+SLICES = "slices"  # the pool addressed by slice, not by page (layer groups; kv/page_pool.py)
 
 
 @dataclass(frozen=True)
 class CopyOp:
-    """Copy num_tokens tokens (all layers, K, V, scales) from src to dst flat slots."""
+    """Copy num_tokens tokens (all layers, K, V, scales) from src to dst flat slots. With layer
+    groups a "pages" slot is a page's head slice's, and the copy runs for every group's slice
+    of the page (the storage's group map); "slices" copies one slice as it is."""
 
-    src_store: str  # "pages" | "inline" | "window"
+    src_store: str  # "pages" | "inline" | "window" | "slices"
     src_slot_start: int
     dst_store: str
     dst_slot_start: int
@@ -60,6 +63,12 @@ class SeqKV:
     copied_from: int | None = None  # the shared partial page an inline end was copied from
     window: int | None = None  # recent-key window held (kv/recent_window.py), None: none
     window_start: int = 0  # first position computed by this sequence (the window's offset 0)
+    # layer groups (kv/layer_groups.py): its first `local_from` pages are behind the local
+    # layers' window of a query at `read_from`, held without their local part. read_from: the
+    # first position of the last tokens committed (the engine may commit a prefill chunk before
+    # its forward reads), or the cached prefix's end at admission
+    local_from: int = 0
+    read_from: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,11 @@ Layout (docs/interfaces.md):
   k_window, v_window: [num_windows, num_layers, window_tokens, num_kv_heads, head_dim] fp16, no
       scales: each running sequence's most recent K/V kept exact next to its int8 copy (the
       recent-key window, kv/recent_window.py); int8 KV only, allocated when num_windows > 0.
+  With layer groups (kv/layer_groups.py: a model with global and local layers) the pool is one of
+  slices: [num_slices, layers_per_group, page_tokens, num_kv_heads, head_dim], a slice holding
+  one group's layers; a layer's view is its index inside its group, and the page table it reads
+  is its group's (`group_tables()`: group g's slice of each page, from the page pool's group
+  map, which `bind_group_map` hands over). The arena and the windows keep every layer.
 A flat slot is `page * page_tokens + offset` (or `slot * slot_tokens + offset` in the arena,
 `window * window_tokens + offset` in the windows).
   k_means: [num_layers, num_kv_heads, head_dim] fp32, in the stores' (rotated) basis, or None:
@@ -39,6 +44,7 @@ import os
 import torch
 
 from edge_runtime.kv.chunked_pool import ChunkedStore
+from edge_runtime.kv.layer_groups import LayerGroups
 from edge_runtime.kv.store import Store, StoreView
 from edge_runtime.kernels import hadamard
 
@@ -57,10 +63,17 @@ class KVStorage:
         """pool_chunk_pages: None, the pool as one tensor per K/V/scales (the CPU back end's flat
         rows read it); else one per chunk of that many pages (the CUDA back end).
         layer_windows: per layer its sliding window, None global (kv/layer_windows.py: what a
-        step context's local layers read); None: every layer global."""
+        step context's local layers read); None: every layer global.
+        num_pages: slices with layer groups (`LayerGroups.of(layer_windows)` not None)."""
         assert layer_windows is None or len(layer_windows) == num_layers, (layer_windows, num_layers)
         self.layer_windows = None if not any(w is not None for w in layer_windows or ()) else \
             tuple(layer_windows)
+        self.groups = LayerGroups.of(self.layer_windows)
+        pool_layers = num_layers if self.groups is None else self.groups.layers_per_group
+        # group g's slice of every page: the page pool's map (bind_group_map), as a tensor
+        # updated by the columns the pool changed
+        self._group_map = None
+        self._group_tables: torch.Tensor | None = None
         assert kv_dtype in KV_DTYPES, kv_dtype
         dtype = KV_DTYPES[kv_dtype]
         self.kv_dtype = kv_dtype
@@ -71,10 +84,9 @@ class KVStorage:
         self.device = torch.device(device)
         self.key_shape = (num_layers, num_kv_heads, head_dim)
         if pool_chunk_pages is None:
-            self.pool = Store(num_pages, num_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
+            self.pool = Store(num_pages, pool_layers, page_tokens, num_kv_heads, head_dim, dtype, device)
         else:
-
-            self.pool = ChunkedStore(num_pages, pool_chunk_pages, num_layers, page_tokens,
+            self.pool = ChunkedStore(num_pages, pool_chunk_pages, pool_layers, page_tokens,
                                      num_kv_heads, head_dim, dtype, device)
         self.inline = None
         if num_inline_slots > 0:
@@ -102,24 +114,96 @@ class KVStorage:
             return None
         return self.k_means[layer]
 
-    def store(self, name: str) -> Store:
-        assert name in ("pages", "inline", "window"), name
-        st = {"pages": self.pool, "inline": self.inline, "window": self.window}[name]
-        assert st is not None, f"store {name!r} is not allocated"
-        return st
+    def bind_group_map(self, pool) -> None:
+        """Read the page pool's group map (kv/page_pool.py) from now on (layer groups only)."""
+        assert self.groups is not None and pool.page_slices == self.groups.num_groups, \
+            (self.groups, pool.page_slices)
+        self._group_map = pool
+
+    def group_tables(self) -> torch.Tensor:
+        """int64 [num_groups, num_slices]: group g's slice of the page whose head slice is h
+        (kept in step with the pool's map by the columns it changed)."""
+        pool = self._group_map
+        assert pool is not None, "layer groups: bind_group_map was not called"
+        # a normal tensor, whichever mode a step runs in: one made inside inference mode could
+        # not be updated outside it
+        with torch.inference_mode(False):
+            if self._group_tables is None:
+                pool.take_map_changes()
+                self._group_tables = torch.tensor(pool.group_map, dtype=torch.int64)
+            heads = pool.take_map_changes()
+            if heads:
+                self._group_tables[:, heads] = torch.tensor(
+                    [[row[h] for h in heads] for row in pool.group_map], dtype=torch.int64)
+        return self._group_tables
+
+    def layer_slot(self, layer: int) -> tuple[int, int]:
+        """(group, index inside the group's slice) of a layer; (0, layer) without groups."""
+        return (0, layer) if self.groups is None else self.groups.slot_of(layer)
 
     def view(self, name: str, layer: int) -> StoreView:
-        v = self.store(name).view(layer)
+        """One layer of a store; a pool view with layer groups is addressed by the layer's
+        group's slices (`group_tables`)."""
+        index = self.layer_slot(layer)[1] if name == "pages" else layer
+        v = self.store(name).view(index)
         mean = self.key_mean(name, layer)
         return v if mean is None else dataclasses.replace(v, k_mean=mean)
 
     def nbytes(self) -> int:
         return sum(st.nbytes() for st in (self.pool, self.inline, self.window) if st is not None)
 
+    def store(self, name: str) -> Store:
+        if name == "slices":  # the pool by slice (kv/seq_kv.py)
+            name = "pages"
+        assert name in ("pages", "inline", "window"), name
+        st = {"pages": self.pool, "inline": self.inline, "window": self.window}[name]
+        assert st is not None, f"store {name!r} is not allocated"
+        return st
+
     def copy(self, op) -> None:
-        """Execute a CopyOp: num_tokens tokens (all layers, K, V and scales) from src to dst."""
-        src, dst = self.store(op.src_store), self.store(op.dst_store)
-        dst.write(op.dst_slot_start, src.read(op.src_slot_start, op.num_tokens))
+        """Execute a CopyOp: num_tokens tokens (all layers, K, V and scales) from src to dst;
+        with layer groups a "pages" end is each group's slice of the page, in turn."""
+        if self.groups is None or "pages" not in (op.src_store, op.dst_store):
+            src, dst = self.store(op.src_store), self.store(op.dst_store)
+            dst.write(op.dst_slot_start, src.read(op.src_slot_start, op.num_tokens))
+            return
+        for g in range(self.groups.num_groups):
+            for src, dst, n in self._runs(op, g):
+                self._write_group(op.dst_store, g, dst, self._read_group(op.src_store, g, src, n))
+
+    def _runs(self, op, g: int):
+        """(src slot, dst slot, tokens) runs of a CopyOp for group g, each inside one page of
+        either end, "pages" slots turned into the group's slice slots."""
+        i = 0
+        while i < op.num_tokens:
+            src, dst = op.src_slot_start + i, op.dst_slot_start + i
+            n = op.num_tokens - i
+            for name, slot in ((op.src_store, src), (op.dst_store, dst)):
+                block = self.store(name).block_tokens
+                n = min(n, block - slot % block)
+            yield self._group_slot(op.src_store, g, src), self._group_slot(op.dst_store, g, dst), n
+            i += n
+
+    def _group_slot(self, name: str, g: int, slot: int) -> int:
+        if name != "pages":
+            return slot
+        P = self.pool.block_tokens
+        return int(self.group_tables()[g, slot // P]) * P + slot % P
+
+    def _read_group(self, name: str, g: int, slot: int, n: int) -> list[torch.Tensor]:
+        values = self.store(name).read(slot, n)
+        if name == "pages":
+            return values
+        return [t[:, list(self.groups.layers[g])] for t in values]
+
+    def _write_group(self, name: str, g: int, slot: int, values: list[torch.Tensor]) -> None:
+        st = self.store(name)
+        if name != "pages":  # every layer there: this group's layers replaced
+            whole = st.read(slot, values[0].shape[0])
+            for t, x in zip(whole, values):
+                t[:, list(self.groups.layers[g])] = x
+            values = whole
+        st.write(slot, values)
 
     def release_pages(self, start: int, end: int) -> int:
         """Give pages [start, end) back (a whole chunk in a chunked pool); returns the bytes

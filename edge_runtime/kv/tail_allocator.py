@@ -255,8 +255,9 @@ class TailAllocator:
 
     def _page_to_take_back(self, seq: SeqKV) -> bool:
         """The page this inline end was copied from has no owner (cached, or live only as others'
-        read-only prefix), is still a prefix of it, and sits where this tail would put it (same
-        start and parent): then appending to it in place is a take-over."""
+        read-only prefix), is still a prefix of it, sits where this tail would put it (same
+        start and parent) and still has its local part (layer groups): then appending to it in
+        place is a take-over."""
         pid = seq.copied_from
         if pid is None:
             return False
@@ -265,6 +266,7 @@ class TailAllocator:
             seq.prefix_pages[-1] if seq.prefix_pages else ROOT)
         n = len(page.tokens)
         return (page.state in (CACHED, LIVE) and page.owner is None and page.start == start
+                and self.pool.holds_local(pid)
                 and page.parent == parent and 0 < n <= seq.num_tokens - start
                 and page.tokens == seq.token_ids[start:start + n])
 

@@ -27,7 +27,7 @@ ENGINE_COUNTERS = frozenset(
     + [f"kv_{name}" for name in ("admitted", "finished", "cancelled", "preemptions",
                                  "prompt_tokens", "cached_prompt_tokens", "copies", "copied_tokens",
                                  "inline_to_pages", "pages_to_slots", "take_overs",
-                                 "failed_allocations")])
+                                 "failed_allocations", "local_pages_released")])
 TTFT_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
