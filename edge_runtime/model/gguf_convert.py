@@ -200,9 +200,6 @@ def remove_stale_siblings(target: Path, current: dict) -> list[Path]:
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "gemma3")
-# the architectures model/gguf_int4.py builds from the file's blocks (Llama's layer); the others
-# are served from their float conversion (--weights fp32)
-BLOCK_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
 def check_supported(gguf_path: Path) -> None:

@@ -6,13 +6,23 @@ runtime's blocked int4/int8 format (quant/gguf_blocks.py -> quant/int4_format.py
 dropped, so what stays resident is the file's tensor bytes in another order (plus 16-row block
 padding). Per layer q/k/v rows are fused into one `QuantLinear` (kernels/cpu_int4.py) when they
 share a type, gate/up into another, o_proj and down_proj are their own; `model.fused_decoder` runs decode steps in one C
-call (kernels/cpu_decoder.py). A tied LM head stays in the file's type (Q8_0 for SmolLM2) and the
-embedding reads its rows (`QuantEmbedding`). Norms (F32 in the file) are float32 parameters.
+call (kernels/cpu_decoder.py). A tied LM head stays in the file's type (Q8_0 for SmolLM2 and
+Gemma 3's 262k rows) and the embedding reads its rows (`QuantEmbedding`). Norms (F32 in the file)
+are float32 parameters: Qwen3's and Gemma 3's per-head q/k norms (`attn_q_norm` / `attn_k_norm`),
+Gemma 3's norm after attention (`post_attention_norm`) and around the MLP (`ffn_norm` before it,
+`post_ffw_norm` after it). Gemma's RMSNorm scales by (1 + w) (transformers' convention, the
+model's `norm_unit_offset`); llama.cpp's converter stores 1 + w in the file, so every Gemma norm
+is read back as (stored - 1) in float32, as transformers' GGUF loader does (Gemma2TensorProcessor):
+the same parameter, bit for bit, as the float32 folder's.
 
 Invariants:
 - The model computes what the fp32 folder that gguf_convert.py writes from the same file computes:
   every weight dequantizes to the same float (tests/test_int4_format.py), q/k rows are put back in
-  Hugging Face's rope order as transformers does for `llama` GGUFs (a row permutation, exact).
+  Hugging Face's rope order as transformers does for `llama` GGUFs (a row permutation, exact;
+  qwen2 / qwen3 / gemma3 files keep Hugging Face's order), norms are the folder's parameters.
+- Every architecture of gguf_convert.GGUF_ARCHITECTURES is built here: the layer's parts follow
+  the config (model/config.py: qk_norm, sandwich_norms), and a tensor the config needs but the
+  file lacks is a ModelLoadError naming it.
 - Every block type of quant/gguf_blocks.SUPPORTED is served from its blocks, F16 / BF16 matrices
   in their 16 bits (kernels/float16_linear.py), F32 ones as float32. A file holding any other
   type is refused before anything is loaded (`check_served`): a ModelLoadError naming the first
@@ -33,7 +43,7 @@ from edge_runtime.errors import ModelLoadError
 from edge_runtime.kernels.cpu_int4 import QuantEmbedding, QuantLinear
 from edge_runtime.kernels.float16_linear import Float16Linear
 from edge_runtime.model.config import ModelConfig
-from edge_runtime.model.gguf_convert import BLOCK_ARCHITECTURES, gguf_architecture
+from edge_runtime.model.gguf_convert import check_supported
 from edge_runtime.model.gguf_tensors import GGUFTensors
 from edge_runtime.model.meta_init import no_weight_init
 from edge_runtime.model.weights_option import WEIGHTS
@@ -43,7 +53,7 @@ from edge_runtime.quant.int4_format import (BlockedQuantWeight, GroupedRows, blo
                                             compatible, describe, widened)
 from edge_runtime.kernels import cpu_native
 from edge_runtime.kernels.cpu_decoder import FusedDecoder
-from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM, Rotary
+from edge_runtime.model.llama import FULL_ROPE_TABLE, CausalLM
 
 _FLOAT_TYPES = FLOAT_TYPES
 _HALF_TYPES = ("F16", "BF16")  # matrices kept in their 16 bits
@@ -90,6 +100,14 @@ class _Tensors:
         if kind == "BF16":
             return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(data)
+
+    def norm(self, name: str, size: int, unit_offset: bool) -> nn.Parameter:
+        """An RMSNorm's weight [size]; unit_offset (Gemma): the file's 1 + w read back as w."""
+        weight = self.floats(name)
+        if tuple(weight.shape) != (size,):
+            raise ModelLoadError(f"{name} has shape {list(weight.shape)}, the GGUF's config expects "
+                                 f"[{size}]; re-download the file")
+        return nn.Parameter(weight - 1.0 if unit_offset else weight, False)
 
     def floats(self, name: str) -> torch.Tensor:
         kind = self.type_name(name)
@@ -193,8 +211,25 @@ def _layer(tensors: _Tensors, cfg: ModelConfig, i: int, layer: nn.Module, permut
                  [tensors.rows(n, (inter, h)) for n in gate_up], gate_up, [None, None])
     mlp.down_proj = _linear([tensors.rows(p + "ffn_down.weight", (h, inter))],
                             [p + "ffn_down.weight"], None)
-    layer.input_layernorm.weight = nn.Parameter(tensors.floats(p + "attn_norm.weight"), False)
-    layer.post_attention_layernorm.weight = nn.Parameter(tensors.floats(p + "ffn_norm.weight"), False)
+    _norms(tensors, cfg, p, layer)
+
+
+# the file's norm of each of the layer's RMSNorms: Llama's pre-MLP norm is Hugging Face's
+# post_attention_layernorm; with Gemma 3's sandwich norms that name is the norm after attention
+_LLAMA_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_SANDWICH_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+                   "pre_feedforward_layernorm": "ffn_norm",
+                   "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def _norms(tensors: _Tensors, cfg: ModelConfig, p: str, layer: nn.Module) -> None:
+    offset, h = cfg.norm_unit_offset, cfg.hidden_size
+    for hf, name in (_SANDWICH_NORMS if cfg.sandwich_norms else _LLAMA_NORMS).items():
+        getattr(layer, hf).weight = tensors.norm(p + name + ".weight", h, offset)
+    attn = layer.self_attn
+    if attn.q_norm is not None:  # Qwen3, Gemma 3: over each head's head_dim
+        attn.q_norm.weight = tensors.norm(p + "attn_q_norm.weight", cfg.head_dim, offset)
+        attn.k_norm.weight = tensors.norm(p + "attn_k_norm.weight", cfg.head_dim, offset)
 
 
 def _head_and_embedding(tensors: _Tensors, cfg: ModelConfig, model: nn.Module) -> None:
@@ -325,11 +360,11 @@ def build_gguf_model(gguf_path: Path, config: ModelConfig, arch: str,
     if bar is not None:
         bar.close()
     _head_and_embedding(tensors, config, model)
-    model.model.norm.weight = nn.Parameter(tensors.floats("output_norm.weight"), False)
+    model.model.norm.weight = tensors.norm("output_norm.weight", config.hidden_size,
+                                           config.norm_unit_offset)
     quantization = tensors.quantization()
     del tensors  # the memory map: every byte kept is in the modules now
-    model.model.rotary_emb = Rotary(config)
-    model.model.rotary_emb.build(FULL_ROPE_TABLE)
+    model.model.build_rotary(config, "cpu", FULL_ROPE_TABLE)  # Gemma 3's local layers' too
     model.eval()
     model.linears_packed = sum(isinstance(m, (QuantLinear, Float16Linear)) for m in model.modules())
     model.fused_decoder = FusedDecoder.for_model(model)
@@ -350,12 +385,7 @@ def serve_from_blocks(weights: str, source: Path | None, dtype: torch.dtype, dev
         if weights == "gguf":
             raise ModelLoadError("--weights gguf needs a .gguf model (or the built-in name)")
         return False
-    arch = gguf_architecture(source)
-    if arch not in BLOCK_ARCHITECTURES:  # its layer has tensors the blocks path does not build
-        if weights == "gguf":
-            raise ModelLoadError(f"serving a {arch!r} GGUF from its blocks is not implemented "
-                                 "(q/k head norms, Gemma's extra norms); use --weights fp32")
-        return False
+    check_supported(source)  # every supported architecture is built from its blocks here
     if weights == "gguf" or str(device) != "cpu":
         return True
 
