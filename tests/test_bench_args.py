@@ -18,6 +18,7 @@ MINIMAL = {
                   "--flush-mib", "0"],
     "engine": ["--model", NO_MODEL, "--bandwidth-mib", "1"],
     "grammar": ["--model", NO_MODEL],
+    "kv-groups": ["--model", NO_MODEL],
     "linear": ["--model", NO_MODEL, "--bandwidth-mib", "1"],
     "linear-rows": ["--rows", "1", "--k", "16", "--n", "16", "--copies", "1", "--repeat", "1"],
     "logits": ["--model", NO_MODEL],

@@ -23,7 +23,8 @@ from collections import Counter
 # evictions); tests/test_service_metrics.py checks this set against a real engine's stats.
 ENGINE_COUNTERS = frozenset(
     ["steps", "prefill_tokens", "decode_tokens", "requests_finished", "requests_failed",
-     "requests_cancelled", "requests_refused", "pool_bytes_released", "preemptions", "kv_evictions"]
+     "requests_cancelled", "requests_refused", "pool_bytes_released", "preemptions", "kv_evictions",
+     "forced_tokens", "draft_tokens", "draft_tokens_kept"]
     + [f"kv_{name}" for name in ("admitted", "finished", "cancelled", "preemptions",
                                  "prompt_tokens", "cached_prompt_tokens", "copies", "copied_tokens",
                                  "inline_to_pages", "pages_to_slots", "take_overs",
