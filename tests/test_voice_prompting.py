@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_runtime.errors import ConfigError, InputError
+from edge_runtime.voice.actions import actions_prompt_text
+from edge_runtime.voice.command_set import HOMES
 from edge_runtime.voice.config import CONFIG_DIR
 from edge_runtime.voice.prompting import Conversation, encode_text, load_system_prompt
 from voice_helpers import smollm2_tokenizer
@@ -47,6 +49,16 @@ def test_system_prompt_yaml(system):
     assert "kitchen lights (light, kitchen): on, off, dim" in system.text
     assert system.text.startswith("You are the voice assistant")
     assert system.vocabulary.startswith("Devices: kitchen lights, living room lights")
+
+
+def test_home_text_is_the_intro_and_devices_without_the_answer_format_or_actions():
+    """What an API client sends as its system message, the actions going as `tools`."""
+    for path in HOMES.values():
+        prompt = load_system_prompt(path)
+        assert prompt.actions and prompt.home and prompt.text.startswith(prompt.home + "\n")
+        assert "Devices:" in prompt.home
+        listed = actions_prompt_text(list(prompt.actions))
+        assert listed in prompt.text and listed not in prompt.home
 
 
 def test_system_prompt_errors(tmp_path):

@@ -26,6 +26,14 @@ single forced tokens, draft tokens computed and kept, and whether the calls' tok
 
     .venv/bin/python tools/voice_command_bench.py --jump-forward --out jump_forward.json
 
+`--api` asks through the service instead, as an OpenAI client such as Home Assistant's does:
+`edge-runtime serve --config cpu-dev` with the model, one chat completion per typed command (the
+home's intro and device list as the system message, its actions as `tools`, `tool_choice`
+"required", greedy), one request at a time; the calls the service returns are scored as above,
+with each request's latency.
+
+    .venv/bin/python tools/voice_command_bench.py --api --model MODEL --out api.json
+
 Prints tables (and every command's row for the voice loop's own setting: heard with the hotwords
 bias, examples in), writes JSON. The WAVs are synthesized into the cache folder on the first run.
 """
@@ -43,6 +51,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+from edge_runtime.bench.stats import percentile  # noqa: E402
 from edge_runtime.voice.call_scoring import accuracy, score_call  # noqa: E402
 from edge_runtime.voice.command_set import COMMANDS, HOMES, build_command_wavs  # noqa: E402
 from edge_runtime.voice.prompting import load_system_prompt  # noqa: E402
@@ -209,6 +218,41 @@ def print_jump_forward(rows: list[dict]) -> None:
           "a step, draft tokens computed and kept)")
 
 
+def api_calls(model: str | None) -> tuple[list[str], list[float]]:
+    """Each typed command's call through `edge-runtime serve`'s chat completions with `tools`
+    (as the assistant would write it, for score_call), and each request's seconds."""
+    import tempfile
+
+    import httpx
+
+    from edge_runtime.bench.peer_servers import ServerProcess, edge_spec
+    from edge_runtime.model.loader import DEFAULT_MODEL
+    from edge_runtime.service.tool_format import ToolCall, render_call
+
+    prompts = {h: load_system_prompt(p) for h, p in HOMES.items()}
+    tools = {h: [a.function.signature() for a in sp.actions] for h, sp in prompts.items()}
+    folder = Path(tempfile.mkdtemp(prefix="voice-command-api-"))
+    spec = edge_spec(Path(model or DEFAULT_MODEL), str(folder / "api.sock"), "cpu-dev", [])
+    calls, seconds = [], []
+    with ServerProcess(spec, folder / "serve.log"), httpx.Client(
+            transport=httpx.HTTPTransport(uds=spec.socket_path), base_url="http://localhost",
+            timeout=300) as client:
+        served = client.get("/v1/models").json()["data"][0]["id"]
+        for c in COMMANDS:
+            body = {"model": served, "temperature": 0, "max_tokens": 96,
+                    "messages": [{"role": "system", "content": prompts[c.home].home},
+                                 {"role": "user", "content": c.text}],
+                    "tools": tools[c.home], "tool_choice": "required"}
+            t0 = time.perf_counter()
+            resp = client.post("/v1/chat/completions", json=body)
+            seconds.append(time.perf_counter() - t0)
+            resp.raise_for_status()
+            message = resp.json()["choices"][0]["message"]
+            calls.append("".join(render_call(ToolCall(t["function"]["name"], t["function"]["arguments"]))
+                                 for t in message.get("tool_calls") or []) or (message.get("content") or ""))
+    return calls, seconds
+
+
 def score_rows(texts: list[str], call_texts: list[str]) -> list[dict]:
     schemas = {h: {a.function.name: a.function.parameters for a in load_system_prompt(p).actions}
                for h, p in HOMES.items()}
@@ -263,8 +307,24 @@ def main() -> None:
                     help="no recognition: the calls from the typed commands only")
     ap.add_argument("--jump-forward", action="store_true",
                     help="only compare the engine with jump-forward on and off (typed commands)")
+    ap.add_argument("--api", action="store_true",
+                    help="the typed commands through `edge-runtime serve` with `tools` instead")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.api:
+        log("starting edge-runtime serve")
+        texts = [c.text for c in COMMANDS]
+        calls, seconds = api_calls(args.model)
+        rows = score_rows(texts, calls)
+        acc = accuracy_row(rows, narrowing="api", examples="-", input="typed",
+                           calls_s=round(sum(seconds), 1))
+        ms = [1e3 * s for s in seconds]
+        latency = {"p50_ms": round(percentile(ms, 50), 1), "p95_ms": round(percentile(ms, 95), 1)}
+        print_tables([], [acc], rows)
+        print(f"\nrequest latency: p50 {latency['p50_ms']:.0f} ms, p95 {latency['p95_ms']:.0f} ms")
+        write_out(args.out, {"model": args.model or "built-in", "api": True, "accuracy": [acc],
+                             "latency": latency, "calls": {"api, typed": rows}}, t0)
+        return
     if args.jump_forward:
         log("loading the model")
         rows, calls = jump_forward_rows(CallMaker(args.model))

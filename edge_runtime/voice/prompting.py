@@ -36,6 +36,9 @@ class SystemPrompt:
     text: str
     vocabulary: str  # device and action names: a recognition hint for Whisper (voice/asr.py)
     actions: tuple = ()  # voice/actions.py Action: each command is decoded as a call of one
+    # the intro and device list alone: what an API client (which sends the actions as `tools`)
+    # says about the home in its own system message
+    home: str = ""
 
 
 def load_system_prompt(path: Path, examples: bool = True) -> SystemPrompt:
@@ -60,6 +63,7 @@ def load_system_prompt(path: Path, examples: bool = True) -> SystemPrompt:
             actions = ", ".join(str(a) for a in dev.get("actions") or [])
             lines.append(f"- {dev['name']}" + (f" ({where})" if where else "")
                          + (f": {actions}" if actions else ""))
+    home = "\n".join(lines)  # what the home is, before how to answer and the actions
     if data.get("answer_format"):
         lines.append(str(data["answer_format"]).strip())
     actions = tuple(load_actions(data["actions"], str(path))) if "actions" in data else ()
@@ -72,7 +76,7 @@ def load_system_prompt(path: Path, examples: bool = True) -> SystemPrompt:
         if examples and shown:
             lines.append(examples_prompt_text(shown))
     return SystemPrompt(str(data.get("name", path.stem)), "\n".join(lines), _vocabulary(devices),
-                        actions)
+                        actions, home)
 
 
 def _vocabulary(devices: list[dict]) -> str:
