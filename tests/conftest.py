@@ -31,3 +31,9 @@ def _thread_policy_kept():
 
     with cpu_threads.policy_kept():
         yield
+
+
+if os.environ["TRITON_INTERPRET"] == "1":
+    from interpreter_device_calls import install as _install_interpreter_device_calls
+
+    _install_interpreter_device_calls()
