@@ -1,9 +1,11 @@
 """Qwen3, Gemma 3 and SmolLM3 through the Engine on both back ends (CPU: flat store, C kernels;
 CUDA: paged store, Triton kernels through the interpreter on CPU tensors), fp32 KV: greedy tokens equal to
 transformers' generate on tiny random checkpoints (tests/model_helpers.py). Gemma 3's test
-config has a 24-token window on its local layers (16-token pages), so prompts several windows
-long check that the step contexts mask each local layer to its window (kv/layer_windows.py):
-cold, from the prefix cache, batched, forked (n > 1) and in beam search."""
+config has a 24-token window on its local layers (16-token pages); the window tests run a second
+one with a 12-token window on 8-token pages (the same page structure with half the tokens to
+prefill through the Triton interpreter), so prompts several windows long check that the step
+contexts mask each local layer to its window (kv/layer_windows.py): cold, from the prefix cache,
+batched, forked (n > 1) and in beam search."""
 
 import functools
 import tempfile
@@ -22,13 +24,20 @@ from edge_runtime.errors import RequestError
 from edge_runtime.kernels import dispatch
 
 WINDOW = 24  # not a multiple of the 16-token pages: a window's start falls inside a page
+# The window tests' Gemma 3 ("gemma3-w12"): half the geometry, 12-token window on 8-token pages.
+# The window's start still falls inside a page and a local group still holds at most
+# ceil(12 / 8) + 1 = 3 pages (ceil(24 / 16) + 1 = 3), so halved prompts keep the page counts,
+# releases, evictions and prefix cuts of the full geometry.
+SHORT, SHORT_WINDOW, SHORT_PAGE = "gemma3-w12", 12, 8
+_FAMILIES = {"qwen3": ("qwen3", {}), "gemma3": ("gemma3", {"sliding_window": WINDOW}),
+             "smollm3": ("smollm3", {}), SHORT: ("gemma3", {"sliding_window": SHORT_WINDOW})}
 _TMP = tempfile.TemporaryDirectory(prefix="edge-family-tests-")
 
 
-@functools.lru_cache(maxsize=3)
+@functools.lru_cache(maxsize=4)
 def family_folder(name: str) -> Path:
-    overrides = {"sliding_window": WINDOW} if name == "gemma3" else {}
-    return save_random_model(tiny_hf_config(name, **overrides), Path(_TMP.name) / name, seed=21)
+    family, overrides = _FAMILIES[name]
+    return save_random_model(tiny_hf_config(family, **overrides), Path(_TMP.name) / name, seed=21)
 
 
 @functools.lru_cache(maxsize=1)  # one at a time: each test runs one family
@@ -74,20 +83,26 @@ def test_engine_greedy_matches_transformers(name, backend):
     engine.kv.check_leaks()
 
 
+def short_engine(backend: str, **cfg) -> Engine:
+    """An engine on the window tests' Gemma 3 (12-token window, 8-token pages)."""
+    return engine_on(SHORT, backend, page_tokens=SHORT_PAGE, inline_tokens=SHORT_PAGE, **cfg)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gemma3_local_layers_past_the_window(backend):
-    """Prompts 3-4 windows long, batched; then one whose first 64 tokens come from the prefix
-    cache, and n = 2 (a fork): every greedy answer equals transformers' (whose local layers read
-    only their window), so each local layer read exactly keys i - 24 < j <= i."""
-    engine = engine_on("gemma3", backend, num_pages=48)
-    prompts = [random_ids(n, 512, seed=70 + n) for n in (75, 97)]
-    shared = prompts[1][:70] + random_ids(9, 512, seed=5)
+    """Prompts 3-4 windows long (37 and 49 tokens, window 12), batched; then one sharing 35
+    tokens whose first 32 (4 pages of 8) come from the prefix cache, and n = 2 (a fork): every
+    greedy answer equals transformers' (whose local layers read only their window), so each
+    local layer read exactly keys i - 12 < j <= i."""
+    engine = short_engine(backend, num_pages=48)
+    prompts = [random_ids(n, 512, seed=70 + n) for n in (37, 49)]
+    shared = prompts[1][:35] + random_ids(5, 512, seed=5)
     results = engine.generate(prompts, _greedy(12))
     engine.kv.check_invariants()
     results += engine.generate([shared], _greedy(12))
-    assert results[2].cached_prompt_tokens >= 64, results[2].cached_prompt_tokens
+    assert results[2].cached_prompt_tokens >= 32, results[2].cached_prompt_tokens
     for prompt, res in zip(prompts + [shared], results):
-        assert res.completions[0].token_ids == hf_greedy("gemma3", prompt, 12), (backend, len(prompt))
+        assert res.completions[0].token_ids == hf_greedy(SHORT, prompt, 12), (backend, len(prompt))
     forked = engine.generate([prompts[0]], SamplingParams(max_tokens=12, temperature=0.0,
                                                           ignore_eos=True, n=2))[0]
     assert [c.token_ids for c in forked.completions] == [results[0].completions[0].token_ids] * 2
@@ -96,15 +111,19 @@ def test_gemma3_local_layers_past_the_window(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gemma3_local_pages_are_released_behind_the_window(backend):
-    """Layer groups (kv/layer_groups.py): while a 97-token prompt decodes, its local layers hold
-    the slices of at most ceil(24 / 16) + 1 = 3 pages and its global layers all of them, and the
-    greedy answer still equals transformers'. Then, with the local part of positions [64, 80)
-    evicted (the first in line), a prompt sharing 70 tokens hits only 64 (its window, positions
-    [41, 64), is still there) and still answers as transformers does."""
-    engine = engine_on("gemma3", backend, num_pages=48)
+    """Layer groups (kv/layer_groups.py), window 12 on 8-token pages: while a 49-token prompt
+    decodes 8 tokens (7 pages), its local layers hold the slices of at most ceil(12 / 8) + 1 = 3
+    pages and its global layers all of them, and the greedy answer still equals transformers'.
+    Its decode steps read from positions 49 to 55 (the 8th token is never written), keys > 55 -
+    12: the local parts of the 5 pages ending at or before 44 are released, 4 at the first step
+    and [32, 40) last (from position 51, limit 51 - 12 + 1 = 40), so that one is first in line.
+    With it evicted, a prompt sharing 35 tokens hits only 32 (a hit of 35 needs its window
+    [24, 35), which reaches into [32, 40); cut to 32, its window, positions [21, 32), is still
+    there) and still answers as transformers does."""
+    engine = short_engine(backend, num_pages=48)
     assert engine.kv.pool.page_slices > 1  # the tiny Gemma 3 has global and local layers
-    prompt = random_ids(97, 512, seed=167)
-    rid = engine.add_request(prompt, _greedy(12))
+    prompt = random_ids(49, 512, seed=167)
+    rid = engine.add_request(prompt, _greedy(8))
     most, tokens = 0, None
     while engine.has_unfinished():
         for ev in engine.step():
@@ -113,17 +132,17 @@ def test_gemma3_local_pages_are_released_behind_the_window(backend):
         for seq in engine.kv.seqs.values():
             if seq.read_from >= len(prompt):  # decoding (a prefill chunk holds its pages)
                 held = len(seq.all_pages()) - seq.local_from
-                assert held <= -(-WINDOW // 16) + 1, (held, seq.read_from)
+                assert held <= -(-SHORT_WINDOW // SHORT_PAGE) + 1, (held, seq.read_from)
                 most = max(most, held)
     assert most >= 2 and engine.kv.counters.local_pages_released >= 5
-    assert tokens == hf_greedy("gemma3", prompt, 12), backend
+    assert tokens == hf_greedy(SHORT, prompt, 8), backend
     front = engine.kv.pool.lru.front()
-    assert front.local and engine.kv.pool.pages[front.head].start == 64
+    assert front.local and engine.kv.pool.pages[front.head].start == 32
     engine.kv.evict(1)
-    shared = prompt[:70] + random_ids(9, 512, seed=6)
-    res = engine.generate([shared], _greedy(12))[0]
-    assert res.cached_prompt_tokens == 64, res.cached_prompt_tokens
-    assert res.completions[0].token_ids == hf_greedy("gemma3", shared, 12), backend
+    shared = prompt[:35] + random_ids(5, 512, seed=6)
+    res = engine.generate([shared], _greedy(8))[0]
+    assert res.cached_prompt_tokens == 32, res.cached_prompt_tokens
+    assert res.completions[0].token_ids == hf_greedy(SHORT, shared, 8), backend
     engine.kv.check_leaks()
 
 
@@ -131,11 +150,13 @@ def test_gemma3_local_pages_are_released_behind_the_window(backend):
 def test_gemma3_pool_shrinks_by_slices_mid_generation(backend):
     """Layer groups under the memory guard: 3/4 of the pool's slices leave service while two
     sequences run past the window (live global and local slices moved one by one, a "slices"
-    copy each), and both answers still equal transformers'; the slices come back after."""
-    engine = engine_on("gemma3", backend, num_pages=48)
-    engine.generate([random_ids(70, 512, seed=179)], _greedy(4))  # cached: the low slices
-    prompts = [random_ids(n, 512, seed=180 + n) for n in (75, 60)]
-    rids = [engine.add_request(p, _greedy(12)) for p in prompts]
+    copy each), and both answers still equal transformers'; the slices come back after. Window
+    12 on 8-token pages: the cached prompt holds 5 pages, the two running ones 6 and 5 at most
+    (37 + 9 and 30 + 9 tokens written), within the 12 pages' slices that stay."""
+    engine = short_engine(backend, num_pages=48)
+    engine.generate([random_ids(35, 512, seed=179)], _greedy(4))  # cached: the low slices
+    prompts = [random_ids(n, 512, seed=180 + n) for n in (37, 30)]
+    rids = [engine.add_request(p, _greedy(10)) for p in prompts]
     for _ in range(4):  # prompts computed, a few tokens decoded
         engine.step()
     slices, copies = engine.kv.pool.num_pages, engine.kv.counters.copies
@@ -153,7 +174,7 @@ def test_gemma3_pool_shrinks_by_slices_mid_generation(backend):
             if ev.result is not None:
                 results[ev.request_id] = ev.result
     for rid, prompt in zip(rids, prompts):
-        assert results[rid].completions[0].token_ids == hf_greedy("gemma3", prompt, 12)
+        assert results[rid].completions[0].token_ids == hf_greedy(SHORT, prompt, 10)
     assert engine.grow_pool() == 3 and engine.kv.stats()["pages_retired"] == 0
     engine.kv.check_leaks()
 
@@ -181,8 +202,14 @@ def test_gemma3_engine_serves_past_the_window():
 def test_int8_kv_back_ends_agree(name):
     """int8 KV: the CPU back end (Qwen3 through the one-call C layer stack, kernels/cpu_decoder.py;
     Gemma 3 and SmolLM3 through the torch layer loop) and the CUDA back end give the same greedy
-    tokens."""
-    prompts = [random_ids(n, 512, seed=40 + n) for n in (6, 25, 70)]
+    tokens, prompts batched: one page of 16, and two (the second partial) whose decode writes
+    into a third (30 + 7 tokens written); Gemma 3's 42-token prompt runs past its 24-token
+    window (its decode steps read from positions 42 to 48, keys from 42 - 24 + 1 = 19 on: the
+    first page's local part is released). Two int8 paths agree only where no two logits are
+    near tied (Gemma 3's 40-token prompt has its second token's top two 0.03 apart in fp32, and
+    the back ends split there)."""
+    lengths = (6, 25, 42) if name == "gemma3" else (6, 30)  # no window: 30 has every page case
+    prompts = [random_ids(n, 512, seed=40 + n) for n in lengths]
     got = {}
     for backend in ("cpu", "cuda"):
         engine = engine_on(name, backend, kv_dtype="int8", num_pages=24)
