@@ -213,15 +213,17 @@ BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("name", FAMILIES)
 def test_engine_greedy_matches_transformers_on_the_dequantization(name, backend):
     """Qwen3 on the CPU back end runs the one-call C layer stack over the blocks (q/k norms in C),
-    Gemma 3 the torch layer loop; prompts past Gemma's 24-token window and one from the cache."""
+    Gemma 3 the torch layer loop; prompts past Gemma's 24-token window (30 and 40 tokens, batched;
+    the 40-token one's first page leaves its window while it decodes) and one from the cache (34
+    tokens of the 40-token one: two 16-token pages and part of a third)."""
     loaded = served(name, backend)
     if backend == "cpu":
         assert (loaded.model.fused_decoder is not None) == (name == "qwen3")
     engine = Engine(loaded, EngineConfig(device="cpu", backend=backend, kv_dtype="fp32",
                                          page_tokens=16, num_pages=24, inline_tokens=16,
                                          num_inline_slots=4, check_invariants_every_step=True))
-    prompts = [random_ids(n, 512, seed=n) for n in (5, 37, 60)]
-    shared = prompts[2][:40] + random_ids(6, 512, seed=99)  # a cached prefix of the 60-token one
+    prompts = [random_ids(n, 512, seed=n) for n in (5, 30, 40)]
+    shared = prompts[2][:34] + random_ids(6, 512, seed=99)  # a cached prefix of the 40-token one
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     results = engine.generate(prompts, params) + engine.generate([shared], params)
     assert results[3].cached_prompt_tokens >= 32, results[3].cached_prompt_tokens
