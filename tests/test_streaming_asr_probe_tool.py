@@ -3,7 +3,6 @@ history's probabilities and its back-off mass sum to one), written from the home
 pocketsphinx loads it and decodes with it."""
 
 import math
-from collections import defaultdict
 
 import pytest
 from tool_helpers import load_tool
@@ -34,11 +33,6 @@ def _prob(grams, history, word):
     return backoff * _prob(grams, history[1:], word)
 
 
-def test_number_words():
-    assert [probe.number_words(n) for n in (0, 13, 20, 21, 40, 99, 100)] == [
-        "zero", "thirteen", "twenty", "twenty one", "forty", "ninety nine", "one hundred"]
-
-
 @pytest.mark.parametrize("home", sorted(HOMES))
 def test_the_homes_model_sums_to_one_for_every_history(home, tmp_path):
     sentences = probe.home_sentences(HOMES[home])
@@ -47,11 +41,8 @@ def test_the_homes_model_sums_to_one_for_every_history(home, tmp_path):
     probe.write_arpa(sentences, tmp_path / "home.arpa")
     grams = _read_arpa(tmp_path / "home.arpa")
     vocab = [g[0] for g in grams if len(g) == 1 and g[0] != "<s>"]
-    histories = defaultdict(int)
-    for g in grams:
-        if 1 <= len(g) - 1:
-            histories[g[:-1]] += 1
-    for history in list(histories)[:200]:
+    histories = sorted({g[:-1] for g in grams if len(g) > 1})
+    for history in histories[:200]:
         total = sum(_prob(grams, history, w) for w in vocab)
         assert math.isclose(total, 1.0, rel_tol=1e-3), (history, total)
 

@@ -28,7 +28,6 @@ import argparse
 import collections
 import json
 import math
-import re
 import sys
 import tempfile
 import time
@@ -45,23 +44,11 @@ from edge_runtime.bench.stats import percentile  # noqa: E402
 from edge_runtime.voice.asr import make_recognizer  # noqa: E402
 from edge_runtime.voice.command_set import COMMANDS, HOMES, build_command_wavs  # noqa: E402
 from edge_runtime.voice.prompting import load_system_prompt  # noqa: E402
-from edge_runtime.voice.report import word_errors  # noqa: E402
+from edge_runtime.voice.report import normalize, number_words, word_errors  # noqa: E402
 from edge_runtime.voice.wav_file import SAMPLE_RATE, read_wav  # noqa: E402
 
 CHUNK = 1024  # samples handed to the decoder at a time (64 ms), as a satellite's audio arrives
-ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-        "fifteen sixteen seventeen eighteen nineteen").split()
-TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
 PARTICLES = {"on", "off", "up", "down"}
-
-
-def number_words(n: int) -> str:
-    if n < 20:
-        return ONES[n]
-    if n >= 100:
-        return "one hundred"
-    tens, ones = divmod(n, 10)
-    return TENS[tens - 2] + (f" {ONES[ones]}" if ones else "")
 
 
 def home_sentences(path: Path) -> list[list[str]]:
@@ -90,7 +77,7 @@ def home_sentences(path: Path) -> list[list[str]]:
                 for n in range(schema.get("minimum", 0), schema.get("maximum", 100) + 1):
                     out.append(f"to {number_words(n)} {pname}")
     out += [example["say"] for example in data.get("examples", [])]
-    return [re.sub(r"[^a-z' ]", " ", s.lower()).split() for s in out]
+    return [normalize(s) for s in out]  # as the word error rate reads them ("20" -> "twenty")
 
 
 def write_arpa(sentences: list[list[str]], path: Path, order: int = 3, discount: float = 0.5):
