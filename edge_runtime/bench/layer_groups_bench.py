@@ -6,7 +6,7 @@ One request of `--tokens` positions (a random prompt, then `--gen` greedy tokens
 real Engine. At its last decode step the pool is read: the slices the sequence holds live (its
 global groups' slice of every page, its local groups' slices of the pages in its window) times the
 bytes of one slice (the pool tensors' bytes over their slices), plus its inline slots; "every
-layer" is the same pages with every group's slice (what the pool held before layer groups).
+layer" is the same pages with every group's slice (what a pool without layer groups holds).
 The local slices it dropped are cached (evictable, first in line) and reported apart.
 """
 
